@@ -1,0 +1,1 @@
+"""Building blocks reused by several methods (ODE solvers, networks, atomistic layers)."""

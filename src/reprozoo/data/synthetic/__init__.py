@@ -1,0 +1,1 @@
+"""Synthetic datasets with known ground truth (closed-form densities and scores)."""

@@ -1,0 +1,1 @@
+"""One folder per method; see docs/adding-a-method.md."""

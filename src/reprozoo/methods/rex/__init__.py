@@ -1,0 +1,1 @@
+"""Rex: reversible exponential (stochastic) Runge-Kutta solvers for diffusion models."""

@@ -1,0 +1,245 @@
+"""Diffusion samplers and their inversions, all in Lawson (exponential-integrator) variables.
+
+With x_t = alpha_t x_0 + sigma_t eps, y = x/alpha and rho = sigma/alpha, let D(y, rho) be the
+denoiser (data prediction). The probability-flow ODE dy/drho = (y - D)/rho has the linear part
+y/rho; its integrating factor gives v = y/rho and gamma = 1/rho, in which
+    dv/dgamma = D(v/gamma, 1/gamma)                                   (ODE)
+and the reverse SDE dy = 2(y - D)/rho drho + sqrt(2 rho) dW becomes, with u = y/rho^2 and
+tau = rho^-2,
+    du = D(u/tau, tau^-1/2) dtau + dB_tau                             (SDE)
+Applying an explicit (S)RK scheme here is the Lawson / exponential RK method (Euler is exactly
+DDIM = DPM-Solver++(1)). In these variables the remaining dynamics expand rather than contract,
+which is what keeps the reversible coupling's parasitic mode damped. Rex wraps the scheme in the
+McCallum-Foster reversible coupling (:class:`reprozoo.blocks.ode.Reversible`).
+
+Public states are in y units at their noise level; grids ``rhos`` run from rho_max (noise) to
+rho_min (data).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ...blocks.ode import TABLEAUS, Reversible, ode_increment
+
+Denoise = Callable[[np.ndarray, float], np.ndarray]  # D(y, rho)
+
+
+def rho_grid(rho_max: float, rho_min: float, n: int) -> np.ndarray:
+    """Uniform steps in log(rho) (uniform in lambda = log(alpha/sigma), as exponential integrators use)."""
+    return np.exp(np.linspace(np.log(rho_max), np.log(rho_min), n + 1))
+
+
+class Sampler:
+    """Base: subclasses integrate ``self.f`` in Lawson time; this class maps y <-> Lawson state."""
+
+    stochastic = False
+    power = 1  # Lawson variable v = y / rho**power, time = rho**-power
+    state_dim = 1  # solver state per data coordinate (for the linear stability analysis)
+
+    def __init__(self, denoise: Denoise):
+        self.denoise = denoise
+
+    def f(self, v, t):
+        rho = t ** (-1.0 / self.power)
+        return self.denoise(v * rho**self.power, rho)
+
+    def times(self, rhos):
+        return np.asarray(rhos, dtype=float) ** -float(self.power)
+
+    def _map(self, state, factor):
+        return tuple(s * factor for s in state) if isinstance(state, tuple) else state * factor
+
+    def init(self, noise):
+        return noise
+
+    def output(self, state):
+        return state[0] if isinstance(state, tuple) else state
+
+    def decode(self, state, rhos, dws=None):
+        """Noise (state at rhos[0]) -> data (state at rhos[-1])."""
+        v = self._solve(self._map(state, rhos[0] ** -self.power), self.times(rhos), dws)
+        return self._map(v, rhos[-1] ** self.power)
+
+    def encode_state(self, state, rhos, dws=None):
+        """Data (full solver state at rhos[-1]) -> noise (state at rhos[0]): the inversion."""
+        v = self._invert(self._map(state, rhos[-1] ** -self.power), self.times(rhos), dws)
+        return self._map(v, rhos[0] ** self.power)
+
+    def encode(self, x0, rhos, dws=None):
+        return self.encode_state(self.init(x0), rhos, dws)
+
+    def _solve(self, state, ts, dws):
+        raise NotImplementedError
+
+    def _invert(self, state, ts, dws):
+        raise NotImplementedError
+
+    def linear_step(self, vec: np.ndarray, z: complex) -> np.ndarray:
+        """One step on y' = lambda*y with lambda*h = z, state flattened to a vector."""
+        raise NotImplementedError
+
+
+class Rex(Sampler):
+    state_dim = 2
+
+    def __init__(self, denoise: Denoise, base: str, zeta: float):
+        super().__init__(denoise)
+        self.tab = TABLEAUS[base]
+        self.rev = Reversible(ode_increment(self.f, self.tab), zeta)
+        self.zeta = zeta
+
+    def init(self, noise):
+        return (noise, noise.copy())
+
+    def _solve(self, state, ts, dws):
+        return self.rev.solve(*state, ts, dws)
+
+    def _invert(self, state, ts, dws):
+        return self.rev.invert(*state, ts, dws)
+
+    def linear_step(self, vec, z):
+        rev = Reversible(ode_increment(lambda y, t: z * y, self.tab), self.zeta)
+        return np.concatenate(rev.step(vec[:1], vec[1:], 0.0, 1.0))
+
+
+class RexSDE(Rex):
+    """Stochastic Rex: Euler-Maruyama base on du = D dtau + dB_tau.
+
+    Brownian increments are drawn once, stored, and replayed by the inverse: the reversal is
+    algebraic, not approximate.
+    """
+
+    stochastic = True
+    power = 2
+
+    def __init__(self, denoise: Denoise, zeta: float):
+        super().__init__(denoise, "euler", zeta)
+
+        def phi(u, tau, h, dw):
+            inc = h * self.f(u, tau)
+            return inc if dw is None else inc + dw
+
+        self.rev = Reversible(phi, zeta)
+
+    def brownian(self, rhos, shape, rng: np.random.Generator):
+        return [np.sqrt(h) * rng.standard_normal(shape) for h in np.diff(self.times(rhos))]
+
+
+class DDIM(Sampler):
+    """DDIM = Euler in the Lawson variables; inversion runs Euler backwards at the current point."""
+
+    def _solve(self, v, ts, dws):
+        for t0, t1 in zip(ts[:-1], ts[1:]):
+            v = v + (t1 - t0) * self.f(v, t0)
+        return v
+
+    def _invert(self, v, ts, dws):
+        for n in range(len(ts) - 2, -1, -1):
+            v = v - (ts[n + 1] - ts[n]) * self.f(v, ts[n + 1])
+        return v
+
+    def linear_step(self, vec, z):
+        return (1 + z) * vec
+
+
+class EDICT(Sampler):
+    """Wallace et al.'s exactly invertible coupled DDIM transformations with mixing weight p.
+
+    Mixing two states at the same noise level commutes with the Lawson scaling, so this is EDICT
+    exactly as in x space.
+    """
+
+    state_dim = 2
+
+    def __init__(self, denoise: Denoise, p: float):
+        super().__init__(denoise)
+        self.p = p
+
+    def init(self, noise):
+        return (noise, noise.copy())
+
+    def _step(self, a, b, f, h):
+        p = self.p
+        a_i = a + h * f(b)
+        b_i = b + h * f(a_i)
+        a1 = p * a_i + (1 - p) * b_i
+        b1 = p * b_i + (1 - p) * a1
+        return a1, b1
+
+    def _solve(self, state, ts, dws):
+        a, b = state
+        for t0, t1 in zip(ts[:-1], ts[1:]):
+            a, b = self._step(a, b, lambda y, t0=t0: self.f(y, t0), t1 - t0)
+        return a, b
+
+    def _invert(self, state, ts, dws):
+        (a, b), p = state, self.p
+        for n in range(len(ts) - 2, -1, -1):
+            t0, h = ts[n], ts[n + 1] - ts[n]
+            b_i = (b - (1 - p) * a) / p
+            a_i = (a - (1 - p) * b_i) / p
+            b = b_i - h * self.f(a_i, t0)
+            a = a_i - h * self.f(b, t0)
+        return a, b
+
+    def linear_step(self, vec, z):
+        return np.concatenate(self._step(vec[:1], vec[1:], lambda y: z * y, 1.0))
+
+
+class ReversibleHeun(Sampler):
+    """Kidger et al.'s reversible Heun: symmetric, so no strict linear stability region."""
+
+    state_dim = 2
+
+    def init(self, noise):
+        return (noise, noise.copy())
+
+    @staticmethod
+    def _step(y, z, f, t, h):
+        fz = f(z, t)
+        z1 = 2 * y - z + h * fz
+        y1 = y + 0.5 * h * (fz + f(z1, t + h))
+        return y1, z1
+
+    @staticmethod
+    def _unstep(y1, z1, f, t, h):
+        fz1 = f(z1, t + h)
+        z = 2 * y1 - z1 - h * fz1
+        y = y1 - 0.5 * h * (f(z, t) + fz1)
+        return y, z
+
+    def _solve(self, state, ts, dws):
+        y, z = state
+        for t0, t1 in zip(ts[:-1], ts[1:]):
+            y, z = self._step(y, z, self.f, t0, t1 - t0)
+        return y, z
+
+    def _invert(self, state, ts, dws):
+        y, z = state
+        for n in range(len(ts) - 2, -1, -1):
+            y, z = self._unstep(y, z, self.f, ts[n], ts[n + 1] - ts[n])
+        return y, z
+
+    def linear_step(self, vec, z):
+        return np.concatenate(self._step(vec[:1], vec[1:], lambda y, t: z * y, 0.0, 1.0))
+
+
+def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
+    zeta = params["zeta"]
+    if variant == "rex_sde":
+        return RexSDE(denoise, zeta)
+    if variant.startswith("rex_"):
+        return Rex(denoise, variant.removeprefix("rex_"), zeta)
+    if variant == "ddim":
+        return DDIM(denoise)
+    if variant == "edict":
+        return EDICT(denoise, params["edict_p"])
+    if variant == "reversible_heun":
+        return ReversibleHeun(denoise)
+    raise ValueError(f"unknown Rex variant '{variant}'")
+
+
+def ode_order(variant: str) -> int | None:
+    return {"rex_euler": 1, "rex_midpoint": 2, "rex_rk4": 4, "ddim": 1, "reversible_heun": 2}.get(variant)

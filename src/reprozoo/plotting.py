@@ -1,0 +1,72 @@
+"""Plots every method gets for free: each curve metric per variant (mean +- std over seeds)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
+
+
+def curve_plot(table: pd.DataFrame, metric: str, path: Path, logx: bool = False, logy: bool = False,
+               xlabel: str = "x", ylabel: str | None = None, title: str | None = None, variants=None) -> Path:
+    p = plt()
+    fig, ax = p.subplots(figsize=(5.5, 4))
+    sub = table[table.metric == metric]
+    for v in variants or sorted(sub.variant.unique()):
+        g = sub[sub.variant == v].groupby("x").value
+        mean, std = g.mean(), g.std().fillna(0.0)
+        if mean.empty:
+            continue
+        ax.plot(mean.index, mean.values, marker="o", ms=3, label=v)
+        if (std > 0).any():
+            lo = np.maximum(mean - std, mean * 1e-3) if logy else mean - std
+            ax.fill_between(mean.index, lo, mean + std, alpha=0.15)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel or metric)
+    ax.set_title(title or metric)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    p.close(fig)
+    return path
+
+
+def generic_plots(table: pd.DataFrame, plots_dir: Path, spec) -> None:
+    """One figure per curve metric (unless the method drew it) and a bar chart of scalars."""
+    curves = table[table.x.notna()]
+    for metric in sorted(curves.metric.unique()):
+        out = plots_dir / f"curve_{metric}.png"
+        if out.exists():
+            continue
+        vals = curves[curves.metric == metric].value
+        logy = bool((vals > 0).all() and vals.max() / max(vals.min(), 1e-300) > 100)
+        curve_plot(curves, metric, out, logy=logy)
+    scalars = table[table.x.isna() & (table.metric != "wall_seconds")]
+    if scalars.empty:
+        return
+    metrics = sorted(scalars.metric.unique())[:12]
+    p = plt()
+    fig, axes = p.subplots(len(metrics), 1, figsize=(6, 1.6 * len(metrics) + 0.5), squeeze=False)
+    for ax, m in zip(axes[:, 0], metrics):
+        g = scalars[scalars.metric == m].groupby("variant").value
+        mean, std = g.mean(), g.std().fillna(0.0)
+        ax.barh(mean.index, mean.values, xerr=std.values, color="tab:blue", alpha=0.7)
+        ax.set_title(m, fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(plots_dir / "scalars.png", dpi=100)
+    p.close(fig)

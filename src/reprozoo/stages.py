@@ -1,0 +1,295 @@
+"""The generic pipeline stages, called by the Snakemake rules in ``workflows/`` (and by tests).
+
+acquire -> preprocess -> train_shared (optional) -> train (variant x seed) -> evaluate -> verify -> report
+
+Every stage writes its declared outputs atomically, and only the method code is method-specific.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from . import registry
+from .io import read_json, write_json
+from .runtime import Metrics, RunContext, seed_everything
+
+
+def _results(path: Path) -> Path:
+    """The results root of an output path (the folder that holds ``data/`` and method folders)."""
+    path = Path(path).resolve()
+    for parent in path.parents:
+        if parent.name == "results":
+            return parent
+    return Path("results").resolve()
+
+
+@contextlib.contextmanager
+def log_to(log_path: str | Path | None):
+    """Send this process's stdout/stderr (and its children's) to the rule's log file."""
+    if not log_path:
+        yield
+        return
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log_path, "a") as fh:
+        os.dup2(fh.fileno(), 1), os.dup2(fh.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            traceback.print_exc()
+            raise
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+
+
+# --- data ------------------------------------------------------------------------------------
+
+def acquire(dataset: str, scale: str, source: str, raw_dir: Path, manifest: Path, path: str | None = None) -> dict:
+    from .data import registry as dreg
+    from .data.download import sha256_file
+
+    spec = dreg.get(dataset)
+    params = spec.params(scale)
+    raw_dir = Path(raw_dir)
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    print(f"acquire {dataset} ({scale}) from {source}", flush=True)
+    info = spec.module().acquire(source=source, params=params, raw_dir=raw_dir, seed=spec.seed, path=path) or {}
+    files = sorted(p for p in raw_dir.rglob("*") if p.is_file() and p.name != Path(manifest).name)
+    card = {"dataset": dataset, "family": spec.family, "description": spec.description, "scale": scale,
+            "source": source, "seed": spec.seed, "params": params,
+            "raw_files": {str(p.relative_to(raw_dir)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+                          for p in files},
+            "acquire_seconds": round(time.perf_counter() - t0, 3), **info}
+    write_json(manifest, card)
+    return card
+
+
+def preprocess(dataset: str, scale: str, raw_dir: Path, manifest: Path, out_dir: Path, card_path: Path,
+               preview_path: Path) -> dict:
+    from .data import registry as dreg
+    from .data.download import sha256_file
+
+    spec = dreg.get(dataset)
+    params = spec.params(scale)
+    out_dir = Path(out_dir)
+    t0 = time.perf_counter()
+    info = spec.module().preprocess(raw_dir=Path(raw_dir), out_dir=out_dir, params=params) or {}
+    spec.module().preview(out_dir, Path(preview_path))
+    card = read_json(manifest)
+    files = info.pop("files", None) or sorted(
+        str(p.relative_to(out_dir)) for p in out_dir.iterdir()
+        if p.is_file() and p.suffix in {".npz", ".parquet", ".h5", ".json", ".fif", ".csv"} and p.name != "card.json")
+    card.update(info)
+    card["files"] = {f: {"sha256": sha256_file(out_dir / f), "bytes": (out_dir / f).stat().st_size} for f in files}
+    card["preprocess_seconds"] = round(time.perf_counter() - t0, 3)
+    write_json(card_path, card)
+    return card
+
+
+# --- methods ---------------------------------------------------------------------------------
+
+def _tags(rule: str, method: str, scale: str, extra: dict | None = None, data_cards: dict | None = None):
+    from .tracking import base_tags
+
+    sources = sorted({c.get("source", "?") for c in (data_cards or {}).values()}) or ["none"]
+    return base_tags(rule=rule, method=method, scale=scale, data_source=",".join(sources), **(extra or {}))
+
+
+def _cards(data_dirs: dict[str, Path]) -> dict[str, dict]:
+    return {name: read_json(Path(d) / "card.json") for name, d in data_dirs.items() if (Path(d) / "card.json").exists()}
+
+
+def train_shared(method: str, seed: int, scale: str, params: dict, data_dirs: dict[str, Path], done: Path,
+                 threads: int = 1, tracking: dict | None = None) -> None:
+    from .tracking import JobRun
+
+    spec = registry.get(method)
+    module = spec.module()
+    shared_dir = Path(done).parent
+    shared_dir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(method=method, variant="shared", seed=seed, scale=scale, params=params,
+                     data={k: Path(v) for k, v in data_dirs.items()}, outdir=shared_dir,
+                     shared_dir=shared_dir, threads=threads)
+    seed_everything(seed, threads)
+    cards = _cards(ctx.data)
+    run = JobRun(method=method, run_name=f"shared-seed{seed}", results=_results(done),
+                 tags=_tags("train_shared", method, scale, {"seed": seed, "variant": "shared"}, cards),
+                 pending_path=shared_dir / "tracking_pending.json", **_tracking_kw(tracking))
+    with run:
+        run.log_params(params)
+        run.set_datasets(cards)
+        t0 = time.perf_counter()
+        module.train_shared(ctx)
+        ctx.metrics.scalar("wall_seconds", time.perf_counter() - t0)
+        write_json(Path(done), ctx.metrics.to_json())
+        run.log_metrics(ctx.metrics.scalars, ctx.metrics.curves)
+
+
+def _tracking_kw(tracking: dict | None) -> dict:
+    tracking = tracking or {}
+    return {"uri": tracking.get("uri"), "retries": int(tracking.get("retries", 3))}
+
+
+def train(method: str, variant: str, seed: int, scale: str, params: dict, data_dirs: dict[str, Path],
+          metrics_path: Path, shared_dir: Path | None = None, threads: int = 1, tracking: dict | None = None) -> Metrics:
+    from .tracking import JobRun
+
+    spec = registry.get(method)
+    module = spec.module()
+    outdir = Path(metrics_path).parent
+    outdir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(method=method, variant=variant, seed=seed, scale=scale, params=params,
+                     data={k: Path(v) for k, v in data_dirs.items()}, outdir=outdir,
+                     shared_dir=Path(shared_dir) if shared_dir else None, threads=threads)
+    seed_everything(seed, threads)
+    cards = _cards(ctx.data)
+    run = JobRun(method=method, run_name=f"{variant}-seed{seed}", results=_results(metrics_path),
+                 tags=_tags("train", method, scale, {"variant": variant, "seed": seed,
+                                                     "role": _role(spec, variant)}, cards),
+                 pending_path=outdir / "tracking_pending.json", **_tracking_kw(tracking))
+    with run:
+        run.log_params({**params, "variant": variant, "seed": seed})
+        run.set_datasets(cards)
+        t0 = time.perf_counter()
+        module.train(ctx)
+        ctx.metrics.scalar("wall_seconds", time.perf_counter() - t0)
+        write_json(Path(metrics_path), ctx.metrics.to_json())  # results first, tracking second
+        run.log_metrics(ctx.metrics.scalars, ctx.metrics.curves)
+        for p in sorted(outdir.glob("*.png")):
+            run.log_artifact(p)
+    return ctx.metrics
+
+
+def _role(spec, variant: str) -> str:
+    return next((v.role for v in spec.variants if v.id == variant), "?")
+
+
+def collect(method: str, scale: str, metrics_files: list[Path]):
+    """Gather every variant x seed ``metrics.json`` into the long table."""
+    import pandas as pd
+
+    rows = []
+    for f in metrics_files:
+        f = Path(f)
+        seed = int(f.parent.name.removeprefix("seed"))
+        variant = f.parent.parent.name
+        for r in Metrics.from_json(read_json(f)).rows():
+            rows.append({"method": method, "variant": variant, "seed": seed, "scale": scale, **r})
+    table = pd.DataFrame(rows, columns=["method", "variant", "seed", "scale", "metric", "x", "value"])
+    return table.astype({"seed": "int64", "x": "float64", "value": "float64"})
+
+
+def evaluate(method: str, scale: str, params: dict, metrics_files: list[Path], table_path: Path, plots_dir: Path,
+             tracking: dict | None = None) -> None:
+    from .io import atomic_path
+    from .plotting import generic_plots
+
+    spec = registry.get(method)
+    table = collect(method, scale, metrics_files)
+    plots_dir = Path(plots_dir)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    module = spec.module()
+    if hasattr(module, "plot"):
+        module.plot(table, plots_dir, params)
+    generic_plots(table, plots_dir, spec)
+    with atomic_path(table_path) as tmp:
+        table.to_parquet(tmp, index=False)
+    _log_parent(method, scale, Path(table_path), artifacts=[Path(table_path), plots_dir], tracking=tracking)
+
+
+def verify(method: str, scale: str, table_path: Path, claims_path: Path, tracking: dict | None = None) -> list[dict]:
+    import pandas as pd
+
+    from .claims import verify as verify_claims
+
+    spec = registry.get(method)
+    table = pd.read_parquet(table_path)
+    results = verify_claims(spec.claims, table)
+    write_json(claims_path, {"method": method, "title": spec.title, "paper": spec.paper, "scale": scale,
+                             "variants": sorted(table.variant.unique()),
+                             "seeds": sorted(int(s) for s in table.seed.unique()), "claims": results})
+    metrics = {f"claim.{c['id']}": c["value_mean"] for c in results}
+    tags = {f"claim.{c['id']}": c["verdict"] for c in results}
+    _log_parent(method, scale, Path(claims_path), artifacts=[Path(claims_path)], metrics=metrics, tags=tags,
+                tracking=tracking)
+    return results
+
+
+def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], metrics: dict | None = None,
+                tags: dict | None = None, tracking: dict | None = None) -> None:
+    """Attach method-level results (tables, plots, claims) to the invocation's parent run."""
+    from .tracking import _client, parent_run_id, resolve_uri, retry
+
+    kw = _tracking_kw(tracking)
+    results = _results(anchor)
+    try:
+        client = _client(resolve_uri(kw["uri"]))
+        run_id = retry(lambda: parent_run_id(client, method, results), kw["retries"], "parent run")
+        if run_id is None:  # stage run outside a pipeline invocation: nothing to attach to
+            return
+        from mlflow.entities import Metric, RunTag
+
+        ts = int(time.time() * 1000)
+        batch_m = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items() if v == v]
+        batch_t = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        if batch_m or batch_t:
+            retry(lambda: client.log_batch(run_id, metrics=batch_m, tags=batch_t), kw["retries"], "log to parent")
+        for a in artifacts:
+            if a.is_dir():
+                retry(lambda a=a: client.log_artifacts(run_id, str(a), a.name), kw["retries"], "log plots")
+            else:
+                retry(lambda a=a: client.log_artifact(run_id, str(a)), kw["retries"], "log artifact")
+    except Exception as exc:  # noqa: BLE001 - the files are the source of truth
+        print(f"[reprozoo.tracking] WARNING: could not log {method} results to MLflow: {exc}. "
+              f"The files under {results} are intact.", file=sys.stderr, flush=True)
+
+
+def report(claims_files: list[Path], tables: list[Path], summary_md: Path, summary_parquet: Path,
+           html: Path) -> None:
+    from .report import build_report
+
+    build_report([Path(p) for p in claims_files], [Path(p) for p in tables], Path(summary_md),
+                 Path(summary_parquet), Path(html))
+
+
+# --- Snakemake entry point --------------------------------------------------------------------
+
+def from_snakemake(sm: Any) -> None:
+    """Dispatch a Snakemake ``script:`` job to its stage (the rule name picks it)."""
+    rule = sm.rule
+    w, p = sm.wildcards, sm.params
+    log = sm.log[0] if len(sm.log) else None
+    with log_to(log):
+        print(f"== {rule} {dict(w.items())} pid={os.getpid()} host={os.uname().nodename}", flush=True)
+        if rule == "acquire":
+            acquire(w.dataset, w.scale, p.source, Path(sm.output.manifest).parent, Path(sm.output.manifest),
+                    p.path)
+        elif rule == "preprocess":
+            preprocess(w.dataset, w.scale, Path(sm.input.manifest).parent, Path(sm.input.manifest),
+                       Path(sm.output.card).parent, Path(sm.output.card), Path(sm.output.preview))
+        elif rule == "train_shared":
+            train_shared(w.method, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.done),
+                         sm.threads, p.tracking)
+        elif rule == "train":
+            train(w.method, w.variant, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.metrics),
+                  p.shared_dir, sm.threads, p.tracking)
+        elif rule == "evaluate":
+            evaluate(w.method, p.scale, p.hp, list(sm.input.metrics), Path(sm.output.table),
+                     Path(sm.output.plots), p.tracking)
+        elif rule == "verify":
+            verify(w.method, p.scale, Path(sm.input.table), Path(sm.output.claims), p.tracking)
+        elif rule == "report":
+            report(list(sm.input.claims), list(sm.input.tables), Path(sm.output.md), Path(sm.output.parquet),
+                   Path(sm.output.html))
+        else:
+            raise ValueError(f"no stage for rule '{rule}'")

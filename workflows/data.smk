@@ -1,0 +1,43 @@
+# Data acquisition (remote download with checksum, offline generator, or a user path) and
+# preprocessing into results/data/<dataset>/<scale>/ with card.json and preview.png.
+
+
+def dataset_env(wildcards):
+    family = rz_data.get(wildcards.dataset).family
+    return env_file({"eeg": "eeg", "md": "atomistic", "crystals": "atomistic"}.get(family, "core"))
+
+
+rule acquire:
+    output:
+        manifest=f"{RESULTS}/data/{{dataset}}/{{scale}}/raw/manifest.json",
+    params:
+        source=lambda w: rz_data.source_for(w.dataset, config["data"]),
+        path=lambda w: config["data"].get("paths", {}).get(w.dataset),
+    log:
+        f"{RESULTS}/logs/acquire/{{dataset}}-{{scale}}.log",
+    conda:
+        dataset_env
+    threads: 1
+    resources:
+        mem_mb=lambda w, attempt: 4000 * attempt,
+        runtime=lambda w, attempt: 30 * attempt,
+    script:
+        STAGE
+
+
+rule preprocess:
+    input:
+        manifest=rules.acquire.output.manifest,
+    output:
+        card=f"{RESULTS}/data/{{dataset}}/{{scale}}/card.json",
+        preview=f"{RESULTS}/data/{{dataset}}/{{scale}}/preview.png",
+    log:
+        f"{RESULTS}/logs/preprocess/{{dataset}}-{{scale}}.log",
+    conda:
+        dataset_env
+    threads: 1
+    resources:
+        mem_mb=lambda w, attempt: 4000 * attempt,
+        runtime=lambda w, attempt: 30 * attempt,
+    script:
+        STAGE
