@@ -1,15 +1,11 @@
 # Shared set-up: validate config, build the plan from the registries, tracking hooks.
-import os
 import sys
 from pathlib import Path
 
+# the workflow imports the package from the checkout (jobs do the same in scripts/stage.py)
 _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
-# jobs (local subprocesses, SLURM jobs, conda envs) import the same package
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in [_SRC, os.environ.get("PYTHONPATH", "")] if p
-)
 
 from reprozoo import config as rz_config
 from reprozoo import registry as rz_registry
@@ -53,6 +49,32 @@ def data_dirs(method):
 
 def data_cards(wildcards):
     return [f"{d}/card.json" for d in data_dirs(wildcards.method).values()]
+
+
+def dataset_env(wildcards):
+    family = rz_data.get(wildcards.dataset).family
+    return env_file({"eeg": "eeg", "md": "atomistic", "crystals": "atomistic"}.get(family, "core"))
+
+
+def shared_input(wildcards):
+    if rz_registry.get(wildcards.method).train_shared:
+        return [f"{RESULTS}/{wildcards.method}/_shared/seed{wildcards.seed}/done.json"]
+    return []
+
+
+def shared_dir(wildcards):
+    if rz_registry.get(wildcards.method).train_shared:
+        return f"{RESULTS}/{wildcards.method}/_shared/seed{wildcards.seed}"
+    return None
+
+
+def train_outputs(wildcards):
+    m = wildcards.method
+    return [
+        f"{RESULTS}/{m}/{v}/seed{s}/metrics.json"
+        for v in PLAN.variants[m]
+        for s in PLAN.seeds[m]
+    ]
 
 
 onstart:

@@ -2,11 +2,6 @@
 # preprocessing into results/data/<dataset>/<scale>/ with card.json and preview.png.
 
 
-def dataset_env(wildcards):
-    family = rz_data.get(wildcards.dataset).family
-    return env_file({"eeg": "eeg", "md": "atomistic", "crystals": "atomistic"}.get(family, "core"))
-
-
 rule acquire:
     output:
         manifest=f"{RESULTS}/data/{{dataset}}/{{scale}}/raw/manifest.json",

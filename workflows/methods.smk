@@ -3,27 +3,6 @@
 # with the attempt number, so a job killed for memory is retried with more.
 
 
-def shared_input(wildcards):
-    if rz_registry.get(wildcards.method).train_shared:
-        return [f"{RESULTS}/{wildcards.method}/_shared/seed{wildcards.seed}/done.json"]
-    return []
-
-
-def shared_dir(wildcards):
-    if rz_registry.get(wildcards.method).train_shared:
-        return f"{RESULTS}/{wildcards.method}/_shared/seed{wildcards.seed}"
-    return None
-
-
-def train_outputs(wildcards):
-    m = wildcards.method
-    return [
-        f"{RESULTS}/{m}/{v}/seed{s}/metrics.json"
-        for v in PLAN.variants[m]
-        for s in PLAN.seeds[m]
-    ]
-
-
 rule train_shared:
     input:
         cards=data_cards,
@@ -43,6 +22,7 @@ rule train_shared:
         mem_mb=lambda w, attempt: method_res(w, "mem_mb") * attempt,
         runtime=lambda w, attempt: method_res(w, "runtime") * attempt,
         gpu=lambda w: method_res(w, "gpu"),
+        attempt=lambda w, attempt: attempt,
     script:
         STAGE
 
@@ -68,6 +48,7 @@ rule train:
         mem_mb=lambda w, attempt: method_res(w, "mem_mb") * attempt,
         runtime=lambda w, attempt: method_res(w, "runtime") * attempt,
         gpu=lambda w: method_res(w, "gpu"),
+        attempt=lambda w, attempt: attempt,
     script:
         STAGE
 

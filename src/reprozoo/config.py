@@ -46,23 +46,31 @@ def validate(config: dict) -> dict:
         allowed = yaml.safe_load(SCHEMA.read_text())["properties"]
         if key not in allowed:
             raise ConfigError(f"unknown config key '{key}'; allowed keys: {', '.join(allowed)}")
-    try:
-        sm_validate(config, str(SCHEMA), set_default=True)
-    except Exception as exc:  # snakemake wraps the jsonschema error in a WorkflowError
-        inner = exc
-        while not isinstance(inner, jsonschema.ValidationError) and inner is not None:
-            args = [a for a in getattr(inner, "args", ()) if isinstance(a, BaseException)]
-            inner = args[0] if args else getattr(inner, "__cause__", None)
-        if inner is None:
-            raise ConfigError(f"invalid config: {exc}") from exc
+    _coerce_command_line_types(config)
+    schema = yaml.safe_load(SCHEMA.read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        inner = errors[0]
         path = ".".join(str(p) for p in inner.absolute_path) or "(top level)"
         allowed = ""
         if inner.validator == "enum":
             allowed = f"; allowed values: {inner.validator_value}"
-        elif inner.validator == "additionalProperties":
-            allowed = f"; allowed keys: {sorted(inner.schema.get('properties', {}))}"
-        raise ConfigError(f"invalid config key '{path}': {inner.message}{allowed}") from None
+        elif inner.validator == "oneOf":
+            allowed = f"; expected: {inner.schema.get('description') or [s.get('type') for s in inner.validator_value]}"
+        raise ConfigError(f"invalid config key '{path}': {inner.message}{allowed}")
+    sm_validate(config, str(SCHEMA), set_default=True)  # fills the schema's defaults
     return config
+
+
+def _coerce_command_line_types(config: dict) -> None:
+    """``snakemake --config seeds=[0,1]`` hands over strings; accept them where a number is meant."""
+    seeds = config.get("seeds")
+    if isinstance(seeds, str) and seeds.replace(",", "").replace(" ", "").isdigit():
+        seeds = [s for s in seeds.replace(" ", "").split(",") if s]
+    if isinstance(seeds, list) and all(isinstance(s, str) and s.strip().isdigit() for s in seeds):
+        config["seeds"] = [int(s) for s in seeds]
+    elif isinstance(seeds, str) and seeds.isdigit():
+        config["seeds"] = int(seeds)
 
 
 def load(overrides: dict | None = None, path: Path = DEFAULT_CONFIG) -> dict:

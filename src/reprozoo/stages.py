@@ -140,8 +140,20 @@ def _tracking_kw(tracking: dict | None) -> dict:
     return {"uri": tracking.get("uri"), "retries": int(tracking.get("retries", 3))}
 
 
+class InjectedFailure(MemoryError):
+    """Raised on purpose (config ``inject_failure``) to test retries and FAILED runs."""
+
+
+def _maybe_fail(inject: list | None, method: str, variant: str, seed: int, attempt: int) -> None:
+    for rule in inject or []:
+        if (rule["method"] == method and rule.get("variant", variant) == variant
+                and rule.get("seed", seed) == seed and attempt <= rule.get("attempts", 1)):
+            raise InjectedFailure(f"injected failure for {method}/{variant}/seed{seed} on attempt {attempt}")
+
+
 def train(method: str, variant: str, seed: int, scale: str, params: dict, data_dirs: dict[str, Path],
-          metrics_path: Path, shared_dir: Path | None = None, threads: int = 1, tracking: dict | None = None) -> Metrics:
+          metrics_path: Path, shared_dir: Path | None = None, threads: int = 1, tracking: dict | None = None,
+          attempt: int = 1, inject_failure: list | None = None, mem_mb: int | None = None) -> Metrics:
     from .tracking import JobRun
 
     spec = registry.get(method)
@@ -160,6 +172,8 @@ def train(method: str, variant: str, seed: int, scale: str, params: dict, data_d
     with run:
         run.log_params({**params, "variant": variant, "seed": seed})
         run.set_datasets(cards)
+        run.set_tags({"attempt": attempt, "mem_mb": mem_mb})
+        _maybe_fail(inject_failure, method, variant, seed, attempt)
         t0 = time.perf_counter()
         module.train(ctx)
         ctx.metrics.scalar("wall_seconds", time.perf_counter() - t0)
@@ -282,7 +296,8 @@ def from_snakemake(sm: Any) -> None:
                          sm.threads, p.tracking)
         elif rule == "train":
             train(w.method, w.variant, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.metrics),
-                  p.shared_dir, sm.threads, p.tracking)
+                  p.shared_dir, sm.threads, p.tracking, int(getattr(sm.resources, "attempt", 1)),
+                  sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None))
         elif rule == "evaluate":
             evaluate(w.method, p.scale, p.hp, list(sm.input.metrics), Path(sm.output.table),
                      Path(sm.output.plots), p.tracking)

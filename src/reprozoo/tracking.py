@@ -190,7 +190,8 @@ class JobRun:
     def __init__(self, *, method: str, run_name: str, results: Path, tags: dict, pending_path: Path,
                  uri: str | None = None, retries: int = 3, nested: bool = True):
         self.method, self.run_name, self.results = method, run_name, results
-        self.tags, self.pending_path, self.retries = tags, pending_path, retries
+        self.tags = {**base_tags(), **tags}
+        self.pending_path, self.retries = pending_path, retries
         self.uri = resolve_uri(uri)
         self.nested = nested
         self.client = None
@@ -236,7 +237,7 @@ class JobRun:
                                            "scale": c.get("scale", "?")} for name, c in cards.items()}
 
     def set_tags(self, tags: dict) -> None:
-        self.payload["tags"].update({k: str(v) for k, v in tags.items()})
+        self.payload["tags"].update({k: str(v) for k, v in tags.items() if v is not None})
 
     def _flush(self) -> None:
         from mlflow.entities import Metric, Param, RunTag

@@ -1,4 +1,11 @@
 # One script for every rule: the rule's name picks the stage (see reprozoo.stages).
-from reprozoo.stages import from_snakemake
+# The package is imported from this checkout, so jobs run the same code in any environment
+# (the project venv, a conda env from envs/, a SLURM node on a shared filesystem).
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # noqa: F821
+
+from reprozoo.stages import from_snakemake  # noqa: E402
 
 from_snakemake(snakemake)  # noqa: F821 - injected by Snakemake

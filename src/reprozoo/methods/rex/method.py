@@ -177,12 +177,14 @@ def roundtrip_error(variant: str, denoise, x0: np.ndarray, rhos: np.ndarray, par
     return float(err) if np.isfinite(err) else float("inf")
 
 
-def empirical_order(steps, errors, floor: float) -> float:
-    """-slope of log(error) against log(steps), over points above the round-off floor."""
+def empirical_order(steps, errors, floor: float, n_fit: int = 3) -> float:
+    """-slope of log(error) against log(steps) over the ``n_fit`` finest step counts above the
+    round-off floor: the asymptotic regime, where an order is defined (NaN if too few points)."""
     steps, errors = np.asarray(steps, float), np.asarray(errors, float)
-    keep = np.isfinite(errors) & (errors > floor)
-    if keep.sum() < 3:
+    keep = np.flatnonzero(np.isfinite(errors) & (errors > floor))
+    if len(keep) < n_fit:
         return float("nan")
+    keep = keep[-n_fit:]
     slope = np.polyfit(np.log(steps[keep]), np.log(errors[keep]), 1)[0]
     return float(-slope)
 

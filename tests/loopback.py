@@ -1,0 +1,49 @@
+"""A file server on 127.0.0.1 for testing remote data paths without the internet.
+
+Serves a folder; ``truncate`` names files whose body is cut short (Content-Length says full size,
+the connection closes early) to exercise interrupted-download handling.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import threading
+from pathlib import Path
+from typing import Iterator
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    truncate: set[str] = set()
+
+    def log_message(self, *args):  # keep test output quiet
+        pass
+
+    def do_GET(self):  # noqa: N802
+        name = self.path.lstrip("/").split("?")[0]
+        if name in self.truncate:
+            path = Path(self.directory) / name
+            data = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        super().do_GET()
+
+
+@contextlib.contextmanager
+def serve(folder: Path, truncate: tuple[str, ...] = ()) -> Iterator[str]:
+    """Yield the base URL (http://127.0.0.1:PORT/) of a server for ``folder``; stop it on exit."""
+    handler = type("H", (_Handler,), {"truncate": set(truncate)})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,47 @@
+"""The method registry: every folder is a complete method, and its claims can be evaluated."""
+import pytest
+
+from reprozoo import claims, registry
+from reprozoo.data import registry as dreg
+
+METHODS = registry.method_ids()
+
+
+def test_rex_is_registered():
+    assert "rex" in METHODS
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_spec_is_complete(method):
+    spec = registry.get(method)
+    assert spec.title and spec.paper and spec.claims
+    assert any(v.role == "baseline" for v in spec.variants), "every method needs a real baseline"
+    for scale in registry.SCALES:
+        cfg = spec.config(scale)
+        assert isinstance(cfg, dict)
+        res = spec.resources_for(scale)
+        assert res["threads"] >= 1 and res["mem_mb"] > 0 and res["runtime"] > 0
+    for d in spec.datasets:
+        dreg.get(d)  # every dataset exists in the dataset registry
+    for c in spec.claims:
+        assert c.paper_value is not None, f"{method}.{c.id} needs the paper's headline value"
+        for metric, variant in claims.tokens(c.expr):
+            assert variant in spec.variant_ids, f"{method}.{c.id}: unknown variant {variant}"
+    assert hasattr(spec.module(), "train")
+
+
+def test_unknown_method_error_lists_known():
+    with pytest.raises(registry.RegistryError, match="known methods: .*rex"):
+        registry.get("nope")
+
+
+def test_unknown_dataset_error_lists_known():
+    with pytest.raises(dreg.DatasetError, match="known datasets: .*gmm2d"):
+        dreg.get("nope")
+
+
+def test_remote_source_for_offline_only_dataset_is_rejected_when_explicit():
+    with pytest.raises(dreg.DatasetError, match=r"data\.sources\.gmm2d.*allowed"):
+        dreg.source_for("gmm2d", {"source": "offline", "sources": {"gmm2d": "remote"}})
+    # the global switch falls back to offline for datasets that have no public source
+    assert dreg.source_for("gmm2d", {"source": "remote", "sources": {}}) == "offline"

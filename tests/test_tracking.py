@@ -1,0 +1,101 @@
+"""Tracking: concurrent writers lose nothing, crashes mark runs FAILED, outages never lose results."""
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+
+from reprozoo import tracking
+
+N_PROC, N_METRICS = 6, 100
+
+
+def _worker(args):
+    results, uri, i = args
+    run = tracking.JobRun(method="concurrency", run_name=f"job{i}", results=Path(results),
+                          tags={"worker": str(i)}, pending_path=Path(results) / f"pending{i}.json", uri=uri)
+    with run:
+        run.log_params({"i": i, "nested": {"a": 1}})
+        run.log_metrics({"final": float(i)}, {"curve": (list(range(N_METRICS - 1)), [float(i * k) for k in range(N_METRICS - 1)])})
+    return run.run_id, run.error
+
+
+def test_parallel_processes_log_every_run_and_metric(tmp_path):
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    tracking.init_store(uri, ["concurrency"], results)  # once, before fanning out
+    tracking.start_invocation(uri, results, "ci", {})
+    with mp.get_context("spawn").Pool(N_PROC) as pool:
+        out = pool.map(_worker, [(str(results), uri, i) for i in range(N_PROC)])
+    assert all(err is None for _, err in out)
+    client = tracking._client(uri)
+    exp = client.get_experiment_by_name("concurrency")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("role") == "pipeline"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1, "the parent run is created once, under the lock"
+    assert len(children) == N_PROC
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    for r in children:
+        assert r.info.status == "FINISHED"
+        hist = client.get_metric_history(r.info.run_id, "curve")
+        assert len(hist) == N_METRICS - 1
+        assert r.data.params["nested.a"] == "1"
+        assert {"git_commit", "host"} <= set(r.data.tags)
+    tracking.finish_invocation(results, "FINISHED")
+    assert client.get_run(parents[0].info.run_id).info.status == "FINISHED"
+
+
+def test_crash_marks_run_failed_and_keeps_the_exception(tmp_path):
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    tracking.init_store(uri, ["crash"], results)
+    run = tracking.JobRun(method="crash", run_name="boom", results=results, tags={},
+                          pending_path=results / "p.json", uri=uri, nested=False)
+    with pytest.raises(ZeroDivisionError):
+        with run:
+            1 / 0
+    r = tracking._client(uri).get_run(run.run_id)
+    assert r.info.status == "FAILED"
+    assert "ZeroDivisionError" in r.data.tags["error"]
+
+
+def test_unreachable_server_keeps_results_and_pending_payload(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
+    results = tmp_path / "results"
+    out = results / "m" / "v" / "seed0"
+    out.mkdir(parents=True)
+    run = tracking.JobRun(method="m", run_name="v-seed0", results=results, tags={"k": "v"},
+                          pending_path=out / "tracking_pending.json", retries=1, nested=False)
+    with run:
+        (out / "metrics.json").write_text("{}")  # the job's result, written first
+        run.log_metrics({"x": 1.0})
+    assert (out / "metrics.json").exists()
+    pending = json.loads((out / "tracking_pending.json").read_text())
+    assert pending["metrics"][0][:2] == ["x", 1.0]
+    assert "WARNING" in capsys.readouterr().err
+    # once tracking is back, `reprozoo sync` replays it
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    assert tracking.replay_pending(results) == 1
+    assert not (out / "tracking_pending.json").exists()
+
+
+def test_train_stage_failure_leaves_no_output_and_a_failed_run(tmp_path, monkeypatch):
+    from reprozoo import stages
+    from reprozoo.config import load, method_params
+
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tracking.init_store(uri, ["rex"], results)
+    hp = method_params(load({"scale": "ci"}), "rex")
+    metrics = results / "rex" / "ddim" / "seed0" / "metrics.json"
+    with pytest.raises(stages.InjectedFailure):
+        stages.train("rex", "ddim", 0, "ci", hp, {}, metrics, None, 1, None, attempt=1,
+                     inject_failure=[{"method": "rex", "variant": "ddim", "attempts": 1}])
+    assert not metrics.exists()
+    runs = tracking._client(uri).search_runs([tracking._client(uri).get_experiment_by_name("rex").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert runs[0].data.tags["attempt"] == "1"
