@@ -82,8 +82,8 @@ onstart:
 
     _uri = rz_tracking.resolve_uri(config["tracking"]["uri"])
     print(f"reprozoo: tracking to {_uri}; scale={SCALE}; methods={PLAN.methods}")
-    rz_tracking.init_store(_uri, PLAN.methods, Path(RESULTS))
     rz_tracking.start_invocation(_uri, Path(RESULTS), SCALE, dict(config))
+    rz_tracking.init_store_or_warn(_uri, PLAN.methods, Path(RESULTS))
 
 
 onsuccess:

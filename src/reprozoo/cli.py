@@ -1,7 +1,7 @@
 """``reprozoo``: the command line around the Snakemake workflow.
 
     reprozoo list                       methods, their variants and claims
-    reprozoo run [METHOD ...] [--scale S] [--seeds 0 1] [--variants v ...] [-j N] [-- snakemake args]
+    reprozoo run [METHOD ...] [--scale S] [--seeds 0 1] [--variants v ...] [-j N] [-- SNAKEMAKE ARGS]
     reprozoo datasets list | fetch NAME [--scale S] [--source offline|remote] | card NAME [--scale S]
     reprozoo ui [--port 5000]           MLflow UI on the embedded store, bound to 127.0.0.1
     reprozoo server [...]               an MLflow tracking server for cluster runs (see docs/cluster.md)
@@ -140,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seeds", type=int, nargs="+")
     run.add_argument("--variants", nargs="+")
     run.add_argument("-j", "--cores", type=int)
-    run.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after --: passed to snakemake")
     run.set_defaults(fn=cmd_run)
 
     ds = sub.add_parser("datasets", help="list datasets, fetch one, show its card")
@@ -168,9 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         from .server import main as server_main
 
         return server_main(argv[1:])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if argv and argv[0] != "server" and "--" in argv:  # `reprozoo run rex -- --dry-run`: rest goes to snakemake
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
-    if getattr(args, "snakemake_args", None) and args.snakemake_args[0] == "--":
-        args.snakemake_args = args.snakemake_args[1:]
+    args.snakemake_args = extra
     return args.fn(args)
 
 

@@ -110,6 +110,16 @@ def init_store(uri: str, methods: Iterable[str], results: Path) -> dict[str, str
             for m in methods}
 
 
+def init_store_or_warn(uri: str, methods: Iterable[str], results: Path) -> None:
+    """Like :func:`init_store`, but an unreachable store only warns: jobs still run and keep
+    their payloads for ``reprozoo sync``."""
+    try:
+        init_store(uri, methods, results)
+    except Exception as exc:  # noqa: BLE001
+        print(f"[reprozoo.tracking] WARNING: tracking store {uri} is unavailable ({exc}); "
+              "the pipeline runs on and results stay in results/.", file=sys.stderr, flush=True)
+
+
 # --- invocations and parent runs -------------------------------------------------------------
 
 def state_dir(results: Path) -> Path:
