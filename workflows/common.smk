@@ -52,8 +52,7 @@ def data_cards(wildcards):
 
 
 def dataset_env(wildcards):
-    family = rz_data.get(wildcards.dataset).family
-    return env_file({"eeg": "eeg", "md": "atomistic", "crystals": "atomistic"}.get(family, "core"))
+    return env_file(rz_data.get(wildcards.dataset).env)
 
 
 def shared_input(wildcards):

@@ -26,6 +26,10 @@ import yaml
 
 DATA_DIR = Path(__file__).resolve().parent
 SOURCES = ("offline", "remote", "path")
+# software environment (envs/<name>.yaml) of each family's acquire/preprocess rules; a dataset may
+# override it with an `env:` key in its datasets.yaml entry
+FAMILY_ENVS = {"eeg": "eeg", "md": "atomistic", "crystals": "atomistic", "pde": "torch", "timeseries": "torch",
+               "synthetic": "core"}
 
 
 class DatasetError(ValueError):
@@ -41,6 +45,7 @@ class DatasetSpec:
     sources: list[str]
     scales: dict[str, dict[str, Any]]
     seed: int = 0
+    env: str = "core"
 
     def params(self, scale: str) -> dict[str, Any]:
         if scale not in self.scales:
@@ -66,7 +71,8 @@ def _all() -> dict[str, DatasetSpec]:
                 raise DatasetError(f"{path}: dataset '{name}' sources {bad} not in {SOURCES}")
             specs[name] = DatasetSpec(name=name, family=family, description=raw.get("description", ""),
                                       module_name=raw["module"], sources=sources,
-                                      scales=raw.get("scales", {}), seed=raw.get("seed", 0))
+                                      scales=raw.get("scales", {}), seed=raw.get("seed", 0),
+                                      env=raw.get("env", FAMILY_ENVS.get(family, "core")))
     return specs
 
 

@@ -1,0 +1,193 @@
+"""Shared pieces of the PDE datasets: the HDF5 layout, random initial conditions, previews.
+
+Processed layout (one ``.h5`` file per problem, written atomically)::
+
+    /fields/<name>        float32, e.g. (traj, time, x, y); attr ``dims`` = "traj,time,x,y"
+    /coords/<name>        float64 grid and time coordinates (x, y, t, ...)
+    /diagnostics/<name>   float64 quantities computed by the solver (energy, dissipation, ...)
+    /split/{train,val,test}  int64 trajectory indices
+    root attrs            equation, parameters, grid and time metadata (scalars/strings; dicts as JSON)
+
+Solvers compute in float64; fields are stored as float32.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...io import atomic_path
+
+LAYOUT_VERSION = "reprozoo-pde-h5-1"
+
+
+# --- HDF5 layout -----------------------------------------------------------------------------
+
+def _attr_value(v: Any):
+    if isinstance(v, (dict, list, tuple)) and not (isinstance(v, (list, tuple)) and v and
+                                                    all(isinstance(i, (int, float)) for i in v)):
+        return json.dumps(v)
+    if v is None:
+        return "null"
+    return v
+
+
+def write_h5(path: Path | str, fields: dict[str, tuple[np.ndarray, str]], coords: dict[str, np.ndarray],
+             attrs: dict[str, Any], diagnostics: dict[str, np.ndarray] | None = None,
+             split: dict[str, np.ndarray] | None = None, dtype=np.float32) -> None:
+    """Write one problem. ``fields`` maps name -> (array, "dim,dim,..."); arrays are cast to ``dtype``."""
+    import h5py
+
+    with atomic_path(path) as tmp:
+        with h5py.File(tmp, "w", track_order=True) as h:
+            h.attrs["layout"] = LAYOUT_VERSION
+            for k, v in attrs.items():
+                h.attrs[k] = _attr_value(v)
+            g = h.create_group("fields")
+            for name, (arr, dims) in fields.items():
+                arr = np.asarray(arr)
+                if len(dims.split(",")) != arr.ndim:
+                    raise ValueError(f"field {name}: dims '{dims}' do not match shape {arr.shape}")
+                chunks = tuple([1] * max(arr.ndim - 2, 0) + list(arr.shape[-2:])) if arr.ndim > 2 else None
+                if arr.ndim >= 4 and dims.endswith("component"):
+                    chunks = tuple([1] * (arr.ndim - 3) + list(arr.shape[-3:]))
+                d = g.create_dataset(name, data=arr.astype(dtype), chunks=chunks, track_times=False)
+                d.attrs["dims"] = dims
+            c = h.create_group("coords")
+            for name, arr in coords.items():
+                c.create_dataset(name, data=np.asarray(arr, dtype=np.float64), track_times=False)
+            if diagnostics:
+                dg = h.create_group("diagnostics")
+                for name, arr in diagnostics.items():
+                    dg.create_dataset(name, data=np.asarray(arr, dtype=np.float64), track_times=False)
+            if split:
+                s = h.create_group("split")
+                for name, idx in split.items():
+                    s.create_dataset(name, data=np.asarray(idx, dtype=np.int64), track_times=False)
+
+
+@dataclass
+class PDEData:
+    """What ``load`` returns for one PDE problem (arrays fully read into memory)."""
+
+    fields: dict[str, np.ndarray]
+    dims: dict[str, tuple[str, ...]]
+    coords: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+    split: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.fields[name]
+
+
+def _parse_attr(v):
+    if isinstance(v, bytes):
+        v = v.decode()
+    if isinstance(v, str):
+        if v[:1] in "[{" or v == "null":
+            try:
+                return json.loads(v)
+            except ValueError:
+                return v
+        return v
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def read_h5(path: Path | str, fields: list[str] | None = None) -> PDEData:
+    import h5py
+
+    with h5py.File(path, "r") as h:
+        names = list(h["fields"]) if fields is None else fields
+        out = PDEData(
+            fields={n: h["fields"][n][()] for n in names},
+            dims={n: tuple(str(h["fields"][n].attrs["dims"]).split(",")) for n in names},
+            coords={n: h["coords"][n][()] for n in h["coords"]},
+            attrs={k: _parse_attr(v) for k, v in h.attrs.items()},
+        )
+        if "diagnostics" in h:
+            out.diagnostics = {n: h["diagnostics"][n][()] for n in h["diagnostics"]}
+        if "split" in h:
+            out.split = {n: h["split"][n][()] for n in h["split"]}
+    return out
+
+
+def make_split(n: int, fractions=(0.8, 0.1, 0.1)) -> dict[str, np.ndarray]:
+    """Contiguous train/val/test trajectory indices (trajectories are already i.i.d. draws)."""
+    n_val = int(round(n * fractions[1])) if n >= 3 else 0
+    n_test = int(round(n * fractions[2])) if n >= 3 else 0
+    if n >= 3:
+        n_val, n_test = max(n_val, 1), max(n_test, 1)
+    n_train = n - n_val - n_test
+    idx = np.arange(n)
+    return {"train": idx[:n_train], "val": idx[n_train:n_train + n_val], "test": idx[n_train + n_val:]}
+
+
+def copy_processed(raw_file: Path, out_file: Path, split_fractions=(0.8, 0.1, 0.1)) -> PDEData:
+    """Raw solver output -> processed file: same arrays, plus the train/val/test split."""
+    d = read_h5(raw_file)
+    n = next(iter(d.fields.values())).shape[0]
+    write_h5(out_file, {k: (v, ",".join(d.dims[k])) for k, v in d.fields.items()}, d.coords,
+             {k: v for k, v in d.attrs.items() if k != "layout"}, d.diagnostics, make_split(n, split_fractions))
+    return d
+
+
+def file_sizes(d: PDEData) -> dict[str, Any]:
+    return {f"{k}_shape": list(v.shape) for k, v in d.fields.items()}
+
+
+# --- spectral helpers ------------------------------------------------------------------------
+
+def wavenumbers(n: int, length: float, real: bool = False) -> np.ndarray:
+    """Angular wavenumbers 2*pi*m/L of an n-point periodic grid (rfft layout if ``real``)."""
+    d = length / n
+    return 2 * np.pi * (np.fft.rfftfreq(n, d) if real else np.fft.fftfreq(n, d))
+
+
+def dealias_mask(n: int, real_last: bool, ndim: int) -> np.ndarray:
+    """2/3 rule: keep integer modes |m| < n/3 along every axis (drops the Nyquist mode)."""
+    m_full = np.abs(np.fft.fftfreq(n, 1.0 / n))
+    m_half = np.abs(np.fft.rfftfreq(n, 1.0 / n))
+    axes = [m_full] * (ndim - 1) + [m_half if real_last else m_full]
+    grids = np.meshgrid(*axes, indexing="ij")
+    mask = np.ones(grids[0].shape, dtype=bool)
+    for g in grids:
+        mask &= g < n / 3.0
+    return mask
+
+
+def grf_periodic(rng: np.random.Generator, batch: int, n: int, ndim: int, alpha: float = 2.0,
+                 tau: float = 3.0, length: float = 2 * np.pi) -> np.ndarray:
+    """Zero-mean Gaussian random fields with covariance (-Lap + tau^2)^(-alpha), unit rms per sample.
+
+    White noise is drawn on the grid and filtered in Fourier space, so the result is real and
+    deterministic for the generator state.
+    """
+    shape = (batch,) + (n,) * ndim
+    noise = rng.standard_normal(shape)
+    ks = [wavenumbers(n, length)] * (ndim - 1) + [wavenumbers(n, length, real=True)]
+    k2 = sum(g**2 for g in np.meshgrid(*ks, indexing="ij"))
+    spec = (k2 + tau**2) ** (-alpha / 2.0)
+    spec.flat[0] = 0.0
+    axes = tuple(range(1, ndim + 1))
+    f = np.fft.irfftn(np.fft.rfftn(noise, axes=axes) * spec, s=(n,) * ndim, axes=axes)
+    rms = np.sqrt(np.mean(f**2, axis=axes, keepdims=True))
+    return f / rms
+
+
+# --- previews --------------------------------------------------------------------------------
+
+def plt_agg():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
