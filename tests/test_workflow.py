@@ -116,3 +116,14 @@ def test_one_method_one_variant_one_seed_by_override(workflow_run):
                      "--forceall", "results/rex/claims.json")
     out = proc.stdout + proc.stderr
     assert "train" in out and "seed5" in out and "rex_euler" not in out
+
+
+def test_datasets_target_builds_every_offline_dataset(workflow_run):
+    from reprozoo.data import registry as dreg
+
+    work, _ = workflow_run
+    proc = snakemake(work, "-n", "datasets", "--config", "scale=ci")
+    out = proc.stdout + proc.stderr
+    for name in dreg.names():
+        if "offline" in dreg.get(name).sources:
+            assert f"data/{name}/ci/" in out or "Nothing to be done" in out, name

@@ -36,3 +36,14 @@ rule preprocess:
         runtime=lambda w, attempt: 30 * attempt,
     script:
         STAGE
+
+
+rule datasets:
+    # every dataset that can be built with the configured sources, at the configured scale:
+    #   snakemake datasets --config scale=ci
+    input:
+        [
+            f"{RESULTS}/data/{d}/{SCALE}/card.json"
+            for d in rz_data.names()
+            if rz_data.buildable(d, config["data"])
+        ],

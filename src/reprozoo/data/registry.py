@@ -100,3 +100,12 @@ def source_for(name: str, data_config: dict) -> str:
     if src == "path" and name not in data_config.get("paths", {}):
         raise DatasetError(f"config key 'data.paths.{name}' is required when its source is 'path'")
     return src
+
+
+def buildable(name: str, data_config: dict) -> bool:
+    """Whether ``name`` can be built with the configured sources (no user path missing)."""
+    try:
+        source_for(name, data_config)
+        return True
+    except DatasetError:
+        return False
