@@ -45,3 +45,16 @@ def test_remote_source_for_offline_only_dataset_is_rejected_when_explicit():
         dreg.source_for("gmm2d", {"source": "offline", "sources": {"gmm2d": "remote"}})
     # the global switch falls back to offline for datasets that have no public source
     assert dreg.source_for("gmm2d", {"source": "remote", "sources": {}}) == "offline"
+
+
+def test_dataset_parameter_overrides():
+    spec = dreg.get("gmm2d")
+    assert spec.params("ci", {"n_train": 10})["n_train"] == 10
+    with pytest.raises(dreg.DatasetError, match=r"data\.params\.gmm2d\.nope.*allowed"):
+        spec.params("ci", {"nope": 1})
+
+
+def test_datasets_may_differ_by_scale():
+    for spec in registry.all_specs():
+        for scale in registry.SCALES:
+            assert set(spec.datasets_for(scale)) <= set(spec.datasets)

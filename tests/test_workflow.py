@@ -53,7 +53,7 @@ def test_every_method_produces_outputs_and_claims(workflow_run):
         assert list(table.columns) == ["method", "variant", "seed", "scale", "metric", "x", "value"]
         assert set(table.variant) == set(spec.variant_ids)
         assert list((res / m / "plots").glob("*.png"))
-        for d in spec.datasets:
+        for d in spec.datasets_for("ci"):
             card = json.loads((res / "data" / d / "ci" / "card.json").read_text())
             assert card["source"] == "offline" and card["files"]
             assert (res / "data" / d / "ci" / "preview.png").exists()

@@ -44,7 +44,7 @@ def hp(wildcards):
 
 
 def data_dirs(method):
-    return {d: f"{RESULTS}/data/{d}/{SCALE}" for d in rz_registry.get(method).datasets}
+    return {d: f"{RESULTS}/data/{d}/{SCALE}" for d in rz_registry.get(method).datasets_for(SCALE)}
 
 
 def data_cards(wildcards):

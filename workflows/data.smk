@@ -8,6 +8,7 @@ rule acquire:
     params:
         source=lambda w: rz_data.source_for(w.dataset, config["data"]),
         path=lambda w: config["data"].get("paths", {}).get(w.dataset),
+        overrides=lambda w: config["data"].get("params", {}).get(w.dataset, {}),
     log:
         f"{RESULTS}/logs/acquire/{{dataset}}-{{scale}}.log",
     conda:
@@ -26,6 +27,8 @@ rule preprocess:
     output:
         card=f"{RESULTS}/data/{{dataset}}/{{scale}}/card.json",
         preview=f"{RESULTS}/data/{{dataset}}/{{scale}}/preview.png",
+    params:
+        overrides=lambda w: config["data"].get("params", {}).get(w.dataset, {}),
     log:
         f"{RESULTS}/logs/preprocess/{{dataset}}-{{scale}}.log",
     conda:

@@ -149,5 +149,5 @@ def plan(config: dict) -> Plan:
         if s is None:
             s = spec.config(scale).get("seeds", [0])
         seeds[m] = [s] if isinstance(s, int) else list(s)
-        datasets[m] = list(spec.datasets)
+        datasets[m] = spec.datasets_for(scale)
     return Plan(scale=scale, methods=methods, variants=variants, seeds=seeds, datasets=datasets)

@@ -48,7 +48,7 @@ class MethodSpec:
     title: str
     paper: str
     wave: str
-    datasets: list[str]
+    datasets_by_scale: dict[str, list[str]]
     variants: list[Variant]
     claims: list[Claim]
     env: str
@@ -56,6 +56,16 @@ class MethodSpec:
     train_shared: bool
     folder: Path
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def datasets_for(self, scale: str) -> list[str]:
+        """Datasets the method reads at ``scale`` (spec ``datasets``: a list, or a mapping with
+        ``default`` and per-scale entries, e.g. offline EMT data for smoke and MD17 for paper)."""
+        return list(self.datasets_by_scale.get(scale, self.datasets_by_scale.get("default", [])))
+
+    @property
+    def datasets(self) -> list[str]:
+        """Every dataset the method may read, over all scales."""
+        return sorted({d for ds in self.datasets_by_scale.values() for d in ds})
 
     @property
     def variant_ids(self) -> list[str]:
@@ -104,6 +114,11 @@ def _load_spec(folder: Path) -> MethodSpec:
         except (KeyError, TypeError, ValueError):
             raise RegistryError(f"{where}: claim '{c.get('id')}' needs a numeric threshold") from None
         claims.append(Claim(**c))
+    ds = raw["datasets"]
+    if isinstance(ds, list):
+        ds = {"default": ds}
+    if not isinstance(ds, dict) or not set(ds) <= {"default", *SCALES}:
+        raise RegistryError(f"{where}: datasets must be a list or a mapping with keys default/{'/'.join(SCALES)}")
     env = raw["env"]
     if not (ENVS_DIR / f"{env}.yaml").exists():
         raise RegistryError(f"{where}: env '{env}' has no file envs/{env}.yaml")
@@ -115,7 +130,7 @@ def _load_spec(folder: Path) -> MethodSpec:
         configs[scale] = yaml.safe_load(path.read_text()) or {}
     return MethodSpec(
         id=raw["id"], title=raw["title"], paper=raw["paper"], wave=raw["wave"],
-        datasets=list(raw["datasets"]), variants=variants, claims=claims, env=env,
+        datasets_by_scale={k: list(v) for k, v in ds.items()}, variants=variants, claims=claims, env=env,
         resources=raw.get("resources", {}), train_shared=bool(raw.get("train_shared", False)),
         folder=folder, configs=configs,
     )

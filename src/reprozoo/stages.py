@@ -53,12 +53,13 @@ def log_to(log_path: str | Path | None):
 
 # --- data ------------------------------------------------------------------------------------
 
-def acquire(dataset: str, scale: str, source: str, raw_dir: Path, manifest: Path, path: str | None = None) -> dict:
+def acquire(dataset: str, scale: str, source: str, raw_dir: Path, manifest: Path, path: str | None = None,
+            overrides: dict | None = None) -> dict:
     from .data import registry as dreg
     from .data.download import sha256_file
 
     spec = dreg.get(dataset)
-    params = spec.params(scale)
+    params = spec.params(scale, overrides)
     raw_dir = Path(raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -75,12 +76,12 @@ def acquire(dataset: str, scale: str, source: str, raw_dir: Path, manifest: Path
 
 
 def preprocess(dataset: str, scale: str, raw_dir: Path, manifest: Path, out_dir: Path, card_path: Path,
-               preview_path: Path) -> dict:
+               preview_path: Path, overrides: dict | None = None) -> dict:
     from .data import registry as dreg
     from .data.download import sha256_file
 
     spec = dreg.get(dataset)
-    params = spec.params(scale)
+    params = spec.params(scale, overrides)
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
     info = spec.module().preprocess(raw_dir=Path(raw_dir), out_dir=out_dir, params=params) or {}
@@ -287,10 +288,11 @@ def from_snakemake(sm: Any) -> None:
         print(f"== {rule} {dict(w.items())} pid={os.getpid()} host={os.uname().nodename}", flush=True)
         if rule == "acquire":
             acquire(w.dataset, w.scale, p.source, Path(sm.output.manifest).parent, Path(sm.output.manifest),
-                    p.path)
+                    p.path, dict(p.overrides))
         elif rule == "preprocess":
             preprocess(w.dataset, w.scale, Path(sm.input.manifest).parent, Path(sm.input.manifest),
-                       Path(sm.output.card).parent, Path(sm.output.card), Path(sm.output.preview))
+                       Path(sm.output.card).parent, Path(sm.output.card), Path(sm.output.preview),
+                       dict(p.overrides))
         elif rule == "train_shared":
             train_shared(w.method, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.done),
                          sm.threads, p.tracking)

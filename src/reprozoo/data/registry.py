@@ -47,11 +47,18 @@ class DatasetSpec:
     seed: int = 0
     env: str = "core"
 
-    def params(self, scale: str) -> dict[str, Any]:
+    def params(self, scale: str, overrides: dict | None = None) -> dict[str, Any]:
+        """Parameters at ``scale`` with the user's ``data.params.<name>`` overrides applied."""
         if scale not in self.scales:
             raise DatasetError(f"dataset '{self.name}' has no parameters for scale '{scale}'; "
                                f"allowed: {sorted(self.scales)}")
-        return copy.deepcopy(self.scales[scale])
+        params = copy.deepcopy(self.scales[scale])
+        for key, value in (overrides or {}).items():
+            if key not in params and key not in ("base_url", "url"):
+                raise DatasetError(f"config key 'data.params.{self.name}.{key}': unknown parameter; "
+                                   f"allowed: {sorted(params)}")
+            params[key] = value
+        return params
 
     def module(self):
         return importlib.import_module(self.module_name)
