@@ -21,6 +21,9 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     tmp = Path(tmp)
     try:
         yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs should be readable like any file
         os.replace(tmp, path)
     finally:
         if tmp.exists():
