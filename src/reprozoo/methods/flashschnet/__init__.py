@@ -1,0 +1,1 @@
+"""FlashSchNet (IO-aware SchNet for GNN molecular dynamics), CPU miniature."""

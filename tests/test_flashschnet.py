@@ -1,0 +1,252 @@
+"""FlashSchNet: the flash kernel reproduces the baseline SchNet exactly (energies, forces, weight
+gradients), never allocates an (E, F) tensor, its CSR chunking is consistent, 16-bit weights are
+accurate, the chain potential and integrators are physical, and the method runs end to end."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from reprozoo.blocks.atomistic import AtomsData, SchNet, make_emt_frames, radius_graph  # noqa: E402
+from reprozoo.methods.flashschnet.cgchain import (ChainPotential, compact_start, kinetic, make_chain,  # noqa: E402
+                                                   maxwell_boltzmann, velocity_verlet, KB)
+from reprozoo.methods.flashschnet.flash import (FlashCFConv, FlashSchNet, build_graph, dequantize,  # noqa: E402
+                                                quantize_per_channel)
+from reprozoo.methods.flashschnet.measure import largest_allocation, peak_bytes  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _perturbed_schnet(dtype=torch.float64, seed=0, cutoff=6.0, F=16, T=2, K=12, max_z=100):
+    torch.manual_seed(seed)
+    m = SchNet(F, T, K, cutoff, max_z=max_z).to(dtype)
+    with torch.no_grad():  # default init has zero-ish biases; make every term matter
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return m.eval()
+
+
+def _chain_batch(n_beads=40, R=3, cutoff=6.0, dtype=torch.float64, seed=0):
+    s = make_chain(n_beads, seed)
+    rng = np.random.default_rng(seed)
+    X = torch.from_numpy(np.concatenate([compact_start(s, rng) for _ in range(R)])).to(dtype)
+    numbers = torch.from_numpy(np.tile(s.types, R))
+    batch = torch.repeat_interleave(torch.arange(R), n_beads)
+    ei = radius_graph(X, batch, cutoff)
+    return numbers, X, batch, ei, R
+
+
+# --- exactness ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pairs", [True, False])
+@pytest.mark.parametrize("chunk", [5, 64, 100000])
+def test_flash_equals_baseline_float64_chain(pairs, chunk):
+    numbers, X, batch, ei, R = _chain_batch()
+    m = _perturbed_schnet(max_z=20)
+    e0, f0 = m.energy_and_forces(numbers, X, batch, ei, None, R, create_graph=False)
+    fm = FlashSchNet(m, chunk_size=chunk, pairs=pairs)
+    e1, f1 = fm.energy_and_forces(numbers, X, batch, ei, None, R)
+    assert f0.abs().max() > 1e-3
+    np.testing.assert_allclose(e1.numpy(), e0.detach().numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(f1.numpy(), f0.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_flash_equals_baseline_periodic_with_self_images(pairs):
+    """Small Cu/Au cell (4 atoms) with a cutoff beyond the cell: periodic self images."""
+    fr = make_emt_frames("cuau_bulk", n_frames=2, rattle=0.1, seed=3, size=1)
+    b = AtomsData(fr, 4.5).collate([0, 1], dtype=torch.float64)
+    assert bool((b.edge_index[0] == b.edge_index[1]).any())
+    m = _perturbed_schnet(cutoff=4.5)
+    e0, f0 = m.batch_forward(b)
+    e1, f1 = FlashSchNet(m, chunk_size=17, pairs=pairs).energy_and_forces(
+        b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures)
+    np.testing.assert_allclose(e1.numpy(), e0.detach().numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(f1.numpy(), f0.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_weight_gradients_equal_baseline():
+    numbers, X, batch, ei, R = _chain_batch(R=2)
+    m = _perturbed_schnet(max_z=20)
+    m.zero_grad()
+    m(numbers, X, batch, ei, None, R).sum().backward()
+    ref = {n: p.grad.clone() for n, p in m.named_parameters()}
+    for pairs in (True, False):
+        m.zero_grad()
+        FlashSchNet(m, chunk_size=50, pairs=pairs)(numbers, X, batch, ei, None, R).sum().backward()
+        for n, p in m.named_parameters():
+            np.testing.assert_allclose(p.grad.numpy(), ref[n].numpy(), rtol=1e-9, atol=1e-11, err_msg=n)
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_custom_function_gradcheck(pairs):
+    numbers, X, batch, ei, R = _chain_batch(n_beads=14, R=2, cutoff=7.0)
+    m = _perturbed_schnet(cutoff=7.0, max_z=20)
+    g = build_graph(ei, X.shape[0], None, chunk_size=9, pairs=pairs)
+    blk = m.interactions[0]
+    h = torch.randn(X.shape[0], 16, dtype=torch.float64, requires_grad=True)
+    pos = X.clone().requires_grad_(True)
+
+    def fn(h, pos, W1, b1, W2, b2):
+        dist = torch.linalg.vector_norm(pos[g.src] - pos[g.dst], dim=-1).detach()
+        return FlashCFConv.apply(h, pos, W1, b1, W2, b2, g, dist, m.rbf.centers.double(), m.rbf.gamma.double(), 7.0)
+
+    args = [h, pos] + [t.detach().clone().requires_grad_(True)
+                       for t in (blk.filter1.weight, blk.filter1.bias, blk.filter2.weight, blk.filter2.bias)]
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
+
+
+def test_float32_forces_within_fp32_tolerance_and_first_order_only():
+    numbers, X, batch, ei, R = _chain_batch(n_beads=60, R=4, cutoff=8.0, dtype=torch.float32)
+    m = _perturbed_schnet(torch.float32, cutoff=8.0, F=32, max_z=20)
+    _, f0 = m.energy_and_forces(numbers, X, batch, ei, None, R, create_graph=False)
+    _, f1 = FlashSchNet(m, chunk_size=256).energy_and_forces(numbers, X, batch, ei, None, R)
+    assert (f1 - f0).abs().max() <= 1e-5 * f0.abs().max()   # the claim's tolerance
+    with pytest.raises(NotImplementedError):
+        FlashSchNet(m).energy_and_forces(numbers, X, batch, ei, None, R, create_graph=True)
+
+
+# --- memory ---------------------------------------------------------------------------------------------
+
+def test_profiler_peak_memory_counts_torch_allocations():
+    def fn():
+        a = torch.empty(1000, 1000)      # 4 MB
+        b = a * 2                        # 4 MB
+        del a
+        c = torch.empty(2000, 1000)      # 8 MB -> peak 12 MB
+        return (b, c)
+
+    peak, _ = peak_bytes(fn)
+    assert 12_000_000 <= peak < 12_100_000
+    assert 8_000_000 <= largest_allocation(fn) < 8_000_100
+
+
+def test_no_edge_by_feature_tensor_and_lower_peak():
+    numbers, X, batch, ei, R = _chain_batch(n_beads=120, R=4, cutoff=8.0, dtype=torch.float32)
+    m = _perturbed_schnet(torch.float32, cutoff=8.0, F=64, max_z=20)
+    E, F = ei.shape[1], 64
+    fm = FlashSchNet(m, chunk_size=512)
+    g = fm.graph(ei, X.shape[0])
+    run_flash = lambda: fm.energy_and_forces(numbers, X, batch, n_structures=R, graph=g)  # noqa: E731
+    run_base = lambda: m.energy_and_forces(numbers, X, batch, ei, None, R, create_graph=False)  # noqa: E731
+    run_flash()
+    big = largest_allocation(run_flash)
+    assert big < E * F * 4 / 4, (big, E * F * 4)            # never one (E, F) fp32 tensor, not even a quarter
+    assert largest_allocation(run_base) >= E * F * 4        # the baseline does materialise them
+    pf, _ = peak_bytes(run_flash)
+    pb, _ = peak_bytes(run_base)
+    assert pb > 3 * pf
+
+
+# --- graph ------------------------------------------------------------------------------------------------
+
+def test_csr_graph_chunks_and_pairs():
+    numbers, X, batch, ei, R = _chain_batch(n_beads=50, R=2, cutoff=7.0)
+    n = X.shape[0]
+    for pairs in (False, True):
+        g = build_graph(ei, n, None, chunk_size=37, pairs=pairs)
+        assert g.n_edges == (ei.shape[1] // 2 if pairs else ei.shape[1])
+        assert torch.all(g.dst[1:] >= g.dst[:-1])
+        assert int(g.rowptr[-1]) == g.n_edges
+        prev_a, prev_e = 0, 0
+        for a0, a1, e0, e1 in g.chunks:      # whole rows, contiguous, within the size (or one row)
+            assert a0 >= prev_a and e0 == prev_e and e1 > e0
+            assert int(g.rowptr[a0]) == e0 and int(g.rowptr[a1]) == e1
+            assert e1 - e0 <= 37 or a1 - a0 == 1
+            prev_a, prev_e = a1, e1
+        assert prev_e == g.n_edges
+        if pairs:
+            assert torch.all(g.dst < g.src)
+            und = {(min(a, b), max(a, b)) for a, b in ei.t().tolist()}
+            assert set(zip(g.dst.tolist(), g.src.tolist())) == und
+    with pytest.raises(ValueError):
+        build_graph(ei[:, :-1], n)  # one direction of a pair missing
+
+
+# --- 16-bit weights -------------------------------------------------------------------------------------
+
+def test_per_channel_quantisation_error_bounds():
+    torch.manual_seed(0)
+    w = torch.randn(32, 24) * torch.logspace(-3, 1, 32)[:, None]  # channels of very different scale
+    amax = w.abs().amax(1, keepdim=True)
+    q, s = quantize_per_channel(w, "float16")
+    assert q.dtype == torch.float16
+    assert torch.all((dequantize(q, s) - w).abs() <= amax * 2.0**-11)
+    q, s = quantize_per_channel(w, "int16")
+    assert q.dtype == torch.int16
+    assert torch.all((dequantize(q, s) - w).abs() <= amax / 32767 * 0.5 + 1e-12)
+    q, s = quantize_per_channel(w, "bfloat16")
+    assert torch.all((dequantize(q, s) - w).abs() <= amax * 2.0**-8)
+
+
+def test_quantised_flash_forces_close_and_weights_smaller():
+    numbers, X, batch, ei, R = _chain_batch(n_beads=60, R=2, cutoff=8.0, dtype=torch.float32)
+    m = _perturbed_schnet(torch.float32, cutoff=8.0, F=32, max_z=20)
+    _, f32 = FlashSchNet(m).energy_and_forces(numbers, X, batch, ei, None, R)
+    q = FlashSchNet(m, quantize="float16")
+    _, f16 = q.energy_and_forces(numbers, X, batch, ei, None, R)
+    err = (f16 - f32).abs().max() / f32.pow(2).mean().sqrt()
+    assert 0 < err < 1e-2
+    assert q.weight_bytes() < 0.6 * FlashSchNet(m).weight_bytes()
+
+
+# --- the chain system -----------------------------------------------------------------------------------
+
+def test_chain_forces_are_minus_gradient_and_nve_conserves_energy():
+    s = make_chain(30, 1)
+    pot = ChainPotential(s, rc=10.0)
+    X = torch.from_numpy(compact_start(s, np.random.default_rng(0))[None])
+    for which in ("prior", "learned", "reference"):
+        _, f = pot.energy_forces(X, which)
+        h = 1e-5
+        for a, k in [(0, 0), (7, 1), (29, 2)]:
+            xp, xm = X.clone(), X.clone()
+            xp[0, a, k] += h
+            xm[0, a, k] -= h
+            fd = -(pot.energy(xp, which) - pot.energy(xm, which)).item() / (2 * h)
+            assert abs(fd - f[0, a, k].item()) < 1e-5 * max(1.0, abs(fd)), (which, a, k)
+    gen = torch.Generator().manual_seed(0)
+    kT = KB * 300.0
+    vel = maxwell_boltzmann(X.shape, s.mass, kT, gen)
+    _, _, tot = velocity_verlet(X, vel, lambda p: pot.energy_forces(p, "reference"), s.mass, 0.002, 300, every=10)
+    assert (tot - tot[0]).abs().max().item() < 0.02 * kT * s.n  # small fluctuation, no drift
+    assert abs(kinetic(vel, s.mass).item() / (1.5 * s.n * kT) - 1) < 0.5
+
+
+# --- the method end to end, tiny --------------------------------------------------------------------------
+
+def test_method_runs_end_to_end(tmp_path):
+    from reprozoo.methods.flashschnet import method
+    from reprozoo.runtime import RunContext
+
+    p = {"device": "cpu", "system": {"n_beads": 40, "seed": 0},
+         "data": {"n_replicas": 2, "n_equil": 10, "n_frames_per_replica": 3, "every": 2, "dt": 0.01, "T": 300.0,
+                  "gamma": 2.0},
+         "n_test": 2, "model": {"n_features": 16, "n_interactions": 2, "n_rbf": 8, "cutoff": 7.0},
+         "train": {"epochs": 1, "batch_size": 2, "max_steps": 2},
+         "flash": {"chunk_size": 256, "quantize": "float16"},
+         "bench": {"replicas": [1, 2], "md_steps": 1, "repeats": 1, "dt": 0.01, "gamma": 2.0, "T": 300.0, "skin": 1.0},
+         "nve": {"replicas": 1, "steps": 4, "dt": 0.005, "every": 1}}
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    ctx = RunContext("flashschnet", "shared", 0, "ci", p, {}, shared, shared)
+    method.train_shared(ctx)
+    out = {}
+    for v in ("flash", "flash_fp16w", "baseline_schnet"):
+        (tmp_path / v).mkdir()
+        c = RunContext("flashschnet", v, 0, "ci", p, {}, tmp_path / v, shared)
+        method.train(c)
+        out[v] = c.metrics
+    assert out["flash"].scalars["force_maxdiff_rel"] <= 1e-5
+    assert 0 < out["flash_fp16w"].scalars["quant_force_err"] < 1e-2
+    assert out["flash"].scalars["force_mae"] == pytest.approx(out["baseline_schnet"].scalars["force_mae"], rel=1e-5)
+    assert out["flash"].curves["peak_mem_mb"][0] == [1.0, 2.0]
+    assert out["flash"].scalars["speedup_max_replicas"] > 0
+    assert np.isfinite(out["baseline_schnet"].scalars["nve_drift"])
