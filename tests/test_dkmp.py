@@ -1,0 +1,260 @@
+"""DKMP: dilated star graphs (structure, receptive field, sparsity), per-layer message passing,
+forces = -dE/dx, invariances, determinism, cost helpers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ase")
+
+from reprozoo.blocks.atomistic import AtomsData, TrainConfig, fit, fit_energy_scale  # noqa: E402
+from reprozoo.blocks.atomistic.cost import loglog_slope, median_seconds, peak_tensor_bytes  # noqa: E402
+from reprozoo.blocks.atomistic.dilated import (DilatedSchNet, Shell, StarGraphData, distinct_shells,  # noqa: E402
+                                               parse_shells, shell_window, star_graph)
+from reprozoo.blocks.atomistic.neighbors import neighbor_list  # noqa: E402
+
+DKMP = [(0.0, 3.1), (3.1, 4.6, 8), (4.6, 6.0, 8)]
+DENSE = [(0.0, 6.0)] * 3
+SHORT = [(0.0, 3.1)] * 3
+
+
+def _cluster(shells=5, rattle=0.08, seed=0):
+    from ase.cluster import Icosahedron
+
+    a = Icosahedron("Cu", shells, latticeconstant=3.61)
+    rng = np.random.default_rng(seed)
+    return a.positions + rng.normal(0, rattle, a.positions.shape), a.numbers.astype(np.int64)
+
+
+def _frames(pos, num):
+    return {"positions": [pos], "numbers": [num], "cells": [np.zeros((3, 3))], "pbc": [np.zeros(3, bool)],
+            "energy": None, "forces": None}
+
+
+def _rotation(rng):
+    q, r = np.linalg.qr(rng.normal(size=(3, 3)))
+    q = q * np.sign(np.diag(r))
+    if np.linalg.det(q) < 0:
+        q[:, 0] *= -1
+    return q
+
+
+def _model(shells, seed=0):
+    torch.manual_seed(seed)
+    m = DilatedSchNet(shells, window_width=0.3, n_features=16, n_rbf=12).double().eval()
+    with torch.no_grad():
+        m.atomref[29] = -3.2
+        m.e_std.fill_(0.6)
+        # non-trivial head output (the default init makes tiny energies)
+        for p in m.parameters():
+            p.mul_(1.5)
+    return m
+
+
+def _ef(model, pos, num, shells, mode="dilated"):
+    b = StarGraphData(_frames(pos, num), shells, mode).collate([0], dtype=torch.float64)
+    e, f = model.batch_forward(b)
+    return float(e.detach()[0]), f.detach().numpy()
+
+
+@pytest.fixture(scope="module")
+def cu309():
+    return _cluster(5)
+
+
+# --- the star graphs --------------------------------------------------------------------------
+
+def test_shells_tile_the_dense_receptive_field():
+    sh = distinct_shells(parse_shells(DKMP))
+    assert sh[0].r_in == 0.0 and sh[-1].r_out == 6.0  # union [0, r_L) = dense cutoff
+    for a, b in zip(sh, sh[1:]):
+        assert a.r_out == b.r_in  # contiguous and disjoint
+    with pytest.raises(ValueError):
+        distinct_shells(parse_shells([(0.0, 3.0), (2.5, 5.0)]))
+    with pytest.raises(ValueError):
+        Shell(3.0, 2.0)
+    assert distinct_shells(parse_shells(DENSE)) == [Shell(0.0, 6.0, None)]
+
+
+def test_star_graph_structure(cu309):
+    pos, _ = cu309
+    shells = parse_shells(DKMP)
+    i, j, shifts, sid = star_graph(pos, shells)
+    d = np.linalg.norm(pos[j] - pos[i] + shifts, axis=1)
+    # every edge lies in its shell; sorted by (i, j); no self edges
+    for s, sh in enumerate(shells):
+        assert np.all((d[sid == s] >= sh.r_in) & (d[sid == s] < sh.r_out))
+    assert np.all(np.diff(i * len(pos) + j) > 0)
+    assert np.all(i != j)
+    D = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
+    np.fill_diagonal(D, np.inf)
+    # the star of (atom, shell) has min(k, n_shell) leaves, at evenly dilated distance ranks
+    for a in range(len(pos)):
+        for s, sh in enumerate(shells):
+            members = np.flatnonzero((D[a] >= sh.r_in) & (D[a] < sh.r_out))
+            members = members[np.lexsort((members, D[a, members]))]
+            picked = set(j[(i == a) & (sid == s)].tolist())
+            n = len(members)
+            if sh.k is None or n <= sh.k:
+                assert picked == set(members.tolist())
+            else:
+                ranks = np.floor((np.arange(sh.k) + 0.5) * n / sh.k).astype(int)
+                assert picked == set(members[ranks].tolist())
+    # the first shell is the full nearest-neighbour radius graph; the union is inside the dense graph
+    di, dj, _, _ = neighbor_list(pos, 6.0)
+    dense = set(zip(di.tolist(), dj.tolist()))
+    assert set(zip(i.tolist(), j.tolist())) <= dense
+    ni, nj, _, _ = neighbor_list(pos, 3.1)
+    assert set(zip(i[sid == 0].tolist(), j[sid == 0].tolist())) == set(zip(ni.tolist(), nj.tolist()))
+    # interior atoms reach the outer boundary of the receptive field (dilated picks span each shell)
+    centre = np.argmin(np.linalg.norm(pos - pos.mean(0), axis=1))
+    assert d[i == centre].max() > 5.5
+    # far fewer messages than the dense model at the same receptive field (3 layers each)
+    assert 3 * len(di) / len(i) >= 3.0
+
+
+def test_selection_modes(cu309):
+    pos, _ = cu309
+    shells = parse_shells(DKMP)
+    D = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
+    i, j, _, sid = star_graph(pos, shells, mode="nearest")
+    a = np.argmin(np.linalg.norm(pos - pos.mean(0), axis=1))
+    members = np.flatnonzero((D[a] >= 3.1) & (D[a] < 4.6))
+    nearest = members[np.argsort(D[a, members])][:8]
+    assert set(j[(i == a) & (sid == 1)].tolist()) == set(nearest.tolist())
+    # angular: k leaves per (atom, shell), more evenly spread directions than the k nearest
+    ia, ja, _, sa = star_graph(pos, shells, mode="angular")
+    counts = np.bincount(ia[sa == 2], minlength=len(pos))
+    assert counts.max() == 8
+
+    def min_angle(ii, jj, ss):
+        out = []
+        for c in range(len(pos)):
+            sel = jj[(ii == c) & (ss == 2)]
+            if len(sel) < 8:
+                continue
+            u = pos[sel] - pos[c]
+            u /= np.linalg.norm(u, axis=1, keepdims=True)
+            cos = u @ u.T
+            np.fill_diagonal(cos, -1)
+            out.append(np.arccos(np.clip(cos.max(), -1, 1)))
+        return np.mean(out)
+
+    assert min_angle(ia, ja, sa) > min_angle(i, j, sid)
+    with pytest.raises(ValueError):
+        star_graph(pos, shells, mode="random")
+
+
+def test_dense_shells_give_the_radius_graph(cu309):
+    pos, num = cu309
+    star = StarGraphData(_frames(pos, num), DENSE)
+    ref = AtomsData(_frames(pos, num), 6.0)
+    i, j, _ = star.graph(0)
+    ri, rj, _ = ref.graph(0)
+    assert np.array_equal(i, ri) and np.array_equal(j, rj)
+    np.testing.assert_array_equal(star.messages_per_layer(0), [len(i)] * 3)
+    dk = StarGraphData(_frames(pos, num), DKMP)
+    per = dk.messages_per_layer(0)
+    assert per.sum() == len(dk.graph(0)[0])
+    assert per[1] <= 8 * len(pos) and per[2] <= 8 * len(pos)
+    sub = dk.subset([0])
+    assert isinstance(sub, StarGraphData) and sub.layer_shells == dk.layer_shells
+
+
+def test_each_layer_passes_messages_over_its_own_shell(cu309):
+    pos, num = cu309
+    data = StarGraphData(_frames(pos, num), DKMP)
+    b = data.collate([0], dtype=torch.float64)
+    m = _model(DKMP)
+    seen = []
+    hooks = [blk.register_forward_hook(lambda mod, args, out: seen.append(args[3].shape[1])) for blk in m.interactions]
+    m.batch_forward(b, forces=False)
+    for h in hooks:
+        h.remove()
+    assert seen == data.messages_per_layer(0).tolist()
+    w = shell_window(torch.tensor([3.1, 3.25, 3.5, 4.0, 4.45, 4.6, 5.0], dtype=torch.float64), 3.1, 4.6, 0.3)
+    np.testing.assert_allclose(w.numpy(), [0.0, 0.5, 1.0, 1.0, 0.5, 0.0, 0.0], atol=1e-12)
+
+
+# --- physics ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shells", [DKMP, DENSE])
+def test_forces_are_minus_energy_gradient(shells):
+    pos, num = _cluster(3, seed=1)
+    m = _model(shells)
+    data = StarGraphData(_frames(pos, num), shells)
+    b = data.collate([0], dtype=torch.float64)
+    _, f = m.batch_forward(b)
+    h = 1e-5
+    rng = np.random.default_rng(0)
+    for a, c in zip(rng.integers(0, len(pos), 6), rng.integers(0, 3, 6)):
+        e = []
+        for sgn in (1, -1):
+            p = b.positions.clone()
+            p[a, c] += sgn * h
+            e.append(float(m(b.numbers, p, b.batch, b.edge_index, b.shifts, 1).detach()[0]))
+        assert abs(-(e[0] - e[1]) / (2 * h) - float(f[a, c])) < 1e-6 * max(1.0, float(f.abs().max()))
+    assert float(f.abs().max()) > 1e-3  # not trivially zero
+
+
+@pytest.mark.parametrize("mode", ["dilated", "angular"])
+def test_rotation_translation_permutation_invariance(mode):
+    pos, num = _cluster(4, seed=2)
+    m = _model(DKMP, seed=3)
+    e0, f0 = _ef(m, pos, num, DKMP, mode)
+    rng = np.random.default_rng(5)
+    R = _rotation(rng)
+    e1, f1 = _ef(m, pos @ R.T + rng.normal(size=3) * 4.0, num, DKMP, mode)
+    assert abs(e1 - e0) < 1e-9 * max(1.0, abs(e0))
+    np.testing.assert_allclose(f1, f0 @ R.T, atol=1e-9)
+    perm = rng.permutation(len(pos))
+    e2, f2 = _ef(m, pos[perm], num[perm], DKMP, mode)
+    assert abs(e2 - e0) < 1e-9 * max(1.0, abs(e0))
+    np.testing.assert_allclose(f2, f0[perm], atol=1e-9)
+
+
+def test_training_is_deterministic():
+    # labels need not be physical here: four rattled Cu55 frames with a pair-repulsion energy
+    frames = {"positions": [], "numbers": [], "cells": [], "pbc": [], "energy": [], "forces": []}
+    for s in range(4):
+        pos, num = _cluster(3, seed=10 + s)
+        d = pos[:, None] - pos[None]
+        r = np.linalg.norm(d, axis=-1) + np.eye(len(pos))
+        frames["energy"].append(0.5 * np.sum(np.triu(np.exp(-r), 1)))
+        frames["forces"].append(np.sum((np.exp(-r) / r * (1 - np.eye(len(pos))))[..., None] * d, axis=1))
+        for key, val in zip(("positions", "numbers", "cells", "pbc"), (pos, num, np.zeros((3, 3)), np.zeros(3, bool))):
+            frames[key].append(val)
+    frames["energy"] = np.asarray(frames["energy"])
+
+    def run(seed):
+        data = StarGraphData(frames, DKMP)
+        torch.manual_seed(seed)
+        m = DilatedSchNet(DKMP, n_features=8, n_rbf=8)
+        fit_energy_scale(m, data)
+        hist = fit(m, data, None, TrainConfig(epochs=1, batch_size=2, lr=3e-3, seed=seed))
+        return hist["step_loss"], torch.cat([p.detach().flatten() for p in m.parameters()])
+
+    l1, p1 = run(0)
+    l2, p2 = run(0)
+    l3, p3 = run(1)
+    assert l1 == l2 and torch.equal(p1, p2)
+    assert not torch.equal(p1, p3)
+
+
+# --- cost helpers -----------------------------------------------------------------------------
+
+def test_cost_helpers():
+    keep = []
+
+    def alloc():
+        x = torch.empty(1_000_000, dtype=torch.float32)  # 4 MB, freed on return ...
+        y = torch.ones(250_000, dtype=torch.float32)     # 1 MB, kept alive
+        keep.append(y)
+        return x.numel()
+
+    peak, out = peak_tensor_bytes(alloc)
+    assert out == 1_000_000 and 5_000_000 <= peak < 5_500_000
+    x = np.array([300.0, 600.0, 1200.0, 2400.0])
+    assert abs(loglog_slope(x, 3.0 * x**1.5) - 1.5) < 1e-9
+    assert median_seconds(lambda: None, repeats=3) >= 0.0
