@@ -1,5 +1,10 @@
+import os
 import sys
 from pathlib import Path
+
+# one BLAS/OpenMP thread per test process: tiny tensor work oversubscribed on 2 cores runs many times slower
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT / "src", ROOT / "tests"):

@@ -1,0 +1,321 @@
+"""TriForces numerics: invariances of the power-spectrum and composition streams, the Legendre
+identity of the power spectrum, forces of the fused model, the self-supervised objectives,
+retrieval precision, the data split, determinism, and a tiny end-to-end run."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ase")
+
+from reprozoo.blocks.atomistic import (brute_force_neighbor_list, fit, fit_energy_scale,  # noqa: E402
+                                       frames_from_atoms)
+from reprozoo.blocks.atomistic.dense_nl import SmallCellData, dense_neighbor_list  # noqa: E402
+from reprozoo.blocks.atomistic.descriptors import (LEGENDRE, PowerSpectrum, composition_tokens,  # noqa: E402
+                                                   legendre, power_spectrum_pairs, precision_at_k,
+                                                   sigreg_epps_pulley)
+from reprozoo.methods.triforces.model import CompositionStream, TriForces, build  # noqa: E402
+from reprozoo.methods.triforces.pretrain import pretrain, pretrain_loss, two_views  # noqa: E402
+
+CUT = 4.0
+torch.set_num_threads(1)  # the test machine is shared: no intra-op threads
+MODEL = {"backbone": {"n_features": 12, "n_interactions": 1, "n_rbf": 8, "cutoff": CUT},
+         "composition": {"dim": 8, "heads": 2, "layers": 1},
+         "structural": {"dim": 8, "n_radial": 3, "l_max": 4, "cutoff": CUT, "r_min": 1.5}, "head_hidden": 12}
+
+
+def _alloys(n=6, seed=0):
+    """Small rattled, strained EMT alloy cells of three prototypes (fcc / bcc / hcp), 2 elements each."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        proto = ["fcc", "bcc", "hcp"][k % 3]
+        a = {"fcc": bulk("Cu", "fcc", a=3.7, cubic=True), "bcc": bulk("Cu", "bcc", a=2.95, cubic=True),
+             "hcp": bulk("Cu", "hcp", a=2.6, c=4.25, orthorhombic=True)}[proto].repeat((2, 1, 1))
+        a.numbers = rng.choice([29, 79, 28], size=len(a))
+        eps = rng.normal(0, 0.02, (3, 3))
+        a.set_cell(a.cell.array @ (np.eye(3) + 0.5 * (eps + eps.T)), scale_atoms=True)
+        a.positions += rng.normal(0, 0.08, a.positions.shape)
+        a.calc = EMT()
+        out.append(a)
+    return out
+
+
+@pytest.fixture(scope="module")
+def atoms():
+    return _alloys()
+
+
+@pytest.fixture(scope="module")
+def data(atoms):
+    return SmallCellData(frames_from_atoms(atoms), CUT)
+
+
+def _rotation(seed=1):
+    q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(3, 3)))
+    return q * np.sign(np.linalg.det(q))
+
+
+def _transform(a, rot=None, shift=None, perm=None):
+    a = a.copy()
+    if rot is not None:
+        a.set_cell(a.cell.array @ rot.T, scale_atoms=False)
+        a.positions = a.positions @ rot.T
+    if shift is not None:
+        a.positions = a.positions + shift
+    if perm is not None:
+        a = a[perm]
+    return a
+
+
+def _ps_of(a, ps):
+    i, j, _, sh = dense_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
+    return ps(torch.tensor(a.positions), torch.tensor(np.stack([i, j])), torch.tensor(sh))
+
+
+# --- structural stream ---------------------------------------------------------------------------------
+
+def test_legendre_coefficients():
+    x = torch.linspace(-1, 1, 11, dtype=torch.float64)
+    mono = torch.stack([x**k for k in range(7)], -1) @ torch.tensor(LEGENDRE).T
+    assert torch.allclose(mono, legendre(x, 6), atol=1e-12)
+
+
+def test_power_spectrum_equals_pair_sum(atoms):
+    """The O(E) moment form equals the literal sum over neighbour pairs of g_n g_n' P_l(cos)."""
+    ps = PowerSpectrum(n_radial=3, l_max=4, cutoff=CUT).double()
+    for a in atoms[:3]:
+        i, j, _, sh = dense_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
+        args = (torch.tensor(a.positions), torch.tensor(np.stack([i, j])), torch.tensor(sh))
+        fast, ref = ps(*args), power_spectrum_pairs(ps, *args)
+        assert fast.shape == (len(a), 6 * 5)
+        assert torch.allclose(fast, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_power_spectrum_invariances(atoms):
+    ps = PowerSpectrum(n_radial=4, l_max=4, cutoff=CUT).double()
+    a = atoms[2]
+    p0 = _ps_of(a, ps)
+    # rotation (cell and positions together), translation: per-atom identical
+    assert torch.allclose(_ps_of(_transform(a, rot=_rotation()), ps), p0, atol=1e-9)
+    assert torch.allclose(_ps_of(_transform(a, shift=np.array([0.37, -1.2, 2.9])), ps), p0, atol=1e-9)
+    # permutation: per-atom rows permute, the per-structure sum is unchanged
+    perm = np.random.default_rng(0).permutation(len(a))
+    pp = _ps_of(_transform(a, perm=perm), ps)
+    assert torch.allclose(pp, p0[perm], atol=1e-9)
+    assert torch.allclose(pp.sum(0), p0.sum(0), atol=1e-9)
+    # and it is not trivially constant: a different structure differs
+    assert not torch.allclose(_ps_of(atoms[0], ps).mean(0), p0.mean(0), atol=1e-3)
+
+
+def test_structural_stream_invariant_in_model(atoms):
+    torch.manual_seed(0)
+    model = build(MODEL, streams=True).double().eval()
+    rot, perm = _rotation(3), np.random.default_rng(2).permutation(len(atoms[1]))
+    variants = [atoms[1], _transform(atoms[1], rot=rot, shift=np.array([1.0, 2.0, -0.5]), perm=perm)]
+    zeros = [np.zeros((len(a), 3)) for a in variants]
+    d = SmallCellData(frames_from_atoms(variants, energies=[0.0, 0.0], forces=zeros), CUT)
+    b = d.collate([0, 1], dtype=torch.float64)
+    x = model.streams(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, 2)
+    n = len(atoms[1])
+    for k in ("structural", "backbone", "composition"):
+        assert torch.allclose(x[k][n:], x[k][:n][perm], atol=1e-9), k
+    e, _ = model.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, 2)
+    assert torch.allclose(e[0], e[1], atol=1e-9)
+
+
+# --- composition stream --------------------------------------------------------------------------------
+
+def test_composition_tokens():
+    numbers = torch.tensor([79, 29, 29, 28, 28, 28, 29])
+    batch = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    z, counts, valid, tok = composition_tokens(numbers, batch, 2)
+    assert z.tolist() == [[29, 79], [28, 29]]
+    assert counts.tolist() == [[2.0, 1.0], [3.0, 1.0]]
+    assert valid.all()
+    assert z[batch, tok].tolist() == numbers.tolist()
+
+
+def test_composition_stream_permutation_and_supercell_invariance():
+    torch.manual_seed(0)
+    cs = CompositionStream(dim=8, heads=2, layers=2).double().eval()
+    numbers = torch.tensor([29, 79, 79, 29, 29, 28])
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    batch = torch.zeros(6, dtype=torch.long)
+    node, graph = cs(numbers, batch, 1)
+    node_p, graph_p = cs(numbers[perm], batch, 1)
+    assert torch.allclose(graph_p, graph, atol=1e-12)
+    assert torch.allclose(node_p, node[perm], atol=1e-12)
+    # a 2x supercell has the same composition (fractions): same features
+    node2, graph2 = cs(numbers.repeat(2), torch.zeros(12, dtype=torch.long), 1)
+    assert torch.allclose(graph2, graph, atol=1e-12)
+    # batched with another structure: unchanged (no leakage across structures)
+    nb = torch.cat([numbers, torch.tensor([47, 47, 13])])
+    bb = torch.cat([batch, torch.ones(3, dtype=torch.long)])
+    node3, graph3 = cs(nb, bb, 2)
+    assert torch.allclose(graph3[0], graph[0], atol=1e-12) and torch.allclose(node3[:6], node, atol=1e-12)
+    # and it depends on the composition
+    _, g4 = cs(torch.tensor([29, 29, 29, 29, 29, 28]), batch, 1)
+    assert not torch.allclose(g4, graph, atol=1e-4)
+
+
+# --- forces, training, pre-training ---------------------------------------------------------------------
+
+def test_forces_are_minus_grad_energy_of_finetuned_model(data):
+    torch.manual_seed(0)
+    model = build(MODEL, streams=True)
+    fit_energy_scale(model, data)
+    fit(model, data, None, {"epochs": 2, "batch_size": 3, "lr": 3e-3, "seed": 0, "energy_weight": 50.0})
+    model = model.double().eval()
+    b = data.collate([0, 1], dtype=torch.float64)
+    e, f = model.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, 2)
+    h = 1e-5
+    rng = np.random.default_rng(0)
+    for atom in rng.choice(len(b.numbers), 4, replace=False):
+        for ax in range(3):
+            pos = b.positions.clone()
+            pos[atom, ax] += h
+            ep = model(b.numbers, pos, b.batch, b.edge_index, b.shifts, 2).sum()
+            pos[atom, ax] -= 2 * h
+            em = model(b.numbers, pos, b.batch, b.edge_index, b.shifts, 2).sum()
+            fd = -(ep - em).item() / (2 * h)
+            assert abs(fd - f[atom, ax].item()) < 1e-6 * max(1.0, abs(fd))
+    # forces sum to zero per structure (translation invariance of the energy)
+    assert torch.allclose(torch.zeros(3, dtype=torch.float64), f[b.batch == 0].sum(0), atol=1e-9)
+
+
+def test_dense_neighbor_list_matches_brute_force(atoms):
+    for a in atoms:
+        got = dense_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
+        ref = brute_force_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
+        for x, y in zip(got, ref):
+            np.testing.assert_allclose(x, y)
+
+
+def test_pretrain_objectives_and_loss_decreases(atoms):
+    pool = SmallCellData(frames_from_atoms(_alloys(12, seed=5)), CUT)
+    pool.frames["energy"], pool.frames["forces"] = None, None      # unlabelled
+    torch.manual_seed(0)
+    model = build(MODEL, streams=True)
+    cfg = {"epochs": 25, "batch_size": 6, "lr": 3e-3, "lr_final_factor": 0.3, "sigreg_slices": 16, "proj_dim": 8,
+           "head_hidden": 16}
+    heads, hist = pretrain(model, pool, cfg, seed=0)
+    assert np.mean(hist["loss"][-5:]) < 0.8 * np.mean(hist["loss"][:3])
+    assert np.mean(hist["denoise"][-5:]) < np.mean(hist["denoise"][:3])
+    assert np.mean(hist["mask"][-5:]) < np.mean(hist["mask"][:3])
+    # two views: the second half of the batch is the first, shifted in indices
+    b = pool.collate([0, 1], dtype=torch.float32)
+    b2 = two_views(b)
+    assert b2.n_structures == 4 and torch.equal(b2.edge_index[:, b.edge_index.shape[1]:], b.edge_index + len(b.numbers))
+    terms = pretrain_loss(model, heads, b2, {**cfg, "noise": [0.05, 0.1], "noise_unit": 0.1, "mask_prob": 0.3,
+                                             "weights": {"denoise": 1, "mask": 1, "jepa": 1}},
+                          torch.Generator().manual_seed(0))
+    assert all(torch.isfinite(v) for v in terms.values())
+
+
+def test_sigreg_prefers_gaussian_embeddings():
+    g = torch.Generator().manual_seed(0)
+    gauss = torch.randn(256, 8, generator=g, dtype=torch.float64)
+    collapsed = torch.zeros(256, 8, dtype=torch.float64) + 0.01 * torch.randn(256, 8, generator=g, dtype=torch.float64)
+    s_gauss = sigreg_epps_pulley(gauss, 32, generator=torch.Generator().manual_seed(1))
+    s_coll = sigreg_epps_pulley(collapsed, 32, generator=torch.Generator().manual_seed(1))
+    assert s_gauss < 0.1 * s_coll
+
+
+def test_pretraining_and_finetuning_are_deterministic(data):
+    pool = SmallCellData(frames_from_atoms(_alloys(6, seed=9)), CUT)
+    pool.frames["energy"], pool.frames["forces"] = None, None
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = build(MODEL, streams=True)
+        _, hist = pretrain(model, pool, {"epochs": 2, "batch_size": 3, "sigreg_slices": 8}, seed=3)
+        m2 = copy.deepcopy(model)
+        fit_energy_scale(m2, data)
+        fit(m2, data, None, {"epochs": 1, "batch_size": 3, "seed": 4})
+        outs.append((hist["loss"], [p.detach().clone() for p in m2.parameters()]))
+    assert outs[0][0] == outs[1][0]
+    assert all(torch.equal(p, q) for p, q in zip(outs[0][1], outs[1][1]))
+
+
+def test_precision_at_k():
+    x = np.array([[0, 1.0], [0, 1.1], [0, 0.9], [1.0, 0], [1.1, 0], [0.9, 0]])
+    assert precision_at_k(x, [0, 0, 0, 1, 1, 1], k=2) == 1.0
+    assert precision_at_k(x, [0, 1, 0, 1, 0, 1], k=2) < 0.5
+
+
+def test_encoder_state_transfers_everything_but_the_energy_head():
+    torch.manual_seed(0)
+    a = build(MODEL, streams=True)
+    torch.manual_seed(1)
+    b = build(MODEL, streams=True)
+    missing, unexpected = b.load_state_dict(a.encoder_state(), strict=False)
+    assert not unexpected and all(k.startswith("head.") or k in ("atomref", "e_mean", "e_std") for k in missing)
+    assert torch.equal(a.structural.mlp[0].weight, b.structural.mlp[0].weight)
+    assert not torch.equal(a.head[0].weight, b.head[0].weight)
+    plain = build(MODEL, streams=False)
+    assert plain.composition is None and plain.structural is None and plain.fused_dim == 12
+    assert isinstance(plain, TriForces)
+
+
+# --- data split and a tiny end-to-end run ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_pool(tmp_path_factory):
+    from reprozoo.data.md import alloy_pool
+
+    raw = tmp_path_factory.mktemp("raw")
+    out = tmp_path_factory.mktemp("pool")
+    params = {"n_structures": 40, "prototypes": ["fcc", "bcc", "hcp", "L1_2", "L1_0"], "elements": ["Cu", "Au", "Ni"],
+              "min_atoms": 4, "max_atoms": 8, "strain_std": 0.03, "rattle": [0.01, 0.1], "solid_solution_prob": 0.5,
+              "split": [0.6, 0.1, 0.3]}
+    alloy_pool.acquire("offline", params, raw, 7)
+    alloy_pool.preprocess(raw, out, params)
+    return out
+
+
+def test_split_is_disjoint_and_deterministic(tiny_pool):
+    from reprozoo.data.md import load
+    from reprozoo.methods.triforces.method import split_pool
+
+    d = load(tiny_pool)
+    p = {"n_label_pool": 10, "n_val": 3, "n_train": [5, 10], "split_seed": 0}
+    s1, s2 = split_pool(d, p), split_pool(d, p)
+    assert all(np.array_equal(s1[k], s2[k]) for k in s1)
+    sets = [set(s1[k].tolist()) for k in ("test", "labelled", "val", "unlabelled")]
+    assert all(not (a & b) for n, a in enumerate(sets) for b in sets[n + 1:])
+    assert sum(map(len, sets)) == len(d) and len(sets[2]) == 3
+    assert (d.table["split"].to_numpy()[s1["test"]] == "test").all()
+
+
+def test_end_to_end_tiny(tiny_pool, tmp_path):
+    from reprozoo.methods.triforces import method
+    from reprozoo.runtime import RunContext
+
+    p = {"n_train": [5, 10], "n_label_pool": 10, "split_seed": 0, "retrieval_k": 3, "model": MODEL,
+         "pretrain": {"epochs": 1, "batch_size": 8, "sigreg_slices": 8, "proj_dim": 8, "head_hidden": 8},
+         "finetune": {"epochs": 2, "min_steps": 2, "max_steps_cap": 4, "batch_size": 4, "lr": 3e-3,
+                      "energy_weight": 50.0, "force_weight": 1.0}}
+    data = {method.DATASET: tiny_pool}
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    ctx = RunContext("triforces", "shared", 0, "ci", p, data, shared, shared)
+    method.train_shared(ctx)
+    assert (shared / "three_stream.pt").exists() and (shared / "backbone_only.pt").exists()
+    results = {}
+    for v in ("triforces", "scratch"):
+        out = tmp_path / v
+        out.mkdir()
+        c = RunContext("triforces", v, 0, "ci", p, data, out, shared)
+        method.train(c)
+        results[v] = c.metrics
+        xs, ys = c.metrics.curves["energy_mae"]
+        assert xs == [5.0, 10.0] and all(np.isfinite(ys)) and all(y > 0 for y in ys)
+        assert 0.0 <= c.metrics.scalars["retrieval_p5"] <= 1.0
+    assert results["triforces"].scalars["n_parameters"] > results["scratch"].scalars["n_parameters"]
