@@ -1,0 +1,316 @@
+"""GFFMERGE numerics: the closed-form layer problem, the layer-wise merge of SchNet models, the
+baselines, forces of the merged model, determinism, and the capture / neighbour-list helpers."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ase")
+
+from reprozoo.blocks.atomistic import (AtomsData, SchNet, brute_force_neighbor_list, fit_energy_scale,  # noqa: E402
+                                       make_emt_frames)
+from reprozoo.blocks.atomistic.capture import record_io  # noqa: E402
+from reprozoo.blocks.atomistic.fastgraphs import kdtree_neighbor_list, precompute_graphs  # noqa: E402
+from reprozoo.methods.gffmerge.merge import (LayerStats, backbone_state, gffmerge, residual,  # noqa: E402
+                                             schnet_layers, solve_layer, task_arithmetic, weight_average,
+                                             with_backbone)
+from reprozoo.methods.gffmerge.multitask import fit_multitask, tie, unique_parameters  # noqa: E402
+
+CUTOFF = 3.6
+
+
+@pytest.fixture(scope="module")
+def systems():
+    cu = AtomsData(make_emt_frames("cu_bulk", n_frames=6, rattle=0.12, seed=3, size=2), CUTOFF)
+    pt = AtomsData(make_emt_frames("pt_cluster", n_frames=6, rattle=0.12, seed=4, size=1), CUTOFF)
+    for d in (cu, pt):
+        precompute_graphs(d)
+    return [cu, pt]
+
+
+def _batches(systems, n=4, per=2):
+    return [[d.collate(range(i, min(i + per, n)), dtype=torch.float64) for i in range(0, n, per)] for d in systems]
+
+
+def _init(seed=0):
+    torch.manual_seed(seed)
+    return SchNet(n_features=12, n_interactions=2, n_rbf=8, cutoff=CUTOFF).double()
+
+
+def _specialists(systems, init, scale=0.3, seed=1):
+    """Two 'fine-tuned' models: theta_0 plus different perturbations, each with its own energy scale."""
+    out = []
+    g = torch.Generator().manual_seed(seed)
+    for k, d in enumerate(systems):
+        m = copy.deepcopy(init)
+        fit_energy_scale(m, d)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(scale * p.abs().mean() * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        out.append(m.eval())
+    return out
+
+
+def _energies(model, data, idx=(0, 1, 2, 3)):
+    b = data.collate(list(idx), dtype=torch.float64)
+    e, f = model.batch_forward(b)
+    return e.detach(), f.detach()
+
+
+# --- the closed-form layer problem ---------------------------------------------------------------
+
+def _stats(X, Y):
+    s = LayerStats.empty(X.shape[1] + 1, Y.shape[1])
+    s.add(torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], 1), Y)
+    return s
+
+
+def test_solve_layer_recovers_planted_linear_map():
+    g = torch.Generator().manual_seed(0)
+    W, b = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    X1 = torch.randn(40, 7, generator=g, dtype=torch.float64)
+    X2 = 3 + torch.randn(25, 7, generator=g, dtype=torch.float64)
+    stats = [_stats(X1, X1 @ W.T + b), _stats(X2, X2 @ W.T + b)]
+    prior = torch.randn(8, 5, generator=g, dtype=torch.float64)  # an unrelated "average"
+    for ridge in (0.0, 1e-10):
+        theta = solve_layer(stats, prior, ridge)
+        assert torch.allclose(theta[:7].T, W, atol=1e-7) and torch.allclose(theta[7], b, atol=1e-7)
+        assert residual(stats, theta) < 1e-12
+    # a strong ridge pulls towards the prior
+    far = solve_layer(stats, prior, 1e6)
+    assert torch.allclose(far, prior, atol=1e-4)
+
+
+def test_solve_layer_merges_two_maps_on_disjoint_input_subspaces():
+    """Two different maps, each on its own input subspace: one merged map reproduces both exactly
+    (what makes merging force fields of different elements/environments possible)."""
+    g = torch.Generator().manual_seed(1)
+    W1, W2 = torch.randn(4, 6, generator=g, dtype=torch.float64), torch.randn(4, 6, generator=g, dtype=torch.float64)
+    X1 = torch.zeros(30, 6, dtype=torch.float64)
+    X2 = torch.zeros(30, 6, dtype=torch.float64)
+    X1[:, :3] = torch.randn(30, 3, generator=g, dtype=torch.float64)
+    X2[:, 3:] = torch.randn(30, 3, generator=g, dtype=torch.float64)
+    s = []
+    for X, W in ((X1, W1), (X2, W2)):
+        st = LayerStats.empty(6, 4)
+        st.add(X, X @ W.T)
+        s.append(st)
+    theta = solve_layer(s, 0.5 * (W1 + W2).T, 1e-12)
+    assert torch.allclose(X1 @ theta, X1 @ W1.T, atol=1e-8) and torch.allclose(X2 @ theta, X2 @ W2.T, atol=1e-8)
+    assert residual(s, theta) < 1e-14 < residual(s, 0.5 * (W1 + W2).T)
+
+
+# --- the layer-wise merge of SchNet models -------------------------------------------------------
+
+def test_merge_is_exact_for_identical_models(systems):
+    init = _init()
+    a = _specialists(systems, init)[0]
+    b = copy.deepcopy(a)
+    for inputs in ("sequential", "teacher"):
+        state, info = gffmerge([a, b], _batches(systems), ridge=1e-3, inputs=inputs)
+        ref = backbone_state(a)
+        for k in ref:
+            assert torch.allclose(state[k], ref[k], atol=1e-9), k
+        assert max(info.residual_merged.values()) < 1e-12
+    # without any ridge (plain least squares) the function is still reproduced exactly on the data
+    state, _ = gffmerge([a, b], _batches(systems), ridge=0.0)
+    m = with_backbone(a, state)
+    for d in systems:
+        (e0, f0), (e1, f1) = _energies(a, d), _energies(m, d)
+        assert torch.allclose(e0, e1, rtol=1e-6, atol=1e-7) and torch.allclose(f0, f1, rtol=1e-6, atol=1e-7)
+
+
+def test_merge_reduces_alignment_residual_vs_averaging(systems):
+    init = _init()
+    teachers = _specialists(systems, init, scale=0.5)
+    batches = _batches(systems)
+    for inputs in ("sequential", "teacher"):
+        state, info = gffmerge(teachers, batches, ridge=1e-3, inputs=inputs)
+        assert [l.name for l in schnet_layers(teachers[0])] == list(info.residual_merged)
+        for name in info.residual_merged:
+            assert info.residual_merged[name] <= info.residual_average[name] + 1e-12, name
+        assert np.mean(list(info.residual_merged.values())) < 0.5 * np.mean(list(info.residual_average.values()))
+    # end to end: the merged backbone's final features are closer to each teacher's than the average's
+    state, _ = gffmerge(teachers, batches, ridge=1e-3)
+    avg = weight_average([backbone_state(t) for t in teachers])
+    for t, bs in zip(teachers, batches):
+        b = bs[0]
+        ref = t.representation(b.numbers, b.positions, b.edge_index, b.shifts).detach()
+        err = {}
+        for name, st in (("merged", state), ("average", avg)):
+            x = with_backbone(t, st).representation(b.numbers, b.positions, b.edge_index, b.shifts).detach()
+            err[name] = float(((x - ref) ** 2).sum() / (ref ** 2).sum())
+        assert err["merged"] < 0.5 * err["average"], err
+
+
+def test_embedding_rows_of_disjoint_elements_are_taken_from_their_teacher(systems):
+    teachers = _specialists(systems, _init(), scale=0.5)
+    state, _ = gffmerge(teachers, _batches(systems), ridge=1e-6)
+    for z, t in ((29, teachers[0]), (78, teachers[1])):
+        assert torch.allclose(state["embedding.weight"][z], t.embedding.weight[z].detach(), atol=1e-5)
+
+
+def test_merged_forces_are_minus_energy_gradient(systems):
+    teachers = _specialists(systems, _init(), scale=0.5)
+    state, _ = gffmerge(teachers, _batches(systems), ridge=1e-3)
+    for t, d in zip(teachers, systems):
+        m = with_backbone(t, state).double().eval()
+        b = d.collate([0], dtype=torch.float64)
+        _, f = m.batch_forward(b)
+        rng = np.random.default_rng(0)
+        h = 1e-5
+        for atom in rng.choice(len(b.positions), 3, replace=False):
+            for ax in range(3):
+                pos = [b.positions.clone(), b.positions.clone()]
+                pos[0][atom, ax] += h
+                pos[1][atom, ax] -= h
+                ep, em = (float(m(b.numbers, p, b.batch, b.edge_index, b.shifts, 1).detach()) for p in pos)
+                assert abs(-(ep - em) / (2 * h) - float(f[atom, ax])) < 1e-6 * max(1.0, abs(float(f[atom, ax])))
+
+
+def test_merge_is_deterministic(systems):
+    teachers = _specialists(systems, _init(), scale=0.5)
+    s1, _ = gffmerge(teachers, _batches(systems), ridge=1e-3)
+    s2, _ = gffmerge([copy.deepcopy(t) for t in teachers], _batches(systems), ridge=1e-3)
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+
+
+def test_heads_and_energy_scale_are_kept(systems):
+    teachers = _specialists(systems, _init(), scale=0.5)
+    state, _ = gffmerge(teachers, _batches(systems), ridge=1e-3)
+    assert not any(k.startswith("head.") or k in ("atomref", "e_std", "e_mean") for k in state)
+    for t in teachers:
+        m = with_backbone(t, state)
+        assert torch.equal(m.head[0].weight, t.head[0].weight) and torch.equal(m.e_std, t.e_std)
+
+
+# --- baselines and the multi-system model -----------------------------------------------------------
+
+def test_task_arithmetic_and_weight_average(systems):
+    init = _init()
+    teachers = _specialists(systems, init, scale=0.5)
+    states = [backbone_state(t) for t in teachers]
+    half = task_arithmetic(backbone_state(init), states, 0.5)
+    avg = weight_average(states)
+    assert all(torch.allclose(half[k].double(), avg[k].double(), atol=1e-12) for k in avg)
+    one = task_arithmetic(backbone_state(init), states, 1.0)
+    k = "interactions.0.in2f.weight"
+    assert torch.allclose(one[k], states[0][k] + states[1][k] - backbone_state(init)[k])
+
+
+def test_tied_models_share_backbone_and_training_is_deterministic(systems):
+    def run():
+        init = _init(3).float()
+        ms = [copy.deepcopy(init) for _ in systems]
+        for m, d in zip(ms, systems):
+            fit_energy_scale(m, d)
+        tie(ms)
+        assert ms[0].interactions is ms[1].interactions and ms[0].head is not ms[1].head
+        n_backbone = sum(p.numel() for p in ms[0].parameters()) - sum(p.numel() for p in ms[0].head.parameters())
+        assert sum(p.numel() for p in unique_parameters(ms)) == n_backbone + sum(
+            sum(p.numel() for p in m.head.parameters()) for m in ms)
+        hist = fit_multitask(ms, systems, steps=3, lr=1e-3, batch_size=2, seed=5, vals=systems, eval_at=[0, 3])
+        return ms, hist
+
+    (m1, h1), (m2, h2) = run(), run()
+    assert h1["step_loss"] == h2["step_loss"] and len(h1["curve"]) == 2
+    assert all(torch.equal(a, b) for a, b in zip(m1[0].state_dict().values(), m2[0].state_dict().values()))
+    assert torch.equal(m1[0].embedding.weight, m1[1].embedding.weight)
+
+
+# --- generic helpers (blocks.atomistic.capture) -------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["cluster", "cubic", "triclinic_small", "slab", "unwrapped"])
+def test_kdtree_neighbor_list_matches_brute_force(systems, case):
+    rng = np.random.default_rng(1)
+    cell = np.array([[3.0, 0, 0], [1.2, 2.9, 0], [0.7, -0.9, 3.4]])
+    if case == "cluster":
+        pos, cell, pbc = systems[1].frames["positions"][0], None, False
+    elif case == "cubic":
+        pos, cell, pbc = systems[0].frames["positions"][0], systems[0].frames["cells"][0], True
+    else:
+        pos, pbc = rng.random((5, 3)) @ cell, [True, True, case != "slab"]
+    ref = brute_force_neighbor_list(pos, CUTOFF, cell, pbc)
+    assert len(ref[0]) > 0
+    if case != "unwrapped":
+        out = kdtree_neighbor_list(pos, CUTOFF, cell, pbc)
+        assert all(np.array_equal(x, y) for x, y in zip(out[:3], ref[:3])) and np.allclose(out[3], ref[3])
+        return
+    # atoms moved by lattice vectors (unwrapped MD positions): the same set of (i, j, edge vector)
+    moved = pos + np.array([[2, -3, 1], [0, 0, 0], [-1, 1, 0], [0, 4, 0], [1, 1, 1]]) @ cell
+    i, j, _, sh = kdtree_neighbor_list(moved, CUTOFF, cell, pbc)
+
+    def key(i, j, v):
+        return sorted(zip(i.tolist(), j.tolist(), np.round(v, 8).tolist()))
+
+    assert key(i, j, moved[j] - moved[i] + sh) == key(ref[0], ref[1], pos[ref[1]] - pos[ref[0]] + ref[3])
+
+
+def test_record_io_captures_linear_layers(systems):
+    m = _init()
+    b = systems[0].collate([0, 1], dtype=torch.float64)
+    with torch.no_grad(), record_io(m, ["interactions.0.filter1", "interactions.1.dense"]) as rec:
+        m.representation(b.numbers, b.positions, b.edge_index, b.shifts)
+    f1 = m.interactions[0].filter1
+    x, y = rec.input("interactions.0.filter1"), rec.output("interactions.0.filter1")
+    assert x.shape == (b.edge_index.shape[1], 8) and torch.allclose(f1(x), y)
+    assert rec.output("interactions.1.dense").shape == (len(b.numbers), 12)
+    assert not m.interactions[0].filter1._forward_hooks  # hooks removed
+
+
+def test_fast_sequential_inputs_match_hook_capture(systems):
+    """The block-by-block input computation equals running the merged model with hooks per layer."""
+    teachers = _specialists(systems, _init(), scale=0.5)
+    fast, info_fast = gffmerge(teachers, _batches(systems), ridge=1e-3, inputs="sequential")
+    slow, info_slow = gffmerge(teachers, _batches(systems), ridge=1e-3, inputs="sequential_hooks")
+    assert all(torch.allclose(fast[k], slow[k], atol=1e-10) for k in fast)
+    assert info_fast.residual_merged == pytest.approx(info_slow.residual_merged, rel=1e-8, abs=1e-14)
+
+
+# --- force-aware rows (extension): directional derivatives of the layers --------------------------
+
+def test_layer_tangents_match_finite_differences(systems):
+    """The forward-mode tangents used as force-aware rows are the directional derivatives."""
+    import dataclasses
+
+    import torch.autograd.forward_ad as fwAD
+
+    from reprozoo.methods.gffmerge.merge import _primal, _tangent, teacher_activations
+
+    m = _specialists(systems, _init(), scale=0.5)[1]
+    b = systems[1].collate([0, 1], dtype=torch.float64)
+    v = torch.randn(b.positions.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    layers = schnet_layers(m)
+    with fwAD.dual_level():
+        acts = teacher_activations(m, [dataclasses.replace(b, positions=fwAD.make_dual(b.positions, v))], layers)
+        tan = {n: _tangent(acts.outputs[n][0]) for n in ("interactions.0.filter2", "interactions.1.dense")}
+        val = {n: _primal(acts.outputs[n][0]) for n in tan}
+    h = 1e-6
+    fd = {}
+    for sign in (1, -1):
+        a = teacher_activations(m, [dataclasses.replace(b, positions=b.positions + sign * h * v)], layers)
+        for n in tan:
+            fd[n] = fd.get(n, 0) + sign * a.outputs[n][0] / (2 * h)
+    a0 = teacher_activations(m, [b], layers)
+    for n in tan:
+        assert torch.allclose(val[n], a0.outputs[n][0], atol=1e-12)
+        assert torch.allclose(tan[n], fd[n], atol=1e-6 * max(1.0, float(tan[n].abs().max())))
+
+
+def test_force_aware_rows_exact_for_identical_models_and_align_forces(systems):
+    init = _init()
+    a = _specialists(systems, init)[0]
+    state, _ = gffmerge([a, copy.deepcopy(a)], _batches(systems), ridge=1e-3, derivatives=1.0)
+    ref = backbone_state(a)
+    assert all(torch.allclose(state[k], ref[k], atol=1e-9) for k in ref)
+    teachers = _specialists(systems, init, scale=0.5)
+    dev = {}
+    for der in (0.0, 1.0):
+        st, info = gffmerge(teachers, _batches(systems), ridge=1e-3, derivatives=der, seed=0)
+        assert bool(info.derivative_residual_merged) == (der > 0)
+        dev[der] = sum(float((_energies(with_backbone(t, st), d)[1] - _energies(t, d)[1]).abs().mean())
+                       for t, d in zip(teachers, systems))
+    assert dev[1.0] < dev[0.0], dev  # matching layer derivatives brings the merged forces closer
