@@ -1,0 +1,214 @@
+"""CEITNet in miniature: order-2/3/4 crystal tensors of EMT metal and alloy cells.
+
+Per variant x seed, one model per target order (``orders``; order 4 = relaxed-ion EMT elastic
+tensor in GPa, order 2 = eps_like, order 3 = piezo_like; see reprozoo.data.crystals.common),
+trained on the dataset's train split (odd orders: without the centrosymmetric cells, whose target
+and equivariant prediction are both exactly zero), model selection on val, metrics on test:
+
+* ``fnorm_o{k}`` mean Frobenius error of the Voigt form (3x3, 3x6, 6x6; GPa for k = 4),
+  ``ewt25_o{k}``, ``ewt10_o{k}``, ``ewt5_o{k}`` share of test structures with relative Frobenius
+  error below 25/10/5 % (over the ``n_nonzero_o{k}`` structures whose target is not zero: piezo_like
+  vanishes for centrosymmetric cells, where any O(3)-equivariant model predicts exactly zero);
+* ``equiv_err_f64_o{k}`` / ``equiv_err_f32_o{k}``: max |f(Rx) - R.f(x)| / max |f(x)| over rattled
+  copies of test structures (generic, no symmetry) and random rotations (half of them improper),
+  in float64 (a float64 copy of the trained model) and float32 (the trained model);
+* ``params_o{k}``, ``train_seconds_o{k}``, ``ms_per_structure_o{k}`` (forward, float32, no grad, median
+  over repeats, one fixed batch); the e3nn job also times an (untrained, same-size) CEITNet on the
+  same batch, interleaved with its own model, giving ``time_ratio_ceitnet_vs_e3nn_o{k}`` (the
+  same-run comparison the timing claim uses).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+DATASET = "crystals_emt_elastic"
+TARGET_NAMES = {2: "eps_like (order 2, synthetic)", 3: "piezo_like (order 3, synthetic)",
+                4: "EMT elastic C (order 4, GPa)"}
+
+
+def build(variant: str, order: int, p: dict, avg_neighbors: float = 1.0, out_scale: float = 1.0):
+    from .e3nn_net import E3nnTensorNet
+    from .model import CEITNet
+
+    common = dict(cutoff=float(p["cutoff"]), avg_neighbors=avg_neighbors, out_scale=out_scale)
+    cfg = dict(p["models"].get(variant, {}))
+    if variant == "ceitnet":
+        return CEITNet(order, **cfg, **common)
+    if variant == "ceitnet_no_interaction":  # ablation: no channel-space interaction blocks
+        cfg = {**p["models"]["ceitnet"], **cfg, "n_interactions": 0}
+        return CEITNet(order, **cfg, **common)
+    if variant == "e3nn_baseline":
+        return E3nnTensorNet(order, **cfg, **common)
+    raise ValueError(f"unknown ceitnet variant '{variant}'")
+
+
+def float64_copy(variant: str, order: int, p: dict, model):
+    """The trained model in float64 with float64-exact constants (e3nn's Clebsch-Gordan buffers are
+    rebuilt under a float64 default dtype; only parameters and the two scale buffers are copied)."""
+    import torch
+
+    from .e3nn_net import default_dtype
+
+    with default_dtype(torch.float64):
+        m64 = build(variant, order, p, float(model.avg_neighbors), float(model.out_scale))
+    names = {k for k, _ in m64.named_parameters()} | {"avg_neighbors", "out_scale"}
+    state = {k: v.double() for k, v in model.state_dict().items() if k in names}
+    missing = names - set(state)
+    if missing:
+        raise RuntimeError(f"float64 copy: missing {sorted(missing)[:5]}")
+    m64.load_state_dict(state, strict=False)
+    return m64.double()
+
+
+def load_data(ctx):
+    from ...blocks.atomistic import AtomsData
+    from ...data.crystals.common import load
+    from .training import crystal_frames
+
+    name = ctx.params.get("dataset", DATASET)
+    if name not in ctx.data:
+        raise RuntimeError(f"ceitnet: dataset '{name}' is not among the method's datasets {sorted(ctx.data)}; "
+                           f"add it to spec.yaml's datasets to run this config")
+    ds = load(Path(ctx.data[name]))
+    return ds, AtomsData(crystal_frames(ds.structures), float(ctx.params["cutoff"]))
+
+
+def train(ctx) -> None:
+    import torch
+
+    from .training import (FitConfig, equivariance_error, fit, inversion_zero, mean_degree, predict, rattled,
+                           target_scale, tensor_metrics, time_forward)
+
+    p, v = ctx.params, ctx.variant
+    device = p.get("device", "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        ctx.progress(f"device '{device}' requested but CUDA is not available: running on the CPU")
+        device = "cpu"
+    ds, data = load_data(ctx)
+    tr, va, te = (ds.split_index(s) for s in ("train", "val", "test"))
+    avg_deg = mean_degree(data, tr)
+    ctx.progress(f"{len(ds)} structures (train {len(tr)}, val {len(va)}, test {len(te)}), "
+                 f"cutoff {p['cutoff']} A, mean degree {avg_deg:.1f}")
+    n_time = int(p["timing"]["n_structures"])
+    time_idx = np.concatenate([te, va, tr])[:n_time]
+    eq = p["equivariance"]
+    eq_data = rattled(data, te[: int(eq["n_structures"])], float(eq.get("rattle", 0.05)), seed=ctx.seed)
+    ms_all = []
+    for order in p["orders"]:
+        targets = ds.targets(order)
+        torch.manual_seed(ctx.seed * 100 + order)
+        model = build(v, order, p, avg_deg, target_scale(targets[tr]))
+        ctx.progress(f"order {order}: {TARGET_NAMES[order]}, {v} with {model.param_count()} parameters")
+        # odd orders: skip centrosymmetric training cells (zero target, zero output of any equivariant model)
+        skip = inversion_zero([ds.structures[k] for k in tr], targets[tr], order)
+        tr_used = tr[~skip] if (~skip).any() else tr
+        ctx.metrics.scalar(f"n_train_used_o{order}", len(tr_used))
+        fit_cfg = dict(p["fit"])
+        if isinstance(fit_cfg.get("epochs"), dict):  # epochs per order
+            fit_cfg["epochs"] = int(fit_cfg["epochs"][order])
+        cfg = FitConfig(**{**fit_cfg, "seed": ctx.seed * 100 + order, "device": device})
+        if skip.any():
+            ctx.progress(f"order {order}: {skip.sum()} of {len(tr)} training cells are centrosymmetric with a zero "
+                         f"target (no gradient for an equivariant model): training on {len(tr_used)}")
+        hist = fit(model, data, tr_used, va, targets, cfg, ctx.progress)
+        met = tensor_metrics(predict(model, data, te, device=device), targets[te])
+        for k, val in met.items():
+            ctx.metrics.scalar(f"{k}_o{order}", val)
+        ctx.metrics.curve(f"val_fnorm_o{order}", hist["epoch"], hist["val_fnorm"])
+        ctx.metrics.curve(f"train_loss_o{order}", hist["epoch"], hist["loss"])
+        ctx.metrics.scalar(f"train_seconds_o{order}", hist["train_seconds"])
+        ctx.metrics.scalar(f"params_o{order}", model.param_count())
+
+        e32 = equivariance_error(model, eq_data, None, torch.float32, eq["n_rotations"], seed=ctx.seed,
+                                 device=device)
+        e64 = equivariance_error(float64_copy(v, order, p, model).to(device), eq_data, None, torch.float64,
+                                 eq["n_rotations"], seed=ctx.seed, device=device)
+        ctx.metrics.scalar(f"equiv_err_f32_o{order}", e32)
+        ctx.metrics.scalar(f"equiv_err_f64_o{order}", e64)
+
+        models = {v: model}
+        if v == "e3nn_baseline":  # the same-run comparison: a CEITNet of the configured size, same batch
+            models["ceitnet"] = build("ceitnet", order, p, avg_deg, target_scale(targets[tr]))
+        ms = time_forward(models, data, time_idx, repeats=int(p["timing"]["repeats"]), device=device)
+        ctx.metrics.scalar(f"ms_per_structure_o{order}", ms[v])
+        ms_all.append(ms[v])
+        if "ceitnet" in ms and v != "ceitnet":
+            ctx.metrics.scalar(f"ms_per_structure_ceitnet_same_run_o{order}", ms["ceitnet"])
+            ctx.metrics.scalar(f"time_ratio_ceitnet_vs_e3nn_o{order}", ms["ceitnet"] / ms[v])
+        ctx.progress(f"order {order}: test Fnorm {met['fnorm']:.4g}, EwT25 {met['ewt25']:.2f}, "
+                     f"equivariance f64 {e64:.1e} f32 {e32:.1e}, {ms[v]:.2f} ms/structure "
+                     + (f"(CEITNet same batch {ms['ceitnet']:.2f})" if len(ms) > 1 else ""))
+    ctx.metrics.scalar("equiv_err_f64", max(ctx.metrics.scalars[f"equiv_err_f64_o{k}"] for k in p["orders"]))
+    ctx.metrics.scalar("equiv_err_f32", max(ctx.metrics.scalars[f"equiv_err_f32_o{k}"] for k in p["orders"]))
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+def plot(table, plots_dir: Path, params: dict) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    from ...plotting import plt
+
+    orders = list(params.get("orders", [4, 2, 3]))
+    sc = table[table.x.isna()]
+    variants = sorted(sc.variant.unique())
+    pl = plt()
+    fig, axes = pl.subplots(1, 4, figsize=(17, 3.8))
+    width = 0.8 / max(len(variants), 1)
+    for k, metric in enumerate(["fnorm", "ewt25", "ewt10", "ewt5"]):
+        ax = axes[k]
+        for vi, var in enumerate(variants):
+            means, stds = [], []
+            for o in orders:
+                vals = sc[(sc.variant == var) & (sc.metric == f"{metric}_o{o}")].value
+                means.append(vals.mean() if len(vals) else np.nan)
+                stds.append(vals.std() if len(vals) > 1 else 0.0)
+            ax.bar(np.arange(len(orders)) + vi * width, means, width, yerr=stds, label=var, capsize=2)
+        ax.set_xticks(np.arange(len(orders)) + width * (len(variants) - 1) / 2, [f"order {o}" for o in orders])
+        ax.set_title({"fnorm": "test Fnorm (Voigt; GPa for order 4)"}.get(metric, f"{metric.upper()} (test share)"),
+                     fontsize=9)
+        if metric == "fnorm":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(plots_dir / "accuracy.png", dpi=110)
+    pl.close(fig)
+
+    fig, axes = pl.subplots(1, len(orders), figsize=(4.2 * len(orders), 3.6), squeeze=False)
+    for ax, o in zip(axes[0], orders):
+        for var in variants:
+            t = sc[(sc.variant == var) & (sc.metric == f"ms_per_structure_o{o}")].set_index("seed").value
+            f = sc[(sc.variant == var) & (sc.metric == f"fnorm_o{o}")].set_index("seed").value
+            common = t.index.intersection(f.index)
+            ax.scatter(t.loc[common], f.loc[common], label=var)
+        ax.set_xlabel("ms per structure (forward, float32)")
+        ax.set_ylabel("test Fnorm")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(f"order {o}: accuracy vs time (each job's own timing)", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(plots_dir / "accuracy_vs_time.png", dpi=110)
+    pl.close(fig)
+
+    fig, ax = pl.subplots(figsize=(6, 3.6))
+    for vi, var in enumerate(variants):
+        for j, prec in enumerate(["f64", "f32"]):
+            vals = [sc[(sc.variant == var) & (sc.metric == f"equiv_err_{prec}_o{o}")].value.max() for o in orders]
+            ax.scatter(np.arange(len(orders)) + 0.1 * vi, np.maximum(vals, 1e-18), marker="o" if j == 0 else "s",
+                       color=f"C{vi}", label=f"{var} {prec}")
+    ax.axhline(1e-10, color="k", ls=":", lw=0.8)
+    ax.axhline(1e-5, color="k", ls="--", lw=0.8)
+    ax.set_xticks(range(len(orders)), [f"order {o}" for o in orders])
+    ax.set_yscale("log")
+    ax.set_ylabel("max |f(Rx) - R f(x)| / max |f(x)|")
+    ax.set_title("Equivariance under random rotations and reflections", fontsize=9)
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(plots_dir / "equivariance.png", dpi=110)
+    pl.close(fig)

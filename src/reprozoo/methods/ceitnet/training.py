@@ -1,0 +1,231 @@
+"""Crystal tensor data for the networks, training loop, metrics, equivariance checks and timing."""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...blocks.atomistic import AtomsData
+from ...blocks.cartesian import ewt, fnorm, random_rotations, rotate, to_voigt
+
+EWT_THRESHOLDS = (0.25, 0.10, 0.05)
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+def crystal_frames(structures) -> dict:
+    """Frames (AtomsData format) of pymatgen structures: periodic cells, no energies."""
+    return {"positions": [np.asarray(s.cart_coords, dtype=float) for s in structures],
+            "numbers": [np.array([site.specie.Z for site in s], dtype=np.int64) for s in structures],
+            "cells": [np.asarray(s.lattice.matrix, dtype=float) for s in structures],
+            "pbc": [np.ones(3, bool) for _ in structures], "energy": None, "forces": None}
+
+
+def atoms_frames(atoms_list) -> dict:
+    """Frames of ase.Atoms (periodic), for tests."""
+    return {"positions": [a.get_positions() for a in atoms_list],
+            "numbers": [a.get_atomic_numbers().astype(np.int64) for a in atoms_list],
+            "cells": [np.asarray(a.cell.array, float) for a in atoms_list],
+            "pbc": [np.asarray(a.pbc, bool) for a in atoms_list], "energy": None, "forces": None}
+
+
+def model_args(b):
+    return b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures
+
+
+def mean_degree(data: AtomsData, idx) -> float:
+    edges = sum(len(data.graph(k)[0]) for k in idx)
+    atoms = sum(data.n_atoms(k) for k in idx)
+    return max(edges / max(atoms, 1), 1.0)
+
+
+def target_scale(targets: np.ndarray) -> float:
+    """RMS of the Voigt components of the training targets (one scalar: keeps equivariance)."""
+    v = to_voigt(torch.as_tensor(targets, dtype=torch.float64)).numpy()
+    return float(np.sqrt(np.mean(v**2))) or 1.0
+
+
+def inversion_zero(structures, targets: np.ndarray, order: int, symprec: float = 1e-5) -> np.ndarray:
+    """Mask of structures whose odd-order target vanishes because the crystal is centrosymmetric.
+
+    For any O(3)-equivariant model f and an inversion-symmetric crystal x, f(x) = f(-x) = -f(x) = 0:
+    such samples add a constant to the loss and no gradient, so training can skip them. Even
+    orders: no structure is skipped.
+    """
+    if order % 2 == 0:
+        return np.zeros(len(structures), bool)
+    from pymatgen.symmetry.analyzer import SpacegroupAnalyzer
+
+    norms = np.linalg.norm(np.asarray(targets).reshape(len(targets), -1), axis=1)
+    zero = norms <= 1e-12 * max(float(norms.max(initial=0.0)), 1e-300)
+    out = np.zeros(len(structures), bool)
+    for k in np.flatnonzero(zero):
+        try:
+            out[k] = bool(SpacegroupAnalyzer(structures[k], symprec=symprec).is_laue())
+        except Exception:  # noqa: BLE001 - spglib failure: keep the sample
+            out[k] = False
+    return out
+
+
+# --- training ------------------------------------------------------------------------------------
+
+@dataclass
+class FitConfig:
+    epochs: int = 100
+    batch_size: int = 32
+    lr: float = 3e-3
+    eval_every: int = 5
+    grad_clip: float = 10.0
+    seed: int = 0
+    device: str = "cpu"
+
+
+def predict(model, data: AtomsData, idx, dtype=torch.float32, batch_size: int = 256, device=None) -> np.ndarray:
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(idx), batch_size):
+            b = data.collate(idx[s:s + batch_size], dtype=dtype).to(device=device)
+            out.append(model(*model_args(b)).double().cpu().numpy())
+    return np.concatenate(out)
+
+
+def voigt(t: np.ndarray) -> np.ndarray:
+    return to_voigt(torch.as_tensor(t, dtype=torch.float64)).numpy()
+
+
+def fit(model, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: FitConfig, progress=None):
+    """Adam + cosine decay (to 2 % of lr) on the MSE of the Voigt components / out_scale^2; keeps the state with the
+    lowest validation Fnorm (evaluated every ``eval_every`` epochs and at the end)."""
+    gen = np.random.default_rng(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    dev = torch.device(cfg.device)
+    model.to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    n_batches = int(np.ceil(len(train_idx) / cfg.batch_size))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, cfg.epochs * n_batches), eta_min=cfg.lr * 0.02)
+    scale = float(model.out_scale)
+    y_all = torch.as_tensor(voigt(targets), dtype=torch.float32, device=dev)
+    hist = {"epoch": [], "loss": [], "val_fnorm": []}
+    best = (np.inf, copy.deepcopy(model.state_dict()), 0)
+    train_idx = np.asarray(train_idx)
+    t0 = time.perf_counter()
+    for ep in range(1, cfg.epochs + 1):
+        model.train()
+        losses = []
+        order = gen.permutation(train_idx)
+        for s in range(0, len(order), cfg.batch_size):
+            idx = order[s:s + cfg.batch_size]
+            b = data.collate(idx, dtype=torch.float32).to(device=dev)
+            pred = to_voigt(model(*model_args(b)))
+            loss = ((pred - y_all[idx]) ** 2).mean() / scale**2
+            opt.zero_grad()
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+        if ep % cfg.eval_every == 0 or ep == cfg.epochs:
+            val = (fnorm(voigt(predict(model, data, val_idx, device=dev)), voigt(targets[val_idx]))
+                   if len(val_idx) else np.nan)
+            hist["epoch"].append(ep)
+            hist["loss"].append(float(np.mean(losses)))
+            hist["val_fnorm"].append(float(val))
+            if not np.isfinite(best[0]) or (np.isfinite(val) and val < best[0]):
+                best = (val, copy.deepcopy(model.state_dict()), ep)
+            if progress:
+                progress(f"epoch {ep}/{cfg.epochs} loss {np.mean(losses):.4f} val Fnorm {val:.4g} "
+                         f"({time.perf_counter() - t0:.1f} s)")
+    if np.isfinite(best[0]):
+        model.load_state_dict(best[1])
+    hist["best_epoch"] = best[2]
+    hist["train_seconds"] = time.perf_counter() - t0
+    return hist
+
+
+def tensor_metrics(pred: np.ndarray, true: np.ndarray, zero_tol: float = 1e-8) -> dict:
+    """Fnorm over all structures and EwT 25/10/5 % over those with a non-zero target, on the Voigt
+    forms (3x3, 3x6, 6x6). A zero target (e.g. an odd-order tensor of a centrosymmetric crystal) has
+    no relative error; equivariant models predict exactly zero there anyway."""
+    pv, tv = voigt(pred), voigt(true)
+    norms = np.linalg.norm(tv.reshape(len(tv), -1), axis=1)
+    nz = norms > zero_tol * max(float(norms.max(initial=0.0)), 1e-300)
+    out = {"fnorm": fnorm(pv, tv), "n_nonzero": int(nz.sum())}
+    for thr in EWT_THRESHOLDS:
+        out[f"ewt{int(round(thr * 100))}"] = ewt(pv[nz], tv[nz], thr) if nz.any() else float("nan")
+    return out
+
+
+# --- equivariance and timing ---------------------------------------------------------------------
+
+def rotate_batch(b, rot: torch.Tensor):
+    """Rotate every structure of a batch by its own matrix ``rot (B, 3, 3)`` (positions and periodic
+    shifts, i.e. the whole crystal); the neighbour list is unchanged."""
+    out = copy.copy(b)
+    r_atom = rot.to(b.positions.dtype)[b.batch]
+    out.positions = torch.einsum("nab,nb->na", r_atom, b.positions)
+    r_edge = r_atom[b.edge_index[0]]
+    out.shifts = torch.einsum("eab,eb->ea", r_edge, b.shifts)
+    out.cells = torch.einsum("nab,ncb->nca", rot.to(b.cells.dtype), b.cells)
+    return out
+
+
+def rattled(data: AtomsData, idx, stdev: float, seed: int) -> AtomsData:
+    """Copies of structures ``idx`` with Gaussian-displaced atoms (new neighbour lists): generic inputs
+    for the equivariance check (a centrosymmetric crystal has an exactly zero odd-order tensor)."""
+    rng = np.random.default_rng(seed)
+    fr = data.frames
+    frames = {"positions": [fr["positions"][k] + rng.normal(0.0, stdev, fr["positions"][k].shape) for k in idx],
+              "numbers": [fr["numbers"][k] for k in idx], "cells": [fr["cells"][k] for k in idx],
+              "pbc": [fr["pbc"][k] for k in idx], "energy": None, "forces": None}
+    return AtomsData(frames, data.cutoff)
+
+
+def equivariance_error(model, data: AtomsData, idx=None, dtype=torch.float64, n_rotations: int = 2,
+                       seed: int = 0, device=None) -> float:
+    """max |f(R x) - R.f(x)| / max |f(x)| over the structures ``idx`` (default all) and random
+    rotations, every other one improper (a reflection)."""
+    model.eval()
+    idx = np.arange(len(data)) if idx is None else idx
+    b = data.collate(idx, dtype=dtype).to(device=device)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        y = model(*model_args(b))
+        scale = float(y.abs().max()) or 1.0
+        err = 0.0
+        for _ in range(n_rotations):
+            rot = random_rotations(b.n_structures, reflections=True, generator=gen, dtype=dtype).to(b.positions.device)
+            y_rot = model(*model_args(rotate_batch(b, rot)))
+            err = max(err, float((y_rot - rotate(y, rot)).abs().max()) / scale)
+    return err
+
+
+def time_forward(models: dict, data: AtomsData, idx, repeats: int = 5, warmup: int = 1, device=None) -> dict:
+    """Median forward time (ms per structure; float32, no grad) of each model on the same batch,
+    the models interleaved in every repeat so that they see the same machine load."""
+    b = data.collate(idx, dtype=torch.float32).to(device=device)
+    cuda = b.positions.is_cuda
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    times = {k: [] for k in models}
+    for m in models.values():
+        m.eval()
+    with torch.no_grad():
+        for r in range(warmup + repeats):
+            for k, m in models.items():
+                m.to(b.positions.device)
+                sync()
+                t0 = time.perf_counter()
+                m(*model_args(b))
+                sync()
+                dt = time.perf_counter() - t0
+                if r >= warmup:
+                    times[k].append(dt)
+    return {k: 1e3 * float(np.median(v)) / b.n_structures for k, v in times.items()}

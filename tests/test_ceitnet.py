@@ -1,0 +1,342 @@
+"""CEITNet: Cartesian tensor blocks, equivariance (rotations and reflections, float64), index
+symmetries, e3nn baseline, permutation invariance, crystal point-group symmetry, metrics."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from reprozoo.blocks.atomistic import AtomsData  # noqa: E402
+from reprozoo.blocks.cartesian import (ewt, fnorm, frobenius_errors, index_symmetry_residual, n_sym,  # noqa: E402
+                                       random_rotations, rotate, segment_slots, sym_contract, sym_offsets, sym_power,
+                                       sym_powers, sym_weights, to_voigt, unpack)
+from reprozoo.methods.ceitnet.model import CEITNet  # noqa: E402
+from reprozoo.methods.ceitnet.training import (atoms_frames, equivariance_error, model_args, rotate_batch,  # noqa: E402
+                                               tensor_metrics)
+
+CUTOFF = 4.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: threads only contend on a shared machine (6x slower with 2 threads here)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+PERMS = {2: [(1, 0)], 3: [(0, 2, 1)], 4: [(1, 0, 2, 3), (0, 1, 3, 2), (2, 3, 0, 1)]}
+
+
+def _structures(n=4, seed=0):
+    """Small periodic alloy cells with rattled atoms (no symmetry left)."""
+    from ase.build import bulk
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        a = bulk("Cu", "fcc", a=3.6, cubic=True) if k % 2 == 0 else bulk("Ni", "hcp", a=2.5, c=4.1)
+        a.numbers = rng.choice([13, 28, 29, 79], size=len(a))
+        a.set_cell(a.cell.array @ (np.eye(3) + 0.03 * rng.normal(size=(3, 3))), scale_atoms=True)
+        a.rattle(0.08, seed=k + 10 * seed)
+        out.append(a)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data():
+    return AtomsData(atoms_frames(_structures()), CUTOFF)
+
+
+def _ceitnet(order, **kw):
+    torch.manual_seed(order)
+    cfg = dict(n_features=16, n_channels=6, n_out=3, n_interactions=2, n_rbf=6, cutoff=CUTOFF, avg_neighbors=10.0)
+    cfg.update(kw)
+    m = CEITNet(order, **cfg).double()
+    with torch.no_grad():  # non-trivial outputs in every basis term
+        m.head.coef.weight.normal_(0, 0.5)
+        m.head.coef.bias.normal_(0, 0.5)
+    return m.eval()
+
+
+# --- blocks ------------------------------------------------------------------------------------------
+
+def test_packed_symmetric_powers():
+    u = torch.randn(7, 3, dtype=torch.float64)
+    all_p = sym_powers(u, 4)
+    off = sym_offsets(4)
+    for n in range(5):
+        packed = sym_power(u, n)
+        assert packed.shape == (7, n_sym(n))
+        assert torch.equal(all_p[:, off[n]:off[n + 1]], packed)
+        full = unpack(packed, n)
+        ref = torch.ones(7, dtype=torch.float64)
+        for _ in range(n):  # explicit outer powers
+            ref = ref.unsqueeze(-1) * u.view((7,) + (1,) * (ref.dim() - 1) + (3,))
+        assert torch.allclose(full, ref, atol=1e-14)
+        # weighted packed contraction = full contraction
+        v = torch.randn(7, 3, dtype=torch.float64)
+        a, b = sym_power(u, n), sym_power(v, n)
+        assert torch.allclose(sym_contract(a, b, n), (u * v).sum(-1) ** n, atol=1e-12)
+        assert float(sym_weights(n).sum()) == 3**n
+
+
+def test_segment_slots_and_outer_sum():
+    from reprozoo.blocks.cartesian import segment_outer_sum
+
+    idx = torch.tensor([0, 0, 0, 2, 2, 3])
+    slot, k = segment_slots(idx, 5)
+    assert k == 3 and slot.tolist() == [0, 1, 2, 0, 1, 0]
+    w, f = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64)
+    ref = torch.zeros(5, 4, 5, dtype=torch.float64).index_add_(0, idx, w[:, :, None] * f[:, None, :])
+    assert torch.allclose(segment_outer_sum(w, f, idx, 5), ref, atol=1e-13)
+
+
+def test_rotate_matches_pymatgen_and_numpy():
+    from pymatgen.core.tensors import Tensor
+
+    from reprozoo.data.crystals.common import rotate as np_rotate
+
+    r = random_rotations(1, generator=torch.Generator().manual_seed(0))[0]
+    assert abs(float(torch.linalg.det(r)) - 1) < 1e-12
+    for order in (2, 3, 4):
+        t = torch.randn((1,) + (3,) * order, dtype=torch.float64)
+        ours = rotate(t, r)[0].numpy()
+        assert np.allclose(ours, np.asarray(Tensor(t[0].numpy()).rotate(r.numpy())), atol=1e-12)
+        assert np.allclose(ours, np_rotate(t[0].numpy(), r.numpy()), atol=1e-12)
+    refl = random_rotations(4, reflections=True, generator=torch.Generator().manual_seed(1))
+    dets = torch.linalg.det(refl)
+    assert torch.allclose(dets, torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64))
+    assert torch.allclose(refl @ refl.transpose(1, 2), torch.eye(3, dtype=torch.float64).expand(4, 3, 3), atol=1e-12)
+
+
+def test_voigt_matches_dataset_convention():
+    from reprozoo.data.crystals.common import full_to_voigt, voigt_to_full
+
+    cv = np.random.default_rng(0).normal(size=(2, 6, 6))
+    cv = cv + cv.transpose(0, 2, 1)
+    full = voigt_to_full(cv)
+    assert np.allclose(to_voigt(torch.as_tensor(full)).numpy(), cv)
+    assert np.allclose(full_to_voigt(full), cv)
+    p = torch.randn(2, 3, 3, 3, dtype=torch.float64)
+    p = p + p.transpose(2, 3)
+    assert to_voigt(p).shape == (2, 3, 6)
+    assert torch.equal(to_voigt(p)[:, :, 3], p[:, :, 1, 2])
+
+
+def test_fnorm_and_ewt_hand_made():
+    true = np.stack([np.eye(3) * 10.0, np.eye(3), np.diag([3.0, 4.0, 0.0])])
+    pred = true.copy()
+    pred[0, 0, 0] += 1.0                     # |err| = 1, |true| = sqrt(300): rel 0.0577
+    pred[1] = 0.0                            # |err| = sqrt(3), rel 1
+    pred[2, 2, 2] = 0.5                      # |err| = 0.5, |true| = 5: rel 0.1
+    err, rel = frobenius_errors(pred, true)
+    assert np.allclose(err, [1.0, np.sqrt(3.0), 0.5])
+    assert np.allclose(rel, [1 / np.sqrt(300.0), 1.0, 0.1])
+    assert fnorm(pred, true) == pytest.approx((1.0 + np.sqrt(3.0) + 0.5) / 3)
+    assert ewt(pred, true, 0.25) == pytest.approx(2 / 3)
+    assert ewt(pred, true, 0.10) == pytest.approx(1 / 3)   # 0.1 is not below 0.1
+    assert ewt(pred, true, 0.05) == 0.0
+    # zero targets (centrosymmetric piezo): Fnorm counts them, EwT skips them
+    t3 = np.zeros((2, 3, 3, 3))
+    t3[0, 0, 1, 1] = t3[0, 0, 0, 0] = 1.0
+    p3 = t3 * 1.05
+    m = tensor_metrics(p3, t3)
+    assert m["n_nonzero"] == 1 and m["ewt10"] == 1.0 and m["ewt5"] == 0.0
+    assert m["fnorm"] == pytest.approx(0.05 * np.sqrt(2) / 2)
+
+
+# --- CEITNet ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_ceitnet_equivariant_rotations_and_reflections(data, order):
+    model = _ceitnet(order)
+    b = data.collate(range(len(data)), dtype=torch.float64)
+    with torch.no_grad():
+        y = model(*model_args(b))
+    assert y.shape == (len(data),) + (3,) * order
+    assert float(y.abs().max()) > 1e-3
+    for seed in range(2):
+        rot = random_rotations(len(data), reflections=True, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            y_rot = model(*model_args(rotate_batch(b, rot)))
+        err = float((y_rot - rotate(y, rot)).abs().max() / y.abs().max())
+        assert err < 1e-10, err
+    assert equivariance_error(model, data, n_rotations=2) < 1e-10
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_ceitnet_index_symmetries_exact(data, order):
+    y = _ceitnet(order)(*model_args(data.collate(range(len(data)), dtype=torch.float64)))
+    # exact (not approximate): every basis term carries the symmetry
+    assert index_symmetry_residual(y, PERMS[order]) < 1e-15
+    if order == 4:
+        for p in [(1, 0, 3, 2), (3, 2, 1, 0), (2, 3, 1, 0)]:   # compositions: Cjilk, Clkji, Cklji
+            assert index_symmetry_residual(y, [p]) < 1e-15
+        assert index_symmetry_residual(y, [(0, 2, 1, 3)]) > 1e-3   # not fully symmetric (no Cauchy relations)
+
+
+def test_ceitnet_permutation_and_translation_invariant():
+    structs = _structures(2, seed=3)
+    model = _ceitnet(4)
+    base = AtomsData(atoms_frames(structs), CUTOFF)
+    y = model(*model_args(base.collate([0, 1], dtype=torch.float64)))
+    rng = np.random.default_rng(0)
+    moved = []
+    for a in structs:
+        a2 = a[rng.permutation(len(a))]
+        a2.positions += np.array([0.3, -1.1, 2.0])
+        a2.wrap()
+        moved.append(a2)
+    y2 = model(*model_args(AtomsData(atoms_frames(moved), CUTOFF).collate([0, 1], dtype=torch.float64)))
+    assert torch.allclose(y, y2, atol=1e-10 * float(y.abs().max()))
+    # structures in a batch do not interact
+    y_single = model(*model_args(base.collate([1], dtype=torch.float64)))
+    assert torch.allclose(y[1:], y_single, atol=1e-12)
+
+
+def test_crystal_symmetry_of_predictions():
+    """Equivariance + crystal symmetry: a cubic cell gets a cubic elastic tensor (C11 = C22 = C33,
+    C12 = C13 = C23, C44 = C55 = C66, zeros elsewhere) and a centrosymmetric one a zero order-3 tensor."""
+    from ase.build import bulk
+
+    a = bulk("Cu", "fcc", a=3.6, cubic=True)
+    a.numbers = [79, 29, 29, 29]  # L1_2 Cu3Au: Pm-3m, centrosymmetric
+    d = AtomsData(atoms_frames([a]), CUTOFF)
+    b = d.collate([0], dtype=torch.float64)
+    c = to_voigt(_ceitnet(4)(*model_args(b)))[0].detach().numpy()
+    s = np.abs(c).max()
+    assert np.allclose(np.diag(c)[:3], c[0, 0], atol=1e-12 * s) and np.allclose(np.diag(c)[3:], c[3, 3], atol=1e-12 * s)
+    assert np.allclose([c[0, 1], c[0, 2], c[1, 2]], c[0, 1], atol=1e-12 * s)
+    mask = np.ones((6, 6), bool)
+    mask[:3, :3] = False
+    mask[[3, 4, 5], [3, 4, 5]] = False
+    assert np.abs(c[mask]).max() < 1e-12 * s and abs(c[3, 3]) > 1e-6 * s
+    p3 = _ceitnet(3)(*model_args(b))
+    assert float(p3.abs().max()) < 1e-14
+
+
+def test_ceitnet_fits_an_environment_target():
+    """A few optimisation steps reduce the loss on an exactly representable order-2 target."""
+    from reprozoo.data.crystals.common import synthetic_targets
+
+    structs = _structures(6, seed=5)
+    d = AtomsData(atoms_frames(structs), 4.5)
+    y = torch.as_tensor(np.stack([synthetic_targets(a.cell.array, a.positions, a.get_chemical_symbols())[0]
+                                  for a in structs]))
+    torch.manual_seed(0)
+    model = CEITNet(2, n_features=16, n_channels=8, n_out=4, n_interactions=1, n_rbf=6, cutoff=4.5,
+                    avg_neighbors=20.0).double()
+    b = d.collate(range(6), dtype=torch.float64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(60):
+        loss = ((model(*model_args(b)) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.05 * losses[0]
+
+
+# --- e3nn baseline ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def e3nn_models():
+    pytest.importorskip("e3nn")
+    from reprozoo.methods.ceitnet.e3nn_net import E3nnTensorNet, default_dtype
+
+    out = {}
+    for order in (2, 3, 4):
+        torch.manual_seed(order)
+        with default_dtype(torch.float64):
+            out[order] = E3nnTensorNet(order, n_scalars=8, mul=2, n_layers=2, n_rbf=6, cutoff=CUTOFF,
+                                       radial_hidden=8, avg_neighbors=10.0).double().eval()
+    return out
+
+
+def test_e3nn_cartesian_basis_matches_cartesian_tensor():
+    from e3nn.io import CartesianTensor
+
+    from reprozoo.methods.ceitnet.e3nn_net import FORMULAS, cartesian_basis, default_dtype
+
+    with default_dtype(torch.float64):
+        for order in (2, 3):  # order 4 takes seconds; the same code path
+            ct = CartesianTensor(FORMULAS[order])
+            irreps, q = cartesian_basis(FORMULAS[order])
+            assert irreps == str(ct)
+            x = torch.randn(3, ct.dim, dtype=torch.float64)
+            ours = (x @ torch.as_tensor(q).flatten(1)).view((3,) + (3,) * order)
+            assert torch.allclose(ours, ct.to_cartesian(x, ct.reduced_tensor_products(x)), atol=1e-12)
+            assert torch.allclose(ct.from_cartesian(ours), x, atol=1e-10)
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_e3nn_baseline_equivariant_and_symmetric(data, e3nn_models, order):
+    model = e3nn_models[order]
+    b = data.collate(range(len(data)), dtype=torch.float64)
+    y = model(*model_args(b))
+    assert float(y.abs().max()) > 1e-6
+    assert index_symmetry_residual(y, PERMS[order]) < 1e-10
+    assert equivariance_error(model, data, n_rotations=2) < 1e-10
+
+
+def test_float64_copy_of_trained_e3nn_model(data):
+    """The method's float64 check rebuilds e3nn constants in float64 (a float32-built model is only
+    float32-equivariant even after .double())."""
+    from reprozoo.methods.ceitnet.method import float64_copy
+
+    p = {"cutoff": CUTOFF, "models": {"e3nn_baseline": dict(n_scalars=8, mul=2, n_layers=1, n_rbf=6, radial_hidden=8,
+                                                             lmax=2)}}
+    from reprozoo.methods.ceitnet.method import build
+
+    torch.manual_seed(0)
+    m32 = build("e3nn_baseline", 2, p, avg_neighbors=10.0)
+    m64 = float64_copy("e3nn_baseline", 2, p, m32)
+    b = data.collate(range(len(data)), dtype=torch.float64)
+    with torch.no_grad():
+        y32 = m32(*model_args(b.to(dtype=torch.float32))).double()
+        y64 = m64(*model_args(b))
+    assert torch.allclose(y32, y64, rtol=1e-4, atol=1e-5 * float(y64.abs().max()))
+    assert equivariance_error(m64, data, n_rotations=1) < 1e-10
+
+
+def test_variants_build(data):
+    from reprozoo.methods.ceitnet.method import build
+
+    p = {"cutoff": CUTOFF, "models": {"ceitnet": dict(n_features=8, n_channels=4, n_out=2, n_interactions=2, n_rbf=4),
+                                      "ceitnet_no_interaction": {}}}
+    full = build("ceitnet", 4, p)
+    abl = build("ceitnet_no_interaction", 4, p)
+    assert len(full.interactions) == 2 and len(abl.interactions) == 0
+    with pytest.raises(ValueError):
+        build("nope", 4, p)
+
+
+def test_index_symmetry_residual_detects_violations():
+    t = torch.randn(2, 3, 3, dtype=torch.float64)
+    assert index_symmetry_residual(t, [(1, 0)]) > 1e-3
+    assert index_symmetry_residual(t + t.transpose(1, 2), [(1, 0)]) == 0.0
+    assert list(itertools.permutations(range(2))) == [(0, 1), (1, 0)]
+
+
+
+def test_inversion_zero_mask():
+    """Centrosymmetric cells with a zero odd-order target are skipped for odd orders only."""
+    from ase.build import bulk
+    from pymatgen.io.ase import AseAtomsAdaptor
+
+    from reprozoo.data.crystals.common import structure_targets
+    from reprozoo.methods.ceitnet.training import inversion_zero
+
+    l12 = bulk("Cu", "fcc", a=3.6, cubic=True)
+    l12.numbers = [79, 29, 29, 29]
+    rattled = l12.copy()
+    rattled.rattle(0.05, seed=1)
+    structs = [AseAtomsAdaptor.get_structure(a) for a in (l12, rattled)]
+    t3 = np.stack([structure_targets(s)[1] for s in structs])
+    assert np.abs(t3[0]).max() < 1e-12 < np.abs(t3[1]).max()
+    assert inversion_zero(structs, t3, 3).tolist() == [True, False]
+    assert inversion_zero(structs, t3, 4).tolist() == [False, False]
