@@ -351,7 +351,8 @@ def test_failed_job_is_retried_with_more_memory_and_its_run_is_failed(cluster_ru
     attempts = [(att, out) for rule, local, out, att in executed(r.log)
                 if rule == "train" and not local and f"/{f['variant']}/seed0/" in out[0]
                 and out[0].startswith(f"results/{f['method']}/")]
-    assert sorted(a for a, _ in attempts) == [1, 2]
+    # (the log may print a job's block again when it reports the failure: compare the attempts seen)
+    assert sorted({a for a, _ in attempts}) == [1, 2]
     # ... and SLURM got it (while slurmctld remembers the jobs)
     history = squeue_history()
     if id1 in history and id2 in history:
