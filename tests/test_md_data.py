@@ -398,7 +398,7 @@ def test_remote_sgdml_npz_success(tmp_path):
     assert not d.pbc.any() and len(d) == 30 and summary["sizes"]["n_frames_source"] == 30
     assert np.isnan(d.table["temperature"]).all()
     # subsampling is reproducible and keeps the source index
-    params = _remote_params("md17_aspirin", "http://unused/", n_frames=10)
+    params = _remote_params("md17_aspirin", "http://127.0.0.1:9/unused/", n_frames=10)
     out2 = sgdml.preprocess(tmp_path / "ds" / "raw", tmp_path / "ds" / "sub", params)
     sub = fmt.load(tmp_path / "ds" / "sub")
     assert len(sub) == 10 and out2["sizes"]["n_frames"] == 10
