@@ -107,12 +107,7 @@ class SchNet(nn.Module):
     def energy_and_forces(self, numbers, positions, batch, edge_index, shifts=None, n_structures=None,
                           create_graph: bool | None = None):
         """(energy (B,), forces (N, 3)); ``create_graph`` defaults to ``self.training`` (force loss)."""
-        create_graph = self.training if create_graph is None else create_graph
-        with torch.enable_grad():
-            pos = positions if positions.requires_grad else positions.detach().requires_grad_(True)
-            energy = self(numbers, pos, batch, edge_index, shifts, n_structures)
-            (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=create_graph)
-        return energy, -grad
+        return energy_and_forces(self, numbers, positions, batch, edge_index, shifts, n_structures, create_graph)
 
     def batch_forward(self, b, forces: bool = True):
         """Convenience: run on a :class:`~reprozoo.blocks.atomistic.data.Batch`."""
@@ -128,3 +123,14 @@ class SchNet(nn.Module):
 def build_schnet(cfg: dict) -> SchNet:
     """SchNet from a config dict (keys of SchNet.__init__; unknown keys rejected)."""
     return SchNet(**cfg)
+
+
+def energy_and_forces(model, numbers, positions, batch, edge_index, shifts=None, n_structures=None,
+                      create_graph: bool | None = None):
+    """Energy of any model with SchNet's forward signature, and forces = -dE/dpositions by autograd."""
+    create_graph = model.training if create_graph is None else create_graph
+    with torch.enable_grad():
+        pos = positions if positions.requires_grad else positions.detach().requires_grad_(True)
+        energy = model(numbers, pos, batch, edge_index, shifts, n_structures)
+        (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=create_graph)
+    return energy, -grad

@@ -23,6 +23,7 @@ from torch import nn
 
 from ...blocks.atomistic import SchNet, ShiftedSoftplus, scatter_sum
 from ...blocks.atomistic.descriptors import PowerSpectrum, composition_tokens, mean_pool
+from ...blocks.atomistic.schnet import energy_and_forces as schnet_energy_and_forces
 
 MAX_Z = 100
 MASK_Z = 0  # atom-masking token: embedding row 0 (no element has Z = 0)
@@ -146,12 +147,8 @@ class TriForces(nn.Module):
 
     def energy_and_forces(self, numbers, positions, batch, edge_index, shifts=None, n_structures=None,
                           create_graph: bool | None = None):
-        create_graph = self.training if create_graph is None else create_graph
-        with torch.enable_grad():
-            pos = positions if positions.requires_grad else positions.detach().requires_grad_(True)
-            energy = self(numbers, pos, batch, edge_index, shifts, n_structures)
-            (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=create_graph)
-        return energy, -grad
+        return schnet_energy_and_forces(self, numbers, positions, batch, edge_index, shifts, n_structures,
+                                        create_graph)
 
     @torch.no_grad()
     def latent(self, b) -> torch.Tensor:
