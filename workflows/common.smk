@@ -7,16 +7,24 @@ _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 
+from reprozoo import codehash as rz_code
 from reprozoo import config as rz_config
 from reprozoo import registry as rz_registry
 from reprozoo.data import registry as rz_data
 
 rz_config.validate(config)
-PLAN = rz_config.plan(config)
+PLAN = rz_config.plan(config)  # checks names and hyper-parameter overrides before any job runs
 SCALE = PLAN.scale
 RESULTS = "results"
+# one results tree per scale: a ci run never touches smoke results (data is per scale already)
+RS = f"{RESULTS}/{SCALE}"
 ENVS = Path(workflow.basedir) / "envs"
 STAGE = "scripts/stage.py"
+# at ci/smoke a method's variant x seed cells run in one job (job start-up, ~2-4 s of imports,
+# would otherwise dominate); at paper scale every cell is its own job so a cluster fans them out
+FANOUT = config.get("fanout", "auto")
+if FANOUT == "auto":
+    FANOUT = "cell" if SCALE == "paper" else "method"
 
 
 wildcard_constraints:
@@ -25,6 +33,7 @@ wildcard_constraints:
     scale="ci|smoke|paper",
     seed=r"\d+",
     variant=r"[A-Za-z0-9][A-Za-z0-9_]*",
+    selection=r"(partial/[^/]+/)?",
 
 
 def env_file(name):
@@ -43,6 +52,22 @@ def hp(wildcards):
     return rz_config.method_params(config, wildcards.method)
 
 
+def code(wildcards):
+    """Content hash of the code the method's jobs run: editing it reruns exactly those jobs."""
+    return rz_code.method_code_hash(wildcards.method)
+
+
+def spec_hash(wildcards):
+    """The method's spec (its claims) feeds verify only: editing a claim re-verifies, never retrains."""
+    import hashlib
+
+    return hashlib.sha256((rz_registry.get(wildcards.method).folder / "spec.yaml").read_bytes()).hexdigest()[:16]
+
+
+def dataset_code(wildcards):
+    return rz_code.dataset_code_hash(rz_data.get(wildcards.dataset).module_name)
+
+
 def data_dirs(method):
     return {d: f"{RESULTS}/data/{d}/{SCALE}" for d in rz_registry.get(method).datasets_for(SCALE)}
 
@@ -57,38 +82,48 @@ def dataset_env(wildcards):
 
 def shared_input(wildcards):
     if rz_registry.get(wildcards.method).train_shared:
-        return [f"{RESULTS}/{wildcards.method}/_shared/seed{wildcards.seed}/done.json"]
+        return [f"{RS}/{wildcards.method}/_shared/seed{wildcards.seed}/done.json"]
     return []
 
 
 def shared_dir(wildcards):
     if rz_registry.get(wildcards.method).train_shared:
-        return f"{RESULTS}/{wildcards.method}/_shared/seed{wildcards.seed}"
+        return f"{RS}/{wildcards.method}/_shared/seed{wildcards.seed}"
     return None
 
 
+def cell_outputs(method):
+    return [f"{RS}/{method}/{v}/seed{s}/metrics.json" for v in PLAN.variants[method] for s in PLAN.seeds[method]]
+
+
 def train_outputs(wildcards):
-    m = wildcards.method
-    return [
-        f"{RESULTS}/{m}/{v}/seed{s}/metrics.json"
-        for v in PLAN.variants[m]
-        for s in PLAN.seeds[m]
-    ]
+    return cell_outputs(wildcards.method)
+
+
+def selection_dir(method):
+    """Evaluate/verify outputs of a complete selection live in results/<scale>/<method>/; a subset
+    of variants or other seeds goes to .../partial/<selection>/ and cannot overwrite them."""
+    return f"{RS}/{method}/{PLAN.selection(method)}"
+
+
+REPORT_DIR = f"{RS}/{PLAN.report_selection()}"
 
 
 onstart:
     from reprozoo import tracking as rz_tracking
 
     _uri = rz_tracking.resolve_uri(config["tracking"]["uri"])
-    print(f"reprozoo: tracking to {_uri}; scale={SCALE}; methods={PLAN.methods}")
+    print(f"reprozoo: tracking to {_uri}; scale={SCALE}; methods={PLAN.methods}; results in {RS}/")
     rz_tracking.start_invocation(_uri, Path(RESULTS), SCALE, dict(config))
     rz_tracking.init_store_or_warn(_uri, PLAN.methods, Path(RESULTS))
 
 
 onsuccess:
     from reprozoo import tracking as rz_tracking
+    from reprozoo.report import print_verdicts
 
     rz_tracking.finish_invocation(Path(RESULTS), "FINISHED")
+    print_verdicts([f"{selection_dir(m)}claims.json" for m in PLAN.methods])
 
 
 onerror:

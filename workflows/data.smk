@@ -9,14 +9,18 @@ rule acquire:
         source=lambda w: rz_data.source_for(w.dataset, config["data"]),
         path=lambda w: config["data"].get("paths", {}).get(w.dataset),
         overrides=lambda w: config["data"].get("params", {}).get(w.dataset, {}),
+        code=dataset_code,
     log:
-        f"{RESULTS}/logs/acquire/{{dataset}}-{{scale}}.log",
+        f"{RESULTS}/{{scale}}/logs/data/acquire-{{dataset}}.log",
+    benchmark:
+        f"{RESULTS}/{{scale}}/benchmarks/data/acquire-{{dataset}}.tsv"
     conda:
         dataset_env
     threads: 1
     resources:
         mem_mb=lambda w, attempt: 4000 * attempt,
         runtime=lambda w, attempt: 30 * attempt,
+        attempt=lambda w, attempt: attempt,
     script:
         STAGE
 
@@ -29,14 +33,18 @@ rule preprocess:
         preview=f"{RESULTS}/data/{{dataset}}/{{scale}}/preview.png",
     params:
         overrides=lambda w: config["data"].get("params", {}).get(w.dataset, {}),
+        code=dataset_code,
     log:
-        f"{RESULTS}/logs/preprocess/{{dataset}}-{{scale}}.log",
+        f"{RESULTS}/{{scale}}/logs/data/preprocess-{{dataset}}.log",
+    benchmark:
+        f"{RESULTS}/{{scale}}/benchmarks/data/preprocess-{{dataset}}.tsv"
     conda:
         dataset_env
     threads: 1
     resources:
         mem_mb=lambda w, attempt: 4000 * attempt,
         runtime=lambda w, attempt: 30 * attempt,
+        attempt=lambda w, attempt: attempt,
     script:
         STAGE
 

@@ -2,9 +2,17 @@
 
 A claim's ``expr`` is arithmetic over tokens ``metric@variant``: a scalar metric resolves to a
 number, a curve metric to the array of its values (aligned on the shared x grid). The expression
-is evaluated once per seed; the claim's measured value is the mean over seeds (spread = std), and
-the verdict compares it with the threshold set from the paper's statement. Allowed functions:
-min, max, mean, abs, log10, sqrt.
+is evaluated once per seed, and the verdict is read from the seed spread, not the mean alone:
+
+- **holds** when the one-sided 95 % Student-t interval of the mean over seeds lies wholly on the
+  threshold's side (for ``>=``/``>``: the lower bound ``mean - t(0.95, n-1) s / sqrt(n)`` passes),
+- **fails** when the interval lies wholly on the other side,
+- **inconclusive** otherwise, and always for a single seed (no spread to judge from);
+- **not measured** when a variant the claim reads was not run in this selection (a partial run
+  never recomputes a claim from less than it needs).
+
+The threshold comes from the paper's statement and is never moved after measuring. Allowed
+functions: min, max, mean, abs, log10, sqrt.
 """
 from __future__ import annotations
 
@@ -36,7 +44,8 @@ _ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Load
             ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd)
 
 
-VERDICTS = {True: "holds", False: "fails"}
+VERDICTS = ("holds", "fails", "inconclusive", "not measured")
+CONFIDENCE = 0.95
 
 
 class ClaimError(ValueError):
@@ -106,26 +115,68 @@ def compare(value: float, op: str, threshold: float) -> bool:
             ">=": value >= threshold, ">": value > threshold}[op]
 
 
-def verify(claims: list[Claim], table: pd.DataFrame) -> list[dict]:
+def interval(values, op: str, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The one-sided Student-t bound of the mean that a claim with ``op`` must pass, and the
+    opposite bound: ``(lower, upper)`` of the two one-sided ``confidence`` intervals."""
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    n, mean = len(v), float(np.mean(v))
+    if n < 2:
+        return mean, mean
+    half = float(stats.t.ppf(confidence, n - 1)) * float(np.std(v, ddof=1)) / np.sqrt(n)
+    return mean - half, mean + half
+
+
+def decide(values, op: str, threshold: float) -> str:
+    """holds / fails / inconclusive from the per-seed values (see the module docstring)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0 or not np.all(np.isfinite(v)):
+        return "fails" if len(v) else "not measured"
+    lo, hi = interval(v, op)
+    passing, opposite = (lo, hi) if op in (">=", ">") else (hi, lo)
+    if len(v) >= 2 and compare(passing, op, threshold):
+        return "holds"
+    if not compare(opposite, op, threshold):
+        return "fails" if len(v) >= 2 else "inconclusive"
+    return "inconclusive"
+
+
+def verify(claims: list[Claim], table: pd.DataFrame, selected_variants: list[str] | None = None) -> list[dict]:
+    """Evaluate every claim per seed; ``selected_variants`` (default: those in the table) are the
+    variants this run measured: a claim that reads any other is "not measured"."""
     seeds = sorted(int(s) for s in table.seed.unique())
+    present = set(selected_variants if selected_variants is not None else table.variant.unique())
     out = []
     for c in claims:
         per_seed, error = {}, None
-        try:
-            for s in seeds:
-                per_seed[s] = evaluate_expr(c.expr, table, s)
-        except ClaimError as exc:
-            error = str(exc)
+        missing = sorted({v for _, v in tokens(c.expr)} - present)
+        if not missing:
+            try:
+                for s in seeds:
+                    per_seed[s] = evaluate_expr(c.expr, table, s)
+            except ClaimError as exc:
+                error = str(exc)
         vals = np.array(list(per_seed.values()), dtype=float)
-        mean = float(np.mean(vals)) if len(vals) and error is None else float("nan")
-        std = float(np.std(vals, ddof=1)) if len(vals) > 1 and error is None else 0.0
-        ok = error is None and compare(mean, c.op, c.threshold)
+        ok = error is None and not missing and len(vals) > 0
+        mean = float(np.mean(vals)) if ok else float("nan")
+        std = float(np.std(vals, ddof=1)) if ok and len(vals) > 1 else float("nan") if not ok else 0.0
+        lo, hi = interval(vals, c.op) if ok else (float("nan"), float("nan"))
+        if missing:
+            verdict = "not measured"
+        elif not ok:
+            verdict = "fails"
+        else:
+            verdict = decide(vals, c.op, c.threshold)
         out.append({
             "id": c.id, "text": c.text, "expr": c.expr, "op": c.op, "threshold": c.threshold,
             "paper_value": c.paper_value, "unit": c.unit,
             "value_mean": mean, "value_std": std, "n_seeds": len(vals),
+            "ci_low": lo, "ci_high": hi, "confidence": CONFIDENCE,
             "per_seed": {str(k): v for k, v in per_seed.items()},
-            "holds_every_seed": bool(error is None and all(compare(v, c.op, c.threshold) for v in vals)),
-            "verdict": VERDICTS[ok], "error": error,
+            "holds_every_seed": bool(ok and all(compare(v, c.op, c.threshold) for v in vals)),
+            "single_seed": bool(ok and len(vals) == 1),
+            "verdict": verdict, "error": error,
+            "missing_variants": missing,
         })
     return out

@@ -8,7 +8,7 @@ allowed values, because a researcher's typo should never surface as a KeyError d
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +93,42 @@ class Plan:
     variants: dict[str, list[str]]
     seeds: dict[str, list[int]]
     datasets: dict[str, list[str]]
+    complete: dict[str, bool] = field(default_factory=dict)
 
     def jobs(self) -> list[Job]:
         return [Job(m, v, s) for m in self.methods for v in self.variants[m] for s in self.seeds[m]]
 
     def all_datasets(self) -> list[str]:
         return sorted({d for m in self.methods for d in self.datasets[m]})
+
+    def selection(self, method: str) -> str:
+        """Where a method's evaluate/verify outputs go, below ``results/<scale>/<method>/``:
+        ``""`` for the complete selection (every variant, the scale's seeds), else
+        ``partial/<variants>_seeds<seeds>/`` so that a subset run cannot overwrite complete results."""
+        if self.complete.get(method, True):
+            return ""
+        spec = registry.get(method)
+        vs = self.variants[method]
+        vpart = "all" if set(vs) == set(spec.variant_ids) else "+".join(sorted(vs))
+        if len(vpart) > 80:
+            import hashlib
+
+            vpart = f"{len(vs)}variants-{hashlib.sha1(vpart.encode()).hexdigest()[:8]}"
+        return f"partial/{vpart}_seeds{'-'.join(str(s) for s in self.seeds[method])}/"
+
+    def report_selection(self) -> str:
+        """``""`` when every selected method ran completely, else ``partial/<tag>/``: the summary
+        of a subset run never replaces the scale's summary."""
+        if self.is_complete:
+            return ""
+        import hashlib
+
+        key = ";".join(f"{m}:{','.join(self.variants[m])}:{self.seeds[m]}" for m in self.methods)
+        return f"partial/{hashlib.sha1(key.encode()).hexdigest()[:10]}/"
+
+    @property
+    def is_complete(self) -> bool:
+        return all(self.complete.get(m, True) for m in self.methods)
 
 
 def selected_methods(config: dict) -> list[str]:
@@ -114,18 +144,80 @@ def selected_methods(config: dict) -> list[str]:
     return list(wanted)
 
 
+def _type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def coerce_override(value: Any, like: Any, key: str) -> Any:
+    """``value`` converted to the type of the scale config's ``like``, or a ConfigError naming
+    ``key``, the expected type and (for mappings) the allowed keys.
+
+    Snakemake's ``--config params='{rex: {zeta: 0.99}}'`` hands nested values over as strings;
+    a job would otherwise crash on ``'0.99' * x`` after minutes of other work.
+    """
+    if isinstance(value, str) and not isinstance(like, str) and like is not None:
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        value = value if parsed is None else parsed
+    if like is None:
+        return value
+    if isinstance(like, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(like, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif isinstance(like, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(like, str):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif isinstance(like, list):
+        if isinstance(value, (list, tuple)):
+            if like:
+                return [coerce_override(v, like[0], f"{key}[{i}]") for i, v in enumerate(value)]
+            return list(value)
+    elif isinstance(like, dict):
+        if isinstance(value, dict):
+            out = copy.deepcopy(like)
+            unknown = [k for k in value if k not in like]
+            if unknown:
+                raise ConfigError(f"config key '{key}': unknown key(s) {unknown}; allowed: {sorted(like)}")
+            for k, v in value.items():
+                out[k] = coerce_override(v, like[k], f"{key}.{k}")
+            return out
+    else:
+        return value
+    raise ConfigError(f"config key '{key}': {value!r} is not {_type_name(like)} "
+                      f"(expected {_type_name(like)}, like the scale's default {like!r})")
+
+
 def method_params(config: dict, method: str) -> dict[str, Any]:
-    """Hyper-parameters of a method at the configured scale, with user overrides applied."""
+    """Hyper-parameters of a method at the configured scale, with user overrides checked and
+    coerced against the keys and types of the scale config (nested keys included)."""
     spec = registry.get(method)
     params = spec.config(config["scale"])
     overrides = config.get("params", {}).get(method, {})
+    if isinstance(overrides, str):
+        overrides = yaml.safe_load(overrides) or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"config key 'params.{method}': expected a mapping of hyper-parameters; "
+                          f"allowed keys: {sorted(params)}")
     unknown = [k for k in overrides if k not in params]
     if unknown:
         raise ConfigError(
             f"config key 'params.{method}': unknown hyper-parameter(s) {unknown}; "
             f"allowed: {sorted(params)}"
         )
-    return _deep_update(params, copy.deepcopy(overrides))
+    return coerce_override(overrides, params, f"params.{method}") if overrides else params
 
 
 def plan(config: dict) -> Plan:
@@ -137,7 +229,7 @@ def plan(config: dict) -> Plan:
     for key in config.get("params", {}):
         if key not in registry.method_ids():
             raise ConfigError(f"config key 'params.{key}': unknown method; known methods: {registry.method_ids()}")
-    variants, seeds, datasets = {}, {}, {}
+    variants, seeds, datasets, complete = {}, {}, {}, {}
     for m in methods:
         spec = registry.get(m)
         chosen = config.get("variants", {}).get(m) or spec.variant_ids
@@ -150,4 +242,9 @@ def plan(config: dict) -> Plan:
             s = spec.config(scale).get("seeds", [0])
         seeds[m] = [s] if isinstance(s, int) else list(s)
         datasets[m] = spec.datasets_for(scale)
-    return Plan(scale=scale, methods=methods, variants=variants, seeds=seeds, datasets=datasets)
+        method_params(config, m)  # a bad override fails here, before any job starts
+        default_seeds = spec.config(scale).get("seeds", [0])
+        default_seeds = [default_seeds] if isinstance(default_seeds, int) else list(default_seeds)
+        complete[m] = set(variants[m]) == set(spec.variant_ids) and seeds[m] == default_seeds
+    return Plan(scale=scale, methods=methods, variants=variants, seeds=seeds, datasets=datasets,
+                complete=complete)

@@ -11,7 +11,8 @@ import pandas as pd
 from .io import atomic_path, atomic_write_text, read_json
 
 COLUMNS = ["method", "title", "scale", "claim", "text", "expr", "op", "threshold", "paper_value",
-           "value_mean", "value_std", "n_seeds", "holds_every_seed", "verdict"]
+           "value_mean", "value_std", "n_seeds", "ci_low", "ci_high", "per_seed", "holds_every_seed",
+           "verdict"]
 
 
 def fmt(x) -> str:
@@ -41,22 +42,68 @@ def summary_table(claims_files: list[Path]) -> pd.DataFrame:
                          "claim": c["id"], "text": c["text"], "expr": c["expr"], "op": c["op"],
                          "threshold": c["threshold"], "paper_value": str(c.get("paper_value")),
                          "value_mean": c["value_mean"], "value_std": c["value_std"], "n_seeds": c["n_seeds"],
+                         "ci_low": c.get("ci_low", float("nan")), "ci_high": c.get("ci_high", float("nan")),
+                         "per_seed": ", ".join(fmt(v) for v in c.get("per_seed", {}).values()),
                          "holds_every_seed": c["holds_every_seed"], "verdict": c["verdict"]})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def measured(c) -> str:
+    """A claim's measurement as a reader should see it: the one-sided 95 % bound that decides the
+    verdict and the per-seed values (a single seed is shown as such, never as "± 0")."""
+    get = c.get if isinstance(c, dict) else lambda k, d=None: getattr(c, k, d)
+    n = int(get("n_seeds", 0) or 0)
+    if get("verdict") == "not measured":
+        return "not measured (variants " + ", ".join(get("missing_variants", []) or []) + " not run)"
+    if n == 0:
+        return "-"
+    per = get("per_seed")
+    per = ", ".join(fmt(v) for v in per.values()) if isinstance(per, dict) else per
+    if n == 1:
+        return f"{fmt(get('value_mean'))} (single seed)"
+    op = get("op")
+    bound = f"lower bound {fmt(get('ci_low'))}" if op in (">=", ">") else f"upper bound {fmt(get('ci_high'))}"
+    return f"{fmt(get('value_mean'))} ± {fmt(get('value_std'))} (95 % {bound}; seeds: {per})"
+
+
+def counts(verdicts) -> str:
+    vs = list(verdicts)
+    return ", ".join(f"{vs.count(v)} {v}" for v in ("holds", "fails", "inconclusive", "not measured") if vs.count(v))
+
+
+def print_verdicts(claims_files) -> None:
+    """The verdict table of what was run, printed at the end of a Snakemake invocation."""
+    rows = []
+    for f in claims_files:
+        f = Path(f)
+        if not f.exists():
+            continue
+        data = read_json(f)
+        for c in data["claims"]:
+            rows.append((data["method"], c["id"], c["verdict"], measured(c), f"{c['op']} {fmt(c['threshold'])}"))
+    if not rows:
+        return
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    print("\nreprozoo verdicts (" + counts(r[2] for r in rows) + ")")
+    for m, cid, v, meas, thr in rows:
+        print(f"  {m:<{w[0]}}  {cid:<{w[1]}}  {v:<{w[2]}}  {meas[:70]}  [{thr}]")
+    print()
 
 
 def markdown(df: pd.DataFrame) -> str:
     lines = ["# reprozoo summary", ""]
     if df.empty:
         return "\n".join(lines + ["No claims were evaluated.", ""])
-    n_hold = int((df.verdict == "holds").sum())
-    lines += [f"{n_hold} of {len(df)} claims hold in miniature, over {df.method.nunique()} method(s) "
-              f"at scale `{', '.join(sorted(df.scale.unique()))}`.", ""]
-    lines += ["| method | claim | measured (mean ± std, n seeds) | threshold | paper | verdict |",
+    scales = sorted(df.scale.unique())
+    lines += [f"{len(df)} claims over {df.method.nunique()} method(s) at scale `{', '.join(scales)}`: "
+              f"{counts(df.verdict)}. Verdicts read the one-sided 95 % Student-t interval over seeds.", ""]
+    if "ci" in scales:
+        lines += ["> **ci scale: plumbing only.** These numbers test that the pipeline runs; the claims are "
+                  "tested at `smoke`.", ""]
+    lines += ["| method | claim | measured | threshold | paper | verdict |",
               "|---|---|---|---|---|---|"]
     for r in df.itertuples():
-        measured = f"{fmt(r.value_mean)} ± {fmt(r.value_std)} (n={r.n_seeds})"
-        lines.append(f"| {r.method} | {r.claim}: {r.text} | {measured} | {r.op} {fmt(r.threshold)} | "
+        lines.append(f"| {r.method} | {r.claim}: {r.text} | {measured(r._asdict())} | {r.op} {fmt(r.threshold)} | "
                      f"{r.paper_value} | **{r.verdict}** |")
     return "\n".join(lines) + "\n"
 
@@ -70,11 +117,15 @@ def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>reprozoo report</title><style>",
              "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px}"
-             ".holds{background:#d9f2d9}.fails{background:#f8d7d7}"
+             ".holds{background:#d9f2d9}.fails{background:#f8d7d7}.inconclusive{background:#fff3cd}"
+             ".banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px}"
              "figure{display:inline-block;margin:6px}img{max-width:520px;border:1px solid #eee}",
              "</style></head><body><h1>reprozoo report</h1>"]
     if not df.empty:
-        parts.append(f"<p>{int((df.verdict == 'holds').sum())} of {len(df)} claims hold.</p>")
+        parts.append(f"<p>{html.escape(counts(df.verdict))} ({len(df)} claims).</p>")
+        if "ci" in set(df.scale):
+            parts.append("<p class='banner'><b>ci scale: plumbing only.</b> These verdicts test that the "
+                         "pipeline runs; the claims are tested at <code>smoke</code>.</p>")
     for f in claims_files:
         data = read_json(f)
         parts.append(f"<h2>{html.escape(data['method'])}: {html.escape(data['title'])}</h2>")
@@ -85,7 +136,7 @@ def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
         for c in data["claims"]:
             parts.append(
                 f"<tr class='{c['verdict']}'><td>{html.escape(c['text'])}<br><code>{html.escape(c['expr'])}</code>"
-                f"</td><td>{fmt(c['value_mean'])} ± {fmt(c['value_std'])}</td>"
+                f"</td><td>{html.escape(measured(c))}</td>"
                 f"<td>{c['op']} {fmt(c['threshold'])}</td><td>{html.escape(str(c.get('paper_value')))}</td>"
                 f"<td><b>{c['verdict']}</b>{'<br>' + html.escape(c['error']) if c.get('error') else ''}</td></tr>")
         parts.append("</table>")

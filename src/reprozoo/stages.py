@@ -7,6 +7,7 @@ Every stage writes its declared outputs atomically, and only the method code is 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -123,7 +124,7 @@ def train_shared(method: str, seed: int, scale: str, params: dict, data_dirs: di
                      shared_dir=shared_dir, threads=threads)
     seed_everything(seed, threads)
     cards = _cards(ctx.data)
-    run = JobRun(method=method, run_name=f"shared-seed{seed}", results=_results(done),
+    run = JobRun(method=method, run_name=run_name(method, "shared", seed, scale), results=_results(done),
                  tags=_tags("train_shared", method, scale, {"seed": seed, "variant": "shared"}, cards),
                  pending_path=shared_dir / "tracking_pending.json", **_tracking_kw(tracking))
     with run:
@@ -134,6 +135,39 @@ def train_shared(method: str, seed: int, scale: str, params: dict, data_dirs: di
         ctx.metrics.scalar("wall_seconds", time.perf_counter() - t0)
         write_json(Path(done), ctx.metrics.to_json())
         run.log_metrics(ctx.metrics.scalars, ctx.metrics.curves)
+
+
+def run_name(method: str, variant: str, seed: int, scale: str) -> str:
+    return f"{method}.{variant}.seed{seed}.{scale}"
+
+
+def train_batch(method: str, cells: list[tuple[str, int]], seeds: list[int], scale: str, params: dict,
+                data_dirs: dict[str, Path], results_dir: Path, threads: int = 1, tracking: dict | None = None,
+                attempt: int = 1, inject_failure: list | None = None, mem_mb: int | None = None) -> None:
+    """All of a method's cells in one process (FANOUT "method"): the per-seed shared training,
+    then every variant x seed cell, each with its own MLflow child run and output folder, exactly
+    as the one-job-per-cell rules would write them. Job start-up is paid once."""
+    spec = registry.get(method)
+    results_dir = Path(results_dir)
+    n = len(cells) + (len(seeds) if spec.train_shared else 0)
+    k = 0
+    t0 = time.perf_counter()
+    for seed in seeds:
+        if spec.train_shared:
+            k += 1
+            print(f"[{method}] {k}/{n} train_shared seed {seed} ({time.perf_counter() - t0:.1f}s)", flush=True)
+            train_shared(method, seed, scale, params, data_dirs,
+                         results_dir / "_shared" / f"seed{seed}" / "done.json", threads, tracking)
+        for variant, s in cells:
+            if s != seed:
+                continue
+            k += 1
+            print(f"[{method}] {k}/{n} train {variant} seed {seed} ({time.perf_counter() - t0:.1f}s)", flush=True)
+            train(method, variant, seed, scale, params, data_dirs,
+                  results_dir / variant / f"seed{seed}" / "metrics.json",
+                  results_dir / "_shared" / f"seed{seed}" if spec.train_shared else None,
+                  threads, tracking, attempt, inject_failure, mem_mb)
+    print(f"[{method}] {n} cells done in {time.perf_counter() - t0:.1f}s", flush=True)
 
 
 def _tracking_kw(tracking: dict | None) -> dict:
@@ -166,7 +200,7 @@ def train(method: str, variant: str, seed: int, scale: str, params: dict, data_d
                      shared_dir=Path(shared_dir) if shared_dir else None, threads=threads)
     seed_everything(seed, threads)
     cards = _cards(ctx.data)
-    run = JobRun(method=method, run_name=f"{variant}-seed{seed}", results=_results(metrics_path),
+    run = JobRun(method=method, run_name=run_name(method, variant, seed, scale), results=_results(metrics_path),
                  tags=_tags("train", method, scale, {"variant": variant, "seed": seed,
                                                      "role": _role(spec, variant)}, cards),
                  pending_path=outdir / "tracking_pending.json", **_tracking_kw(tracking))
@@ -204,8 +238,8 @@ def collect(method: str, scale: str, metrics_files: list[Path]):
     return table.astype({"seed": "int64", "x": "float64", "value": "float64"})
 
 
-def evaluate(method: str, scale: str, params: dict, metrics_files: list[Path], table_path: Path, plots_dir: Path,
-             tracking: dict | None = None) -> None:
+def evaluate(method: str, scale: str, params: dict, metrics_files: list[Path], table_path: Path,
+             plots_dir: Path) -> None:
     from .io import atomic_path
     from .plotting import generic_plots
 
@@ -219,29 +253,50 @@ def evaluate(method: str, scale: str, params: dict, metrics_files: list[Path], t
     generic_plots(table, plots_dir, spec)
     with atomic_path(table_path) as tmp:
         table.to_parquet(tmp, index=False)
-    _log_parent(method, scale, Path(table_path), artifacts=[Path(table_path), plots_dir], tracking=tracking)
 
 
-def verify(method: str, scale: str, table_path: Path, claims_path: Path, tracking: dict | None = None) -> list[dict]:
+def verify(method: str, scale: str, table_path: Path, claims_path: Path, tracking: dict | None = None,
+           variants: list[str] | None = None, seeds: list[int] | None = None,
+           run_config: dict | None = None) -> list[dict]:
+    """Claim verdicts of the selection that ran (``variants``, ``seeds``); claims that read a
+    variant outside it are "not measured". Logs the table, plots and claims to the parent run."""
     import pandas as pd
 
     from .claims import verify as verify_claims
 
     spec = registry.get(method)
     table = pd.read_parquet(table_path)
-    results = verify_claims(spec.claims, table)
+    variants = list(variants) if variants is not None else sorted(table.variant.unique())
+    results = verify_claims(spec.claims, table, selected_variants=variants)
+    complete = set(variants) == set(spec.variant_ids)
     write_json(claims_path, {"method": method, "title": spec.title, "paper": spec.paper, "scale": scale,
-                             "variants": sorted(table.variant.unique()),
-                             "seeds": sorted(int(s) for s in table.seed.unique()), "claims": results})
+                             "variants": variants, "complete": complete,
+                             "seeds": sorted(int(s) for s in (seeds if seeds is not None else table.seed.unique())),
+                             "git_commit": _git_commit(), "claims": results})
+    counts = {v: sum(c["verdict"] == v for c in results) for v in ("holds", "fails", "inconclusive", "not measured")}
+    print(f"{method} ({scale}): " + ", ".join(f"{n} {v}" for v, n in counts.items() if n), flush=True)
     metrics = {f"claim.{c['id']}": c["value_mean"] for c in results}
+    metrics.update({f"claim.{c['id']}.ci_low": c["ci_low"] for c in results})
+    metrics.update({f"claim.{c['id']}.ci_high": c["ci_high"] for c in results})
     tags = {f"claim.{c['id']}": c["verdict"] for c in results}
-    _log_parent(method, scale, Path(claims_path), artifacts=[Path(claims_path)], metrics=metrics, tags=tags,
-                tracking=tracking)
+    tags.update({f"claims.{v.replace(' ', '_')}": n for v, n in counts.items()})
+    params = {f"config.{k}": v for k, v in (run_config or {}).items()}
+    plots = Path(table_path).parent / "plots"
+    _log_parent(method, scale, Path(claims_path),
+                artifacts=[Path(table_path), Path(claims_path)] + ([plots] if plots.is_dir() else []),
+                metrics=metrics, tags=tags, params=params, claims=results, tracking=tracking)
     return results
 
 
+def _git_commit() -> str:
+    from .tracking import git_commit
+
+    return git_commit()
+
+
 def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], metrics: dict | None = None,
-                tags: dict | None = None, tracking: dict | None = None) -> None:
+                tags: dict | None = None, params: dict | None = None, claims: list[dict] | None = None,
+                tracking: dict | None = None) -> None:
     """Attach method-level results (tables, plots, claims) to the invocation's parent run."""
     from .tracking import _client, parent_run_id, resolve_uri, retry
 
@@ -255,10 +310,28 @@ def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], me
         from mlflow.entities import Metric, RunTag
 
         ts = int(time.time() * 1000)
+        from mlflow.entities import Param
+
+        from .tracking import flatten
+
         batch_m = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items() if v == v]
         batch_t = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
         if batch_m or batch_t:
             retry(lambda: client.log_batch(run_id, metrics=batch_m, tags=batch_t), kw["retries"], "log to parent")
+        batch_p = [Param(k, str(v)[:6000]) for k, v in flatten(params or {}).items()]
+        if batch_p:
+            try:  # params are write-once: a second verify in the same invocation keeps the first
+                client.log_batch(run_id, params=batch_p)
+            except Exception:  # noqa: BLE001
+                pass
+        if claims:
+            table = {key: [c.get(key) if not isinstance(c.get(key), dict) else json.dumps(c[key])
+                           for c in claims]
+                     for key in ("id", "text", "op", "threshold", "paper_value", "value_mean", "ci_low",
+                                 "ci_high", "per_seed", "verdict")}
+            table["paper_value"] = [str(v) for v in table["paper_value"]]
+            retry(lambda: client.log_table(run_id, data=table, artifact_file="claims_table.json"),
+                  kw["retries"], "log claims table")
         for a in artifacts:
             if a.is_dir():
                 retry(lambda a=a: client.log_artifacts(run_id, str(a), a.name), kw["retries"], "log plots")
@@ -270,22 +343,68 @@ def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], me
 
 
 def report(claims_files: list[Path], tables: list[Path], summary_md: Path, summary_parquet: Path,
-           html: Path) -> None:
+           html: Path, scale: str | None = None, complete: bool = False) -> None:
+    """The scale's summary. A complete run also lists every other method whose complete results
+    already sit in ``results/<scale>/`` (so ``methods=[rex]`` does not drop the rest)."""
     from .report import build_report
 
-    build_report([Path(p) for p in claims_files], [Path(p) for p in tables], Path(summary_md),
-                 Path(summary_parquet), Path(html))
+    files = [Path(p) for p in claims_files]
+    if complete:
+        root = Path(summary_md).parent
+        ran = {f.resolve() for f in files}
+        files += sorted(f for f in root.glob("*/claims.json") if f.resolve() not in ran)
+    build_report(files, [Path(p) for p in tables], Path(summary_md), Path(summary_parquet), Path(html))
 
 
 # --- Snakemake entry point --------------------------------------------------------------------
 
+def _failure_record(log: str | None) -> Path | None:
+    return Path(f"{log}.failure.json") if log else None
+
+
+def retryable(exc: BaseException) -> bool:
+    """Only resource exhaustion is worth a retry with more memory/time; a deterministic
+    exception (TypeError, a failed assertion, bad data) would fail the same way again."""
+    return isinstance(exc, MemoryError)
+
+
 def from_snakemake(sm: Any) -> None:
-    """Dispatch a Snakemake ``script:`` job to its stage (the rule name picks it)."""
+    """Dispatch a Snakemake ``script:`` job to its stage (the rule name picks it).
+
+    Retries: Snakemake retries every failed job. A job killed by the kernel or by SLURM for memory
+    or time leaves no record and is retried for real; a job that raised writes
+    ``<log>.failure.json``, and a retry of a deterministic failure stops at once with one line."""
     rule = sm.rule
     w, p = sm.wildcards, sm.params
     log = sm.log[0] if len(sm.log) else None
+    attempt = int(getattr(sm.resources, "attempt", 1))
+    record = _failure_record(log)
+    if record is not None and record.exists():
+        if attempt > 1:
+            prev = read_json(record)
+            if not prev.get("retryable"):
+                msg = (f"reprozoo: {rule} {dict(w.items())} not retried: attempt {prev.get('attempt')} failed "
+                       f"with {prev.get('error')} (a deterministic error, not resource exhaustion)")
+                print(msg, file=sys.stderr, flush=True)
+                Path(log).parent.mkdir(parents=True, exist_ok=True)
+                with open(log, "a") as fh:
+                    fh.write(msg + "\n" + prev.get("traceback", "") + "\n")
+                raise SystemExit(1)
+        record.unlink()
+    try:
+        _dispatch(sm, rule, w, p, log, attempt)
+    except BaseException as exc:
+        if record is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            write_json(record, {"rule": rule, "attempt": attempt, "retryable": retryable(exc),
+                                "error": f"{type(exc).__name__}: {str(exc)[:500]}",
+                                "traceback": traceback.format_exc()[-4000:]})
+        raise
+
+
+def _dispatch(sm: Any, rule: str, w, p, log: str | None, attempt: int) -> None:
     with log_to(log):
-        print(f"== {rule} {dict(w.items())} pid={os.getpid()} host={os.uname().nodename}", flush=True)
+        print(f"== {rule} {dict(w.items())} pid={os.getpid()} host={os.uname().nodename} attempt={attempt}",
+              flush=True)
         if rule == "acquire":
             acquire(w.dataset, w.scale, p.source, Path(sm.output.manifest).parent, Path(sm.output.manifest),
                     p.path, dict(p.overrides))
@@ -298,15 +417,21 @@ def from_snakemake(sm: Any) -> None:
                          sm.threads, p.tracking)
         elif rule == "train":
             train(w.method, w.variant, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.metrics),
-                  p.shared_dir, sm.threads, p.tracking, int(getattr(sm.resources, "attempt", 1)),
+                  p.shared_dir, sm.threads, p.tracking, attempt,
                   sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None))
+        elif rule.startswith("train_batch_"):
+            first = Path(sm.output.metrics[0])  # results/<scale>/<method>/<variant>/seed<S>/metrics.json
+            train_batch(p.method, [(v, int(s)) for v, s in p.cells], [int(s) for s in p.seeds], p.scale, p.hp,
+                        dict(p.data), first.parents[2], sm.threads, p.tracking, attempt,
+                        sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None))
         elif rule == "evaluate":
             evaluate(w.method, p.scale, p.hp, list(sm.input.metrics), Path(sm.output.table),
-                     Path(sm.output.plots), p.tracking)
+                     Path(sm.output.plots))
         elif rule == "verify":
-            verify(w.method, p.scale, Path(sm.input.table), Path(sm.output.claims), p.tracking)
+            verify(w.method, p.scale, Path(sm.input.table), Path(sm.output.claims), p.tracking,
+                   list(p.variants), [int(s) for s in p.seeds], dict(p.config))
         elif rule == "report":
             report(list(sm.input.claims), list(sm.input.tables), Path(sm.output.md), Path(sm.output.parquet),
-                   Path(sm.output.html))
+                   Path(sm.output.html), scale=p.scale, complete=bool(p.complete))
         else:
             raise ValueError(f"no stage for rule '{rule}'")
