@@ -22,6 +22,10 @@ ENVS = Path(workflow.basedir) / "envs"
 STAGE = "scripts/stage.py"
 # at ci/smoke a method's variant x seed cells run in one job (job start-up, ~2-4 s of imports,
 # would otherwise dominate); at paper scale every cell is its own job so a cluster fans them out
+from reprozoo.tracking import mode_for as _tracking_mode
+
+# deferred at ci/smoke: jobs write their runs as files and the end hook logs them in one process
+TRACKING = dict(config["tracking"], mode=_tracking_mode(config["tracking"].get("mode", "auto"), SCALE))
 FANOUT = config.get("fanout", "auto")
 if FANOUT == "auto":
     FANOUT = "cell" if SCALE == "paper" else "method"
@@ -115,13 +119,15 @@ onstart:
     _uri = rz_tracking.resolve_uri(config["tracking"]["uri"])
     print(f"reprozoo: tracking to {_uri}; scale={SCALE}; methods={PLAN.methods}; results in {RS}/")
     rz_tracking.start_invocation(_uri, Path(RESULTS), SCALE, dict(config))
-    rz_tracking.init_store_or_warn(_uri, PLAN.methods, Path(RESULTS))
+    if TRACKING["mode"] == "live":  # deferred: the store is touched once, at the end
+        rz_tracking.init_store_or_warn(_uri, PLAN.methods, Path(RESULTS))
 
 
 onsuccess:
     from reprozoo import tracking as rz_tracking
     from reprozoo.report import print_verdicts
 
+    rz_tracking.replay_or_warn(Path(RESULTS), TRACKING)
     rz_tracking.finish_invocation(Path(RESULTS), "FINISHED")
     print_verdicts([f"{selection_dir(m)}claims.json" for m in PLAN.methods])
 
@@ -129,4 +135,5 @@ onsuccess:
 onerror:
     from reprozoo import tracking as rz_tracking
 
+    rz_tracking.replay_or_warn(Path(RESULTS), TRACKING)
     rz_tracking.finish_invocation(Path(RESULTS), "FAILED")

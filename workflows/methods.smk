@@ -18,7 +18,7 @@ if FANOUT == "cell":
             code=code,
             scale=SCALE,
             data=lambda w: data_dirs(w.method),
-            tracking=config["tracking"],
+            tracking=TRACKING,
         log:
             f"{RS}/logs/{{method}}/train_shared-seed{{seed}}.log",
         benchmark:
@@ -46,7 +46,7 @@ if FANOUT == "cell":
             scale=SCALE,
             data=lambda w: data_dirs(w.method),
             shared_dir=shared_dir,
-            tracking=config["tracking"],
+            tracking=TRACKING,
         log:
             f"{RS}/logs/{{method}}/train-{{variant}}-seed{{seed}}.log",
         benchmark:
@@ -86,7 +86,7 @@ else:
                 data=data_dirs(_m),
                 cells=[[v, s] for s in PLAN.seeds[_m] for v in PLAN.variants[_m]],
                 seeds=PLAN.seeds[_m],
-                tracking=config["tracking"],
+                tracking=TRACKING,
             log:
                 f"{RS}/logs/{_m}/train_batch.log",
             benchmark:
@@ -140,7 +140,7 @@ rule verify:
         variants=lambda w: PLAN.variants[w.method],
         seeds=lambda w: PLAN.seeds[w.method],
         config={k: config.get(k) for k in ("scale", "seeds", "variants", "params", "data")},
-        tracking=config["tracking"],
+        tracking=TRACKING,
     log:
         f"{RS}/logs/{{method}}/{{selection}}verify.log",
     benchmark:

@@ -6,6 +6,11 @@
     reprozoo ui [--port 5000]           MLflow UI on the embedded store, bound to 127.0.0.1
     reprozoo server [...]               an MLflow tracking server for cluster runs (see docs/cluster.md)
     reprozoo sync                       replay tracking payloads that could not be logged
+    reprozoo budget [--scale S]         wall, CPU and memory per method and stage; what is over budget
+    reprozoo docs [--scale S]           rewrite the method pages' result tables and the README index
+
+Every command works on the project in the current directory (or ``-C/--directory DIR``), never on
+the checkout the package was installed from.
 """
 from __future__ import annotations
 
@@ -16,16 +21,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path.cwd()  # replaced by main() with --directory or the working directory
+
+
+def project_root(directory: str | None) -> Path:
+    """The project a command works on: ``--directory`` or the working directory, which must hold a
+    Snakefile (so that an installed package never silently uses another checkout's results/)."""
+    root = Path(directory or os.getcwd()).resolve()
+    if not (root / "Snakefile").exists():
+        raise SystemExit(f"error: {root} is not a reprozoo project (no Snakefile); "
+                         "run from the project root or pass --directory")
+    return root
 
 
 def _snakemake_cmd(targets: list[str], config: dict, cores: int | None, extra: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "snakemake", "--profile", str(ROOT / "profiles" / "default")]
+    """Targets go before ``--config``: Snakemake reads every word after ``--config`` as a config
+    entry, so a target placed after it would be taken for one."""
+    cmd = [sys.executable, "-m", "snakemake", *targets, "--directory", str(ROOT)]
     if cores:
         cmd += ["--cores", str(cores)]
+    cmd += extra
     if config:
         cmd += ["--config"] + [f"{k}={json.dumps(v)}" for k, v in config.items()]
-    return cmd + targets + extra
+    return cmd
 
 
 def cmd_list(args) -> int:
@@ -59,7 +77,8 @@ def cmd_run(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    targets = [f"results/{m}/claims.json" for m in args.methods] if args.methods else []
+    plan = rz_config.plan(rz_config.load(config))
+    targets = [f"results/{args.scale}/{m}/{plan.selection(m)}claims.json" for m in args.methods] if args.methods else []
     cmd = _snakemake_cmd(targets, config, args.cores, args.snakemake_args)
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=ROOT)
@@ -121,16 +140,50 @@ def cmd_server(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from .tracking import replay_pending
+    from .tracking import PARENT_PENDING, PENDING, replay_pending
 
-    n = replay_pending(ROOT / "results")
-    print(f"replayed {n} pending tracking payload(s)")
+    results = ROOT / "results"
+
+    def pending():
+        return len(list(results.rglob(PENDING))) + len(list(results.rglob(PARENT_PENDING)))
+
+    left_before = pending()
+    n = replay_pending(results)
+    left = pending()
+    print(f"replayed {n} of {left_before} pending tracking payload(s)")
+    if left:
+        print(f"error: {left} payload(s) could not be replayed; they are kept for the next `reprozoo sync`",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_budget(args) -> int:
+    from .budget import report
+
+    text, ok = report(ROOT / "results", args.scale)
+    print(text)
+    return 0 if ok or not args.strict else 1
+
+
+def cmd_docs(args) -> int:
+    from .docs import write_all
+
+    changed = write_all(ROOT, args.scale)
+    for p in changed:
+        print(f"updated {p.relative_to(ROOT)}")
+    if not changed:
+        print("pages already up to date")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="reprozoo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"reprozoo {__version__}")
+    parser.add_argument("-C", "--directory", help="project root (default: the working directory)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="methods, variants, claims").set_defaults(fn=cmd_list)
 
@@ -162,6 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     srv.set_defaults(fn=cmd_server)
 
     sub.add_parser("sync", help="replay tracking payloads saved when MLflow was unreachable").set_defaults(fn=cmd_sync)
+
+    bud = sub.add_parser("budget", help="wall/CPU/memory per method and stage from the benchmark files")
+    bud.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"], help="results/<scale>/ to read")
+    bud.add_argument("--strict", action="store_true", help="exit 1 when a method is over budget")
+    bud.set_defaults(fn=cmd_budget)
+
+    docs = sub.add_parser("docs", help="rewrite method pages' result tables and the README method index")
+    docs.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"], help="results/<scale>/ to read")
+    docs.set_defaults(fn=cmd_docs)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["server"]:  # REMAINDER would reject leading options (--detach): hand them over as is
         from .server import main as server_main
@@ -174,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         argv, extra = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
     args.snakemake_args = extra
+    global ROOT
+    if args.cmd not in ("list",) and not (args.cmd == "datasets" and args.action == "list"):
+        ROOT = project_root(args.directory)
     return args.fn(args)
 
 

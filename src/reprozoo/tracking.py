@@ -7,8 +7,14 @@ Design (see docs/tracking.md):
 - Each pipeline invocation has an id (``results/.tracking/invocation.json``). The parent run of a
   method in that invocation is created lazily, under a file lock, by the first job of the method
   that needs it, so a no-op rerun leaves no empty parent runs.
-- Every job opens its own run at start (so a crash marks it FAILED), writes its result files
-  first, and logs in batches at the end. Tracking calls are retried; if they still fail, the job
+- Two modes (config ``tracking.mode``). **live** (paper scale, clusters): every job opens its own
+  run at start (so a crash marks it FAILED), writes its result files first, and logs in batches
+  at the end. **deferred** (ci, smoke): jobs never import MLflow (about 3-6 s a job on 2 cores);
+  each writes its run as a payload file beside its outputs (status RUNNING at start, FINISHED or
+  FAILED at the end), and the invocation's end hook replays every payload in one process,
+  parents, children, dataset inputs and artifacts, exactly as live jobs would have logged them.
+  A job killed before it could write its status stays RUNNING in its payload and is logged
+  FAILED. Tracking calls are retried; if they still fail, the job
   warns loudly, records what it could not log in ``tracking_pending.json`` next to its outputs and
   still succeeds: the files under results/ are the source of truth (``reprozoo sync`` replays them).
 """
@@ -31,6 +37,15 @@ from .io import atomic_write_text
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 STATE_DIR_NAME = ".tracking"
+PENDING = "tracking_pending.json"          # a child run not yet in MLflow
+PARENT_PENDING = "tracking_parent_pending.json"  # a method's claims/table/plots not yet in MLflow
+
+
+def mode_for(configured: str | None, scale: str) -> str:
+    """``auto``: deferred at ci/smoke (one MLflow import per invocation), live at paper."""
+    if configured in ("live", "deferred"):
+        return configured
+    return "live" if scale == "paper" else "deferred"
 
 
 def resolve_uri(configured: str | None = None, workdir: Path | None = None) -> str:
@@ -198,8 +213,9 @@ class JobRun:
     """
 
     def __init__(self, *, method: str, run_name: str, results: Path, tags: dict, pending_path: Path,
-                 uri: str | None = None, retries: int = 3, nested: bool = True):
+                 uri: str | None = None, retries: int = 3, nested: bool = True, deferred: bool = False):
         self.method, self.run_name, self.results = method, run_name, results
+        self.deferred = deferred
         self.tags = {**base_tags(), **tags}
         self.pending_path, self.retries = pending_path, retries
         self.uri = resolve_uri(uri)
@@ -210,6 +226,11 @@ class JobRun:
         self.error: str | None = None
 
     def __enter__(self):
+        if self.deferred:  # no MLflow in this process: the payload says RUNNING until the job ends
+            inv = read_invocation(self.results) or {}
+            self.tags.setdefault("invocation", inv.get("id", "none"))
+            self._save_pending("RUNNING")
+            return self
         try:
             self.client = _client(self.uri)
 
@@ -285,13 +306,19 @@ class JobRun:
 
     def _save_pending(self, status: str) -> None:
         data = dict(self.payload, status=status, method=self.method, run_name=self.run_name,
-                    run_tags=self.tags, error=self.error, uri=self.uri)
+                    run_tags=self.tags, error=self.error, uri=self.uri, nested=self.nested,
+                    start_time=getattr(self, "_t_start", int(time.time() * 1000)),
+                    end_time=int(time.time() * 1000))
+        self._t_start = data["start_time"]
         atomic_write_text(self.pending_path, json.dumps(data, indent=1, default=str))
 
     def __exit__(self, exc_type, exc, tb):
         status = "FINISHED" if exc_type is None else "FAILED"
         if exc_type is not None:
             self.payload["tags"]["error"] = f"{exc_type.__name__}: {exc}"[:5000]
+        if self.deferred:
+            self._save_pending(status)
+            return False
         if self.run_id is None:
             self._save_pending(status)
             return False
@@ -325,17 +352,106 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def replay_pending(results: Path) -> int:
-    """Log every ``tracking_pending.json`` under ``results`` as a new run; return how many."""
+def _parent_for(client, method: str, results: Path, invocation: str | None) -> str | None:
+    """The parent run of ``method`` for ``invocation``: the current invocation's (created on
+    demand), or an earlier one's looked up by tag (created if it never reached MLflow)."""
+    inv = read_invocation(results)
+    if inv is not None and (invocation in (None, "none") or invocation == inv["id"]):
+        return parent_run_id(client, method, results)
+    exp_id = get_or_create_experiment(client, method, results)
+    found = client.search_runs([exp_id], f"tags.role = 'pipeline' and tags.invocation = '{invocation}'",
+                               max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(exp_id, run_name=f"pipeline-{invocation}",
+                            tags=base_tags(role="pipeline", invocation=invocation, replayed="true"))
+    return run.info.run_id
+
+
+def _replay_child(client, data: dict, results: Path, retries: int) -> None:
+    run = JobRun(method=data["method"], run_name=data["run_name"], results=results,
+                 tags=dict(data["run_tags"]), pending_path=Path(os.devnull), uri=client.tracking_uri,
+                 retries=retries, nested=False)
+    run.client = client
+    exp_id = get_or_create_experiment(client, data["method"], results)
+    tags = dict(run.tags)
+    if data.get("nested", True):
+        parent = _parent_for(client, data["method"], results, tags.get("invocation"))
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+    status = data.get("status", "FAILED")
+    if status == "RUNNING":  # the job was killed before it could say how it ended
+        status = "FAILED"
+        data.setdefault("tags", {})["error"] = "job ended without reporting (killed?)"
+    run.run_id = client.create_run(exp_id, run_name=data["run_name"], tags=tags,
+                                   start_time=data.get("start_time")).info.run_id
+    run.payload = {k: data.get(k, {} if k in ("params", "tags") else []) for k in ("params", "metrics", "artifacts", "tags")}
+    if data.get("datasets"):
+        run.payload["datasets"] = data["datasets"]
+    run._flush()
+    client.set_terminated(run.run_id, status, end_time=data.get("end_time"))
+
+
+def _replay_parent(client, data: dict, results: Path, retries: int) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+
+    parent = _parent_for(client, data["method"], results, data.get("invocation"))
+    ts = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), ts, 0) for k, v in data.get("metrics", {}).items()
+               if v is not None and v == v and abs(float(v)) != float("inf")]
+    tags = [RunTag(k, str(v)) for k, v in data.get("tags", {}).items()]
+    client.log_batch(parent, metrics=metrics, tags=tags)
+    params = [Param(k, str(v)[:6000]) for k, v in flatten(data.get("params", {})).items()]
+    if params:
+        with contextlib.suppress(Exception):  # params are write-once per run
+            client.log_batch(parent, params=params)
+    if data.get("claims_table"):
+        client.log_table(parent, data=data["claims_table"], artifact_file="claims_table.json")
+    for art in data.get("artifacts", []):
+        p = Path(art)
+        if p.is_dir():
+            client.log_artifacts(parent, str(p), p.name)
+        elif p.exists():
+            client.log_artifact(parent, str(p))
+
+
+def replay_or_warn(results: Path, tracking: dict | None = None) -> int:
+    """The end hook: log every pending payload; an unreachable store only warns (payloads stay)."""
+    tracking = tracking or {}
+    pending = list(Path(results).rglob(PENDING)) + list(Path(results).rglob(PARENT_PENDING))
+    if not pending:
+        return 0
+    t0 = time.perf_counter()
+    try:
+        n = replay_pending(results, tracking.get("uri"), int(tracking.get("retries", 3)))
+    except Exception as exc:  # noqa: BLE001
+        print(f"[reprozoo.tracking] WARNING: tracking store unavailable ({exc}); {len(pending)} run payload(s) "
+              "stay under results/; replay them with `reprozoo sync`.", file=sys.stderr, flush=True)
+        return 0
+    print(f"reprozoo: logged {n} run(s) to MLflow in {time.perf_counter() - t0:.1f}s", flush=True)
+    return n
+
+
+def replay_pending(results: Path, uri: str | None = None, retries: int = 3) -> int:
+    """Log every pending payload under ``results`` (child runs, then method parents) into MLflow;
+    return how many. A payload that logs is renamed ``*_logged.json`` (kept as the record of what
+    MLflow holds); one that fails stays for the next ``reprozoo sync``."""
+    children = sorted(Path(results).rglob(PENDING))
+    parents = sorted(Path(results).rglob(PARENT_PENDING))
+    if not children and not parents:
+        return 0
+    client = _client(resolve_uri(uri))
     n = 0
-    for path in sorted(results.rglob("tracking_pending.json")):
+    for path in children + parents:
         data = json.loads(path.read_text())
-        run = JobRun(method=data["method"], run_name=data["run_name"], results=results,
-                     tags=dict(data["run_tags"], replayed="true"), pending_path=path,
-                     uri=None, nested=False)
-        with run:
-            run.payload = {k: data[k] for k in ("params", "metrics", "artifacts", "tags")}
-        if run.error is None:
-            path.unlink()
-            n += 1
+        try:
+            if path.name == PENDING:
+                retry(lambda: _replay_child(client, data, Path(results), retries), retries, f"replay {path}")
+            else:
+                retry(lambda: _replay_parent(client, data, Path(results), retries), retries, f"replay {path}")
+        except Exception as exc:  # noqa: BLE001 - keep the payload; say so
+            print(f"[reprozoo.tracking] WARNING: could not replay {path}: {exc}", file=sys.stderr, flush=True)
+            continue
+        path.replace(path.with_name(path.name.replace("_pending", "_logged")))
+        n += 1
     return n
