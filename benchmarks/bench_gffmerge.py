@@ -35,7 +35,6 @@ def main() -> dict:
     import torch
 
     from reprozoo.blocks.atomistic import AtomsData, SchNet, fit_energy_scale, loss_terms, make_emt_frames
-    from reprozoo.blocks.atomistic.fastgraphs import precompute_graphs
     from reprozoo.methods.gffmerge.merge import gffmerge
     from reprozoo.methods.gffmerge.multitask import tie, unique_parameters
 
@@ -44,7 +43,7 @@ def main() -> dict:
     datas = [AtomsData(make_emt_frames("cu_bulk", n_frames=max(N_MERGE), rattle=0.1, seed=1, size=3), cutoff),
              AtomsData(make_emt_frames("pt_cluster", n_frames=max(N_MERGE), rattle=0.1, seed=2, size=2), cutoff)]
     for d in datas:
-        precompute_graphs(d)
+        d.precompute()
     report = {"n_merge": N_MERGE, "widths": WIDTHS, "repeats": REPEATS, "threads": 1,
               "joint_budget": {"epochs": JOINT_EPOCHS, "frames_per_system": TRAIN_FRAMES, "batch": BATCH},
               "results": {}}

@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("ase")
 
 from reprozoo.blocks.atomistic import (AtomsData, BesselRBF, CosineCutoff, GaussianRBF, SchNet, TrainConfig,  # noqa: E402
-                                       brute_force_neighbor_list, csr_rowptr, evaluate, fit, fit_energy_scale,
-                                       make_emt_frames, neighbor_list, radius_graph, shifted_softplus, sort_edges)
+                                       csr_rowptr, evaluate, fit, fit_energy_scale, make_emt_frames, neighbor_list,
+                                       radius_graph, shifted_softplus, sort_edges)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -59,47 +59,132 @@ def pt_frames():
 
 # --- neighbour lists ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["cubic", "triclinic_small", "slab", "cluster"])
-def test_neighbor_list_matches_brute_force(case):
-    rng = np.random.default_rng(0)
+def ase_pairs(positions, cutoff, cell, pbc):
+    """The oracle: ASE's neighbour list as {(i, j, S): distance}."""
+    from ase import Atoms
+    from ase.neighborlist import neighbor_list as ase_neighbor_list
+
+    atoms = Atoms(numbers=np.ones(len(positions), int), positions=positions,
+                  cell=np.zeros((3, 3)) if cell is None else cell, pbc=pbc)
+    i, j, S, d = ase_neighbor_list("ijSd", atoms, cutoff, self_interaction=False)
+    return {(a, b, tuple(s)): x for a, b, s, x in zip(i.tolist(), j.tolist(), S.tolist(), d.tolist())}
+
+
+def assert_matches_ase(positions, cutoff, cell, pbc):
+    """neighbor_list equals ASE as a set of (i, j, S) with the same distances, and keeps its contract."""
+    positions = np.asarray(positions, float)
+    i, j, S, sh = neighbor_list(positions, cutoff, cell, pbc)
+    ref = ase_pairs(positions, cutoff, cell, pbc)
+    d = np.linalg.norm(positions[j] - positions[i] + sh, axis=1)
+    got = {(a, b, tuple(s)): x for a, b, s, x in zip(i.tolist(), j.tolist(), S.tolist(), d.tolist())}
+    assert len(got) == len(i), "duplicate (i, j, S)"
+    assert got.keys() == ref.keys(), (f"missing {sorted(ref.keys() - got.keys())[:5]}, "
+                                      f"extra {sorted(got.keys() - ref.keys())[:5]}")
+    np.testing.assert_allclose([got[k] for k in ref], list(ref.values()), rtol=0, atol=1e-9)
+    assert i.dtype == j.dtype == S.dtype == np.int64 and S.shape == (len(i), 3) and sh.shape == (len(i), 3)
+    np.testing.assert_allclose(sh, S @ cell if np.any(pbc) else np.zeros((len(i), 3)), atol=1e-12)
+    assert not np.any(~np.broadcast_to(np.asarray(pbc, bool), (3,)) & (S != 0)), "image along an open axis"
+    assert not np.any((i == j) & ~S.any(axis=1)), "self pair"
+    key = np.lexsort((S[:, 2], S[:, 1], S[:, 0], j, i))
+    np.testing.assert_array_equal(key, np.arange(len(i)))  # sorted by (i, j, S)
+    rowptr = csr_rowptr(i, len(positions))
+    assert rowptr[-1] == len(i) and np.all(np.diff(rowptr) == np.bincount(i, minlength=len(positions)))
+    return i, j, S, sh
+
+
+SKEWED = np.array([[4.0, 0, 0], [3.4, 1.1, 0], [0.6, -0.7, 3.2]])
+TRICLINIC_SMALL = np.array([[3.0, 0, 0], [1.2, 2.9, 0], [0.7, -0.9, 3.4]])
+
+
+def _case(case, rng):
+    """(positions, cell, pbc, cutoff) of a named structure."""
     cutoff = 3.7
     if case == "cubic":
         cell, pbc, n = np.eye(3) * 7.2, True, 32
     elif case == "triclinic_small":  # cell smaller than the cutoff: several images and self images
-        cell, pbc, n = np.array([[3.0, 0, 0], [1.2, 2.9, 0], [0.7, -0.9, 3.4]]), True, 5
+        cell, pbc, n = TRICLINIC_SMALL, True, 5
+    elif case == "skewed":
+        cell, pbc, n = SKEWED, True, 6
+    elif case == "left_handed":  # det(cell) < 0
+        cell, pbc, n = TRICLINIC_SMALL[[1, 0, 2]], True, 5
+    elif case == "tiny_cell":  # one atom, cell a third of the cutoff: only self images
+        cell, pbc, n = np.eye(3) * 1.3, True, 1
     elif case == "slab":
         cell, pbc, n = np.array([[5.0, 0, 0], [2.0, 4.5, 0], [0, 0, 12.0]]), [True, True, False], 12
-    else:
+    elif case == "slab_no_c":  # no lattice vector along the open axis
+        cell, pbc, n = np.array([[3.1, 0, 0], [1.5, 2.6, 0], [0, 0, 0]]), [True, True, False], 6
+    elif case == "wire":
+        cell, pbc, n = np.diag([2.9, 8.0, 8.0]), [True, False, False], 6
+    elif case == "wire_no_bc":
+        cell, pbc, n = np.diag([2.9, 0.0, 0.0]), [True, False, False], 6
+    elif case == "cluster":
         cell, pbc, n = None, False, 20
-    box = np.eye(3) * 6.0 if cell is None else cell
-    pos = rng.random((n, 3)) @ box
-    i, j, S, sh = neighbor_list(pos, cutoff, cell, pbc)
-    i2, j2, S2, sh2 = brute_force_neighbor_list(pos, cutoff, cell, pbc)
-    assert len(i) == len(i2) > 0
-    np.testing.assert_array_equal(i, i2)
-    np.testing.assert_array_equal(j, j2)
-    np.testing.assert_array_equal(S, S2)
-    np.testing.assert_allclose(sh, sh2, atol=1e-12)
-    d = np.linalg.norm(pos[j] - pos[i] + sh, axis=1)
-    assert d.max() < cutoff and d.min() > 0
-    if case == "triclinic_small":
+    else:  # cluster_with_cell: a cell that must be ignored
+        cell, pbc, n = np.eye(3) * 2.0, False, 20
+    box = np.eye(3) * 6.0 if cell is None or np.linalg.det(cell) == 0 or not np.any(pbc) else cell
+    return rng.random((n, 3)) @ box, cell, pbc, cutoff
+
+
+CASES = ["cubic", "triclinic_small", "skewed", "left_handed", "tiny_cell", "slab", "slab_no_c", "wire", "wire_no_bc",
+         "cluster", "cluster_with_cell"]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("where", ["inside", "outside", "far"])
+def test_neighbor_list_matches_ase(case, where):
+    """Against ASE: atoms in the cell, atoms moved out by lattice vectors, and moved several cells away."""
+    rng = np.random.default_rng([CASES.index(case), ["inside", "outside", "far"].index(where)])
+    pos, cell, pbc, cutoff = _case(case, rng)
+    if where != "inside":
+        lat = np.eye(3) * 6.0 if cell is None or np.linalg.det(cell) == 0 else cell
+        reach = 1 if where == "outside" else 3
+        pos = pos + rng.integers(-reach, reach + 1, (len(pos), 3)) @ lat + rng.normal(0, 0.3, pos.shape)
+    i, j, S, _ = assert_matches_ase(pos, cutoff, cell, pbc)
+    assert len(i) > 0 or where != "inside"
+    if case in ("triclinic_small", "tiny_cell"):
         assert np.any((i == j) & S.any(axis=1)), "self images expected with a cell smaller than the cutoff"
-    # destination-sorted, CSR row pointers consistent
-    assert np.all(np.diff(i) >= 0)
-    rowptr = csr_rowptr(i, n)
-    assert rowptr[-1] == len(i) and np.all(np.diff(rowptr) == np.bincount(i, minlength=n))
 
 
-def test_radius_graph_torch_matches_brute_force():
+def test_neighbor_list_atoms_outside_the_cell():
+    """The pairs through the S = +-2 images of atoms just outside the cell (dropped by the old lists)."""
+    cell = np.eye(3) * 4.0
+    pos = np.array([[-0.02, 0, 0], [3.999, 0, 0]])
+    i, j, S, _ = assert_matches_ase(pos, 3.99, cell, True)
+    assert len(i) == 4 and {tuple(s) for s in S.tolist()} >= {(2, 0, 0), (-2, 0, 0)}
+    far = pos + np.array([[8.0, 0, 0], [-8.0, 4.0, 0]])  # two cells away, in opposite directions
+    assert len(assert_matches_ase(far, 3.99, cell, True)[0]) == 4
+    i, j, S, _ = assert_matches_ase(pos + np.array([[0, 0, 0], [8.0, 0, 0]]), 3.99, cell, [True, False, False])
+    assert len(i) == 4
+    # a pair exactly at the cutoff is out (as ASE), open and periodic (through both images)
+    assert len(assert_matches_ase(np.array([[0.0, 0, 0], [3.0, 0, 0]]), 3.0, None, False)[0]) == 0
+    assert len(assert_matches_ase(np.array([[0.0, 0, 0], [1.0, 0, 0]]), 1.0, cell * 0.5, True)[0]) == 0
+
+
+def test_neighbor_list_edge_cases(cu_frames):
+    z = neighbor_list(np.zeros((0, 3)), 3.0, np.eye(3) * 4, True)
+    assert [len(x) for x in z] == [0, 0, 0, 0] and z[2].shape == (0, 3) and z[3].shape == (0, 3)
+    assert len(neighbor_list(np.zeros((1, 3)), 3.0)[0]) == 0
+    # an EMT frame (float32 positions are accepted) and the cached graph of AtomsData
+    pos, cell = cu_frames["positions"][0], cu_frames["cells"][0]
+    i, j, S, sh = assert_matches_ase(pos, 4.0, cell, True)
+    out = neighbor_list(pos.astype(np.float32), 4.0, cell, True)
+    assert len(out[0]) == len(i)
+    data = AtomsData(cu_frames, 4.0).precompute()
+    assert sorted(data._graphs) == [0, 1, 2]
+    gi, gj, gsh = data.subset([2, 0])._graphs[1]  # subsets keep the cached graphs
+    np.testing.assert_array_equal(gi, i), np.testing.assert_array_equal(gj, j)
+    np.testing.assert_allclose(gsh, sh)
+
+
+def test_radius_graph_torch_matches_ase():
     rng = np.random.default_rng(3)
     sizes = [7, 7, 7, 11, 4]  # replicas of one size grouped, then other sizes
     pos = [rng.random((n, 3)) * 5 for n in sizes]
     batch = torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes))
     ei = radius_graph(torch.from_numpy(np.concatenate(pos)), batch, 2.5, max_block=15).numpy()
     off = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    ref = [np.stack([i + o, j + o]) for p, o in zip(pos, off) for i, j, _, _ in [brute_force_neighbor_list(p, 2.5)]]
-    ref = np.concatenate(ref, axis=1)
-    np.testing.assert_array_equal(sort_edges(ei)[0], ref)
+    ref = sorted((i + o, j + o) for p, o in zip(pos, off) for i, j, _ in ase_pairs(p, 2.5, None, False))
+    np.testing.assert_array_equal(sort_edges(ei)[0], np.array(ref).T)
 
 
 # --- bases -------------------------------------------------------------------------------------

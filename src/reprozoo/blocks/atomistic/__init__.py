@@ -13,8 +13,9 @@ Conventions
 
 Neighbour lists (``neighbors``)
 -------------------------------
-``neighbor_list(positions, cutoff, cell=None, pbc=False) -> (i, j, S, shifts)`` numpy, via ASE
-(periodic: ASE cell lists; open: scipy k-d tree). ``brute_force_neighbor_list`` (same output, O(N^2), tests).
+``neighbor_list(positions, cutoff, cell=None, pbc=False) -> (i, j, S, shifts)`` numpy, the one neighbour
+list (periodic: vesin cell lists; open: scipy k-d tree); pairs as ASE's ``neighbor_list``, positions
+need not lie in the cell.
 ``radius_graph(positions, batch, cutoff) -> edge_index`` torch, non-periodic, many replicas (MD).
 ``batch_graphs``, ``sort_edges(edge_index, shifts, by=0|1)``, ``csr_rowptr(sorted_index, n)``.
 
@@ -41,9 +42,10 @@ Data (``data``)
 ---------------
 ``AtomsData.from_npz(path_or_folder, cutoff)`` / ``AtomsData(frames_dict, cutoff)``: frames of the MD
 format (frames.npz: positions (F,N,3), numbers, cells (F,3,3), pbc, energy (F,), forces (F,N,3)),
-neighbour lists cached per frame; ``.collate(indices, dtype) -> Batch``; ``.batches(bs, rng, dtype)``;
-``.subset(idx)``. ``Batch`` fields: numbers, positions, batch, edge_index, shifts, n_atoms, cells,
-energy, forces; ``.n_structures``; ``.to(device, dtype)``. ``split_indices(n, fractions, seed)``.
+neighbour lists cached per frame (``.precompute()`` builds them all, returns self);
+``.collate(indices, dtype) -> Batch``; ``.batches(bs, rng, dtype)``; ``.subset(idx)``. ``Batch``
+fields: numbers, positions, batch, edge_index, shifts, n_atoms, cells, energy, forces;
+``.n_structures``; ``.to(device, dtype)``. ``split_indices(n, fractions, seed)``.
 ``make_emt_frames(kind='cu_bulk'|'pt_cluster'|'cuau_bulk', n_frames, rattle, seed, size)`` (ASE EMT).
 ``frames_from_atoms(list_of_atoms)``, ``frames_to_arrays(frames)`` (-> npz arrays).
 
@@ -69,15 +71,14 @@ from .basis import (BesselRBF, CosineCutoff, GaussianRBF, PolynomialCutoff, Shif
                     shifted_softplus)
 from .data import (AtomsData, Batch, frames_from_arrays, frames_from_atoms, frames_to_arrays, load_frames,
                    make_emt_frames, split_indices)
-from .neighbors import (batch_graphs, brute_force_neighbor_list, csr_rowptr, neighbor_list, radius_graph,
-                        sort_edges)
+from .neighbors import batch_graphs, csr_rowptr, neighbor_list, radius_graph, sort_edges
 from .schnet import Interaction, SchNet, build_schnet, edge_vectors, scatter_sum
 from .train import TrainConfig, evaluate, fit, fit_energy_scale, loss_terms
 
 __all__ = [
     "BesselRBF", "CosineCutoff", "GaussianRBF", "PolynomialCutoff", "ShiftedSoftplus", "make_rbf", "shifted_softplus",
     "AtomsData", "Batch", "frames_from_arrays", "frames_from_atoms", "frames_to_arrays", "load_frames",
-    "make_emt_frames", "split_indices", "batch_graphs", "brute_force_neighbor_list", "csr_rowptr", "neighbor_list",
+    "make_emt_frames", "split_indices", "batch_graphs", "csr_rowptr", "neighbor_list",
     "radius_graph", "sort_edges", "Interaction", "SchNet", "build_schnet", "edge_vectors", "scatter_sum",
     "TrainConfig", "evaluate", "fit", "fit_energy_scale", "loss_terms",
 ]

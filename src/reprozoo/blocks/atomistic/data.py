@@ -134,6 +134,12 @@ class AtomsData:
             self._graphs[k] = (i, j, shifts)
         return self._graphs[k]
 
+    def precompute(self) -> "AtomsData":
+        """Build every frame's neighbour list now (subsets keep them); returns self."""
+        for k in range(len(self)):
+            self.graph(k)
+        return self
+
     def n_atoms(self, k: int) -> int:
         return len(self.frames["numbers"][k])
 

@@ -254,11 +254,6 @@ class StarGraphData(AtomsData):
         b = super().collate(idx, dtype)
         return b if self.device in (None, "cpu") else b.to(device=self.device)
 
-    def precompute(self) -> "StarGraphData":
-        for k in range(len(self)):
-            self.graph(k)
-        return self
-
     def messages_per_layer(self, k: int) -> np.ndarray:
         """Edges each model layer passes messages over, for frame k (L,)."""
         self.graph(k)

@@ -55,7 +55,6 @@ def _atoms_data(frames, idx, cutoff):
 def load_systems(ctx) -> list[dict]:
     """Per system: {'tag', 'train', 'val', 'test', 'merge'} AtomsData, the same for every variant
     of a seed (frames drawn from the dataset's own splits with a seed-dependent generator)."""
-    from reprozoo.blocks.atomistic.fastgraphs import precompute_graphs
     from reprozoo.data.md import load
 
     p = ctx.params
@@ -74,7 +73,7 @@ def load_systems(ctx) -> list[dict]:
         entry = {"tag": sysc["tag"], "dataset": sysc["dataset"]}
         for name, idx in (*parts.items(), ("merge", merge_idx)):
             entry[name] = _atoms_data(frames, idx, cutoff)
-            precompute_graphs(entry[name])
+            entry[name].precompute()
         out.append(entry)
     return out
 

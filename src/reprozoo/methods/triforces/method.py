@@ -56,14 +56,14 @@ def split_pool(d, p: dict) -> dict:
 
 
 def atoms_data(d, idx, cutoff: float, labels: bool = True):
-    from ...blocks.atomistic.dense_nl import SmallCellData
+    from ...blocks.atomistic.data import AtomsData
 
     fr = [d.frame(int(i)) for i in idx]
     frames = {"positions": [f["positions"] for f in fr], "numbers": [np.asarray(f["numbers"], np.int64) for f in fr],
               "cells": [f["cell"] for f in fr], "pbc": [np.asarray(f["pbc"], bool) for f in fr],
               "energy": np.array([f["energy"] for f in fr]) if labels else None,
               "forces": [f["forces"] for f in fr] if labels else None}
-    return SmallCellData(frames, cutoff)
+    return AtomsData(frames, cutoff).precompute()
 
 
 def _cutoff(mcfg: dict) -> float:
