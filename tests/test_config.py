@@ -61,3 +61,36 @@ def test_overrides_select_variant_seed_scale_and_params():
     assert [(j.method, j.variant, j.seed) for j in plan.jobs()] == [("rex", "ddim", 3)]
     assert rz_config.method_params(cfg, "rex")["zeta"] == 0.99
     assert rz_config.method_params(cfg, "rex")["steps_roundtrip"] == registry.get("rex").config("ci")["steps_roundtrip"]
+
+
+def test_overrides_from_the_command_line_are_coerced_to_the_config_types():
+    # snakemake --config params='{rex: {zeta: 0.99}}' hands the value over as a string
+    cfg = rz_config.load({"scale": "ci", "params": {"rex": {"zeta": "0.99", "denoiser": {"steps": "7"},
+                                                             "steps_roundtrip": ["5", "10"]}}})
+    p = rz_config.method_params(cfg, "rex")
+    assert p["zeta"] == 0.99 and isinstance(p["zeta"], float)
+    assert p["denoiser"]["steps"] == 7 and isinstance(p["denoiser"]["steps"], int)
+    assert p["denoiser"]["width"] == registry.get("rex").config("ci")["denoiser"]["width"]  # the rest kept
+    assert p["steps_roundtrip"] == [5, 10]
+
+
+def test_wrong_type_and_nested_typo_name_the_key_before_any_job():
+    cfg = rz_config.load({"scale": "ci", "methods": ["rex"], "params": {"rex": {"zeta": "abc"}}})
+    with pytest.raises(rz_config.ConfigError, match=r"params\.rex\.zeta.*not a number"):
+        rz_config.plan(cfg)
+    cfg = rz_config.load({"scale": "ci", "methods": ["rex"], "params": {"rex": {"denoiser": {"stepz": 5}}}})
+    with pytest.raises(rz_config.ConfigError, match=r"params\.rex\.denoiser.*stepz.*allowed.*steps"):
+        rz_config.plan(cfg)
+    cfg = rz_config.load({"scale": "ci", "methods": ["rex"], "params": {"rex": {"n_test": 2.5}}})
+    with pytest.raises(rz_config.ConfigError, match=r"params\.rex\.n_test.*an integer"):
+        rz_config.plan(cfg)
+
+
+def test_a_subset_selection_gets_its_own_results_folder():
+    full = rz_config.plan(rz_config.load({"scale": "ci", "methods": ["rex"]}))
+    assert full.selection("rex") == "" and full.report_selection() == ""
+    part = rz_config.plan(rz_config.load({"scale": "ci", "methods": ["rex"], "variants": {"rex": ["ddim"]}}))
+    assert part.selection("rex") == "partial/ddim_seeds0/"
+    assert part.report_selection().startswith("partial/")
+    more = rz_config.plan(rz_config.load({"scale": "ci", "methods": ["rex"], "seeds": [0, 1]}))
+    assert more.selection("rex") == "partial/all_seeds0-1/"

@@ -58,3 +58,8 @@ def test_datasets_may_differ_by_scale():
     for spec in registry.all_specs():
         for scale in registry.SCALES:
             assert set(spec.datasets_for(scale)) <= set(spec.datasets)
+
+
+def test_no_method_folder_is_broken():
+    """A folder whose spec does not load is left out of runs with a warning; CI must not pass then."""
+    assert registry.broken() == {}, registry.broken()

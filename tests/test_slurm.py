@@ -174,7 +174,8 @@ def cluster_run(slurm_cluster, tmp_path_factory):
     specs = {m: registry.get(m) for m in methods}
     variants = {m: pick_variants(specs[m]) for m in methods}
     failing = {"method": methods[0], "variant": variants[methods[0]][-1], "seed": 0, "attempts": 1}
-    run_config = {"scale": "ci", "methods": methods, "seeds": [0], "variants": variants,
+    # one SLURM job per variant x seed (the paper-scale fan-out), at the ci scale's sizes
+    run_config = {"scale": "ci", "methods": methods, "seeds": [0], "variants": variants, "fanout": "cell",
                   "inject_failure": [failing]}
     (work / "slurm-test.yaml").write_text(yaml.safe_dump(run_config))
 
@@ -291,21 +292,25 @@ def test_every_job_ran_as_a_slurm_job_and_all_outputs_exist(cluster_run):
     failed = [sid for sid in slurm_ids if history.get(sid, {}).get("state") == "FAILED"]
     assert len(failed) <= 1, f"only the injected failure may fail: {failed}"
 
+    from reprozoo import config as rz_config
+
+    plan = rz_config.plan(rz_config.load(yaml.safe_load((r.work / "slurm-test.yaml").read_text())))
     res = r.work / "results"
     for m in r.methods:
         spec = registry.get(m)
         for v in r.variants[m]:
-            assert (res / m / v / "seed0" / "metrics.json").is_file()
-        assert (res / m / "metrics.parquet").is_file()
-        assert (res / m / "plots").is_dir() and any((res / m / "plots").glob("*.png"))
-        claims = json.loads((res / m / "claims.json").read_text())
+            assert (res / "ci" / m / v / "seed0" / "metrics.json").is_file()
+        sel = res / "ci" / m / plan.selection(m)
+        assert (sel / "metrics.parquet").is_file()
+        assert (sel / "plots").is_dir() and any((sel / "plots").glob("*.png"))
+        claims = json.loads((sel / "claims.json").read_text())
         assert claims["scale"] == "ci" and claims["variants"] == sorted(r.variants[m])
-        for d in spec.datasets:
+        for d in spec.datasets_for("ci"):
             assert (res / "data" / d / "ci" / "card.json").is_file()
         if spec.train_shared:
-            assert (res / m / "_shared" / "seed0" / "done.json").is_file()
+            assert (res / "ci" / m / "_shared" / "seed0" / "done.json").is_file()
     for f in ("summary.md", "summary.parquet", "report.html"):
-        assert (res / f).is_file()
+        assert (res / "ci" / plan.report_selection() / f).is_file()
 
 
 @pytest.mark.slurm
@@ -350,7 +355,7 @@ def test_failed_job_is_retried_with_more_memory_and_its_run_is_failed(cluster_ru
     # Snakemake submitted attempt 2 with the larger request ...
     attempts = [(att, out) for rule, local, out, att in executed(r.log)
                 if rule == "train" and not local and f"/{f['variant']}/seed0/" in out[0]
-                and out[0].startswith(f"results/{f['method']}/")]
+                and out[0].startswith(f"results/ci/{f['method']}/")]
     # (the log may print a job's block again when it reports the failure: compare the attempts seen)
     assert sorted({a for a, _ in attempts}) == [1, 2]
     # ... and SLURM got it (while slurmctld remembers the jobs)

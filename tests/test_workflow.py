@@ -14,7 +14,7 @@ from reprozoo import registry
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 CLAIM_KEYS = {"id", "text", "expr", "op", "threshold", "paper_value", "value_mean", "value_std", "n_seeds",
-              "per_seed", "holds_every_seed", "verdict", "error"}
+              "ci_low", "ci_high", "per_seed", "holds_every_seed", "single_seed", "verdict", "error"}
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -42,25 +42,29 @@ def test_every_method_produces_outputs_and_claims(workflow_run):
     res = work / "results"
     for m in registry.method_ids():
         spec = registry.get(m)
-        claims = json.loads((res / m / "claims.json").read_text())
-        assert claims["method"] == m and claims["scale"] == "ci"
+        claims = json.loads((res / "ci" / m / "claims.json").read_text())
+        assert claims["method"] == m and claims["scale"] == "ci" and claims["complete"]
         assert {c["id"] for c in claims["claims"]} == {c.id for c in spec.claims}
         for c in claims["claims"]:
             assert CLAIM_KEYS <= set(c), c
-            assert c["verdict"] in ("holds", "fails")
+            assert c["verdict"] in ("holds", "fails", "inconclusive")
             assert c["error"] is None, f"{m}.{c['id']} could not be evaluated: {c['error']}"
-        table = pd.read_parquet(res / m / "metrics.parquet")
+            if c["n_seeds"] == 1:  # one seed never holds
+                assert c["verdict"] == "inconclusive" and c["single_seed"]
+        table = pd.read_parquet(res / "ci" / m / "metrics.parquet")
         assert list(table.columns) == ["method", "variant", "seed", "scale", "metric", "x", "value"]
         assert set(table.variant) == set(spec.variant_ids)
-        assert list((res / m / "plots").glob("*.png"))
+        assert list((res / "ci" / m / "plots").glob("*.png"))
+        assert (res / "ci" / "benchmarks" / m / "train_batch.tsv").exists()
         for d in spec.datasets_for("ci"):
             card = json.loads((res / "data" / d / "ci" / "card.json").read_text())
             assert card["source"] == "offline" and card["files"]
             assert (res / "data" / d / "ci" / "preview.png").exists()
-    summary = pd.read_parquet(res / "summary.parquet")
+    summary = pd.read_parquet(res / "ci" / "summary.parquet")
     assert set(summary.method) == set(registry.method_ids())
-    assert "verdict" in (res / "summary.md").read_text()
-    assert "<img src=\"data:image/png;base64," in (res / "report.html").read_text()
+    assert "verdict" in (res / "ci" / "summary.md").read_text()
+    assert "plumbing only" in (res / "ci" / "summary.md").read_text()
+    assert "<img src=\"data:image/png;base64," in (res / "ci" / "report.html").read_text()
 
 
 def test_mlflow_holds_parent_and_child_runs(workflow_run):
@@ -87,6 +91,7 @@ def test_mlflow_holds_parent_and_child_runs(workflow_run):
                 assert tag in r.data.tags, tag
             assert r.data.tags["scale"] == "ci"
             assert r.data.params and r.data.metrics
+            assert r.info.run_name.endswith(".ci") and r.info.run_name.startswith(f"{m}.")
         arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
         assert "claims.json" in arts and "plots" in arts and "metrics.parquet" in arts
         assert any(k.startswith("claim.") for k in parent.data.metrics)
@@ -112,10 +117,71 @@ def test_invalid_config_fails_fast_with_a_clear_message(workflow_run):
 
 def test_one_method_one_variant_one_seed_by_override(workflow_run):
     work, _ = workflow_run
-    proc = snakemake(work, "-n", "--config", "scale=ci", "methods=[rex]", "variants={rex: [ddim]}", "seeds=[5]",
-                     "--forceall", "results/rex/claims.json")
+    proc = snakemake(work, "-n", "--forceall", "results/ci/rex/partial/ddim_seeds5/claims.json",
+                     "--config", "scale=ci", "methods=[rex]", "variants={rex: [ddim]}", "seeds=[5]")
     out = proc.stdout + proc.stderr
     assert "train" in out and "seed5" in out and "rex_euler" not in out
+
+
+def _train_jobs(out: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"^rule (train_batch_\w+):", out, re.M))
+
+
+def test_editing_a_method_reruns_only_that_method(workflow_run, tmp_path):
+    work, _ = workflow_run
+    f = work / "src" / "reprozoo" / "methods" / "rex" / "method.py"
+    original = f.read_text()
+    try:
+        f.write_text(original + "\n# edited\n")
+        out = snakemake(work, "-n", "--config", "scale=ci").stdout
+        assert _train_jobs(out) == {"train_batch_rex"}, out[-3000:]
+    finally:
+        f.write_text(original)
+    assert "Nothing to be done" in snakemake(work, "-n", "--config", "scale=ci").stdout
+
+
+def test_editing_a_block_reruns_the_methods_that_import_it_and_no_others(workflow_run):
+    from reprozoo import codehash
+
+    work, _ = workflow_run
+    block = work / "src" / "reprozoo" / "blocks" / "ode.py"
+    users = {m for m in registry.method_ids()
+             if codehash.PACKAGE_DIR / "blocks" / "ode.py" in codehash.method_code_files(m)}
+    assert "rex" in users and len(users) < len(registry.method_ids())
+    original = block.read_text()
+    try:
+        block.write_text(original + "\n# edited\n")
+        out = snakemake(work, "-n", "--config", "scale=ci").stdout
+        assert _train_jobs(out) == {f"train_batch_{m}" for m in users}, out[-3000:]
+    finally:
+        block.write_text(original)
+
+
+def test_a_partial_run_never_overwrites_the_complete_results(workflow_run):
+    work, _ = workflow_run
+    full = work / "results" / "ci" / "rex" / "claims.json"
+    before = full.read_text()
+    snakemake(work, "--config", "scale=ci", "methods=[rex]", "variants={rex: [ddim, rex_euler]}", "seeds=[0]")
+    assert full.read_text() == before
+    part = json.loads((work / "results" / "ci" / "rex" / "partial" / "ddim+rex_euler_seeds0" / "claims.json").read_text())
+    assert not part["complete"]
+    verdicts = {c["id"]: c for c in part["claims"]}
+    assert verdicts["order_rk4"]["verdict"] == "not measured"   # reads rex_rk4, not run here
+    assert verdicts["order_rk4"]["missing_variants"] == ["rex_rk4"]
+    assert verdicts["order_euler"]["verdict"] != "not measured"
+    assert (work / "results" / "ci" / "summary.md").exists()
+
+
+def test_budget_tabulates_every_method(workflow_run):
+    work, _ = workflow_run
+    proc = subprocess.run([sys.executable, "-m", "reprozoo.cli", "budget", "--scale", "ci"], cwd=work,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for m in registry.method_ids():
+        assert m in proc.stdout
+    assert "over budget:" in proc.stdout
 
 
 def test_datasets_target_builds_every_offline_dataset(workflow_run):
@@ -127,3 +193,23 @@ def test_datasets_target_builds_every_offline_dataset(workflow_run):
     for name in dreg.names():
         if "offline" in dreg.get(name).sources:
             assert f"data/{name}/ci/" in out or "Nothing to be done" in out, name
+
+
+def test_bad_override_fails_before_any_job_and_a_bug_is_not_retried(workflow_run):
+    work, _ = workflow_run
+    proc = snakemake(work, "-n", "--config", "scale=ci", "methods=[rex]", "params={rex: {zeta: abc}}", check=False)
+    assert proc.returncode != 0 and "params.rex.zeta" in proc.stderr and "a number" in proc.stderr
+    proc = snakemake(work, "-n", "--config", "scale=ci", "methods=[rex]", "params={rex: {denoiser: {stepz: 5}}}",
+                     check=False)
+    assert proc.returncode != 0 and "stepz" in proc.stderr and "allowed" in proc.stderr
+    # a string-typed override from the command line is coerced to the config's type and runs
+    proc = snakemake(work, "-n", "--config", "scale=ci", "methods=[rex]", "params={rex: {zeta: 0.99}}")
+    assert "train_batch_rex" in proc.stdout
+    # a deterministic error runs once: the retry stops at once and says why
+    proc = snakemake(work, "--forcerun", "train_batch_rex", "--retries", "1", "--config", "scale=ci",
+                     "methods=[rex]", "inject_failure=[{method: rex, variant: ddim, seed: 0, attempts: 5, kind: bug}]",
+                     check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "not retried" in out and "InjectedBug" in out
+    assert out.count("Traceback") <= 2, out[-4000:]

@@ -25,7 +25,8 @@ STAGE = "scripts/stage.py"
 from reprozoo.tracking import mode_for as _tracking_mode
 
 # deferred at ci/smoke: jobs write their runs as files and the end hook logs them in one process
-TRACKING = dict(config["tracking"], mode=_tracking_mode(config["tracking"].get("mode", "auto"), SCALE))
+TRACKING = dict(config["tracking"])
+TRACKING["mode"] = _tracking_mode(TRACKING.get("mode", "auto"), SCALE, TRACKING.get("uri"))
 FANOUT = config.get("fanout", "auto")
 if FANOUT == "auto":
     FANOUT = "cell" if SCALE == "paper" else "method"

@@ -2,7 +2,8 @@
 
 Every rule writes ``results/<scale>/benchmarks/<method>/<stage>.tsv`` (data jobs:
 ``benchmarks/data/<stage>-<dataset>.tsv``) with wall seconds, CPU seconds and peak memory of the
-job's whole process tree, job start-up included. A method's cost is its own jobs plus the data
+job's whole process tree, job start-up included; each job also writes ``<stage>.usage.json`` with
+its exact CPU seconds (getrusage, interpreter start to end) and peak memory. A method's cost is its own jobs plus the data
 jobs of the datasets it reads (shared datasets are counted in full for every method that reads
 them: each must fit its budget on its own). Budgets (2 cores):
 
@@ -45,11 +46,19 @@ def _read(path: Path) -> dict[str, float]:
 
 
 def jobs(results: Path, scale: str) -> list[Job]:
+    """Wall time from Snakemake's benchmark file (the whole job, Snakemake's start-up of it
+    included); CPU seconds and peak memory from the job's own ``.usage.json`` where present."""
+    import json
+
     root = Path(results) / scale / "benchmarks"
     out = []
     for f in sorted(root.rglob("*.tsv")):
         rel = f.relative_to(root)
         vals = _read(f)
+        usage = f.with_suffix(".usage.json")
+        if usage.exists():
+            u = json.loads(usage.read_text())
+            vals["cpu_s"], vals["max_rss_mb"] = u["cpu_s"], u["max_rss_mb"]
         if rel.parts[0] == "data":
             stage, _, dataset = f.stem.partition("-")
             out.append(Job(None, stage, dataset=dataset, **vals))

@@ -180,11 +180,16 @@ class InjectedFailure(MemoryError):
     """Raised on purpose (config ``inject_failure``) to test retries and FAILED runs."""
 
 
+class InjectedBug(RuntimeError):
+    """A deterministic injected failure (``kind: bug``): must not be retried."""
+
+
 def _maybe_fail(inject: list | None, method: str, variant: str, seed: int, attempt: int) -> None:
     for rule in inject or []:
         if (rule["method"] == method and rule.get("variant", variant) == variant
                 and rule.get("seed", seed) == seed and attempt <= rule.get("attempts", 1)):
-            raise InjectedFailure(f"injected failure for {method}/{variant}/seed{seed} on attempt {attempt}")
+            cls = InjectedBug if rule.get("kind") == "bug" else InjectedFailure
+            raise cls(f"injected failure for {method}/{variant}/seed{seed} on attempt {attempt}")
 
 
 def train(method: str, variant: str, seed: int, scale: str, params: dict, data_dirs: dict[str, Path],
@@ -271,7 +276,7 @@ def verify(method: str, scale: str, table_path: Path, claims_path: Path, trackin
     results = verify_claims(spec.claims, table, selected_variants=variants)
     complete = set(variants) == set(spec.variant_ids)
     write_json(claims_path, {"method": method, "title": spec.title, "paper": spec.paper, "scale": scale,
-                             "variants": variants, "complete": complete,
+                             "variants": sorted(variants), "complete": complete,
                              "seeds": sorted(int(s) for s in (seeds if seeds is not None else table.seed.unique())),
                              "git_commit": _git_commit(), "claims": results})
     counts = {v: sum(c["verdict"] == v for c in results) for v in ("holds", "fails", "inconclusive", "not measured")}
@@ -410,12 +415,32 @@ def from_snakemake(sm: Any) -> None:
         record.unlink()
     try:
         _dispatch(sm, rule, w, p, log, attempt)
+        _write_usage(log)
     except BaseException as exc:
         if record is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             write_json(record, {"rule": rule, "attempt": attempt, "retryable": retryable(exc),
                                 "error": f"{type(exc).__name__}: {str(exc)[:500]}",
                                 "traceback": traceback.format_exc()[-4000:]})
         raise
+
+
+def _write_usage(log: str | None) -> None:
+    """CPU seconds (this process and its children, from interpreter start, imports included),
+    wall seconds since the process started and peak memory, beside the rule's benchmark file.
+    Snakemake's own benchmark samples CPU too coarsely for jobs of a few seconds."""
+    if not log or "/logs/" not in str(log):
+        return
+    import resource
+
+    import psutil
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    usage = {"cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+             "wall_s": time.time() - psutil.Process().create_time(),
+             "max_rss_mb": max(me.ru_maxrss, kids.ru_maxrss) / 1024.0}
+    head, _, tail = str(log).rpartition("/logs/")
+    out = Path(f"{head}/benchmarks/{tail}").with_suffix(".usage.json")
+    write_json(out, usage)
 
 
 def _dispatch(sm: Any, rule: str, w, p, log: str | None, attempt: int) -> None:

@@ -41,11 +41,13 @@ PENDING = "tracking_pending.json"          # a child run not yet in MLflow
 PARENT_PENDING = "tracking_parent_pending.json"  # a method's claims/table/plots not yet in MLflow
 
 
-def mode_for(configured: str | None, scale: str) -> str:
-    """``auto``: deferred at ci/smoke (one MLflow import per invocation), live at paper."""
+def mode_for(configured: str | None, scale: str, uri: str | None = None) -> str:
+    """``auto``: live at paper scale or with a tracking server (clusters: runs appear as jobs
+    finish), deferred at ci/smoke on the embedded store (one MLflow import per invocation)."""
     if configured in ("live", "deferred"):
         return configured
-    return "live" if scale == "paper" else "deferred"
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+    return "live" if scale == "paper" or uri.startswith(("http://", "https://")) else "deferred"
 
 
 def resolve_uri(configured: str | None = None, workdir: Path | None = None) -> str:
