@@ -1,5 +1,6 @@
 """Tracking: concurrent writers lose nothing, crashes mark runs FAILED, outages never lose results."""
 import json
+import os
 import multiprocessing as mp
 from pathlib import Path
 
@@ -99,3 +100,56 @@ def test_train_stage_failure_leaves_no_output_and_a_failed_run(tmp_path, monkeyp
     runs = tracking._client(uri).search_runs([tracking._client(uri).get_experiment_by_name("rex").experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]
     assert runs[0].data.tags["attempt"] == "1"
+
+
+def test_a_hanging_tracking_server_costs_a_job_seconds_not_minutes(tmp_path):
+    """A server that accepts connections and never answers: each MLflow call is bounded and the
+    job's total tracking budget runs out, so the run is spooled to its pending file and the job
+    goes on (MLflow's defaults would retry for about four minutes per call)."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    port = srv.getsockname()[1]
+    conns, stop = [], threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conns.append(srv.accept()[0])  # hold it open, say nothing
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    out = tmp_path / "job"
+    out.mkdir()
+    code = f"""
+import json, sys, time
+from pathlib import Path
+from reprozoo import tracking
+run = tracking.JobRun(method="m", run_name="r", results=Path({str(tmp_path)!r}), tags={{}},
+                      pending_path=Path({str(out)!r}) / "tracking_pending.json",
+                      uri="http://127.0.0.1:{port}", retries=3, nested=False)
+with run:
+    run.log_metrics({{"x": 1.0}})
+print("done")
+"""
+    env = dict(os.environ, REPROZOO_TRACKING_BUDGET_S="4", MLFLOW_HTTP_REQUEST_TIMEOUT="1")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        stop.set()
+        t.join(5)
+        for c in conns:
+            c.close()
+        srv.close()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done" in proc.stdout
+    pending = json.loads((out / "tracking_pending.json").read_text())
+    assert pending["metrics"] and pending["status"] == "FINISHED"

@@ -140,9 +140,16 @@ def cmd_server(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from .tracking import PARENT_PENDING, PENDING, replay_pending
+    from .tracking import PARENT_PENDING, PENDING, rebuild, replay_pending
 
     results = ROOT / "results"
+    if args.rebuild:
+        if not args.uri:
+            print("error: --rebuild needs --uri (the store to write the view into)", file=sys.stderr)
+            return 2
+        n = rebuild(results, args.uri)
+        print(f"rebuilt {n} run payload(s) from {results} into {args.uri}")
+        return 0
 
     def pending():
         return len(list(results.rglob(PENDING))) + len(list(results.rglob(PARENT_PENDING)))
@@ -214,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("server_args", nargs=argparse.REMAINDER)
     srv.set_defaults(fn=cmd_server)
 
-    sub.add_parser("sync", help="replay tracking payloads saved when MLflow was unreachable").set_defaults(fn=cmd_sync)
+    sync = sub.add_parser("sync", help="replay tracking payloads saved when MLflow was unreachable")
+    sync.add_argument("--rebuild", action="store_true",
+                      help="write the whole MLflow view anew from results/ (every run, logged or not)")
+    sync.add_argument("--uri", help="with --rebuild: the tracking store to write into, e.g. sqlite:///new.db")
+    sync.set_defaults(fn=cmd_sync)
 
     bud = sub.add_parser("budget", help="wall/CPU/memory per method and stage from the benchmark files")
     bud.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"], help="results/<scale>/ to read")

@@ -303,65 +303,34 @@ def _git_commit() -> str:
 def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], metrics: dict | None = None,
                 tags: dict | None = None, params: dict | None = None, claims: list[dict] | None = None,
                 tracking: dict | None = None) -> None:
-    """Attach method-level results (tables, plots, claims) to the invocation's parent run."""
-    from .tracking import _client, parent_run_id, resolve_uri, retry
+    """Attach method-level results (table, plots, claims) to the invocation's parent run: as a
+    payload the end hook logs (deferred), or now (live). Either way the payload stays beside the
+    claims as the record ``reprozoo sync --rebuild`` reads."""
+    from .tracking import PARENT_PENDING, _client, _replay_parent, flatten, read_invocation, resolve_uri, retry
 
     kw = _tracking_kw(tracking)
     results = _results(anchor)
-    if kw["deferred"]:  # the end hook logs it with the child runs, in one process
-        from .io import write_json as _wj
-        from .tracking import PARENT_PENDING, flatten, read_invocation
-
-        inv = read_invocation(results) or {}
-        table = None
-        if claims:
-            table = {key: [c.get(key) if not isinstance(c.get(key), dict) else json.dumps(c[key]) for c in claims]
-                     for key in ("id", "text", "op", "threshold", "paper_value", "value_mean", "ci_low",
-                                 "ci_high", "per_seed", "verdict")}
-            table["paper_value"] = [str(v) for v in table["paper_value"]]
-        _wj(Path(anchor).parent / PARENT_PENDING,
-            {"method": method, "scale": scale, "invocation": inv.get("id"), "metrics": metrics or {},
-             "tags": tags or {}, "params": flatten(params or {}), "claims_table": table,
-             "artifacts": [str(a) for a in artifacts]})
+    inv = read_invocation(results) or {}
+    table = None
+    if claims:
+        table = {key: [c.get(key) if not isinstance(c.get(key), dict) else json.dumps(c[key]) for c in claims]
+                 for key in ("id", "text", "op", "threshold", "paper_value", "value_mean", "ci_low",
+                             "ci_high", "per_seed", "verdict")}
+        table["paper_value"] = [str(v) for v in table["paper_value"]]
+    payload = {"method": method, "scale": scale, "invocation": inv.get("id"), "metrics": metrics or {},
+               "tags": tags or {}, "params": flatten(params or {}), "claims_table": table,
+               "artifacts": [str(a) for a in artifacts]}
+    pending = Path(anchor).parent / PARENT_PENDING
+    write_json(pending, payload)
+    if kw["deferred"] or not inv:  # deferred, or a stage run outside an invocation
         return
     try:
         client = _client(resolve_uri(kw["uri"]))
-        run_id = retry(lambda: parent_run_id(client, method, results), kw["retries"], "parent run")
-        if run_id is None:  # stage run outside a pipeline invocation: nothing to attach to
-            return
-        from mlflow.entities import Metric, RunTag
-
-        ts = int(time.time() * 1000)
-        from mlflow.entities import Param
-
-        from .tracking import flatten
-
-        batch_m = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items() if v == v]
-        batch_t = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        if batch_m or batch_t:
-            retry(lambda: client.log_batch(run_id, metrics=batch_m, tags=batch_t), kw["retries"], "log to parent")
-        batch_p = [Param(k, str(v)[:6000]) for k, v in flatten(params or {}).items()]
-        if batch_p:
-            try:  # params are write-once: a second verify in the same invocation keeps the first
-                client.log_batch(run_id, params=batch_p)
-            except Exception:  # noqa: BLE001
-                pass
-        if claims:
-            table = {key: [c.get(key) if not isinstance(c.get(key), dict) else json.dumps(c[key])
-                           for c in claims]
-                     for key in ("id", "text", "op", "threshold", "paper_value", "value_mean", "ci_low",
-                                 "ci_high", "per_seed", "verdict")}
-            table["paper_value"] = [str(v) for v in table["paper_value"]]
-            retry(lambda: client.log_table(run_id, data=table, artifact_file="claims_table.json"),
-                  kw["retries"], "log claims table")
-        for a in artifacts:
-            if a.is_dir():
-                retry(lambda a=a: client.log_artifacts(run_id, str(a), a.name), kw["retries"], "log plots")
-            else:
-                retry(lambda a=a: client.log_artifact(run_id, str(a)), kw["retries"], "log artifact")
+        retry(lambda: _replay_parent(client, payload, results, kw["retries"]), kw["retries"], "log to parent")
+        pending.replace(pending.with_name("tracking_parent_logged.json"))
     except Exception as exc:  # noqa: BLE001 - the files are the source of truth
         print(f"[reprozoo.tracking] WARNING: could not log {method} results to MLflow: {exc}. "
-              f"The files under {results} are intact.", file=sys.stderr, flush=True)
+              f"They are kept in {pending} for `reprozoo sync`.", file=sys.stderr, flush=True)
 
 
 def report(claims_files: list[Path], tables: list[Path], summary_md: Path, summary_parquet: Path,

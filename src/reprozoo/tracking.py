@@ -4,7 +4,8 @@ Design (see docs/tracking.md):
 - The store and one experiment per method are created once, before jobs fan out
   (:func:`init_store`, called from the Snakefile's ``onstart``), because concurrent
   first-time schema creation and duplicate experiment creation race in MLflow.
-- Each pipeline invocation has an id (``results/.tracking/invocation.json``). The parent run of a
+- Each pipeline invocation has an id and its own state file
+  (``results/.tracking/invocations/<id>.json``, exported to jobs as ``REPROZOO_INVOCATION``). The parent run of a
   method in that invocation is created lazily, under a file lock, by the first job of the method
   that needs it, so a no-op rerun leaves no empty parent runs.
 - Two modes (config ``tracking.mode``). **live** (paper scale, clusters): every job opens its own
@@ -61,19 +62,61 @@ def resolve_uri(configured: str | None = None, workdir: Path | None = None) -> s
     return uri
 
 
+_CLIENTS: dict = {}
+
+
 def _client(uri: str):
+    """An MLflow client whose store exists. A SQLite store is created (schema and migrations)
+    under a file lock beside the database: concurrent first uses otherwise corrupt it for good
+    (``table _alembic_tmp_params already exists``)."""
+    if uri in _CLIENTS:
+        return _CLIENTS[uri]
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    client = MlflowClient(tracking_uri=uri)
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{db}.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                client._tracking_client.store  # noqa: B018 - builds the store (and schema) now, locked
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+    _CLIENTS[uri] = client
+    return client
+
+
+# Each MLflow HTTP call is bounded (MLflow's defaults retry for about 4 minutes against a dead
+# server), and a process spends at most TRACKING_BUDGET_S seconds on tracking in total: past it,
+# every call fails at once and the job spools its payload (``reprozoo sync`` replays it).
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+TRACKING_BUDGET_S = float(os.environ.get("REPROZOO_TRACKING_BUDGET_S", "15"))
+_BUDGET = {"deadline": None}
+
+
+class TrackingBudgetExceeded(RuntimeError):
+    pass
+
+
+def start_budget(seconds: float | None = None) -> None:
+    """Start this process's total tracking budget (a job calls it once)."""
+    _BUDGET["deadline"] = time.monotonic() + (TRACKING_BUDGET_S if seconds is None else seconds)
 
 
 def retry(fn: Callable, retries: int = 3, what: str = "tracking call", base_delay: float = 0.5):
-    """Call ``fn``; on failure wait and retry, printing each failure so nothing fails silently."""
+    """Call ``fn``; on failure wait and retry, printing each failure so nothing fails silently.
+    Once the process's tracking budget is spent, fail at once."""
     for attempt in range(retries + 1):
+        deadline = _BUDGET["deadline"]
+        if deadline is not None and time.monotonic() > deadline:
+            raise TrackingBudgetExceeded(f"{what}: tracking budget of {TRACKING_BUDGET_S:g} s spent")
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - any tracking backend error is retried
-            if attempt == retries:
+            deadline = _BUDGET["deadline"]
+            if attempt == retries or (deadline is not None and time.monotonic() + base_delay * 2**attempt > deadline):
                 raise
             delay = base_delay * 2**attempt
             print(f"[reprozoo.tracking] {what} failed ({type(exc).__name__}: {exc}); "
@@ -145,10 +188,28 @@ def state_dir(results: Path) -> Path:
     return d
 
 
-def start_invocation(uri: str, results: Path, scale: str, config: dict) -> dict:
-    info = {"id": uuid.uuid4().hex[:12], "uri": uri, "scale": scale, "started": time.time(),
-            "parents": {}, "config": config}
-    atomic_write_text(state_dir(results) / "invocation.json", json.dumps(info, indent=1, default=str))
+INVOCATION_ENV = "REPROZOO_INVOCATION"
+
+
+def _inv_path(results: Path, inv_id: str) -> Path:
+    d = state_dir(results) / "invocations"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{inv_id}.json"
+
+
+def start_invocation(uri: str, results: Path, scale: str, config: dict, inv_id: str | None = None) -> dict:
+    """Record this invocation's state in its own file (two invocations in one checkout never
+    share one), export its id to the jobs (``REPROZOO_INVOCATION``: local jobs and SLURM jobs
+    inherit the environment), and first reap invocations that died without finishing."""
+    inv_id = inv_id or os.environ.get(INVOCATION_ENV) or uuid.uuid4().hex[:12]
+    os.environ[INVOCATION_ENV] = inv_id
+    reap_orphans(results, uri)
+    info = {"id": inv_id, "uri": uri, "scale": scale, "started": time.time(), "pid": os.getpid(),
+            "host": socket.gethostname(), "parents": {}, "config": config}
+    path = _inv_path(results, inv_id)
+    if path.exists():  # a SLURM job re-parsing the workflow: the invocation is already recorded
+        return json.loads(path.read_text())
+    atomic_write_text(path, json.dumps(info, indent=1, default=str))
     return info
 
 
@@ -162,9 +223,57 @@ def _locked(results: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def read_invocation(results: Path) -> dict | None:
-    path = results / STATE_DIR_NAME / "invocation.json"
+def read_invocation(results: Path, inv_id: str | None = None) -> dict | None:
+    inv_id = inv_id or os.environ.get(INVOCATION_ENV)
+    if not inv_id:
+        return None
+    path = Path(results) / STATE_DIR_NAME / "invocations" / f"{inv_id}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write_invocation(results: Path, inv: dict) -> None:
+    atomic_write_text(_inv_path(results, inv["id"]), json.dumps(inv, indent=1, default=str))
+
+
+def _alive(inv: dict) -> bool:
+    if inv.get("finished"):
+        return False
+    if inv.get("host") != socket.gethostname():
+        return True  # cannot tell from here: leave it alone
+    try:
+        os.kill(int(inv.get("pid", -1)), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans(results: Path, uri: str | None = None) -> list[str]:
+    """Invocations whose Snakemake process is gone without finishing (kill -9): log what their
+    jobs left (finished payloads as they are, unfinished ones FAILED), mark their parent runs
+    KILLED, and record them as finished. Returns their ids."""
+    reaped = []
+    d = Path(results) / STATE_DIR_NAME / "invocations"
+    if not d.exists():
+        return reaped
+    for f in sorted(d.glob("*.json")):
+        try:
+            inv = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(inv):
+            continue
+        if not inv.get("finished"):
+            try:
+                replay_pending(results, uri or inv.get("uri"), invocation=inv["id"], orphaned=True)
+                finish_invocation(results, "KILLED", inv_id=inv["id"])
+            except Exception as exc:  # noqa: BLE001
+                print(f"[reprozoo.tracking] WARNING: could not reap invocation {inv['id']}: {exc}",
+                      file=sys.stderr, flush=True)
+                continue
+            reaped.append(inv["id"])
+    return reaped
 
 
 def parent_run_id(client, method: str, results: Path) -> str | None:
@@ -176,17 +285,23 @@ def parent_run_id(client, method: str, results: Path) -> str | None:
         if method in inv["parents"]:
             return inv["parents"][method]
         exp_id = get_or_create_experiment(client, method, results)
-        run = client.create_run(exp_id, run_name=f"pipeline-{inv['id']}",
+        run = client.create_run(exp_id, run_name=f"pipeline-{inv['scale']}-{inv['id']}",
                                 tags=base_tags(role="pipeline", invocation=inv["id"], scale=inv["scale"]))
         inv["parents"][method] = run.info.run_id
-        atomic_write_text(results / STATE_DIR_NAME / "invocation.json", json.dumps(inv, indent=1, default=str))
+        _write_invocation(results, inv)
         return run.info.run_id
 
 
-def finish_invocation(results: Path, status: str) -> None:
-    """Close parent runs; children still RUNNING (killed jobs) are marked FAILED."""
-    inv = read_invocation(results)
-    if inv is None or not inv["parents"]:
+def finish_invocation(results: Path, status: str, inv_id: str | None = None) -> None:
+    """Close parent runs; children still RUNNING (killed jobs) are marked FAILED. ``KILLED``
+    (an invocation reaped after its Snakemake died) closes its parents as KILLED."""
+    with _locked(results):
+        inv = read_invocation(results, inv_id)
+        if inv is None:
+            return
+        inv["finished"], inv["status"] = time.time(), status
+        _write_invocation(results, inv)
+    if not inv["parents"]:
         return
     try:
         client = _client(inv["uri"])
@@ -226,6 +341,8 @@ class JobRun:
         self.run_id: str | None = None
         self.payload: dict[str, Any] = {"params": {}, "metrics": [], "artifacts": [], "tags": {}}
         self.error: str | None = None
+        if not deferred and _BUDGET["deadline"] is None:
+            start_budget()
 
     def __enter__(self):
         if self.deferred:  # no MLflow in this process: the payload says RUNNING until the job ends
@@ -306,13 +423,13 @@ class JobRun:
               f"Result files are intact; the tracking payload is kept in {self.pending_path}\n"
               f"Replay it later with `reprozoo sync`.\n{bar}", file=sys.stderr, flush=True)
 
-    def _save_pending(self, status: str) -> None:
+    def _save_pending(self, status: str, path: Path | None = None) -> None:
         data = dict(self.payload, status=status, method=self.method, run_name=self.run_name,
                     run_tags=self.tags, error=self.error, uri=self.uri, nested=self.nested,
                     start_time=getattr(self, "_t_start", int(time.time() * 1000)),
                     end_time=int(time.time() * 1000))
         self._t_start = data["start_time"]
-        atomic_write_text(self.pending_path, json.dumps(data, indent=1, default=str))
+        atomic_write_text(path or self.pending_path, json.dumps(data, indent=1, default=str))
 
     def __exit__(self, exc_type, exc, tb):
         status = "FINISHED" if exc_type is None else "FAILED"
@@ -327,6 +444,8 @@ class JobRun:
         try:
             self._flush()
             retry(lambda: self.client.set_terminated(self.run_id, status), self.retries, "end run")
+            if Path(self.pending_path).name == PENDING:  # the record `reprozoo sync --rebuild` reads
+                self._save_pending(status, Path(self.pending_path).with_name("tracking_logged.json"))
         except Exception as e:  # noqa: BLE001
             self._warn(f"logging run {self.run_name} failed after {self.retries} retries: {e}")
             self._save_pending(status)
@@ -365,8 +484,10 @@ def _parent_for(client, method: str, results: Path, invocation: str | None) -> s
                                max_results=1)
     if found:
         return found[0].info.run_id
-    run = client.create_run(exp_id, run_name=f"pipeline-{invocation}",
-                            tags=base_tags(role="pipeline", invocation=invocation, replayed="true"))
+    state = read_invocation(results, invocation) if invocation not in (None, "none") else None
+    scale = (state or {}).get("scale", "?")
+    run = client.create_run(exp_id, run_name=f"pipeline-{scale}-{invocation}",
+                            tags=base_tags(role="pipeline", invocation=invocation, scale=scale, replayed="true"))
     return run.info.run_id
 
 
@@ -425,7 +546,8 @@ def replay_or_warn(results: Path, tracking: dict | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     try:
-        n = replay_pending(results, tracking.get("uri"), int(tracking.get("retries", 3)))
+        n = replay_pending(results, tracking.get("uri"), int(tracking.get("retries", 3)),
+                           invocation=os.environ.get(INVOCATION_ENV), orphaned=True)
     except Exception as exc:  # noqa: BLE001
         print(f"[reprozoo.tracking] WARNING: tracking store unavailable ({exc}); {len(pending)} run payload(s) "
               "stay under results/; replay them with `reprozoo sync`.", file=sys.stderr, flush=True)
@@ -434,18 +556,38 @@ def replay_or_warn(results: Path, tracking: dict | None = None) -> int:
     return n
 
 
-def replay_pending(results: Path, uri: str | None = None, retries: int = 3) -> int:
-    """Log every pending payload under ``results`` (child runs, then method parents) into MLflow;
-    return how many. A payload that logs is renamed ``*_logged.json`` (kept as the record of what
-    MLflow holds); one that fails stays for the next ``reprozoo sync``."""
+def _payload_invocation(data: dict) -> str | None:
+    return data.get("invocation") or (data.get("run_tags") or {}).get("invocation")
+
+
+def replay_pending(results: Path, uri: str | None = None, retries: int = 3, invocation: str | None = None,
+                   orphaned: bool = False) -> int:
+    """Log pending payloads under ``results`` (child runs, then method parents) into MLflow;
+    return how many. ``invocation``: only that invocation's payloads (the end hook), else all
+    except those of invocations still running (``reprozoo sync``). A payload still RUNNING is
+    logged FAILED only when its invocation is over. A payload that logs is renamed
+    ``*_logged.json`` (the record of what MLflow holds); one that fails stays for the next sync."""
     children = sorted(Path(results).rglob(PENDING))
     parents = sorted(Path(results).rglob(PARENT_PENDING))
     if not children and not parents:
         return 0
-    client = _client(resolve_uri(uri))
+    client = None
     n = 0
     for path in children + parents:
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        inv_id = _payload_invocation(data)
+        if invocation is not None and inv_id != invocation:
+            continue
+        if invocation is None:
+            state = read_invocation(results, inv_id) if inv_id not in (None, "none") else None
+            if state is not None and _alive(state):
+                continue  # its invocation is still running: its end hook will log it
+        if data.get("status") == "RUNNING" and invocation is not None and not orphaned:
+            continue  # a job of this invocation still running? (end hook: every job is done)
+        client = client or _client(resolve_uri(uri))
         try:
             if path.name == PENDING:
                 retry(lambda: _replay_child(client, data, Path(results), retries), retries, f"replay {path}")
@@ -456,4 +598,38 @@ def replay_pending(results: Path, uri: str | None = None, retries: int = 3) -> i
             continue
         path.replace(path.with_name(path.name.replace("_pending", "_logged")))
         n += 1
+    return n
+
+
+def rebuild(results: Path, uri: str, retries: int = 3) -> int:
+    """Recreate the whole MLflow view from ``results/`` into the store at ``uri`` (e.g. an empty
+    one): every run payload, logged or pending, with its parent link, params, metrics, tags,
+    dataset inputs and artifacts, and every method's claims, table and plots on its parent.
+    ``results/`` is the source of truth; MLflow is a view of it. Returns the runs written."""
+    client = _client(resolve_uri(uri))
+    files = (sorted(Path(results).rglob("tracking_logged.json")) + sorted(Path(results).rglob(PENDING))
+             + sorted(Path(results).rglob("tracking_parent_logged.json")) + sorted(Path(results).rglob(PARENT_PENDING)))
+    saved = os.environ.pop(INVOCATION_ENV, None)  # parents are found by their invocation tag
+    n = 0
+    try:
+        for path in files:
+            data = json.loads(path.read_text())
+            if path.name in (PENDING, "tracking_logged.json"):
+                retry(lambda: _replay_child(client, data, Path(results), retries), retries, f"rebuild {path}")
+            else:
+                retry(lambda: _replay_parent(client, data, Path(results), retries), retries, f"rebuild {path}")
+            n += 1
+        # parents take the status their invocation ended with
+        for f in sorted((Path(results) / STATE_DIR_NAME / "invocations").glob("*.json")):
+            inv = json.loads(f.read_text())
+            for method in inv.get("parents", {}):
+                exp = client.get_experiment_by_name(method)
+                if exp is None:
+                    continue
+                for r in client.search_runs([exp.experiment_id],
+                                            f"tags.role = 'pipeline' and tags.invocation = '{inv['id']}'"):
+                    client.set_terminated(r.info.run_id, inv.get("status", "FINISHED") or "FINISHED")
+    finally:
+        if saved:
+            os.environ[INVOCATION_ENV] = saved
     return n
