@@ -10,3 +10,12 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT / "src", ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_invocation(monkeypatch):
+    """A test that starts an invocation must not leak its id into the next test's processes."""
+    monkeypatch.delenv("REPROZOO_INVOCATION", raising=False)
+    yield

@@ -153,3 +153,66 @@ print("done")
     assert "done" in proc.stdout
     pending = json.loads((out / "tracking_pending.json").read_text())
     assert pending["metrics"] and pending["status"] == "FINISHED"
+
+
+def _first_use(args):
+    uri, results, i = args
+    client = tracking._client(uri)  # a fresh store: schema creation races without the lock
+    exp = tracking.get_or_create_experiment(client, "race", Path(results))
+    client.create_run(exp, run_name=f"r{i}")
+    return i
+
+
+def test_eight_concurrent_first_uses_of_a_fresh_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with mp.get_context("spawn").Pool(8) as pool:
+        assert sorted(pool.map(_first_use, [(uri, str(tmp_path), i) for i in range(8)])) == list(range(8))
+    client = tracking._client(uri)
+    runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
+    assert len(runs) == 8
+
+
+def test_two_invocations_keep_their_own_state_and_parents(tmp_path):
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    a = tracking.start_invocation(uri, results, "ci", {})
+    pa = tracking.parent_run_id(tracking._client(uri), "m", results)
+    b = tracking.start_invocation(uri, results, "smoke", {})
+    pb = tracking.parent_run_id(tracking._client(uri), "m", results)
+    assert a["id"] != b["id"] and pa != pb
+    assert tracking.read_invocation(results, a["id"])["parents"]["m"] == pa  # untouched by b
+    tracking.finish_invocation(results, "FINISHED", inv_id=a["id"])
+    tracking.finish_invocation(results, "FINISHED", inv_id=b["id"])
+    client = tracking._client(uri)
+    assert client.get_run(pa).info.status == "FINISHED" and client.get_run(pb).info.status == "FINISHED"
+
+
+def test_a_killed_invocation_is_reaped_and_its_results_picked_up(tmp_path):
+    """kill -9 of Snakemake: its parent run stays RUNNING and its jobs' payloads unlogged. The
+    next invocation marks the parent KILLED and logs what the jobs left (a job that finished as
+    FINISHED, one that was killed too as FAILED)."""
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    dead = tracking.start_invocation(uri, results, "ci", {})
+    parent = tracking.parent_run_id(tracking._client(uri), "m", results)
+    for name, status in (("done", "FINISHED"), ("killed", "RUNNING")):
+        d = results / "ci" / "m" / name / "seed0"
+        d.mkdir(parents=True)
+        run = tracking.JobRun(method="m", run_name=name, results=results, tags={"rule": "train"},
+                              pending_path=d / tracking.PENDING, uri=uri, deferred=True)
+        run.__enter__()
+        run.log_metrics({"x": 1.0})
+        if status == "FINISHED":
+            run.__exit__(None, None, None)
+    state = tracking._inv_path(results, dead["id"])
+    st = json.loads(state.read_text())
+    st["pid"] = 2 ** 22 + 12345  # a pid that is not alive: Snakemake was killed
+    state.write_text(json.dumps(st))
+    tracking.start_invocation(uri, results, "ci", {})  # the next invocation
+    client = tracking._client(uri)
+    assert client.get_run(parent).info.status == "KILLED"
+    exp = client.get_experiment_by_name("m").experiment_id
+    kids = {r.info.run_name: r for r in client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent}'")}
+    assert kids["done"].info.status == "FINISHED" and kids["done"].data.metrics["x"] == 1.0
+    assert kids["killed"].info.status == "FAILED"
+    assert json.loads(state.read_text())["status"] == "KILLED"

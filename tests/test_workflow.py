@@ -20,6 +20,7 @@ CLAIM_KEYS = {"id", "text", "expr", "op", "threshold", "paper_value", "value_mea
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("REPROZOO_INVOCATION", None)
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=1500)
     if check and proc.returncode != 0:

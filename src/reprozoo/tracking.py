@@ -73,16 +73,18 @@ def _client(uri: str):
         return _CLIENTS[uri]
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{db}.lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                client._tracking_client.store  # noqa: B018 - builds the store (and schema) now, locked
+            try:  # the constructor builds the store (schema, migrations): one process at a time
+                client = MlflowClient(tracking_uri=uri)
+                client._tracking_client.store  # noqa: B018
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+    else:
+        client = MlflowClient(tracking_uri=uri)
     _CLIENTS[uri] = client
     return client
 
@@ -201,15 +203,12 @@ def start_invocation(uri: str, results: Path, scale: str, config: dict, inv_id: 
     """Record this invocation's state in its own file (two invocations in one checkout never
     share one), export its id to the jobs (``REPROZOO_INVOCATION``: local jobs and SLURM jobs
     inherit the environment), and first reap invocations that died without finishing."""
-    inv_id = inv_id or os.environ.get(INVOCATION_ENV) or uuid.uuid4().hex[:12]
+    inv_id = inv_id or uuid.uuid4().hex[:12]  # never inherited: every invocation is its own
     os.environ[INVOCATION_ENV] = inv_id
     reap_orphans(results, uri)
     info = {"id": inv_id, "uri": uri, "scale": scale, "started": time.time(), "pid": os.getpid(),
             "host": socket.gethostname(), "parents": {}, "config": config}
-    path = _inv_path(results, inv_id)
-    if path.exists():  # a SLURM job re-parsing the workflow: the invocation is already recorded
-        return json.loads(path.read_text())
-    atomic_write_text(path, json.dumps(info, indent=1, default=str))
+    atomic_write_text(_inv_path(results, inv_id), json.dumps(info, indent=1, default=str))
     return info
 
 
