@@ -94,3 +94,15 @@ def test_a_subset_selection_gets_its_own_results_folder():
     assert part.report_selection().startswith("partial/")
     more = rz_config.plan(rz_config.load({"scale": "ci", "methods": ["rex"], "seeds": [0, 1]}))
     assert more.selection("rex") == "partial/all_seeds0-1/"
+
+
+def test_a_runaway_job_is_stopped_with_a_clear_message(monkeypatch):
+    import time
+
+    from reprozoo import stages
+
+    monkeypatch.setattr(stages, "RUNTIME_FACTOR", 1.0)
+    with pytest.raises(stages.JobTimeLimit, match="ran past 1 x its runtime"):
+        with stages.time_limit(1 / 60, "train rex"):   # 1 s
+            time.sleep(5)
+    assert not stages.retryable(stages.JobTimeLimit("x")) and stages.retryable(MemoryError())

@@ -98,6 +98,42 @@ def test_mlflow_holds_parent_and_child_runs(workflow_run):
         assert any(k.startswith("claim.") for k in parent.data.metrics)
 
 
+def _view(client, method):
+    """What a researcher sees of a method in MLflow, in comparable form."""
+    exp = client.get_experiment_by_name(method)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    by_id = {r.info.run_id: r.info.run_name for r in runs}
+    view = {}
+    for r in runs:
+        tags = {k: v for k, v in r.data.tags.items() if not k.startswith("mlflow.") and k != "replayed"}
+        parent = by_id.get(r.data.tags.get("mlflow.parentRunId"))
+        arts = sorted(a.path for a in client.list_artifacts(r.info.run_id))
+        inputs = sorted((d.dataset.name, d.dataset.digest) for d in (r.inputs.dataset_inputs if r.inputs else []))
+        key = r.info.run_name if tags.get("role") != "pipeline" else "pipeline"
+        view[key] = {"status": r.info.status, "params": dict(r.data.params), "metrics": dict(r.data.metrics),
+                     "tags": tags, "parent": parent and ("pipeline" if parent.startswith("pipeline") else parent),
+                     "artifacts": arts, "inputs": inputs}
+    return view
+
+
+def test_the_mlflow_view_can_be_rebuilt_from_results(workflow_run, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    work, _ = workflow_run
+    new_uri = f"sqlite:///{tmp_path / 'rebuilt.db'}"
+    proc = subprocess.run([sys.executable, "-m", "reprozoo.cli", "sync", "--rebuild", "--uri", new_uri], cwd=work,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    old = MlflowClient(tracking_uri=f"sqlite:///{work / 'results' / 'mlflow.db'}")
+    new = MlflowClient(tracking_uri=new_uri)
+    for m in registry.method_ids():
+        a, b = _view(old, m), _view(new, m)
+        assert set(a) == set(b), (m, set(a) ^ set(b))
+        for name in a:
+            for field in ("status", "params", "metrics", "tags", "parent", "artifacts", "inputs"):
+                assert a[name][field] == b[name][field], (m, name, field)
+
+
 def test_rerun_is_a_noop_and_lint_is_clean(workflow_run):
     work, _ = workflow_run
     proc = snakemake(work, "--config", "scale=ci", "-n")

@@ -353,6 +353,37 @@ def _failure_record(log: str | None) -> Path | None:
     return Path(f"{log}.failure.json") if log else None
 
 
+class JobTimeLimit(RuntimeError):
+    """A job ran past RUNTIME_FACTOR x its spec's runtime for the scale (e.g. a typo'd
+    ``steps: 1e9``): stopped with a clear message and a FAILED run, not retried."""
+
+
+RUNTIME_FACTOR = 2.0
+
+
+@contextlib.contextmanager
+def time_limit(minutes: float | None, what: str):
+    """Stop the job past ``RUNTIME_FACTOR * minutes`` of wall time (SIGALRM; main thread)."""
+    import signal
+
+    if not minutes or minutes <= 0:
+        yield
+        return
+    seconds = int(RUNTIME_FACTOR * minutes * 60)
+
+    def on_alarm(signum, frame):
+        raise JobTimeLimit(f"{what} ran past {RUNTIME_FACTOR:g} x its runtime of {minutes:g} min for this scale "
+                           f"({seconds} s); check its hyper-parameters or raise `resources.runtime` in its spec")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def retryable(exc: BaseException) -> bool:
     """Only resource exhaustion is worth a retry with more memory/time; a deterministic
     exception (TypeError, a failed assertion, bad data) would fail the same way again."""
@@ -382,8 +413,11 @@ def from_snakemake(sm: Any) -> None:
                     fh.write(msg + "\n" + prev.get("traceback", "") + "\n")
                 raise SystemExit(1)
         record.unlink()
+    runtime = getattr(sm.resources, "runtime", None) if rule.startswith("train") else None
     try:
-        _dispatch(sm, rule, w, p, log, attempt)
+        with time_limit(float(runtime) if isinstance(runtime, (int, float)) else None,
+                        f"{rule} {dict(w.items())}"):
+            _dispatch(sm, rule, w, p, log, attempt)
         _write_usage(log)
     except BaseException as exc:
         if record is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
