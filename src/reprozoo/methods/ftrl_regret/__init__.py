@@ -1,0 +1,1 @@
+"""Dynamic regret of discounted FTRL via the discounted-to-dynamic reduction (Xie et al., ICML 2026)."""

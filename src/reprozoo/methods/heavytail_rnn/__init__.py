@@ -1,0 +1,1 @@
+"""heavytail_rnn: Dale RNNs whose magnitudes are kept heavy-tailed by an optimal-transport projection."""

@@ -1,0 +1,1 @@
+"""MILCCI: label-driven multi-trial decomposition into sparse maps and per-trial traces."""

@@ -1,0 +1,1 @@
+"""Slepian: geographic location encoders from spherical Slepian functions concentrated in a region."""

@@ -1,0 +1,298 @@
+"""Slepian location encoders in miniature: land/sea around Japan and Japan's prefectures.
+
+Variants (encoders.py), all at embedding dimension D (config ``encoder.dim``), same MLP head
+(head.py), same data, same steps:
+  slepian (method)      D best-concentrated Slepian functions of the region's cap
+  hybrid (method)       SH up to degree L_g + D - (L_g+1)² Slepian functions
+  sh (baseline)         real spherical harmonics up to L, (L+1)² = D (Rußwurm et al.)
+  sinusoidal (baseline) raw lat/lon + multi-scale sin/cos, 2 + 4K ~ D
+
+Stages:
+  train_shared (per seed): draw the land/sea points and label them from the GLOBE land mask;
+      split Japan's GeoNames cities into train/val/test; save ``tasks.npz``.
+  train (per variant x seed):
+      encoder   dim, pole_gap (relative embedding change over longitudes at the poles);
+                slepian/hybrid: band limit, Shannon number, λ of the last kept function and the
+                concentration spectrum (curve slepian_eigenvalues; the plot overlays pyshtools')
+      land/sea  head on train points; local_acc (test points in the cap), global_acc (test points
+                outside it), val_loss_land curve and its final slope (per 1000 steps),
+                pole_pred_gap (largest change of P(land) over longitudes at a pole),
+                map_land_prob curve (P(land) on the region grid, for the maps)
+      cities    head on train cities; city_acc (held-out cities, prefecture correct),
+                val_loss_city curve, map_city_class (predicted prefecture on the region grid)
+Accuracies are fractions in [0, 1]; angles in degrees.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ...io import save_npz
+from .data import city_grid, city_points, is_land, land_sea_points, region_grid
+from .encoders import make_encoder, pole_gap
+from .head import final_slope, fit_classifier
+
+VARIANT_ORDER = ["slepian", "hybrid", "sh", "sinusoidal"]
+
+
+def train_shared(ctx) -> None:
+    p = ctx.params
+    t0 = time.perf_counter()
+    tasks = {**land_sea_points(p, ctx.rng(11)), **city_points(p, ctx.rng(12))}
+    tasks["map_land_truth"] = is_land(*region_grid(p["region"], int(p["map_grid"]))).astype(np.int8)
+    save_npz(ctx.outdir / "tasks.npz", **tasks)
+    ctx.metrics.scalar("land_fraction_local", tasks["test_local_y"].mean())
+    ctx.metrics.scalar("land_fraction_global", tasks["test_global_y"].mean())
+    ctx.metrics.scalar("n_cities", sum(len(tasks[f"city_{s}_y"]) for s in ("train", "val", "test")))
+    ctx.metrics.scalar("n_prefectures", len(tasks["city_classes"]))
+    ctx.progress(f"tasks drawn in {time.perf_counter() - t0:.1f} s")
+
+
+def _encoder_metrics(ctx, enc) -> None:
+    ctx.metrics.scalar("dim", enc.dim)
+    ctx.metrics.scalar("pole_gap", pole_gap(enc))
+    cap = getattr(enc, "cap", None) or getattr(getattr(enc, "slep", None), "cap", None)
+    if cap is None:
+        return
+    ours = cap.all_eigenvalues
+    ctx.metrics.scalar("slepian_band_limit", cap.L)
+    ctx.metrics.scalar("cap_radius_deg", cap.radius_deg)
+    ctx.metrics.scalar("shannon_number", cap.shannon)
+    ctx.metrics.scalar("lambda_last_kept", cap.eigenvalues[-1])
+    n = min(len(ours), int(3 * cap.n_modes))
+    ctx.metrics.curve("slepian_eigenvalues", range(1, n + 1), ours[:n])
+
+
+def _fit(ctx, enc, t: np.lib.npyio.NpzFile, prefix: str, n_classes: int, cfg: dict):
+    X = {s: enc(t[f"{prefix}{s}_lat"], t[f"{prefix}{s}_lon"]) for s in ("train", "val")}
+    clf, steps, val, tr = fit_classifier(X["train"], t[f"{prefix}train_y"], X["val"], t[f"{prefix}val_y"],
+                                         n_classes, cfg, ctx.seed)
+    return clf, steps, val, tr
+
+
+def train(ctx) -> None:
+    p = ctx.params
+    t = np.load(ctx.shared_dir / "tasks.npz")
+    t0, c0 = time.perf_counter(), time.process_time()
+    enc = make_encoder(ctx.variant, p)
+    _encoder_metrics(ctx, enc)
+    ctx.progress(f"encoder {ctx.variant}: dim {enc.dim}")
+    grid_lat, grid_lon = region_grid(p["region"], int(p["map_grid"]))
+    E_grid = enc(grid_lat, grid_lon)
+
+    # land / sea
+    clf, steps, val, tr = _fit(ctx, enc, t, "", 2, p["head"])
+    for split, name in (("test_local", "local_acc"), ("test_global", "global_acc")):
+        pred = clf.proba(enc(t[f"{split}_lat"], t[f"{split}_lon"])).argmax(1)
+        ctx.metrics.scalar(name, np.mean(pred == t[f"{split}_y"]))
+    y_loc = t["test_local_y"]
+    ctx.metrics.scalar("local_majority_acc", max(y_loc.mean(), 1 - y_loc.mean()))
+    ctx.metrics.curve("val_loss_land", steps, val)
+    ctx.metrics.curve("train_loss_land", steps, tr)
+    ctx.metrics.scalar("val_loss_land_final", val[-1])
+    ctx.metrics.scalar("best_step_land", clf.best_step)
+    ctx.metrics.scalar("val_loss_land_slope", final_slope(steps, val))
+    lon = np.linspace(-180.0, 180.0, 36, endpoint=False)
+    gaps = [np.ptp(clf.proba(enc(np.full(36, lat), lon))[:, 1]) for lat in (90.0, -90.0)]
+    ctx.metrics.scalar("pole_pred_gap", max(gaps))
+    ctx.metrics.curve("map_land_prob", range(len(grid_lat)), clf.proba(E_grid)[:, 1])
+    if ctx.seed == min(p.get("seeds", [ctx.seed])):  # the mask on the map grid, once, for the plot
+        ctx.metrics.curve("map_land_truth", range(len(grid_lat)), t["map_land_truth"])
+    ctx.progress(f"land/sea: local {ctx.metrics.scalars['local_acc']:.3f} "
+                 f"global {ctx.metrics.scalars['global_acc']:.3f}")
+
+    # prefectures of Japan's cities
+    n_cls = len(t["city_classes"])
+    clf, steps, val, tr = _fit(ctx, enc, t, "city_", n_cls, p["city_head"])
+    pred = clf.proba(enc(t["city_test_lat"], t["city_test_lon"])).argmax(1)
+    ctx.metrics.scalar("city_acc", np.mean(pred == t["city_test_y"]))
+    ctx.metrics.curve("val_loss_city", steps, val)
+    ctx.metrics.curve("train_loss_city", steps, tr)
+    ctx.metrics.scalar("val_loss_city_final", val[-1])
+    ctx.metrics.scalar("best_step_city", clf.best_step)
+    ctx.metrics.scalar("val_loss_city_slope", final_slope(steps, val))
+    c_lat, c_lon = city_grid(p["city_map"])
+    ctx.metrics.curve("map_city_class", range(len(c_lat)), clf.proba(enc(c_lat, c_lon)).argmax(1))
+    ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
+    ctx.metrics.scalar("train_cpu_seconds", time.process_time() - c0)
+    ctx.progress(f"cities: acc {ctx.metrics.scalars['city_acc']:.3f}")
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+def _variants(table):
+    present = set(table.variant.unique())
+    return [v for v in VARIANT_ORDER if v in present] + sorted(present - set(VARIANT_ORDER))
+
+
+def _grid(params, city: bool = False):
+    n = int(params["city_map"]["n"] if city else params["map_grid"])
+    lat, lon = city_grid(params["city_map"]) if city else region_grid(params["region"], n)
+    return lat.reshape(n, n), lon.reshape(n, n)
+
+
+def _cap_outline(ax, r):
+    from ...blocks.sphere import cap_frame, lat_lon
+
+    a = np.radians(r["radius_deg"])
+    phi = np.linspace(0, 2 * np.pi, 200)
+    local = np.stack([np.sin(a) * np.cos(phi), np.sin(a) * np.sin(phi), np.full_like(phi, np.cos(a))], 1)
+    la, lo = lat_lon(local @ cap_frame(r["lat"], r["lon"]))
+    ax.plot(lo, la, "w--", lw=0.8)
+
+
+def _map_values(table, metric, variant, n):
+    sub = table[(table.metric == metric) & (table.variant == variant)]
+    if sub.empty:
+        return None
+    s0 = sub[sub.seed == sub.seed.min()].sort_values("x")
+    return s0.value.to_numpy().reshape(n, n)
+
+
+def plot_land_maps(table, plots_dir: Path, params) -> None:
+    from ...plotting import plt
+
+    pyplot = plt()
+    LA, LO = _grid(params)
+    n = LA.shape[0]
+    variants = _variants(table)
+    truth = table[table.metric == "map_land_truth"]
+    truth = truth[(truth.variant == truth.variant.iloc[0]) & (truth.seed == truth.seed.min())]
+    truth = truth.sort_values("x").value.to_numpy().reshape(n, n)
+    fig, axes = pyplot.subplots(1, len(variants) + 1, figsize=(3.2 * (len(variants) + 1), 3.4), squeeze=False)
+    panels = [("GLOBE land mask (truth)", truth)] + [(v, _map_values(table, "map_land_prob", v, n)) for v in variants]
+    for ax, (name, val) in zip(axes[0], panels):
+        if val is None:
+            ax.axis("off")
+            continue
+        im = ax.pcolormesh(LO, LA, val, vmin=0, vmax=1, cmap="BrBG_r", shading="auto")
+        ax.contour(LO, LA, truth, levels=[0.5], colors="k", linewidths=0.4)
+        _cap_outline(ax, params["region"])
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("longitude (°E)")
+    axes[0, 0].set_ylabel("latitude (°N)")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="P(land)")
+    fig.suptitle(f"Which encoder resolves the coastline inside the {params['region']['radius_deg']}° cap "
+                 f"(dashed) at equal dimension {params['encoder']['dim']}? (seed {int(table.seed.min())})",
+                 fontsize=10)
+    fig.savefig(plots_dir / "curve_map_land_prob.png", dpi=110, bbox_inches="tight")
+    fig.savefig(plots_dir / "curve_map_land_truth.png", dpi=110, bbox_inches="tight")
+    pyplot.close(fig)
+
+
+def plot_city_maps(table, plots_dir: Path, params) -> None:
+    from ...plotting import plt
+    from .data import country_cities
+
+    pyplot = plt()
+    LA, LO = _grid(params, city=True)
+    n = LA.shape[0]
+    c = params["cities"]
+    lat, lon, code = country_cities(c["country"], c["min_pop"])
+    _, y = np.unique(code, return_inverse=True)
+    n_cls = y.max() + 1
+    perm = np.random.default_rng(0).permutation(n_cls)  # neighbouring prefectures, distinct colours
+    cmap = pyplot.get_cmap("tab20", 20)
+    variants = _variants(table)
+    fig, axes = pyplot.subplots(1, len(variants) + 1, figsize=(3.2 * (len(variants) + 1), 3.6), squeeze=False)
+    ax = axes[0, 0]
+    ax.scatter(lon, lat, c=perm[y] % 20, cmap=cmap, vmin=0, vmax=19, s=3)
+    ax.set_title(f"{len(lat)} GeoNames cities (truth)", fontsize=9)
+    for ax, v in zip(axes[0, 1:], variants):
+        val = _map_values(table, "map_city_class", v, n)
+        if val is None:
+            ax.axis("off")
+            continue
+        ax.pcolormesh(LO, LA, perm[val.astype(int)] % 20, cmap=cmap, vmin=0, vmax=19, shading="auto")
+        ax.scatter(lon, lat, c="k", s=0.2, alpha=0.5)
+        ax.set_title(v, fontsize=9)
+    for ax in axes[0]:
+        ax.set_xlim(LO.min(), LO.max())
+        ax.set_ylim(LA.min(), LA.max())
+        ax.set_xlabel("longitude (°E)")
+    axes[0, 0].set_ylabel("latitude (°N)")
+    fig.suptitle("Which encoder draws the prefecture borders from the city locations? "
+                 "(predicted prefecture, colours cycle)", fontsize=10)
+    fig.savefig(plots_dir / "curve_map_city_class.png", dpi=110, bbox_inches="tight")
+    pyplot.close(fig)
+
+
+def plot_accuracy(table, plots_dir: Path) -> None:
+    from ...plotting import plt
+
+    pyplot = plt()
+    variants = _variants(table)
+    metrics = [("local_acc", "land/sea in the cap"), ("global_acc", "land/sea outside the cap"),
+               ("city_acc", "prefecture of held-out cities")]
+    fig, axes = pyplot.subplots(1, 3, figsize=(12, 3.6))
+    for ax, (m, label) in zip(axes, metrics):
+        for i, v in enumerate(variants):
+            vals = table[(table.metric == m) & (table.variant == v)].value.to_numpy()
+            if len(vals):
+                ax.bar(i, vals.mean(), yerr=vals.std(ddof=1) if len(vals) > 1 else 0, alpha=0.6, capsize=3)
+                ax.plot(np.full(len(vals), i), vals, "k.", ms=4)
+        ax.set_xticks(range(len(variants)), variants, fontsize=8)
+        ax.set_ylabel("test accuracy (fraction)")
+        ax.set_title(label, fontsize=9)
+        sub = table[(table.metric == m)].value
+        if len(sub):
+            ax.set_ylim(max(0.0, sub.min() - 0.05), min(1.0, sub.max() + 0.03))
+    fig.suptitle("Does concentrating the encoding in the region raise accuracy there, and what does it cost "
+                 "globally? (bars: seed mean ± std, dots: seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(plots_dir / "accuracy.png", dpi=110)
+    pyplot.close(fig)
+
+
+def plot_spectrum(table, plots_dir: Path) -> None:
+    """Our concentration spectrum against pyshtools' (computed here once, for the same cap)."""
+    from ...plotting import plt
+    from .slepian_basis import pyshtools_cap_eigenvalues
+
+    pyplot = plt()
+    fig, ax = pyplot.subplots(figsize=(6, 4))
+    for v in ("slepian", "hybrid"):
+        s = table[(table.variant == v) & (table.seed == table.seed.min())]
+        ours = s[s.metric == "slepian_eigenvalues"].sort_values("x")
+        if ours.empty:
+            continue
+        N = s[s.metric == "shannon_number"].value.iloc[0]
+        L = int(s[s.metric == "slepian_band_limit"].value.iloc[0])
+        theirs = pyshtools_cap_eigenvalues(L, float(s[s.metric == "cap_radius_deg"].value.iloc[0]))[:len(ours)]
+        diff = np.max(np.abs(theirs - ours.value.to_numpy()))
+        line, = ax.plot(ours.x, ours.value, "-", label=f"{v}: ours (L = {L})")
+        ax.plot(ours.x, theirs, "o", ms=2.5, mfc="none", color=line.get_color(),
+                label=f"{v}: pyshtools SHReturnTapers (max |Δλ| = {diff:.1e})")
+        ax.axvline(N, color=line.get_color(), ls=":", lw=1)
+    ax.set_xlabel("rank of the Slepian function (dotted: Shannon number N)")
+    ax.set_ylabel("concentration λ in the cap (share of energy)")
+    ax.set_title("Do our cap concentration eigenvalues match pyshtools?", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(plots_dir / "curve_slepian_eigenvalues.png", dpi=110)
+    pyplot.close(fig)
+
+
+def plot_losses(table, plots_dir: Path) -> None:
+    from ...plotting import curve_plot
+
+    for task in ("land", "city"):
+        for kind in ("val", "train"):
+            m = f"{kind}_loss_{task}"
+            curve_plot(table, m, plots_dir / f"curve_{m}.png", xlabel="optimiser step",
+                       ylabel=f"{kind} cross-entropy (nats)", variants=_variants(table),
+                       title=f"Has every head converged on the {task} task? ({kind} loss, seed mean ± std)")
+
+
+def plot(table, plots_dir, params) -> None:
+    plots_dir = Path(plots_dir)
+    if table.empty:
+        return
+    plot_accuracy(table, plots_dir)
+    plot_losses(table, plots_dir)
+    plot_spectrum(table, plots_dir)
+    plot_land_maps(table, plots_dir, params)
+    plot_city_maps(table, plots_dir, params)

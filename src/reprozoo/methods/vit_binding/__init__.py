@@ -1,0 +1,1 @@
+"""Binding information in Vision Transformers: [CLS] vs spatial-token probes on colour x shape scenes."""

@@ -1,0 +1,112 @@
+"""ftrl_regret numerics: discounted VAW in closed form, Newton-FTRL recovery, mixture bound,
+exact path lengths, the clip-free Adam bound, slope fits."""
+import numpy as np
+import pytest
+
+from reprozoo.methods.ftrl_regret import learners as L
+from reprozoo.methods.ftrl_regret.adam_toy import adam_bound, run_adam_grid, subgradient
+from reprozoo.methods.ftrl_regret.method import dynamic_regret, loglog_slope
+from reprozoo.methods.ftrl_regret.streams import make_stream, path_length, switching_path
+
+LIN = {"radius": 1.0, "jump": 1.0, "noise": 0.5}
+LOGIT = {"radius": 2.0, "jump": 1.0}
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.9])
+def test_discounted_vaw_matches_weighted_ridge(beta):
+    """w_t = argmin sum_{s<t} beta^{t-s} (y_s - <w,x_s>)^2 + lam||w||^2 + beta^0 <w,x_t>^2 (VAW)."""
+    rng = np.random.default_rng(0)
+    s = make_stream("linear", 40, 3, 2.0, LIN, rng)
+    lam = 0.7
+    pred = L.run_discounted_ftrl("linear", s, [beta], lam, bound=1e9)[:, 0]
+    x, y = s["x"], s["y"]
+    for t in (0, 5, 39):
+        wts = beta ** (t - np.arange(t + 1))
+        A = lam * np.eye(3) + (x[: t + 1] * wts[:, None]).T @ x[: t + 1]
+        b = (x[:t] * (wts[:t] * y[:t])[:, None]).sum(0)
+        assert pred[t] == pytest.approx(x[t] @ np.linalg.solve(A, b), rel=1e-10, abs=1e-12)
+
+
+def test_logistic_gradient_matches_finite_differences():
+    rng = np.random.default_rng(1)
+    w, x, y, h = rng.normal(size=4), rng.normal(size=4), -1.0, 1e-6
+    f = lambda w: np.logaddexp(0.0, -y * w @ x)  # noqa: E731
+    g = -y * L.sigmoid(-y * w @ x) * x  # the gradient run_discounted_ftrl uses
+    fd = [(f(w + h * e) - f(w - h * e)) / (2 * h) for e in np.eye(4)]
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
+    p = L.sigmoid(w @ x)
+    assert L.loss("logistic", p, y) == pytest.approx(f(w))
+
+
+def test_newton_ftrl_recovers_a_planted_logistic_model():
+    """Static comparator (P_T = 0): undiscounted Newton-FTRL learns sigmoid(<u, x>)."""
+    rng = np.random.default_rng(2)
+    s = make_stream("logistic", 3000, 3, 0.0, LOGIT, rng)
+    p = L.run_discounted_ftrl("logistic", s, [1.0], 1.0, bound=2.0)[:, 0]
+    truth = L.sigmoid(np.einsum("td,td->t", s["x"], s["u"]))
+    assert np.mean(np.abs(p[-500:] - truth[-500:])) < 0.03
+    assert dynamic_regret("logistic", p, s)[-1] < 40  # static regret O(d log T), not linear
+
+
+def test_switching_path_has_exact_length_and_norm():
+    us = switching_path(1000, 4, 7.0, 2.0, 1.0, np.random.default_rng(3))
+    assert path_length(us) == pytest.approx(7.0, rel=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(us, axis=1), 2.0)
+    assert len(np.unique(us, axis=0)) == 8
+
+
+def test_fixed_share_without_share_obeys_the_mixture_bound():
+    """Log loss is 1-mixable: Bayes mixture total loss <= best expert's + log K, exactly."""
+    rng = np.random.default_rng(4)
+    T, K = 500, 6
+    y = np.where(rng.random(T) < 0.7, 1.0, -1.0)
+    preds = rng.uniform(0.05, 0.95, size=(T, K))
+    preds[:, 2] = 0.7
+    mix = L.fixed_share("logistic", preds, y, lr=1.0, share=0.0)
+    total = L.loss("logistic", mix, y).sum()
+    best = L.loss("logistic", preds, y[:, None]).sum(0).min()
+    assert total <= best + np.log(K) + 1e-9
+
+
+def test_discounting_tracks_a_switch_that_ftrl_does_not():
+    rng = np.random.default_rng(5)
+    s = make_stream("linear", 2000, 3, 1.0, LIN, rng)
+    beta = L.tuned_discount(2000, 3, 1.0)
+    p = L.run_discounted_ftrl("linear", s, [beta, 1.0], 1.0, bound=1.0)
+    r_disc, r_ftrl = (dynamic_regret("linear", p[:, k], s)[-1] for k in range(2))
+    assert r_disc < 0.5 * r_ftrl
+
+
+def test_tuned_steps_and_grids():
+    assert 1 - L.tuned_discount(5000, 5, 4.0) == pytest.approx(np.sqrt(4 / 25000))
+    g = L.discount_grid(1000)
+    assert 1 - g[0] == 0.5 and 1 - g[-1] <= 1 / 1000
+    eta = L.ogd_step_grid(1000, 2.0, 3.0)
+    assert eta[0] == pytest.approx(L.tuned_ogd_step(1000, 0.0, 2.0, 3.0))
+    assert eta[-1] >= L.tuned_ogd_step(1000, 2000.0, 2.0, 3.0)
+
+
+def test_clip_free_adam_ratio_bound():
+    """|m_t| / sqrt(v_t) <= (1-b1)/sqrt((1-b2)(1-b1^2/b2)) for any gradients when b1^2 < b2."""
+    rng = np.random.default_rng(6)
+    for b1, b2 in [(0.9, 0.999), (0.5, 0.9), (0.0, 0.99)]:
+        m = v = 0.0
+        worst = 0.0
+        for g in rng.standard_cauchy(3000):  # heavy tails: the worst case of the ratio
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g**2
+            worst = max(worst, abs(m) / np.sqrt(v))
+        assert worst <= adam_bound(b1, b2) * (1 + 1e-12)
+    assert adam_bound(0.99, 0.9) == np.inf
+
+
+def test_adam_converges_without_noise_or_drift():
+    cfg = {"T": 400, "d": 3, "lr": 0.05, "noise": 0.0, "amplitude": 1.0}
+    err = run_adam_grid([0.9], [0.999], True, 0.0, cfg, np.random.default_rng(7))
+    assert err[0, 0] < 0.03  # from F(0) ~ 0.4 to the step-size floor
+    assert subgradient(np.array([1.0]), np.array([0.0]))[0] == pytest.approx(0.5)
+
+
+def test_loglog_slope_recovers_a_power_law():
+    xs = np.array([10, 20, 40, 80.0])
+    assert loglog_slope(xs, 3 * xs**0.5) == pytest.approx(0.5)
+    assert np.isnan(loglog_slope(xs, [1, -1, 2, 3]))

@@ -1,0 +1,156 @@
+"""Slepian numerics: the cap concentration problem against pyshtools and closed forms; encoders."""
+import numpy as np
+import pytest
+
+from reprozoo.blocks.sphere import (cap_frame, gauss_cap_quadrature, lat_lon, real_sph_harm_xyz, sample_sphere,
+                                    unit_vectors)
+from reprozoo.methods.slepian.encoders import make_encoder, pole_gap
+from reprozoo.methods.slepian.head import final_slope, fit_classifier
+from reprozoo.methods.slepian.slepian_basis import (SlepianCap, band_limit_for, cap_blocks, rotated_cap_concentration,
+                                                    shannon_number)
+
+PARAMS = {"region": {"lat": 37.0, "lon": 138.0, "radius_deg": 15.0}, "encoder": {"dim": 36, "hybrid_sh_degree": 3}}
+
+
+def _sphere_rule(L):
+    """Exact rule for products of degree-<=L harmonics on the whole sphere, as unit vectors."""
+    mu, phi, w = gauss_cap_quadrature(L, 180.0)
+    s = np.sqrt(1 - mu**2)
+    return np.stack([s * np.cos(phi), s * np.sin(phi), mu], 1), w
+
+
+def _cap_rule(L, lat, lon, radius):
+    mu, phi, w = gauss_cap_quadrature(L, radius)
+    s = np.sqrt(1 - mu**2)
+    return np.stack([s * np.cos(phi), s * np.sin(phi), mu], 1) @ cap_frame(lat, lon), w
+
+
+@pytest.mark.parametrize("L,radius", [(20, 10.0), (30, 25.0), (12, 60.0)])
+def test_eigenvalues_match_pyshtools(L, radius):
+    """Ours (Gauss-Legendre blocks of the space-domain kernel) vs SHTOOLS (Grünbaum kernel)."""
+    from pyshtools.spectralanalysis import SHReturnTapers
+
+    cap = SlepianCap(0.0, 0.0, radius, L, 1)
+    _, ev, _ = SHReturnTapers(np.radians(radius), L)
+    np.testing.assert_allclose(cap.all_eigenvalues, np.sort(ev)[::-1], atol=1e-9)
+
+
+def test_eigenvectors_match_pyshtools_tapers():
+    """Per order m, the j-th best concentrated function is SHTOOLS' j-th taper of that order (up to sign)."""
+    from pyshtools.spectralanalysis import SHReturnTapers
+
+    L, radius = 24, 20.0
+    tapers, ev, order = SHReturnTapers(np.radians(radius), L)
+    blocks = cap_blocks(L, radius)
+    for m in (0, 1, 3):
+        cols = np.flatnonzero(order == m)[:3]  # pyshtools lists each m > 0 pair once per sign; take +m
+        for j, col in enumerate(cols):
+            theirs = tapers[m:, col]
+            ours = blocks[m][1][:, j]
+            np.testing.assert_allclose(blocks[m][0][j], ev[col], atol=1e-9)
+            assert abs(abs(ours @ theirs) / np.linalg.norm(theirs) - 1) < 1e-8
+
+
+def test_trace_is_the_shannon_number():
+    """Σ λ = (L+1)² A/4π (addition theorem), the closed form of the trace of D."""
+    for L, r in ((40, 15.0), (91, 15.0), (10, 90.0)):
+        cap = SlepianCap(37.0, 138.0, r, L, 1)
+        np.testing.assert_allclose(cap.all_eigenvalues.sum(), shannon_number(L, r), rtol=1e-12)
+    assert shannon_number(10, 90.0) == pytest.approx(121 / 2)  # a hemisphere holds half
+
+
+def test_rotation_invariance_of_the_spectrum():
+    """The full (L+1)² matrix built in the geographic frame around (37°N, 138°E) has the polar cap's
+    block eigenvalues: the concentration problem does not depend on where the cap is."""
+    L = 10
+    D = rotated_cap_concentration(L, 37.0, 138.0, 15.0)
+    np.testing.assert_allclose(D, D.T, atol=1e-14)
+    np.testing.assert_allclose(np.sort(np.linalg.eigvalsh(D))[::-1],
+                               SlepianCap(37.0, 138.0, 15.0, L, 1).all_eigenvalues, atol=1e-12)
+
+
+def test_slepian_functions_are_orthonormal_and_concentrated():
+    """∫_S² g_a g_b = δ_ab and ∫_cap g_a g_b = λ_a δ_ab, by exact quadrature, at arbitrary centre."""
+    L, n, lat, lon, r = 20, 40, -20.0, 40.0, 30.0
+    cap = SlepianCap(lat, lon, r, L, n)
+    xs, ws = _sphere_rule(L)
+    G = cap.evaluate(xs)
+    np.testing.assert_allclose((G * ws[:, None]).T @ G, np.eye(n), atol=1e-11)
+    xc, wc = _cap_rule(L, lat, lon, r)
+    Gc = cap.evaluate(xc)
+    np.testing.assert_allclose((Gc * wc[:, None]).T @ Gc, np.diag(cap.eigenvalues), atol=1e-11)
+    # they are band-limited to L: the degree-L harmonics reproduce them exactly
+    Y = real_sph_harm_xyz(L, xs)
+    coef = (Y * ws[:, None]).T @ G
+    np.testing.assert_allclose(Y @ coef, G, atol=1e-10)
+
+
+def test_band_limit_for_reaches_the_requested_shannon_number():
+    for n, r in ((144, 15.0), (80, 15.0), (36, 5.0)):
+        L = band_limit_for(n, r)
+        assert shannon_number(L, r) >= n > shannon_number(L - 1, r)
+
+
+def test_encoders_equal_dimension_and_pole_safety():
+    dims = {v: make_encoder(v, PARAMS).dim for v in ("slepian", "hybrid", "sh", "sinusoidal")}
+    assert dims["slepian"] == dims["hybrid"] == dims["sh"] == 36 and abs(dims["sinusoidal"] - 36) <= 3
+    for v in ("slepian", "hybrid", "sh"):
+        assert pole_gap(make_encoder(v, PARAMS)) < 1e-10
+    assert pole_gap(make_encoder("sinusoidal", PARAMS)) > 0.1  # negative control: longitude leaks in
+
+
+def test_slepian_encoder_concentrates_inside_the_cap():
+    """Most of the embedding energy of the Slepian encoder is inside the cap, none of the SH's is."""
+    x = sample_sphere(20000, np.random.default_rng(0))
+    lat, lon = lat_lon(x)
+    inside = np.sum(x * unit_vectors(37.0, 138.0), 1) >= np.cos(np.radians(15.0))
+    e = make_encoder("slepian", PARAMS)(lat, lon)
+    energy = np.sum(e**2, 1)
+    share = energy[inside].sum() / energy.sum()
+    cap = make_encoder("slepian", PARAMS).cap
+    assert share == pytest.approx(cap.eigenvalues.mean(), abs=0.05)  # Monte Carlo of mean λ
+    assert share > 0.8 > inside.mean() * 10
+
+
+def test_head_recovers_a_planted_boundary_better_with_resolution():
+    """Labels = sign of a degree-12 harmonic in the cap: a head on the degree-91-equivalent Slepian
+    basis learns it, a head on degree-5 harmonics (equal dim 36) cannot resolve it as well."""
+    rng = np.random.default_rng(3)
+    from reprozoo.blocks.sphere import sample_cap
+
+    x = sample_cap(3000, 37.0, 138.0, 15.0, rng)
+    lat, lon = lat_lon(x)
+    f = real_sph_harm_xyz(40, x)[:, 40 * 40 + 40 + 7]  # Y_{40,7}: ~4.5° half-wavelength
+    y = (f > 0).astype(int)
+    cfg = {"width": 32, "lr": 3e-3, "batch": 128, "steps": 600, "eval_every": 100}
+    acc = {}
+    for v in ("slepian", "sh"):
+        enc = make_encoder(v, PARAMS)
+        E = enc(lat, lon)
+        clf, steps, val, _ = fit_classifier(E[:2000], y[:2000], E[2000:2400], y[2000:2400], 2, cfg, seed=0)
+        acc[v] = np.mean(clf.proba(E[2400:]).argmax(1) == y[2400:])
+        assert len(steps) == len(val) == 6
+    assert acc["slepian"] > 0.9 and acc["slepian"] > acc["sh"] + 0.05, acc
+
+
+def test_final_slope_of_a_line():
+    s = np.arange(100, 2100, 100)
+    assert final_slope(s, 1.0 - 2e-4 * s) == pytest.approx(-0.2)
+
+
+def test_data_labels_and_cities():
+    from reprozoo.methods.slepian.data import city_points, is_land, land_sea_points
+
+    assert is_land([35.68], [139.69])[0] and not is_land([30.0], [150.0])[0]  # Tokyo; the Pacific
+    p = {**PARAMS, "land_sea": {"n_train_global": 50, "n_train_local": 50, "n_val_global": 5, "n_val_local": 5,
+                                "n_test_local": 40, "n_test_global": 40},
+         "cities": {"country": "JP", "min_pop": 15000, "train_frac": 0.6, "val_frac": 0.1}}
+    t = land_sea_points(p, np.random.default_rng(0))
+    from reprozoo.blocks.sphere import angular_distance_deg
+
+    assert angular_distance_deg(t["test_local_lat"], t["test_local_lon"], 37.0, 138.0).max() <= 15.0 + 1e-9
+    assert angular_distance_deg(t["test_global_lat"], t["test_global_lon"], 37.0, 138.0).min() > 15.0
+    c = city_points(p, np.random.default_rng(0))
+    assert len(c["city_classes"]) == 47  # Japan's prefectures
+    n = sum(len(c[f"city_{s}_y"]) for s in ("train", "val", "test"))
+    assert n > 1000 and len(c["city_train_y"]) == int(0.6 * n)

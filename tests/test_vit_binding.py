@@ -1,0 +1,143 @@
+"""vit_binding numerics: label entropies, chain-rule probes, binding ratio on planted codes, scenes."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from reprozoo.methods.vit_binding import probes as P
+from reprozoo.methods.vit_binding import scenes as S
+
+CFG = {"lr": 2e-2, "batch": 128, "epochs": 60, "patience": 6, "rank": 8}
+
+
+def test_conditional_entropy_closed_form_and_sampling_is_uniform():
+    assert S.conditional_entropy_bits("distinct") == pytest.approx(math.log2(6))  # 3! pairings
+    assert S.conditional_entropy_bits("shared") == pytest.approx(2.0)             # 3 of the 2 x 2 grid
+    rng = np.random.default_rng(0)
+    Y, _ = S.balanced_labels("shared", 4000, rng)
+    F = S.features_of(Y)
+    # one F: the 4 covering sets are drawn equally often; every Y lies in its F's candidate list
+    f0 = F[0]
+    same = np.all(F == f0, axis=1)
+    cands = S.candidates_given_features(f0, "shared")
+    counts = [(Y[same] == c).all(1).sum() for c in cands]
+    assert sum(counts) == same.sum() and min(counts) > 0.6 * max(counts)
+    for y, f in zip(Y[:50], F[:50]):
+        assert (S.candidates_given_features(f, "shared") == y).all(1).sum() == 1
+
+
+def test_masked_labels_give_head_k_only_earlier_labels():
+    y = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    m = P.masked_labels(y)[0]  # [i, k]
+    expected = torch.tensor([[0, 0.5, 0.5, 0.5], [0, 0, -0.5, -0.5], [0, 0, 0, 0.5], [0, 0, 0, 0]])
+    torch.testing.assert_close(m, expected)
+
+
+@pytest.mark.parametrize("kind", ["linear", "quadratic", "attention"])
+def test_conditioned_probe_is_a_normalised_distribution(kind):
+    """Chain rule: sum over all 2^K label vectors of q(Y|z) = 1 (fails if head k saw y_k or later)."""
+    torch.manual_seed(0)
+    k = 4
+    probe = P.PROBES[kind](6, k, 3)
+    with torch.no_grad():
+        for p in probe.parameters():
+            p.normal_(0, 0.7)
+    z = torch.randn(1, 5, 6) if kind == "attention" else torch.randn(1, 6)
+    allY = torch.tensor(list(itertools.product([0.0, 1.0], repeat=k)))
+    zz = z.expand(len(allY), *z.shape[1:])
+    bits = P.cross_entropy_bits(probe, zz, allY)
+    assert np.sum(2.0 ** -bits) == pytest.approx(1.0, abs=1e-5)
+
+
+def _planted(n, rng, bound: bool):
+    """Distinct-condition labels and a code z: one-hot conjunctions (bound) or one-hot features
+    only (unbound), plus noise."""
+    Y, _ = S.balanced_labels("distinct", n, rng)
+    F = S.features_of(Y)
+    code = Y if bound else np.concatenate([F, np.zeros((n, S.N_CONJ - S.N_FEATURES), np.float32)], 1)
+    return torch.from_numpy(code + 0.05 * rng.standard_normal(code.shape).astype(np.float32)), \
+        torch.from_numpy(Y), torch.from_numpy(F)
+
+
+def _ratio(kind, z, Y, F, n_tr=1200, n_va=300):
+    tr, va, te = slice(0, n_tr), slice(n_tr, n_tr + n_va), slice(n_tr + n_va, None)
+    ce = {}
+    for name, lab in (("Y", Y), ("F", F)):
+        probe, _ = P.fit_probe(kind, z[tr], lab[tr], z[va], lab[va], CFG, 0)
+        ce[name] = P.cross_entropy_bits(probe, z[te], lab[te]).mean()
+    return P.binding_ratio(S.conditional_entropy_bits("distinct"), ce["Y"], ce["F"])[1]
+
+
+def test_binding_ratio_recovers_planted_codes():
+    """A code of the conjunctions gives ratio ~ 1; a code of the features alone gives ratio ~ 0."""
+    rng = np.random.default_rng(1)
+    assert _ratio("quadratic", *_planted(2000, rng, bound=True)) > 0.85
+    assert abs(_ratio("quadratic", *_planted(2000, rng, bound=False))) < 0.15
+
+
+def _tokens(n, rng, bound: bool):
+    """Spatial tokens: one per object holding its colour and shape one-hots (bound), or colour and
+    shape on separate tokens in shuffled order (unbound: the pairing is not in the tokens)."""
+    Y, orders = S.balanced_labels("distinct", n, rng)
+    d = S.N_COLOURS + S.N_SHAPES
+    T = np.zeros((n, 6, d), np.float32)
+    for i, objs in enumerate(orders):
+        if bound:
+            for j, (c, s) in enumerate(objs):
+                T[i, j, c] = T[i, j, S.N_COLOURS + s] = 1.0
+        else:
+            slots = rng.permutation(6)
+            for j, (c, s) in enumerate(objs):
+                T[i, slots[2 * j], c] = T[i, slots[2 * j + 1], S.N_COLOURS + s] = 1.0
+    T += 0.05 * rng.standard_normal(T.shape).astype(np.float32)
+    return torch.from_numpy(T), torch.from_numpy(Y), torch.from_numpy(S.features_of(Y))
+
+
+def test_attention_probe_reads_binding_from_object_tokens_only():
+    rng = np.random.default_rng(2)
+    bound = _ratio("attention", *_tokens(2000, rng, bound=True))
+    unbound = _ratio("attention", *_tokens(2000, rng, bound=False))
+    # true values 1 and 0; the two-probe estimate errs low when the Y probe is imperfect
+    assert bound > 0.8 and -0.3 < unbound < 0.1, (bound, unbound)
+
+
+def test_candidate_accuracy_of_an_oracle_and_of_a_constant():
+    rng = np.random.default_rng(3)
+    z, Y, F = _planted(300, rng, bound=True)
+    cands = [torch.from_numpy(S.candidates_given_features(f.numpy(), "distinct")) for f in F]
+
+    class Oracle(torch.nn.Module):  # logit +-20 on the true bits (z is the noisy one-hot Y)
+        def forward(self, z, y):
+            return 40.0 * (z.round() - 0.5)
+
+    class Constant(torch.nn.Module):
+        def forward(self, z, y):
+            return torch.zeros(len(z), S.N_CONJ)
+
+    assert P.candidate_accuracy(Oracle(), z, cands, Y) == 1.0
+    # ties: argmin picks the first candidate, right for ~1/6 of the scenes
+    assert abs(P.candidate_accuracy(Constant(), z, cands, Y) - 1 / 6) < 0.08
+
+
+def test_scenes_draw_colours_where_objects_are_and_occlusion_overlaps():
+    rng = np.random.default_rng(4)
+    X, Y, F = S.balanced_scenes("distinct", 20, rng)
+    assert X.shape == (20, 3, 24, 24) and Y.sum(1).tolist() == [3.0] * 20
+    assert np.all(F[:, :S.N_COLOURS].sum(1) == 3) and np.all(F[:, S.N_COLOURS:].sum(1) == 3)
+    # every colour present in F is visible: pixels close to its RGB exist
+    rgb = np.array(list(S.COLOURS.values()))
+    for x, f in zip(X, F):
+        for c in np.flatnonzero(f[:S.N_COLOURS]):
+            assert (np.abs(x.transpose(1, 2, 0) - rgb[c]).max(-1) < 0.25).sum() >= 4
+    # cells: centres one per grid cell (no overlap); chain: consecutive objects overlap
+    c = S._positions(3, 7.0, 24, 8, "cells", rng)
+    assert np.all(np.abs(c[:, None] - c[None]).max(-1)[~np.eye(3, dtype=bool)] >= 6.0)
+    ch = S._positions(3, 7.0, 24, 8, "chain", rng)
+    assert np.all(np.linalg.norm(np.diff(ch, axis=0), axis=1) < 7.0)
+    # the four shapes are different masks
+    u, v = np.meshgrid(np.linspace(-1.2, 1.2, 25), np.linspace(-1.2, 1.2, 25))
+    masks = [S.shape_mask(s, u, v) for s in S.SHAPES]
+    for a, b in itertools.combinations(masks, 2):
+        assert (a ^ b).sum() > 40
