@@ -13,7 +13,21 @@ through the server (``--serve-artifacts``), so the jobs need no access to the ar
     --backend-store-uri URI   runs, params, metrics (default sqlite:///results/mlflow.db, made
                               absolute; put it on a local disk, or use postgresql://...)
     --artifacts-destination   where uploaded artifacts go (default results/mlartifacts)
-    --host 127.0.0.1          the interface to bind; 0.0.0.0 only when jobs run on other nodes
+    --host 127.0.0.1          the interface to bind; 0.0.0.0 only when jobs run on other nodes.
+                              Off loopback the server warns that it has NO authentication (anyone
+                              who reaches the port reads and changes every run) and accepts the
+                              Host headers localhost, 127.0.0.1, this machine's name (long and
+                              short) and the private ranges 10.*, 172.*, 192.168.* (any port);
+                              `-- --allowed-hosts LIST` replaces that list
+    --auth                    MLflow's basic-auth app (mlflow server --app-name basic-auth; needs
+                              the Flask-WTF package: pip install 'mlflow[auth]'). Admin user
+                              MLFLOW_AUTH_ADMIN_USERNAME (default admin), password
+                              MLFLOW_AUTH_ADMIN_PASSWORD, else MLFLOW_TRACKING_PASSWORD, else a
+                              random one written to <state dir>/credentials (mode 600) on first
+                              start. Clients send MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD.
+                              Users live in <state dir>/basic_auth.db unless MLFLOW_AUTH_CONFIG_PATH
+                              names an ini of your own. Plain HTTP: passwords cross the network
+                              in clear text, so keep it to a trusted network or put TLS in front
     --port 5000               0 picks a free port
     --state-file PATH         where the server's URI and pid are recorded
                               (default results/.tracking/server.json; profiles/slurm reads it)
@@ -25,8 +39,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -183,6 +199,81 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def allowed_hosts(bind: str) -> list[str]:
+    """Host headers the server accepts when bound off loopback (jobs call it by this machine's name
+    or a private address)."""
+    name = advertised_host(bind)
+    allowed = ["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", name, f"{name}:*",
+               "10.*", "192.168.*", "172.*"]
+    short = name.split(".")[0]
+    if short != name:
+        allowed += [short, f"{short}:*"]
+    return allowed
+
+
+def exposure_warning(host: str, port: int, auth: bool, hosts: list[str] | None) -> str | None:
+    """What binding off loopback means, or None on loopback."""
+    if host in LOOPBACK:
+        return None
+    where = f"{host}:{port}" + (" (every interface)" if host in ("0.0.0.0", "::", "") else "")
+    allowed = f"; Host headers allowed: {','.join(hosts)}" if hosts else ""
+    if auth:
+        return (f"warning: the MLflow server listens on {where} with basic auth over plain HTTP: passwords "
+                f"cross the network unencrypted{allowed}")
+    return (f"WARNING: the MLflow server listens on {where} and has NO authentication: anyone who can reach "
+            f"this port can read, change and delete every run and artifact{allowed}. Use it only on a "
+            f"trusted network; --auth turns on MLflow's basic-auth app")
+
+
+AUTH_INI = """[mlflow]
+default_permission = READ
+database_uri = {database_uri}
+admin_username = {admin}
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+grant_default_workspace_access = false
+"""
+
+
+def auth_env(state_dir: Path, env: dict) -> tuple[dict, dict]:
+    """Environment for ``mlflow server --app-name basic-auth`` and what to record about it.
+
+    Writes ``state_dir/basic_auth.ini`` (users in ``state_dir/basic_auth.db``) unless
+    MLFLOW_AUTH_CONFIG_PATH is set; on the first start without a configured password, makes one and
+    writes ``state_dir/credentials`` (mode 600) as shell exports for the clients."""
+    env = dict(env)
+    info: dict = {"auth": "basic-auth"}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    admin = env.get("MLFLOW_AUTH_ADMIN_USERNAME") or "admin"
+    env["MLFLOW_AUTH_ADMIN_USERNAME"] = admin
+    db = state_dir / "basic_auth.db"
+    if env.get("MLFLOW_AUTH_CONFIG_PATH"):
+        info["auth_config"] = env["MLFLOW_AUTH_CONFIG_PATH"]
+        first = True  # unknown store: let mlflow decide whether the admin exists
+    else:
+        ini = state_dir / "basic_auth.ini"
+        ini.write_text(AUTH_INI.format(database_uri=f"sqlite:///{db}", admin=admin))
+        env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
+        info["auth_config"] = str(ini)
+        first = not db.exists()
+    if not env.get("MLFLOW_AUTH_ADMIN_PASSWORD") and env.get("MLFLOW_TRACKING_PASSWORD") \
+            and env.get("MLFLOW_TRACKING_USERNAME", admin) == admin:
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = env["MLFLOW_TRACKING_PASSWORD"]
+    if not env.get("MLFLOW_AUTH_ADMIN_PASSWORD") and first:
+        password = secrets.token_urlsafe(18)
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = password
+        cred = state_dir / "credentials"
+        fd = os.open(cred, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"export MLFLOW_TRACKING_USERNAME={admin}\nexport MLFLOW_TRACKING_PASSWORD={password}\n")
+        os.chmod(cred, 0o600)
+        info["credentials"] = str(cred)
+    elif (state_dir / "credentials").exists():
+        info["credentials"] = str(state_dir / "credentials")
+    # CSRF protection of the auth app's forms needs a key shared by the workers: one per start
+    env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))
+    return env, info
+
+
 def build_command(args, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "mlflow", "server",
            "--backend-store-uri", args.backend_store_uri,
@@ -190,15 +281,11 @@ def build_command(args, port: int) -> list[str]:
            "--serve-artifacts",
            "--host", args.host, "--port", str(port), "--workers", str(args.workers)]
     extra = list(args.mlflow_args)
+    if getattr(args, "auth", False) and "--app-name" not in extra:
+        cmd += ["--app-name", "basic-auth"]
     if args.host not in LOOPBACK and not any(a.startswith("--allowed-hosts") for a in extra):
         # jobs on other nodes call the server by this machine's name: let that Host header in
-        name = advertised_host(args.host)
-        allowed = ["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", name, f"{name}:*",
-                   "10.*", "192.168.*", "172.*"]
-        short = name.split(".")[0]
-        if short != name:
-            allowed += [short, f"{short}:*"]
-        cmd += ["--allowed-hosts", ",".join(allowed)]
+        cmd += ["--allowed-hosts", ",".join(allowed_hosts(args.host))]
     return cmd + extra
 
 
@@ -214,6 +301,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--state-file", type=Path, default=Path(DEFAULT_STATE))
     p.add_argument("--log", type=Path, default=Path(DEFAULT_LOG), help="server log (with --detach)")
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the server to answer")
+    p.add_argument("--auth", action="store_true",
+                   help="MLflow's basic-auth app (users and passwords; see above)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background and return")
     mode.add_argument("--stop", action="store_true", help="stop the recorded server")
@@ -245,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export MLFLOW_TRACKING_URI={info['uri']}")
         return 0 if args.detach else 1
 
+    if args.auth and importlib.util.find_spec("flask_wtf") is None:
+        print("error: --auth runs MLflow's basic-auth app, which needs the Flask-WTF package: "
+              "pip install 'mlflow[auth]'", file=sys.stderr)
+        return 2
     args.backend_store_uri = _abs_sqlite(args.backend_store_uri)
     args.artifacts_destination = _abs_location(args.artifacts_destination)
     port = args.port or free_port(args.host if args.host not in ("0.0.0.0", "") else "0.0.0.0")
@@ -252,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     local_uri = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{port}"
     cmd = build_command(args, port)
     print("+", " ".join(cmd), flush=True)
+    hosts = None
+    if "--allowed-hosts" in cmd:
+        hosts = cmd[cmd.index("--allowed-hosts") + 1].split(",")
+    if (warn := exposure_warning(args.host, port, args.auth, hosts)):
+        print(warn, file=sys.stderr, flush=True)
 
     log_path = args.log.expanduser().resolve()
     if args.detach:
@@ -265,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     # jobs): not needed for tracking, and costly on a login node. MLFLOW_SERVER_ENABLE_JOB_EXECUTION
     # set in the environment wins.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    auth_info: dict = {}
+    if args.auth:
+        env, auth_info = auth_env(state_file.parent, env)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
                             stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     if out:
@@ -284,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     state = {"uri": uri, "pid": proc.pid, "host": args.host, "port": port,
              "backend_store_uri": args.backend_store_uri, "artifacts_destination": args.artifacts_destination,
              "log": str(log_path) if args.detach else None, "started": time.time(),
-             "machine": socket.gethostname()}
+             "machine": socket.gethostname(), **auth_info}
     state_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = state_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1))
@@ -294,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
         print(warn, file=sys.stderr)
     print(f"browse: {local_uri}   jobs: export MLFLOW_TRACKING_URI={uri}  (profiles/slurm reads {state_file})",
           flush=True)
+    if args.auth:
+        cred = auth_info.get("credentials")
+        print("basic auth: clients set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+              + (f" (admin's, made on first start: source {cred})" if cred else ""), flush=True)
+    if (warn := exposure_warning(args.host, port, args.auth, hosts)):
+        print(warn, file=sys.stderr, flush=True)  # again, last: it must not scroll away
     if args.detach:
         print(f"stop it with: reprozoo server --stop --state-file {state_file}")
         return 0

@@ -1,22 +1,42 @@
-"""Downloads with pinned SHA-256, caching, retries, and no partial files left behind.
+"""Downloads with pinned SHA-256, caching, retries, a deadline, and no partial files left behind.
 
 Every remote dataset goes through :func:`fetch`. The file is streamed to a temporary name in the
-destination folder and renamed into place only after its size and checksum match; a mismatch or a
-broken connection removes the temporary file and raises :class:`DownloadError` naming the URL,
-the expected and the actual checksum.
+destination folder (``.NAME.part-<pid>``) and renamed into place only after its size and checksum
+match; a mismatch or a broken connection removes the temporary file and raises
+:class:`DownloadError` naming the URL, the expected and the actual checksum.
+
+- ``timeout`` is an overall deadline for the file (all attempts together, default
+  :data:`DEFAULT_TIMEOUT`), so a server that trickles a byte a second cannot hold a job forever;
+  a dataset sets it with ``data.params.<dataset>.timeout`` (seconds). ``read_timeout`` bounds a
+  single stalled read.
+- Only what retrying can fix is retried: timeouts, connection resets and truncated bodies, HTTP
+  5xx (and 408/429). Any other HTTP error (a 404, a 403) fails at once, naming the URL and status.
+- A partial file left by a download that was killed (``.NAME.part-<pid>`` whose process is no
+  longer alive on this machine) is removed when the next download of that file starts.
 """
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
+import re
+import ssl
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+DEFAULT_TIMEOUT = 600.0  # seconds for one file, all attempts together
+DEFAULT_READ_TIMEOUT = 60.0  # seconds one read may stall
+_RETRY_STATUS = {408, 429}  # plus every 5xx
+
 
 class DownloadError(RuntimeError):
+    pass
+
+
+class _Deadline(TimeoutError):
     pass
 
 
@@ -28,23 +48,74 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def fetch(url: str, dest: Path | str, sha256: str | None, retries: int = 3, timeout: float = 60.0,
-          backoff: float = 1.0) -> Path:
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def clean_stale_parts(dest: Path | str) -> list[Path]:
+    """Remove ``.NAME.part-<pid>`` files next to ``dest`` whose process is gone; return them."""
+    dest = Path(dest)
+    pattern = re.compile(rf"^\.{re.escape(dest.name)}\.part-(\d+)$")
+    removed = []
+    try:
+        candidates = list(dest.parent.iterdir())
+    except OSError:
+        return removed
+    for p in candidates:
+        m = pattern.match(p.name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            p.unlink()
+        except OSError:
+            continue
+        print(f"removed a stale partial download {p} (process {pid} is gone)", file=sys.stderr, flush=True)
+        removed.append(p)
+    return removed
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500 or exc.code in _RETRY_STATUS
+    if isinstance(exc, (TimeoutError, ConnectionError, http.client.HTTPException)):
+        return True
+    if isinstance(exc, urllib.error.URLError):  # no answer at all: refused, reset, DNS hiccup
+        return isinstance(exc.reason, OSError) and not isinstance(exc.reason, ssl.SSLCertVerificationError)
+    return False
+
+
+def fetch(url: str, dest: Path | str, sha256: str | None, retries: int = 3, timeout: float | None = None,
+          backoff: float = 1.0, read_timeout: float = DEFAULT_READ_TIMEOUT) -> Path:
     """Download ``url`` to ``dest`` unless a file with the right checksum is already there.
 
-    ``sha256=None`` is allowed only for sources that publish no checksum; the computed one is
-    printed so it can be pinned.
+    ``timeout`` is the deadline in seconds for the whole file (all ``retries`` attempts and the
+    waits between them; None: :data:`DEFAULT_TIMEOUT`). ``sha256=None`` is allowed only for
+    sources that publish no checksum; the computed one is printed so it can be pinned.
     """
     dest = Path(dest)
     if dest.exists() and sha256 and sha256_file(dest) == sha256:
         print(f"cached: {dest}", flush=True)
         return dest
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_parts(dest)
     tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
-    last: Exception | None = None
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
     for attempt in range(1, retries + 1):
         try:
-            _stream(url, tmp, timeout)
+            _stream(url, tmp, deadline, timeout, read_timeout)
             actual = sha256_file(tmp)
             if sha256 and actual != sha256:
                 raise DownloadError(f"checksum mismatch for {url}: expected sha256 {sha256}, got {actual}")
@@ -53,25 +124,73 @@ def fetch(url: str, dest: Path | str, sha256: str | None, retries: int = 3, time
             os.replace(tmp, dest)
             return dest
         except DownloadError:
-            tmp.unlink(missing_ok=True)
             raise  # a wrong checksum will not fix itself: fail at once
-        except (urllib.error.URLError, OSError, TimeoutError, ConnectionError) as exc:
-            tmp.unlink(missing_ok=True)
+        except _Deadline as exc:
+            raise DownloadError(f"download of {url} exceeded its deadline of {timeout:g} s ({exc}; attempt "
+                                f"{attempt}); raise data.params.<dataset>.timeout for a slow mirror") from exc
+        except urllib.error.HTTPError as exc:
+            if not _retryable(exc):
+                raise DownloadError(f"could not download {url}: HTTP {exc.code} {exc.reason} "
+                                    f"(not retried: retrying cannot fix a {exc.code})") from exc
             last = exc
-            if attempt < retries:
-                print(f"download of {url} failed ({exc}); retry {attempt}/{retries - 1}", file=sys.stderr, flush=True)
-                time.sleep(backoff * attempt)
+        except Exception as exc:  # noqa: BLE001 - sorted into retryable or not below
+            if not _retryable(exc):
+                raise DownloadError(f"could not download {url}: {type(exc).__name__}: {exc}") from exc
+            last = exc
         finally:
             tmp.unlink(missing_ok=True)
+        left = deadline - time.monotonic()
+        if attempt < retries:
+            if left <= 0:
+                break
+            print(f"download of {url} failed ({last}); retry {attempt}/{retries - 1}", file=sys.stderr, flush=True)
+            time.sleep(min(backoff * attempt, left))
+            if deadline - time.monotonic() <= 0:
+                break
+    if deadline - time.monotonic() <= 0:
+        raise DownloadError(f"download of {url} exceeded its deadline of {timeout:g} s (last error: {last}); "
+                            f"raise data.params.<dataset>.timeout for a slow mirror")
     raise DownloadError(f"could not download {url} after {retries} attempts: {last}")
 
 
-def _stream(url: str, tmp: Path, timeout: float) -> None:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - URLs come from pinned catalogues
+def _set_sock_timeout(resp, seconds: float) -> None:
+    """Bound the next read on the response's socket (best effort: private attributes)."""
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        try:
+            sock.settimeout(max(seconds, 0.01))
+        except OSError:
+            pass
+
+
+def _stream(url: str, tmp: Path, deadline: float, timeout: float, read_timeout: float) -> None:
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Deadline(f"{n} bytes after {timeout:g} s")
+        return remaining
+
+    n = 0
+    opener_timeout = min(read_timeout, left())
+    try:
+        resp = urllib.request.urlopen(url, timeout=opener_timeout)  # noqa: S310 - URLs come from pinned catalogues
+    except (TimeoutError, urllib.error.URLError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) and deadline - time.monotonic() <= 0:
+            raise _Deadline(f"no answer within {timeout:g} s") from exc
+        raise
+    with resp:
         expected = resp.headers.get("Content-Length")
-        n = 0
         with open(tmp, "wb") as fh:
-            while block := resp.read(1 << 20):
+            while True:
+                _set_sock_timeout(resp, min(read_timeout, left()))
+                try:
+                    block = resp.read1(1 << 20)  # returns what one read gave: the deadline is checked often
+                except TimeoutError:
+                    left()  # the deadline passed during the read: say so
+                    raise
+                if not block:
+                    break
                 fh.write(block)
                 n += len(block)
         if expected is not None and n != int(expected):

@@ -32,6 +32,11 @@ FAMILY_ENVS = {"eeg": "eeg", "md": "atomistic", "crystals": "atomistic", "pde": 
                "synthetic": "core"}
 
 
+# keys a user may set in data.params.<dataset> though no scale lists them: a mirror, and the download
+# deadline in seconds per file (reprozoo.data.download.fetch; default DEFAULT_TIMEOUT there)
+EXTRA_PARAMS = ("base_url", "url", "timeout")
+
+
 class DatasetError(ValueError):
     pass
 
@@ -54,9 +59,9 @@ class DatasetSpec:
                                f"allowed: {sorted(self.scales)}")
         params = copy.deepcopy(self.scales[scale])
         for key, value in (overrides or {}).items():
-            if key not in params and key not in ("base_url", "url"):
+            if key not in params and key not in EXTRA_PARAMS:
                 raise DatasetError(f"config key 'data.params.{self.name}.{key}': unknown parameter; "
-                                   f"allowed: {sorted(params)}")
+                                   f"allowed: {sorted(params) + list(EXTRA_PARAMS)}")
             params[key] = value
         return params
 

@@ -149,7 +149,7 @@ def acquire(source: str, params: dict, raw_dir: Path, seed: int, path: str | Non
         url = url_for(params)
         sha = params.get("sha256", SHA256)
         print(f"downloading JARVIS dft_3d from {url}", flush=True)
-        fetch(url, dest, sha256=sha)
+        fetch(url, dest, sha256=sha, timeout=params.get("timeout"))
         return {"version": VERSION, "url": url, "sha256": sha, "surrogate": False,
                 "loader": "same file and parsing as jarvis-tools jarvis.db.figshare.data('dft_3d')"}
     if source == "path":

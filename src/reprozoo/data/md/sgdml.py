@@ -158,7 +158,7 @@ def extract_member(archive: Path, member: str, dest: Path, sha256: str | None = 
 
 def _fetch_kw(params: dict) -> dict:
     return {"retries": int(params.get("retries", 3)), "backoff": float(params.get("backoff", 1.0)),
-            "timeout": float(params.get("timeout", 120.0))}
+            "timeout": params.get("timeout")}
 
 
 def _remote(e: dict, params: dict, raw_dir: Path) -> tuple[Path, dict]:

@@ -70,7 +70,7 @@ def resolve(params: dict) -> dict:
 
 
 def fetch_verified(url: str, dest: Path, md5: str | None, sha256: str | None, retries: int = 3,
-                   backoff: float = 1.0, timeout: float = 60.0) -> dict:
+                   backoff: float = 1.0, timeout: float | None = None) -> dict:
     """Download with :func:`fetch` (SHA-256 if pinned, retries, no partial file) and check the MD5.
 
     The file is downloaded under a hidden name and renamed to ``dest`` only after every pinned
@@ -104,7 +104,7 @@ def acquire_remote(params: dict, raw_dir: Path) -> dict:
     print(f"PDEBench file {r['file']} from {r['url']} (full file; the PDEBench files are several GB)", flush=True)
     got = fetch_verified(r["url"], Path(raw_dir) / r["file"], r["md5"], r["sha256"],
                          retries=int(params.get("retries", 3)), backoff=float(params.get("backoff", 1.0)),
-                         timeout=float(params.get("timeout", 60.0)))
+                         timeout=float(params.get("timeout", 3600.0)))  # deadline per file: several GB
     return {"url": r["url"], "version": f"DaRUS datafile {r['datafile_id']}", "pinned_md5": r["md5"],
             "pinned_sha256": r["sha256"], "downloaded_md5": got["md5"], "downloaded_sha256": got["sha256"],
             "catalogue": CATALOGUE_SOURCE, "origin": "PDEBench (DaRUS)"}

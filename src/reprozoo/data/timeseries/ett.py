@@ -57,7 +57,7 @@ def acquire(source: str, params: dict, raw_dir: Path, seed: int, path: str | Non
             raise KeyError(f"unknown ETT file '{n}'; known: {list(SHA256)}")
         urls[n] = base + f"{n}.csv"
         fetch(urls[n], Path(raw_dir) / f"{n}.csv", pins.get(n), retries=int(params.get("retries", 3)),
-              timeout=float(params.get("timeout", 60.0)), backoff=float(params.get("backoff", 1.0)))
+              timeout=params.get("timeout"), backoff=float(params.get("backoff", 1.0)))
     return {"url": base, "urls": urls, "version": "ETDataset main branch (ETT-small)",
             "pinned_sha256": {n: pins.get(n) for n in names},
             "checksum_source": "tsdm ETT rawdata_hashes (not recomputed here)",
