@@ -1,0 +1,1 @@
+"""GCN-SR: graph-based symbolic regression on Symbolic Perfect Binary Trees with similarity-weighted policy gradient."""

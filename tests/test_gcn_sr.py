@@ -1,0 +1,231 @@
+"""GCN-SR numerics: the SPBT bijection, normalised policies, SWPG rewards, GP operators, exact
+recovery of the Nguyen targets and of a planted expression."""
+import itertools
+
+import numpy as np
+import pytest
+
+from reprozoo.methods.gcn_sr import expressions as E
+from reprozoo.methods.gcn_sr.benchmarks import NGUYEN, task_data
+from reprozoo.methods.gcn_sr.gp import crossover, grow, point_mutation, refine, subtree_mutation
+from reprozoo.methods.gcn_sr.search import EXACT_REWARD, run_neural, swpg_rewards
+
+A, S, M, D, SIN, COS, EXP, LOG, X = range(9)
+ONE = [D, X, X]
+TWO = [A, D, X, X, D, X, X]
+X2 = [M, X, X]
+X3 = [M, X, X2[0], X, X]
+# shortest constructions of the targets in the Koza library (depth = Task.min_depth)
+CONSTRUCTIONS = {
+    "nguyen1": [A, *X3, A, *X2, X],                                               # x^3 + (x^2 + x)
+    "nguyen2": [M, M, X, A, X, *ONE, A, *X2, *ONE],                               # x (x+1) (x^2+1)
+    "nguyen3": [M, X, A, M, A, *X2, X, A, *X2, *ONE, *ONE],                       # x ((x^2+x)(x^2+1) + 1)
+    "nguyen4": [M, A, *X3, A, *X2, X, A, *X3, *ONE],                              # (x^3+x^2+x)(x^3+1)
+    "nguyen5": [S, M, SIN, *X2, COS, X, *ONE],                                    # sin(x^2) cos(x) - 1
+    "nguyen6": [A, SIN, X, SIN, A, X, *X2],                                       # sin(x) + sin(x + x^2)
+    "nguyen7": [LOG, M, A, X, *ONE, A, *X2, *ONE],                                # log((x+1)(x^2+1))
+    "nguyen8": [EXP, D, LOG, X, *TWO],                                            # exp(log(x) / 2)
+}
+
+
+@pytest.mark.parametrize("name", list(NGUYEN))
+def test_constructions_fit_exactly_and_are_recovered(name):
+    task, prefix = NGUYEN[name], CONSTRUCTIONS[name]
+    assert E.depth(prefix) == task.min_depth
+    x, y = task_data(name, 0)
+    assert E.reward(prefix, x, y) >= EXACT_REWARD
+    assert E.symbolically_equal(prefix, task.truth, task.domain)
+    a = E.prefix_to_spbt(prefix, task.min_depth)
+    assert E.satisfies_constraints(a, task.min_depth)
+
+
+def test_near_misses_are_not_recovered():
+    assert not E.symbolically_equal([A, *X3, *X2], "x**3 + x**2 + x", (-1, 1))           # drops + x
+    assert not E.symbolically_equal([SIN, X], "x - x**3/6", (-1, 1))                      # Taylor look-alike
+    assert not E.symbolically_equal([A, LOG, X, LOG, X], "log(x**2)", (-1, 1))           # undefined for x < 0
+    assert E.symbolically_equal([A, LOG, X, LOG, X], "log(x**2)", (0.5, 2))
+    assert E.symbolically_equal([D, M, X, X2[0], X, X, X], "x**2", (-1, 1))              # x*x*x / x
+
+
+def test_evaluate_agrees_with_sympy_and_depth():
+    import sympy as sp
+
+    rng = np.random.default_rng(0)
+    xs = np.linspace(0.1, 0.9, 7)
+    x = sp.Symbol("x")
+    for _ in range(40):
+        p = grow(rng, 4)
+        f = sp.lambdify(x, E.to_sympy(p, x), "numpy")
+        with np.errstate(all="ignore"):
+            ref = np.broadcast_to(np.asarray(f(xs), float), xs.shape)
+            val = E.evaluate(p, xs)
+        ok = np.isfinite(ref) & (np.abs(ref) < 1e8)
+        np.testing.assert_allclose(val[ok], ref[ok], rtol=1e-9)
+        assert E.depth(p) <= 4
+        assert E.subtree_end(p, 0) == len(p)
+
+
+def test_spbt_is_a_bijection_and_context_marks_the_used_slots():
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        p = grow(rng, 4)
+        a = E.prefix_to_spbt(p, 4)
+        assert E.spbt_to_prefix(a) == p
+        active = E.scaffold_context(a[None], 4)[0][0]
+        np.testing.assert_array_equal(active, a != E.EMPTY)
+        assert [int(a[i]) for i in E.preorder_slots(a)] == p
+    with pytest.raises(ValueError):
+        E.prefix_to_spbt(CONSTRUCTIONS["nguyen1"], 2)
+    # a unary node keeps its operand in the LEFT child, the right child stays EMPTY
+    a = E.prefix_to_spbt([SIN, X], 2)
+    assert a[0] == SIN and a[1] == X and a[2] == E.EMPTY
+
+
+def test_constraints():
+    assert not E.satisfies_constraints(E.prefix_to_spbt([EXP, LOG, X], 2), 2)
+    assert not E.satisfies_constraints(E.prefix_to_spbt([SIN, A, X, COS, X], 3), 3)
+    assert E.satisfies_constraints(E.prefix_to_spbt([EXP, D, LOG, X, X], 3), 3)
+    m = E.allowed_symbols(np.array([-1, EXP]), np.array([False, False]), np.array([2, 1]), 2)
+    assert m[0].tolist() == (E.ARITY == 0).tolist()          # level D: terminals only
+    assert not m[1, LOG] and m[1, SIN]
+
+
+def test_spbt_similarity():
+    a = E.prefix_to_spbt([A, X, X], 2)
+    b = E.prefix_to_spbt([A, X, SIN, X], 2)   # shares 'add' and the left 'x'; union 4 slots
+    c = E.prefix_to_spbt([X], 2)
+    s = E.spbt_similarity(np.array([a, b, c]), np.array([a, b, c]))
+    np.testing.assert_allclose(np.diag(s), 1.0)
+    np.testing.assert_allclose(s, s.T)
+    assert s[0, 1] == pytest.approx(2 / 4)
+    assert s[0, 2] == 0.0
+
+
+def _all_trees(max_depth):
+    """Every complete expression of depth <= max_depth that the constraints allow."""
+    def rec(d):
+        out = [[X]]
+        if d == 0:
+            return out
+        subs = rec(d - 1)
+        for t in range(E.V):
+            if E.ARITY[t] == 1:
+                out += [[t] + s for s in subs]
+            elif E.ARITY[t] == 2:
+                out += [[t] + s1 + s2 for s1, s2 in itertools.product(subs, subs)]
+        return out
+    trees = [E.prefix_to_spbt(p, max_depth) for p in rec(max_depth)]
+    return np.array([a for a in trees if E.satisfies_constraints(a, max_depth)])
+
+
+@pytest.mark.parametrize("kind", ["gcn", "rnn"])
+def test_policy_is_a_normalised_distribution_over_valid_trees(kind):
+    import torch
+
+    from reprozoo.methods.gcn_sr.policies import make_policy
+
+    torch.manual_seed(0)
+    pol = make_policy(kind, 2, {"width": 16, "layers": 2, "embed": 8})
+    trees = _all_trees(2)
+    with torch.no_grad():
+        lp, ent = pol.log_prob(trees)
+    assert torch.exp(lp).sum().item() == pytest.approx(1.0, abs=1e-4)
+    assert (ent >= 0).all()
+    # samples obey the constraints and their frequencies follow exp(log p)
+    gen = torch.Generator().manual_seed(0)
+    samples = pol.sample(3000, gen)
+    assert all(E.satisfies_constraints(a, 2) for a in samples[:300])
+    keys = {tuple(a): i for i, a in enumerate(trees)}
+    counts = np.bincount([keys[tuple(a)] for a in samples], minlength=len(trees))
+    p = torch.exp(lp).numpy()
+    top = np.argsort(-p)[:5]
+    assert np.all(np.abs(counts[top] / 3000 - p[top]) <= 4 * np.sqrt(p[top] / 3000) + 1e-3)
+
+
+def test_risk_seeking_gradient_raises_the_best_samples_probability():
+    import torch
+
+    from reprozoo.methods.gcn_sr.policies import (make_policy, risk_seeking_loss,
+                                                  risk_seeking_selection)
+
+    torch.manual_seed(0)
+    pol = make_policy("gcn", 2, {"width": 16, "layers": 2})
+    target = E.prefix_to_spbt([A, *X2, X], 2)
+    batch = np.array([target] + [E.prefix_to_spbt(p, 2) for p in ([X], [SIN, X], [M, X, X])] * 5)
+    r = np.array([1.0] + [0.1, 0.2, 0.3] * 5)
+    keep, r_eps = risk_seeking_selection(r, 0.1)
+    assert r_eps == pytest.approx(0.3) and 0 in keep and len(keep) == 6   # ties at R_eps kept, advantage 0
+    opt = torch.optim.SGD(pol.parameters(), lr=0.5)
+    before = pol.log_prob(target[None])[0].item()
+    for _ in range(3):
+        logp, ent = pol.log_prob(batch[keep])
+        loss = risk_seeking_loss(logp, ent, r[keep] - r_eps, 0.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert pol.log_prob(target[None])[0].item() > before + 0.5
+
+
+def test_swpg_rewards():
+    e = E.prefix_to_spbt([A, *X2, X], 2)
+    same, half, other = e, E.prefix_to_spbt([A, X, X], 2), E.prefix_to_spbt([COS, X], 2)
+    samples = np.array([same, half, other])
+    r = np.array([0.4, 0.5, 0.6])
+    out = swpg_rewards(samples, r, e[None], np.array([0.9]), lam=1.0)
+    s = E.spbt_similarity(samples, e[None])[:, 0]
+    np.testing.assert_allclose(out, r + s * (0.9 - r))
+    assert out[0] == pytest.approx(0.9) and out[2] == pytest.approx(0.6)   # identical -> elite reward; unrelated -> own
+    assert np.all(out >= r)
+    # elites worse than the sample never lower its reward; no elites -> plain rewards
+    np.testing.assert_allclose(swpg_rewards(samples, r, e[None], np.array([0.1]), 1.0), r)
+    np.testing.assert_allclose(swpg_rewards(samples, r, np.zeros((0, 7), int), np.zeros(0), 1.0), r)
+
+
+def test_gp_operators_respect_the_scaffold_and_elitism():
+    rng = np.random.default_rng(3)
+    pop = [grow(rng, 3) for _ in range(30)]
+    for _ in range(200):
+        a, b = pop[rng.integers(30)], pop[rng.integers(30)]
+        for child in (crossover(a, b, rng, 3), subtree_mutation(a, rng, 3), point_mutation(a, rng)):
+            assert E.depth(child) <= 3 and E.subtree_end(child, 0) == len(child)
+    x, y = task_data("nguyen1", 0)
+    score = lambda ps: np.array([E.reward(p, x, y) for p in ps])
+    fit = score(pop)
+    children, rew = refine(pop, fit, score, 4, rng, 3)
+    assert len(children) == 4 * 30 and len(rew) == 4 * 30
+    best_per_gen = rew.reshape(4, 30).max(1)
+    assert best_per_gen[0] >= fit.max() and np.all(np.diff(best_per_gen) >= 0)
+    np.testing.assert_allclose(score(children), rew)
+
+
+def test_gplearn_programs_translate_to_the_same_function():
+    from reprozoo.methods.gcn_sr.gp_baseline import run_gplearn
+
+    x, y = task_data("nguyen1", 0)
+    cfg = {"budget": 120, "max_depth": 3,
+           "gplearn": {"population": 40, "tournament": 3, "p_crossover": 0.5, "p_subtree_mutation": 0.2,
+                       "p_hoist_mutation": 0.1, "p_point_mutation": 0.1, "parsimony": 0.001}}
+    hall = run_gplearn(x, y, cfg, 0)
+    assert hall.evals == 120 and hall.trace_evals == [40, 80, 120]
+    assert np.all(np.diff(hall.trace_best) >= 0)
+    assert hall.best_reward == pytest.approx(E.reward(hall.best, x, y))
+
+
+@pytest.mark.parametrize("policy,mode", [("gcn", "swpg"), ("gcn", "pg"), ("gcn", "imitate"), ("rnn", "pg")])
+def test_planted_expression_is_recovered_within_budget(policy, mode):
+    """x^2 + sin(x) on a depth-3 scaffold (thousands of valid trees): at least 2 of 3 searches
+    stop at an exact fit within 6000 evaluations, and the fit is the planted expression."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, 20)
+    y = x * x + np.sin(x)
+    cfg = {"max_depth": 3, "budget": 6000, "batch": 100, "lr": 0.005, "epsilon": 0.1, "entropy_coef": 0.005,
+           "swpg_lambda": 1.0, "policy": {"width": 16, "layers": 2, "embed": 8},
+           "gp": {"generations": 1, "elites": 5, "p_crossover": 0.5, "tournament": 5}}
+    wins = 0
+    for seed in range(3):
+        hall = run_neural(x, y, policy, mode, cfg, seed=seed)
+        assert hall.evals <= 6000 and np.all(np.diff(hall.trace_best) >= 0)
+        if hall.exact:
+            assert E.symbolically_equal(hall.best, "x**2 + sin(x)", (-1, 1)), E.to_string(hall.best)
+            wins += 1
+    assert wins >= 2
