@@ -65,6 +65,7 @@ OPTIONAL_IMPORTS = {
     "diffusers": "rex's paper-scale pretrained DDPM backend; GPU users install it (README 'GPU installs')",
     "mp_api": "remote source of the Materials Project elasticity data (needs an API key)",
     "threadpoolctl": "thread limiting when present (it comes with scikit-learn); not required",
+    "transformers": "vit_binding's paper-scale pretrained DINOv2 backend (weights need a download); GPU users install it",
 }
 
 
@@ -375,15 +376,27 @@ def test_requirements_and_pyproject_declare_the_same_pins():
                           f"only in pyproject.toml: {sorted(set(proj.items()) - set(reqs.items()))}")
 
 
-RULE = re.compile(r"^rule (\w+):\s*$", re.M)
+RULE = re.compile(r"^( *)rule( \w+)?:\s*$", re.M)
 
 
 def _rule_blocks():
+    """Every rule's body, dedented to the rule's own level (rules may sit inside ``if``/``for``
+    blocks, e.g. the per-method batch rules; an anonymous rule is named by its ``name:``)."""
+    import textwrap
+
     for smk in [ROOT / "Snakefile", *sorted((ROOT / "workflows").glob("*.smk"))]:
         text = smk.read_text()
         starts = [m for m in RULE.finditer(text)]
         for m, nxt in zip(starts, starts[1:] + [None]):
-            yield smk.name, m.group(1), text[m.end(): nxt.start() if nxt else len(text)]
+            indent = len(m.group(1))
+            body = text[m.end(): nxt.start() if nxt else len(text)]
+            lines = [ln for ln in body.splitlines() if not ln.strip() or len(ln) - len(ln.lstrip()) > indent]
+            body = textwrap.indent(textwrap.dedent("\n".join(lines)), "    ")
+            name = (m.group(2) or "").strip()
+            if not name:
+                named = re.search(r"^    name:\s*\n\s+(.+?)\s*$", body, re.M)
+                name = named.group(1) if named else "<anonymous>"
+            yield smk.name, name, body
 
 
 def test_every_rule_that_runs_code_names_an_environment():
@@ -403,7 +416,7 @@ def test_every_rule_that_runs_code_names_an_environment():
         if m:
             if m.group(1) not in envs:
                 problems.append(f"{where}: rule {rule}: conda env_file('{m.group(1)}') has no envs/{m.group(1)}.yaml")
-        elif value not in ("method_env", "dataset_env"):
+        elif value not in ("method_env", "dataset_env", "env_file(_spec.env)"):
             problems.append(f"{where}: rule {rule}: conda: {value} is not one the test knows how to resolve")
     assert seen >= 7 and not problems, "\n".join(problems)
     # what the two functions return: each method's spec env and each dataset's registry env

@@ -428,18 +428,15 @@ def from_snakemake(sm: Any) -> None:
 
 
 def _write_usage(log: str | None) -> None:
-    """CPU seconds (this process and its children, from interpreter start, imports included),
-    wall seconds since the process started and peak memory, beside the rule's benchmark file.
+    """CPU seconds (this process and its children, from interpreter start, imports included)
+    and peak memory, beside the rule's benchmark file (which has the wall time).
     Snakemake's own benchmark samples CPU too coarsely for jobs of a few seconds."""
     if not log or "/logs/" not in str(log):
         return
     import resource
 
-    import psutil
-
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     usage = {"cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
-             "wall_s": time.time() - psutil.Process().create_time(),
              "max_rss_mb": max(me.ru_maxrss, kids.ru_maxrss) / 1024.0}
     head, _, tail = str(log).rpartition("/logs/")
     out = Path(f"{head}/benchmarks/{tail}").with_suffix(".usage.json")
