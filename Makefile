@@ -22,7 +22,7 @@ run: setup
 	$(VENV)/bin/snakemake --cores $(JOBS) $(ARGS)
 
 test: setup
-	$(VENV)/bin/pytest -q -rs $(ARGS)
+	$(VENV)/bin/pytest -q -rs --durations=15 $(ARGS)
 
 test-fast: setup
 	$(VENV)/bin/pytest -q -rs -m "not integration and not slurm" $(ARGS)
