@@ -111,6 +111,18 @@ def _cards(data_dirs: dict[str, Path]) -> dict[str, dict]:
     return {name: read_json(Path(d) / "card.json") for name, d in data_dirs.items() if (Path(d) / "card.json").exists()}
 
 
+def _run_inputs(method: str, scale: str, seed: int, params: dict, cards: dict[str, dict]) -> dict[str, dict]:
+    """The datasets a run consumed; a method that generates its own data (``datasets: []``) gets
+    one input naming its generator, with a digest of the parameters and seed that produced it."""
+    if cards:
+        return cards
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps([params, seed], sort_keys=True, default=str).encode()).hexdigest()
+    return {f"{method}-generated": {"source": "generated", "scale": scale,
+                                    "files": {"params": {"sha256": digest}}}}
+
+
 def train_shared(method: str, seed: int, scale: str, params: dict, data_dirs: dict[str, Path], done: Path,
                  threads: int = 1, tracking: dict | None = None) -> None:
     from .tracking import JobRun
@@ -129,7 +141,7 @@ def train_shared(method: str, seed: int, scale: str, params: dict, data_dirs: di
                  pending_path=shared_dir / "tracking_pending.json", **_tracking_kw(tracking))
     with run:
         run.log_params(params)
-        run.set_datasets(cards)
+        run.set_datasets(_run_inputs(method, scale, seed, params, cards))
         t0 = time.perf_counter()
         module.train_shared(ctx)
         ctx.metrics.scalar("wall_seconds", time.perf_counter() - t0)
@@ -143,7 +155,8 @@ def run_name(method: str, variant: str, seed: int, scale: str) -> str:
 
 def train_batch(method: str, cells: list[tuple[str, int]], seeds: list[int], scale: str, params: dict,
                 data_dirs: dict[str, Path], results_dir: Path, threads: int = 1, tracking: dict | None = None,
-                attempt: int = 1, inject_failure: list | None = None, mem_mb: int | None = None) -> None:
+                attempt: int = 1, inject_failure: list | None = None, mem_mb: int | None = None,
+                log_path: str | None = None) -> None:
     """All of a method's cells in one process (FANOUT "method"): the per-seed shared training,
     then every variant x seed cell, each with its own MLflow child run and output folder, exactly
     as the one-job-per-cell rules would write them. Job start-up is paid once."""
@@ -166,7 +179,7 @@ def train_batch(method: str, cells: list[tuple[str, int]], seeds: list[int], sca
             train(method, variant, seed, scale, params, data_dirs,
                   results_dir / variant / f"seed{seed}" / "metrics.json",
                   results_dir / "_shared" / f"seed{seed}" if spec.train_shared else None,
-                  threads, tracking, attempt, inject_failure, mem_mb)
+                  threads, tracking, attempt, inject_failure, mem_mb, log_path)
     print(f"[{method}] {n} cells done in {time.perf_counter() - t0:.1f}s", flush=True)
 
 
@@ -194,7 +207,8 @@ def _maybe_fail(inject: list | None, method: str, variant: str, seed: int, attem
 
 def train(method: str, variant: str, seed: int, scale: str, params: dict, data_dirs: dict[str, Path],
           metrics_path: Path, shared_dir: Path | None = None, threads: int = 1, tracking: dict | None = None,
-          attempt: int = 1, inject_failure: list | None = None, mem_mb: int | None = None) -> Metrics:
+          attempt: int = 1, inject_failure: list | None = None, mem_mb: int | None = None,
+          log_path: str | None = None) -> Metrics:
     from .tracking import JobRun
 
     spec = registry.get(method)
@@ -212,7 +226,7 @@ def train(method: str, variant: str, seed: int, scale: str, params: dict, data_d
                  pending_path=outdir / "tracking_pending.json", **_tracking_kw(tracking))
     with run:
         run.log_params({**params, "variant": variant, "seed": seed})
-        run.set_datasets(cards)
+        run.set_datasets(_run_inputs(method, scale, seed, params, cards))
         run.set_tags({"attempt": attempt, "mem_mb": mem_mb})
         _maybe_fail(inject_failure, method, variant, seed, attempt)
         t0 = time.perf_counter()
@@ -220,6 +234,9 @@ def train(method: str, variant: str, seed: int, scale: str, params: dict, data_d
         ctx.metrics.scalar("wall_seconds", time.perf_counter() - t0)
         write_json(Path(metrics_path), ctx.metrics.to_json())  # results first, tracking second
         run.log_metrics(ctx.metrics.scalars, ctx.metrics.curves)
+        run.log_artifact(Path(metrics_path))
+        if log_path:
+            run.log_artifact(Path(log_path))
         for p in sorted(outdir.glob("*.png")):
             run.log_artifact(p)
     return ctx.metrics
@@ -460,12 +477,12 @@ def _dispatch(sm: Any, rule: str, w, p, log: str | None, attempt: int) -> None:
         elif rule == "train":
             train(w.method, w.variant, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.metrics),
                   p.shared_dir, sm.threads, p.tracking, attempt,
-                  sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None))
+                  sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None), log)
         elif rule.startswith("train_batch_"):
             first = Path(sm.output.metrics[0])  # results/<scale>/<method>/<variant>/seed<S>/metrics.json
             train_batch(p.method, [(v, int(s)) for v, s in p.cells], [int(s) for s in p.seeds], p.scale, p.hp,
                         dict(p.data), first.parents[2], sm.threads, p.tracking, attempt,
-                        sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None))
+                        sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None), log)
         elif rule == "evaluate":
             evaluate(w.method, p.scale, p.hp, list(sm.input.metrics), Path(sm.output.table),
                      Path(sm.output.plots))
