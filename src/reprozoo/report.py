@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import html
 import math
 from pathlib import Path
@@ -113,7 +114,49 @@ def _img(path: Path) -> str:
     return f'<figure><img src="data:image/png;base64,{data}"><figcaption>{html.escape(path.name)}</figcaption></figure>'
 
 
+def _provenance(claims_files: list[Path]) -> dict:
+    """Commit(s), date and the invocation's config, for the report's header."""
+    import datetime
+    import json
+    import os
+
+    commits = sorted({read_json(f).get("git_commit", "unknown") for f in claims_files})
+    config = None
+    inv = os.environ.get("REPROZOO_INVOCATION")
+    if inv and claims_files:
+        results = next((p for p in Path(claims_files[0]).resolve().parents if p.name == "results"), None)
+        state = results / ".tracking" / "invocations" / f"{inv}.json" if results else None
+        if state and state.exists():
+            config = json.loads(state.read_text()).get("config")
+    return {"commits": commits, "date": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
+
+
+def _datasets_html(data: dict, claims_file: Path) -> list[str]:
+    """Each dataset's card (source, version, sizes) and preview for the method's scale."""
+    from . import registry
+
+    try:
+        names = registry.get(data["method"]).datasets_for(data["scale"])
+    except ValueError:
+        return []
+    results = next((p for p in Path(claims_file).resolve().parents if p.name == "results"), None)
+    out = []
+    for name in names:
+        d = results / "data" / name / data["scale"] if results else None
+        if d is None or not (d / "card.json").exists():
+            continue
+        card = read_json(d / "card.json")
+        keep = {k: card[k] for k in ("source", "version", "description", "sizes", "surrogate") if k in card}
+        out.append(f"<details><summary>dataset <code>{html.escape(name)}</code> ({html.escape(str(card.get('source')))})"
+                   f"</summary><pre>{html.escape(json.dumps(keep, indent=1, default=str))}</pre>"
+                   + (_img(d / "preview.png") if (d / "preview.png").exists() else "") + "</details>")
+    return out
+
+
 def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
+    import json as _json
+
+    prov = _provenance(claims_files)
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>reprozoo report</title><style>",
              "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px}"
@@ -121,16 +164,28 @@ def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
              ".banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px}"
              "figure{display:inline-block;margin:6px}img{max-width:520px;border:1px solid #eee}",
              "</style></head><body><h1>reprozoo report</h1>"]
+    scales = sorted(set(df.scale)) if not df.empty else []
+    parts.append(f"<p>scale <b>{', '.join(scales) or '-'}</b>; generated {prov['date']}; git commit "
+                 f"{', '.join(f'<code>{html.escape(c)}</code>' for c in prov['commits'])}. Runs: "
+                 "<code>reprozoo ui</code>, one MLflow experiment per method (named as below).</p>")
+    if prov["config"] is not None:
+        parts.append("<details><summary>configuration of this run</summary><pre>"
+                     f"{html.escape(_json.dumps(prov['config'], indent=1, default=str))}</pre></details>")
     if not df.empty:
-        parts.append(f"<p>{html.escape(counts(df.verdict))} ({len(df)} claims).</p>")
+        parts.append(f"<p>{html.escape(counts(df.verdict))} ({len(df)} claims). Verdicts read the one-sided "
+                     "95 % Student-t interval over seeds.</p>")
         if "ci" in set(df.scale):
             parts.append("<p class='banner'><b>ci scale: plumbing only.</b> These verdicts test that the "
                          "pipeline runs; the claims are tested at <code>smoke</code>.</p>")
-    for f in claims_files:
-        data = read_json(f)
-        parts.append(f"<h2>{html.escape(data['method'])}: {html.escape(data['title'])}</h2>")
+    datas = [(f, read_json(f)) for f in claims_files]
+    parts.append("<h2>Contents</h2><ul>" + "".join(
+        f"<li><a href='#{html.escape(d['method'])}'>{html.escape(d['method'])}</a>: "
+        f"{html.escape(counts(c['verdict'] for c in d['claims']))}</li>" for _, d in datas) + "</ul>")
+    for f, data in datas:
+        parts.append(f"<h2 id='{html.escape(data['method'])}'>{html.escape(data['method'])}: {html.escape(data['title'])}</h2>")
         parts.append(f"<p>{html.escape(data['paper'])}; scale <code>{data['scale']}</code>; "
-                     f"seeds {data['seeds']}; variants {', '.join(data['variants'])}</p>")
+                     f"seeds {data['seeds']}; variants {', '.join(data['variants'])}; MLflow experiment "
+                     f"<code>{html.escape(data['method'])}</code></p>")
         parts.append("<table><tr><th>claim</th><th>measured</th><th>threshold</th><th>paper</th>"
                      "<th>verdict</th></tr>")
         for c in data["claims"]:
@@ -140,6 +195,7 @@ def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
                 f"<td>{c['op']} {fmt(c['threshold'])}</td><td>{html.escape(str(c.get('paper_value')))}</td>"
                 f"<td><b>{c['verdict']}</b>{'<br>' + html.escape(c['error']) if c.get('error') else ''}</td></tr>")
         parts.append("</table>")
+        parts += _datasets_html(data, f)
         plots = sorted((f.parent / "plots").glob("*.png"))
         parts += [_img(p) for p in plots]
     parts.append("</body></html>")
