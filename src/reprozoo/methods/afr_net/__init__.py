@@ -1,0 +1,1 @@
+"""AFR-Net: adaptive flow routing over structural connectivity, fused with functional connectivity."""

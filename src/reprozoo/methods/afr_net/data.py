@@ -1,0 +1,190 @@
+"""Synthetic cohort: modular structural connectomes, FC from a linear stochastic model, patients
+made by weakening planted pathways.
+
+Why synthetic: the question AFR-Net answers ("which structural routes carry the functional
+signal that separates two groups?") needs a ground truth for the routes, which no real cohort has.
+
+Generative model (all quantities dimensionless; time in units of the regional time constant):
+
+* Template SC ``W`` (N x N, symmetric, zero diagonal): N regions in ``n_modules`` equal modules;
+  an edge exists with probability ``p_in`` inside a module, ``p_out`` between modules; weights are
+  log-normal, ``W_e = exp(weight_sigma * z)``, then scaled to mean 1 over the edges.
+* Planted pathways: ``n_pathways`` node-disjoint paths ``v0 - v1 - ... - v_L`` that hop between
+  modules (every second edge a bridge between two modules), edges added to the template with a
+  strong weight (the template's 90th-percentile weight) so that they are real communication
+  routes. The set of their edges is the ground truth for pathway recovery.
+* Subject SC: ``S = W * exp(sc_noise * xi_e) * exp(global_noise * zeta)`` on the template's
+  support (one edge set for the whole cohort, as after group-consensus thresholding).
+* Patients (label 1): every planted edge multiplied by ``1 - s``, severity ``s ~ U(s_min, s_max)``
+  drawn per patient, so some patients are nearly indistinguishable from controls.
+* FC: a linear stochastic (Ornstein-Uhlenbeck) model on the subject's SC, integrated with
+  Euler-Maruyama::
+
+      x_{t+dt} = x_t + dt (-x_t + g S_hat x_t) + sqrt(dt) eta_t,   S_hat = S / lambda_max(S)
+
+  (0 < g < 1 keeps it stable); FC is the Pearson correlation of ``n_steps`` samples after a burn-in
+  of ``burn_in`` steps: finite-sample noise included, as in a real scan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Cohort:
+    sc: np.ndarray            # (n, N, N) structural connectivity, zero off the support
+    fc: np.ndarray            # (n, N, N) Pearson correlation, unit diagonal
+    y: np.ndarray             # (n,) 0 control, 1 patient
+    severity: np.ndarray      # (n,) s of each patient (0 for controls)
+    edges: np.ndarray         # (E, 2) support edges i < j (shared by all subjects)
+    planted: np.ndarray       # (E,) bool: edge belongs to a planted pathway
+    modules: np.ndarray       # (N,) module of each region
+    pathways: list            # list of node sequences
+
+    def save(self, path) -> None:
+        from ...io import save_npz
+
+        lens = np.array([len(p) for p in self.pathways])
+        save_npz(path, sc=self.sc.astype(np.float32), fc=self.fc.astype(np.float32), y=self.y,
+                 severity=self.severity, edges=self.edges, planted=self.planted, modules=self.modules,
+                 pathway_nodes=np.concatenate(self.pathways), pathway_lens=lens)
+
+    @classmethod
+    def load(cls, path) -> "Cohort":
+        z = np.load(path)
+        splits = np.cumsum(z["pathway_lens"])[:-1]
+        return cls(z["sc"], z["fc"], z["y"], z["severity"], z["edges"], z["planted"], z["modules"],
+                   [p for p in np.split(z["pathway_nodes"], splits)])
+
+
+def modular_template(n_regions: int, n_modules: int, p_in: float, p_out: float, weight_sigma: float,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Template SC (symmetric, mean edge weight 1) and the module of each region."""
+    modules = np.repeat(np.arange(n_modules), int(np.ceil(n_regions / n_modules)))[:n_regions]
+    same = modules[:, None] == modules[None, :]
+    prob = np.where(same, p_in, p_out)
+    upper = np.triu(rng.random((n_regions, n_regions)) < prob, 1)
+    w = np.where(upper, np.exp(weight_sigma * rng.standard_normal((n_regions, n_regions))), 0.0)
+    w = w + w.T
+    # connect every region at least to one module mate (no isolated nodes: the Laplacian stays rank N-1)
+    for i in np.flatnonzero((w > 0).sum(1) == 0):
+        j = rng.choice(np.flatnonzero(same[i] & (np.arange(n_regions) != i)))
+        w[i, j] = w[j, i] = 1.0
+    return w / w[w > 0].mean(), modules
+
+
+def plant_pathways(w: np.ndarray, modules: np.ndarray, n_pathways: int, path_edges: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, list]:
+    """Add ``n_pathways`` node-disjoint inter-module paths of ``path_edges`` edges to ``w``.
+
+    Path nodes go two per module (v0, v1 in module a; v2, v3 in module b; ...), so edges alternate
+    within-module / bridge; the modules visited are distinct and drawn at random. Planted edges get
+    the template's 90th-percentile weight (strong routes).
+    """
+    w = w.copy()
+    n_mod = int(modules.max()) + 1
+    strong = float(np.quantile(w[w > 0], 0.9))
+    used: set[int] = set()
+    pathways = []
+    for _ in range(n_pathways):
+        n_nodes = path_edges + 1
+        mods = rng.permutation(n_mod)[: int(np.ceil(n_nodes / 2))]
+        if len(mods) * 2 < n_nodes:
+            raise ValueError(f"{n_mod} modules cannot host a pathway of {path_edges} edges (two nodes per module)")
+        nodes = []
+        for k in range(n_nodes):
+            free = [i for i in np.flatnonzero(modules == mods[k // 2]) if i not in used]
+            v = int(rng.choice(free))
+            used.add(v)
+            nodes.append(v)
+        for a, b in zip(nodes[:-1], nodes[1:]):
+            w[a, b] = w[b, a] = strong
+        pathways.append(np.array(nodes))
+    return w, pathways
+
+
+def ou_functional_connectivity(sc: np.ndarray, coupling: float, dt: float, n_steps: int, burn_in: int,
+                               rng: np.random.Generator) -> np.ndarray:
+    """Pearson FC of the linear stochastic model on each SC in the batch ``sc`` (n, N, N)."""
+    n, N, _ = sc.shape
+    lam = np.linalg.eigvalsh(sc)[:, -1]                       # spectral radius (SC is non-negative)
+    a = coupling * sc / lam[:, None, None]
+    x = rng.standard_normal((n, N))
+    traj = np.empty((n, n_steps, N))
+    drift = np.eye(N)[None] * (1.0 - dt) + dt * a             # x_{t+dt} = drift x_t + sqrt(dt) eta
+    drift_t = drift.transpose(0, 2, 1).copy()
+    sq = np.sqrt(dt)
+    for t in range(burn_in + n_steps):
+        x = np.matmul(x[:, None, :], drift_t)[:, 0] + sq * rng.standard_normal((n, N))
+        if t >= burn_in:
+            traj[:, t - burn_in] = x
+    traj -= traj.mean(1, keepdims=True)
+    cov = np.matmul(traj.transpose(0, 2, 1), traj) / n_steps
+    sd = np.sqrt(np.einsum("bii->bi", cov))
+    fc = cov / (sd[:, :, None] * sd[:, None, :])
+    fc[:, np.arange(N), np.arange(N)] = 1.0
+    return fc
+
+
+def make_cohort(rng: np.random.Generator, n_subjects: int, n_regions: int, n_modules: int, p_in: float,
+                p_out: float, weight_sigma: float, n_pathways: int, path_edges: int, sc_noise: float,
+                global_noise: float, severity: tuple, coupling: float, dt: float, n_steps: int,
+                burn_in: int) -> Cohort:
+    """Draw the whole cohort (half controls, half patients, label order shuffled)."""
+    w0, modules = modular_template(n_regions, n_modules, p_in, p_out, weight_sigma, rng)
+    w, pathways = plant_pathways(w0, modules, n_pathways, path_edges, rng)
+    iu = np.triu_indices(n_regions, 1)
+    on = w[iu] > 0
+    edges = np.stack([iu[0][on], iu[1][on]], 1)
+    planted_set = {tuple(sorted((int(a), int(b)))) for p in pathways for a, b in zip(p[:-1], p[1:])}
+    planted = np.array([(int(i), int(j)) in planted_set for i, j in edges])
+
+    y = rng.permutation(np.arange(n_subjects) % 2)
+    sev = np.where(y == 1, rng.uniform(severity[0], severity[1], n_subjects), 0.0)
+    we = w[edges[:, 0], edges[:, 1]]
+    noise = np.exp(sc_noise * rng.standard_normal((n_subjects, len(edges))))
+    glob = np.exp(global_noise * rng.standard_normal((n_subjects, 1)))
+    s_e = we[None] * noise * glob * np.where(planted[None], 1.0 - sev[:, None], 1.0)
+    sc = np.zeros((n_subjects, n_regions, n_regions))
+    sc[:, edges[:, 0], edges[:, 1]] = s_e
+    sc = sc + sc.transpose(0, 2, 1)
+    fc = ou_functional_connectivity(sc, coupling, dt, n_steps, burn_in, rng)
+    return Cohort(sc, fc, y, sev, edges, planted, modules, pathways)
+
+
+def split_indices(y: np.ndarray, fractions: tuple, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Stratified train / val / test split (fractions of each class)."""
+    out = {"train": [], "val": [], "test": []}
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        n_tr = int(round(fractions[0] * len(idx)))
+        n_va = int(round(fractions[1] * len(idx)))
+        out["train"].append(idx[:n_tr])
+        out["val"].append(idx[n_tr:n_tr + n_va])
+        out["test"].append(idx[n_tr + n_va:])
+    return {k: np.sort(np.concatenate(v)) for k, v in out.items()}
+
+
+def load_cohort_file(path, consensus: float = 0.5) -> Cohort:
+    """A real cohort from an .npz with ``sc`` (n, N, N), ``fc`` (n, N, N) and ``y`` (n,).
+
+    Edges: the group-consensus support (SC > 0 in at least ``consensus`` of the subjects); SC off
+    that support is set to 0 so that every subject shares one edge list. No planted pathways.
+    """
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"cohort file {path} not found: point the paper config's source.path at an .npz "
+                                "with sc (n, N, N), fc (n, N, N) and y (n,) (e.g. HCP / ABIDE connectomes)")
+    z = np.load(path)
+    sc, fc, y = np.asarray(z["sc"], float), np.asarray(z["fc"], float), np.asarray(z["y"]).astype(int)
+    sc = 0.5 * (sc + sc.transpose(0, 2, 1))
+    n, N, _ = sc.shape
+    keep = np.triu((sc > 0).mean(0) >= consensus, 1)
+    sc = np.where((keep | keep.T)[None], sc, 0.0)
+    sc = sc / sc[:, keep].mean()                                      # mean edge weight 1, as drawn
+    edges = np.argwhere(keep)
+    return Cohort(sc, fc, y, np.zeros(n), edges, np.zeros(len(edges), bool), np.zeros(N, int), [])

@@ -1,0 +1,343 @@
+"""AFR-Net in miniature: patients vs controls from SC + FC, and which SC edges the model points at.
+
+Variants (same cohort, same split, same optimiser, epochs, batch size, dropout and model
+selection by validation cross-entropy; only the model differs):
+- ``afr_net``: adaptive flow routing (models.AFRNet, routing.py) with the paper's auxiliary
+  losses (alignment, structural budget, gate sparsity).
+- ``afr_net_fixed``: ablation, the same network with the gates fixed at 0 (routing by structural
+  conductance alone, no learned re-routing).
+- ``mlp``: MLP on the concatenated upper triangles of SC and FC.
+- ``gcn``: GCN on each subject's SC with the FC rows as node features.
+
+Stages. train_shared (per seed): draw the cohort (data.py) and the stratified 60/20/20 split.
+train (per variant x seed), recorded metrics:
+- ``auc`` (test ROC AUC, patient = positive), ``acc``, ``val_auc``;
+- ``prec_at_k``: precision at k = number of planted edges of the model's own pathway readout,
+  among the SC edges (chance = k / E, ``chance_prec``). AFR-Net's readout is the paper's: the
+  group difference |mean_patients m_e - mean_controls m_e| of the routing mask on held-out subjects;
+  the baselines have no routing, so theirs is gradient x (input - training mean) saliency of the
+  logit difference, summed over the edge's SC and FC entries. ``prec_at_k_saliency`` is that same
+  saliency readout for every variant (AFR-Net included), the like-for-like comparison;
+- ``sc_ttest_prec``: a model-free reference, precision at k of a two-sample t-test on the
+  training subjects' log SC, telling how hard localisation is in this cohort;
+- curves ``train_loss``, ``val_loss`` (cross-entropy per epoch), ``val_loss_slope`` (final slope),
+  ``edge_score`` (the readout per SC edge, x = i * N + j), and, in the ``afr_net`` cell only,
+  the cohort's ``planted_edge``, ``sc_control_mean`` and ``fc_group_diff`` for the matrix plots.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .data import Cohort, load_cohort_file, make_cohort, split_indices
+
+VARIANTS = ("afr_net", "afr_net_fixed", "mlp", "gcn")
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
+    """ROC AUC as the Mann-Whitney probability P(score_pos > score_neg), ties counted half."""
+    from scipy.stats import rankdata
+
+    y = np.asarray(y).astype(bool)
+    n1, n0 = y.sum(), (~y).sum()
+    if n1 == 0 or n0 == 0:
+        return float("nan")
+    r = rankdata(score)
+    return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def precision_at_k(score: np.ndarray, truth: np.ndarray, k: int | None = None) -> float:
+    """Fraction of planted edges among the k highest scores (k = number of planted edges)."""
+    truth = np.asarray(truth).astype(bool)
+    k = int(truth.sum()) if k is None else k
+    if k == 0:
+        return float("nan")                                      # real data: nothing planted
+    top = np.argsort(-np.asarray(score), kind="stable")[:k]
+    return float(truth[top].mean())
+
+
+def ttest_scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """|Welch t| per column of x (subjects x features) between y == 1 and y == 0."""
+    a, b = x[y == 1], x[y == 0]
+    se = np.sqrt(a.var(0, ddof=1) / len(a) + b.var(0, ddof=1) / len(b))
+    return np.abs(a.mean(0) - b.mean(0)) / np.maximum(se, 1e-12)
+
+
+# --- shared per-seed work ------------------------------------------------------------------------
+
+def train_shared(ctx) -> None:
+    p = ctx.params
+    d = p["data"]
+    if "source" in p:                                            # paper scale: a real cohort file
+        cohort = load_cohort_file(p["source"]["path"], p["source"].get("consensus", 0.5))
+    else:
+        cohort = make_cohort(ctx.rng(0), **{**d, "severity": tuple(d["severity"])})
+    split = split_indices(cohort.y, tuple(p["split"]), ctx.rng(1))
+    cohort.save(ctx.outdir / "cohort.npz")
+    np.savez(ctx.outdir / "split.npz", **split)
+    ctx.metrics.scalar("n_edges", len(cohort.edges))
+    ctx.metrics.scalar("n_planted", int(cohort.planted.sum()))
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def build_model(variant: str, cohort: Cohort, tensors: dict, p: dict):
+    import torch
+
+    from .models import AFRNet, GCNBaseline, MLPBaseline
+
+    N = cohort.sc.shape[1]
+    drop = p["train"]["dropout"]
+    S, F = tensors["S"][tensors["train"]], tensors["F"][tensors["train"]]
+    if variant in ("afr_net", "afr_net_fixed"):
+        a = p["afr"]
+        x = AFRNet.node_features(S, F)
+        return AFRNet(N, torch.as_tensor(cohort.edges), d=a["d"], heads=a["heads"], dropout=drop, theta=a["theta"],
+                      n_pairs=a["n_pairs"], tau=a["tau"], learn_gate=variant == "afr_net",
+                      feat_mean=x.mean(0), feat_std=x.std(0))
+    if variant == "mlp":
+        x = MLPBaseline.features(S, F)
+        return MLPBaseline(N, x.mean(0), x.std(0), hidden=p["mlp"]["hidden"], dropout=drop)
+    if variant == "gcn":
+        return GCNBaseline(N, hidden=p["gcn"]["hidden"], dropout=drop, feat_mean=F.mean(0), feat_std=F.std(0))
+    raise ValueError(f"unknown variant '{variant}', expected one of {VARIANTS}")
+
+
+def _predict(model, T: dict, idx, seed: int, batch: int = 64):
+    """Logits and aux of ``idx`` in eval mode; AFR-Net's pairs from a fixed generator."""
+    import torch
+
+    gen = torch.Generator(device=T["S"].device).manual_seed(10_000 + seed)
+    model.eval()
+    logits, auxes = [], []
+    with torch.no_grad():
+        for s in range(0, len(idx), batch):
+            b = idx[s:s + batch]
+            z, aux = model(T["S"][b], T["F"][b], T["M"][b], generator=gen)
+            logits.append(z)
+            auxes.append(aux)
+    aux = {k: torch.cat([a[k] for a in auxes]) for k in auxes[0]} if auxes[0] else {}
+    return torch.cat(logits), aux
+
+
+def fit(model, T: dict, p: dict, seed: int, is_afr: bool, progress=print):
+    """Adam on cross-entropy (+ AFR-Net's regularisers); keeps the state of best validation loss."""
+    import torch
+
+    from .models import afr_regularisers
+
+    tr = p["train"]
+    a = p["afr"]
+    opt = torch.optim.Adam(model.parameters(), lr=tr["lr"], weight_decay=tr["weight_decay"])
+    gen = torch.Generator(device=T["S"].device).manual_seed(seed)
+    ce = torch.nn.functional.cross_entropy
+    train_idx, val_idx = T["train"], T["val"]
+    hist = {"train_loss": [], "val_loss": [], "val_auc": []}
+    best = (float("inf"), None, -1)
+    for epoch in range(tr["epochs"]):
+        model.train()
+        perm = train_idx[torch.randperm(len(train_idx), generator=gen, device=gen.device)]
+        tot = 0.0
+        for s in range(0, len(perm), tr["batch"]):
+            b = perm[s:s + tr["batch"]]
+            z, aux = model(T["S"][b], T["F"][b], T["M"][b], generator=gen)
+            loss = ce(z, T["y"][b])
+            tot += loss.item() * len(b)
+            if is_afr:
+                r = afr_regularisers(aux)
+                loss = loss + a["lambda_align"] * r["align"] + a["lambda_budget"] * r["budget"] \
+                    + a["lambda_gate"] * r["gate"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        zv, _ = _predict(model, T, val_idx, seed)
+        vl = ce(zv, T["y"][val_idx]).item()
+        hist["train_loss"].append(tot / len(perm))
+        hist["val_loss"].append(vl)
+        hist["val_auc"].append(roc_auc(T["y"][val_idx].cpu().numpy(), (zv[:, 1] - zv[:, 0]).cpu().numpy()))
+        if vl < best[0]:
+            best = (vl, copy.deepcopy(model.state_dict()), epoch)
+        if epoch % max(1, tr["epochs"] // 5) == 0:
+            progress(f"epoch {epoch}: train {hist['train_loss'][-1]:.3f} val {vl:.3f} val_auc {hist['val_auc'][-1]:.3f}")
+    model.load_state_dict(best[1])
+    return hist, best[2]
+
+
+def saliency_edge_scores(model, T: dict, idx, edges: np.ndarray, seed: int) -> np.ndarray:
+    """mean over subjects of |d(z1 - z0)/dX * (X - mean_train X)| for X in {SC, FC}, per edge
+    (both triangles of each matrix summed): the readout available to any differentiable model."""
+    import torch
+
+    gen = torch.Generator(device=T["S"].device).manual_seed(20_000 + seed)
+    model.eval()
+    S = T["S"][idx].clone().requires_grad_(True)
+    F = T["F"][idx].clone().requires_grad_(True)
+    z, _ = model(S, F, T["M"][idx], generator=gen)
+    (z[:, 1] - z[:, 0]).sum().backward()
+    mS, mF = T["S"][T["train"]].mean(0), T["F"][T["train"]].mean(0)
+    contrib = ((S.grad * (S.detach() - mS)).abs() + (F.grad * (F.detach() - mF)).abs()).mean(0)
+    contrib = contrib + contrib.T
+    return contrib[edges[:, 0], edges[:, 1]].cpu().numpy()
+
+
+def load_tensors(shared_dir: Path, p: dict, device: str = "cpu"):
+    import torch
+
+    from .routing import demand
+
+    cohort = Cohort.load(shared_dir / "cohort.npz")
+    split = np.load(shared_dir / "split.npz")
+    S = torch.as_tensor(cohort.sc, dtype=torch.float32, device=device)
+    F = torch.as_tensor(cohort.fc, dtype=torch.float32, device=device)
+    T = {"S": S, "F": F, "M": demand(S, F, p["afr"]["hops"], p["afr"]["rho"]),
+         "y": torch.as_tensor(cohort.y, dtype=torch.long, device=device)}
+    for k in ("train", "val", "test"):
+        T[k] = torch.as_tensor(split[k], dtype=torch.long, device=device)
+    return cohort, T
+
+
+def train(ctx) -> None:
+    import torch
+
+    p, v = ctx.params, ctx.variant
+    torch.manual_seed(ctx.seed)
+    device = p.get("device", "cpu")
+    cohort, T = load_tensors(ctx.shared_dir, p, device)
+    N, edges, planted = cohort.sc.shape[1], cohort.edges, cohort.planted
+    is_afr = v.startswith("afr_net")
+    model = build_model(v, cohort, T, p).to(device)
+    t0 = time.perf_counter()
+    hist, best_epoch = fit(model, T, p, ctx.seed, is_afr, ctx.progress)
+    ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
+    ep = np.arange(len(hist["val_loss"]))
+    ctx.metrics.curve("train_loss", ep, hist["train_loss"])
+    ctx.metrics.curve("val_loss", ep, hist["val_loss"])
+    tail = max(5, len(ep) // 4)
+    ctx.metrics.scalar("val_loss_slope", float(np.polyfit(ep[-tail:], hist["val_loss"][-tail:], 1)[0]))
+    ctx.metrics.scalar("best_epoch", best_epoch)
+
+    y = T["y"].cpu().numpy()
+    test = T["test"]
+    zt, _ = _predict(model, T, test, ctx.seed)
+    score = (zt[:, 1] - zt[:, 0]).cpu().numpy()
+    ctx.metrics.scalar("auc", roc_auc(y[test], score))
+    ctx.metrics.scalar("acc", float(((score > 0) == y[test]).mean()))
+    zv, _ = _predict(model, T, T["val"], ctx.seed)
+    ctx.metrics.scalar("val_auc", roc_auc(y[T["val"]], (zv[:, 1] - zv[:, 0]).cpu().numpy()))
+
+    # pathway readouts on the held-out subjects (validation + test)
+    held = torch.cat([T["val"], test])
+    sal = saliency_edge_scores(model, T, held, edges, ctx.seed)
+    if is_afr:
+        _, aux = _predict(model, T, held, ctx.seed)
+        m = aux["m"].cpu().numpy()
+        yh = y[held.cpu().numpy()]
+        native = np.abs(m[yh == 1].mean(0) - m[yh == 0].mean(0))
+        ctx.metrics.scalar("mask_mean", float(m.mean()))
+        ctx.metrics.scalar("gate_mean", float(aux["a"].mean()))
+    else:
+        native = sal
+    k = int(planted.sum())
+    ctx.metrics.scalar("prec_at_k", precision_at_k(native, planted))
+    ctx.metrics.scalar("prec_at_k_saliency", precision_at_k(sal, planted))
+    ctx.metrics.scalar("chance_prec", k / len(edges))
+    tr = T["train"].cpu().numpy()
+    log_sc = np.log(cohort.sc[tr][:, edges[:, 0], edges[:, 1]])
+    ctx.metrics.scalar("sc_ttest_prec", precision_at_k(ttest_scores(log_sc, y[tr]), planted))
+    flat = edges[:, 0] * N + edges[:, 1]
+    ctx.metrics.curve("edge_score", flat, native)
+    if v == "afr_net":
+        ctx.metrics.curve("planted_edge", flat, planted.astype(float))
+        ctl = cohort.sc[y == 0].mean(0)
+        ctx.metrics.curve("sc_control_mean", flat, ctl[edges[:, 0], edges[:, 1]])
+        iu = np.triu_indices(N, 1)
+        dfc = cohort.fc[y == 0].mean(0) - cohort.fc[y == 1].mean(0)
+        ctx.metrics.curve("fc_group_diff", iu[0] * N + iu[1], dfc[iu])
+    ctx.progress(f"auc {ctx.metrics.scalars['auc']:.3f} prec@k {ctx.metrics.scalars['prec_at_k']:.3f} "
+                 f"(saliency {ctx.metrics.scalars['prec_at_k_saliency']:.3f}, chance {k / len(edges):.3f})")
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+def _matrix(sub, n: int, seed=None) -> np.ndarray:
+    """Symmetric N x N matrix from a curve whose x is the flat index i * N + j (mean over seeds
+    unless ``seed`` is given)."""
+    if seed is not None:
+        sub = sub[sub.seed == seed]
+    g = sub.groupby("x").value.mean()
+    M = np.zeros((n, n))
+    idx = g.index.to_numpy().astype(int)
+    M[idx // n, idx % n] = g.values
+    return M + M.T
+
+
+def plot(table, plots_dir: Path, params: dict) -> None:
+    from ...plotting import curve_plot, plt
+
+    curve_plot(table, "val_loss", plots_dir / "curve_val_loss.png", xlabel="epoch",
+               ylabel="validation cross-entropy (nats)", title="Have all models trained until validation flattens?")
+    curve_plot(table, "train_loss", plots_dir / "curve_train_loss.png", xlabel="epoch",
+               ylabel="training cross-entropy (nats)", title="Training loss per epoch")
+    n = int(params.get("data", {}).get("n_regions", 68))
+    pl = plt()
+    planted = table[table.metric == "planted_edge"]
+    if planted.empty:
+        return
+    seed = int(sorted(planted.seed.unique())[0])
+    P = _matrix(planted, n, seed)
+    pi, pj = np.nonzero(np.triu(P > 0.5))
+
+    def mark(ax):
+        ax.scatter(pj, pi, s=28, facecolors="none", edgecolors="lime", linewidths=1.0, label="planted")
+        ax.scatter(pi, pj, s=28, facecolors="none", edgecolors="lime", linewidths=1.0)
+
+    # the cohort: mean control SC with the planted pathways, and the FC group difference
+    sc = _matrix(table[table.metric == "sc_control_mean"], n, seed)
+    fc = _matrix(table[table.metric == "fc_group_diff"], n, seed)
+    fig, axes = pl.subplots(1, 2, figsize=(10, 4.6))
+    im = axes[0].imshow(sc, cmap="viridis")
+    fig.colorbar(im, ax=axes[0], label="mean SC weight, controls (a.u.)")
+    mark(axes[0])
+    axes[0].set_title(f"Control SC, planted pathways circled (seed {seed})", fontsize=9)
+    lim = np.abs(fc).max() or 1.0
+    im = axes[1].imshow(fc, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    fig.colorbar(im, ax=axes[1], label="FC controls - patients (Pearson r)")
+    mark(axes[1])
+    axes[1].set_title("FC group difference", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("region")
+        ax.set_ylabel("region")
+    axes[0].legend(loc="lower left", fontsize=7)
+    fig.suptitle("Where does the patient effect sit in SC and FC?")
+    fig.tight_layout()
+    for name in ("curve_sc_control_mean.png", "curve_fc_group_diff.png", "curve_planted_edge.png"):
+        fig.savefig(plots_dir / name, dpi=110)
+    pl.close(fig)
+
+    # each model's pathway readout, its top-k edges marked, planted edges circled
+    scores = table[table.metric == "edge_score"]
+    variants = [v for v in VARIANTS if v in set(scores.variant)]
+    k = len(pi)
+    fig, axes = pl.subplots(1, len(variants), figsize=(4.2 * len(variants), 4.4), squeeze=False)
+    prec = table[(table.metric == "prec_at_k") & table.x.isna()].groupby("variant").value
+    for ax, v in zip(axes[0], variants):
+        E = _matrix(scores[scores.variant == v], n, seed)
+        im = ax.imshow(E / (E.max() or 1.0), cmap="magma")
+        tri = np.triu(E, 1)
+        top = np.argsort(-tri.ravel())[:k]
+        ax.scatter(top % n, top // n, marker="x", s=22, c="cyan", linewidths=1.0, label=f"top-{k}")
+        mark(ax)
+        ax.set_title(f"{v}: precision@{k} = {prec.mean().get(v, np.nan):.2f} +- {prec.std().get(v, np.nan):.2f}",
+                     fontsize=9)
+        ax.set_xlabel("region")
+        ax.set_ylabel("region")
+    axes[0][0].legend(loc="lower left", fontsize=7)
+    fig.colorbar(im, ax=axes[0].tolist(), label="pathway score / max (AFR: |mask diff|, else saliency)")
+    fig.suptitle(f"Which SC edges does each model point at? (seed {seed}; precision over seeds)")
+    fig.savefig(plots_dir / "curve_edge_score.png", dpi=110)
+    pl.close(fig)

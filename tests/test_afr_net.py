@@ -1,0 +1,139 @@
+"""AFR-Net numerics: Kirchhoff currents, Thomson's principle, unbiased load sampling, gradients,
+the linear stochastic FC against its Lyapunov covariance, the planted patient effect, AUC."""
+import numpy as np
+import pytest
+import torch
+
+from reprozoo.methods.afr_net import routing
+from reprozoo.methods.afr_net.data import make_cohort, ou_functional_connectivity
+from reprozoo.methods.afr_net.method import precision_at_k, roc_auc, ttest_scores
+
+
+def _random_graph(n=7, p=0.5, seed=0):
+    rng = np.random.default_rng(seed)
+    edges = [(i, i + 1) for i in range(n - 1)]                      # a path keeps it connected
+    edges += [(i, j) for i in range(n) for j in range(i + 2, n) if rng.random() < p]
+    e = torch.tensor(edges)
+    g = torch.tensor(rng.uniform(0.2, 2.0, len(edges)), dtype=torch.float64)
+    return e, routing.incidence_matrix(e, n).double(), g
+
+
+def test_currents_obey_kirchhoff_and_thomson():
+    e, B, g = _random_graph()
+    n = B.shape[1]
+    ii, jj = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    pairs = torch.stack([ii.reshape(-1), jj.reshape(-1)])[None]
+    f = routing.unit_flows(B, g[None], pairs)[0]                     # (E, N^2)
+    inject = torch.eye(n, dtype=torch.float64)[:, ii.reshape(-1)] - torch.eye(n, dtype=torch.float64)[:, jj.reshape(-1)]
+    torch.testing.assert_close(B.T @ f, inject, atol=1e-10, rtol=0)  # current conservation at every node
+    # Thomson: dissipated power of the unit flow = effective resistance (e_i - e_j)^T L^+ (e_i - e_j)
+    L = B.T @ torch.diag(g) @ B
+    Lp = torch.linalg.pinv(L)
+    r_eff = torch.einsum("np,nm,mp->p", inject, Lp, inject)
+    torch.testing.assert_close((f**2 / g[:, None]).sum(0), r_eff, atol=1e-10, rtol=1e-8)
+
+
+def test_path_and_parallel_closed_forms():
+    # series path: a unit current from one end to the other crosses every edge whole
+    e = torch.tensor([[0, 1], [1, 2], [2, 3]])
+    B = routing.incidence_matrix(e, 4).double()
+    f = routing.unit_flows(B, torch.tensor([[1.0, 3.0, 0.2]], dtype=torch.float64), torch.tensor([[[0], [3]]]))
+    torch.testing.assert_close(f[0, :, 0], torch.ones(3, dtype=torch.float64))
+    # two routes 0-1-3 and 0-2-3 with conductances (g, g) and (h, h): currents split g : h
+    e = torch.tensor([[0, 1], [1, 3], [0, 2], [2, 3]])
+    B = routing.incidence_matrix(e, 4).double()
+    g = torch.tensor([[2.0, 2.0, 0.5, 0.5]], dtype=torch.float64)
+    f = routing.unit_flows(B, g, torch.tensor([[[0], [3]]]))[0, :, 0]
+    torch.testing.assert_close(f, torch.tensor([0.8, 0.8, 0.2, 0.2], dtype=torch.float64))
+
+
+def test_sampled_loads_are_unbiased_estimates_of_exact_loads():
+    e, B, g = _random_graph(n=8, seed=1)
+    torch.manual_seed(0)
+    S = torch.zeros(8, 8, dtype=torch.float64)
+    S[e[:, 0], e[:, 1]] = g
+    S = S + S.T
+    F = torch.randn(8, 8, dtype=torch.float64) * 0.3
+    F = (F + F.T) / 2 + torch.eye(8, dtype=torch.float64)
+    M = routing.demand(S[None], F[None])
+    assert torch.all(torch.diagonal(M[0]) == 0)
+    exact = routing.exact_edge_loads(B, g[None], M)
+    gen = torch.Generator().manual_seed(1)
+    pairs, alpha = routing.sample_pairs(M, 200_000, gen)
+    est = routing.edge_loads(B, g[None], pairs, alpha, eps=0.0)
+    torch.testing.assert_close(est, exact, rtol=0.03, atol=0.03 * exact.abs().max().item())
+
+
+def test_detour_kernel_is_the_truncated_walk_sum():
+    rng = np.random.default_rng(2)
+    S = rng.random((6, 6))
+    S = S + S.T
+    np.fill_diagonal(S, 0)
+    A = S / S.sum(1, keepdims=True)
+    ref = sum(0.6**h * np.linalg.matrix_power(A, h) for h in range(2, 6))
+    np.testing.assert_allclose(routing.detour_kernel(torch.tensor(S), 5, 0.6).numpy(), ref, rtol=1e-7)  # eps 1e-8 in the row sums
+
+
+def test_load_gradients_match_finite_differences():
+    e, B, g = _random_graph(n=6, seed=3)
+    pairs = torch.tensor([[[0, 2, 5, 1], [4, 5, 0, 3]]])
+    alpha = torch.tensor([[1.0, -0.5, 2.0, 0.7]], dtype=torch.float64)
+    fn = lambda gg: routing.edge_loads(B, gg, pairs, alpha, eps=1e-3)
+    assert torch.autograd.gradcheck(fn, (g[None].clone().requires_grad_(True),), eps=1e-6, atol=1e-6)
+
+
+def test_ou_fc_matches_the_lyapunov_correlation():
+    from scipy.linalg import solve_discrete_lyapunov
+
+    rng = np.random.default_rng(4)
+    n = 5
+    S = rng.random((n, n))
+    S = S + S.T
+    np.fill_diagonal(S, 0)
+    dt, g = 0.5, 0.8
+    fc = ou_functional_connectivity(np.repeat(S[None], 4, 0), g, dt, 20_000, 200, rng).mean(0)
+    A = np.eye(n) * (1 - dt) + dt * g * S / np.linalg.eigvalsh(S)[-1]
+    cov = solve_discrete_lyapunov(A, dt * np.eye(n))
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(fc, cov / np.outer(sd, sd), atol=0.03)
+
+
+@pytest.fixture(scope="module")
+def cohort():
+    return make_cohort(np.random.default_rng(5), n_subjects=120, n_regions=40, n_modules=4, p_in=0.35,
+                       p_out=0.03, weight_sigma=0.5, n_pathways=2, path_edges=4, sc_noise=0.3, global_noise=0.05,
+                       severity=(0.4, 0.6), coupling=0.9, dt=0.5, n_steps=200, burn_in=50)
+
+
+def test_planted_pathways_are_weakened_in_patients(cohort):
+    e, y = cohort.edges, cohort.y
+    assert cohort.planted.sum() == 8 and np.all(np.isin(np.bincount(y), [60]))
+    s = cohort.sc[:, e[:, 0], e[:, 1]]
+    ratio = s[y == 1].mean(0) / s[y == 0].mean(0)
+    assert np.all(np.abs(ratio[cohort.planted] - 0.5) < 0.15)      # 1 - mean severity
+    assert np.all(np.abs(ratio[~cohort.planted] - 1.0) < 0.25)
+    # the model-free t-test finds them: the cohort can answer a recovery question
+    assert precision_at_k(ttest_scores(np.log(s), y), cohort.planted) >= 0.85
+
+
+def test_routing_loads_alone_point_at_the_planted_edges(cohort):
+    """Fixed routing (gates 0): the group difference of loads ranks planted edges far above chance."""
+    e = torch.as_tensor(cohort.edges)
+    S = torch.as_tensor(cohort.sc)
+    F = torch.as_tensor(cohort.fc)
+    B = routing.incidence_matrix(e, S.shape[1]).double()
+    g = S[:, e[:, 0], e[:, 1]]
+    L = routing.standardize(routing.exact_edge_loads(B, g, routing.demand(S, F))).numpy()
+    y = cohort.y
+    score = np.abs(L[y == 1].mean(0) - L[y == 0].mean(0))
+    chance = cohort.planted.mean()
+    assert precision_at_k(score, cohort.planted) >= 5 * chance
+
+
+def test_auc_closed_forms():
+    y = np.array([0, 0, 1, 1])
+    assert roc_auc(y, np.array([0.1, 0.2, 0.3, 0.4])) == 1.0
+    assert roc_auc(y, np.array([0.4, 0.3, 0.2, 0.1])) == 0.0
+    assert roc_auc(y, np.zeros(4)) == 0.5
+    assert roc_auc(y, np.array([0.1, 0.35, 0.3, 0.4])) == 0.75   # 3 of 4 positive-negative pairs ordered
+    assert precision_at_k(np.array([3.0, 2.0, 1.0, 0.0]), np.array([1, 0, 1, 0])) == 0.5
