@@ -221,13 +221,13 @@ def train(method: str, variant: str, seed: int, scale: str, params: dict, data_d
     seed_everything(seed, threads)
     cards = _cards(ctx.data)
     run = JobRun(method=method, run_name=run_name(method, variant, seed, scale), results=_results(metrics_path),
-                 tags=_tags("train", method, scale, {"variant": variant, "seed": seed,
-                                                     "role": _role(spec, variant)}, cards),
+                 # attempt and memory are tags of the run from its start: a killed attempt carries them too
+                 tags=_tags("train", method, scale, {"variant": variant, "seed": seed, "role": _role(spec, variant),
+                                                     "attempt": attempt, "mem_mb": mem_mb}, cards),
                  pending_path=outdir / "tracking_pending.json", **_tracking_kw(tracking))
     with run:
         run.log_params({**params, "variant": variant, "seed": seed})
         run.set_datasets(_run_inputs(method, scale, seed, params, cards))
-        run.set_tags({"attempt": attempt, "mem_mb": mem_mb})
         _maybe_fail(inject_failure, method, variant, seed, attempt)
         t0 = time.perf_counter()
         module.train(ctx)
