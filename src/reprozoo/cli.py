@@ -124,13 +124,64 @@ def cmd_datasets(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from .tracking import resolve_uri
+    """The MLflow UI on the project's store, in the foreground (Ctrl-C stops it).
+
+    ``mlflow ui`` alone starts four uvicorn workers and a job runner (GenAI evaluation jobs, huey
+    consumers): 17 processes, about 2.9 GB. For browsing, one worker with job execution off is
+    enough. The URL is printed once the server answers ``/health``.
+    """
+    import signal
+    import time
+
+    from .server import free_port, wait_healthy
+    from .tracking import artifact_root, resolve_uri
 
     uri = resolve_uri(args.uri, ROOT)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host,
-           "--port", str(args.port)]
-    print("+", " ".join(cmd), f"\nopen http://{args.host}:{args.port}", flush=True)
-    return subprocess.call(cmd, cwd=ROOT)
+    if not uri.startswith(("sqlite:", "postgresql", "mysql", "mssql", "file:", "/")):
+        print(f"the tracking store {uri} is a server already: open {uri}", flush=True)
+        return 0
+    port = args.port or free_port(args.host)
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+           "--artifacts-destination", str(artifact_root(ROOT / "results")),
+           "--host", args.host, "--port", str(port), "--workers", "1",
+           *getattr(args, "snakemake_args", [])]
+    env = dict(os.environ)
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")  # no job runner / huey workers
+    print("+", " ".join(cmd), flush=True)
+    # own session: Ctrl-C and SIGTERM reach this process, which stops the server's whole group
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+
+    def _stop(signum=None, _frame=None):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, _stop)
+    try:
+        local = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
+        local = f"[{local}]" if ":" in local else local  # IPv6 literal in a URL
+        if not wait_healthy(f"http://{local}:{port}", proc, args.wait):
+            code = proc.poll()
+            why = f"exited with status {code}" if code is not None else f"did not answer within {args.wait:g} s"
+            print(f"error: the MLflow UI {why}", file=sys.stderr, flush=True)
+            return 1
+        print(f"open http://{local}:{port}\n(MLflow 3.17 opens its GenAI view by default: pick 'Model training' "
+              f"in the sidebar, or open http://{local}:{port}/#/experiments?workflowType=machine_learning)",
+              flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if proc.poll() is None:
+            for sig, seconds in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                deadline = time.monotonic() + seconds
+                while proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if proc.poll() is not None:
+                    break
 
 
 def cmd_server(args) -> int:
@@ -211,10 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     ds.add_argument("-j", "--cores", type=int)
     ds.set_defaults(fn=cmd_datasets)
 
-    ui = sub.add_parser("ui", help="MLflow UI on the results store (127.0.0.1)")
-    ui.add_argument("--port", type=int, default=5000)
+    ui = sub.add_parser("ui", help="MLflow UI on the results store (127.0.0.1); one worker, no job runner",
+                        description="The MLflow UI on the project's store, in the foreground (Ctrl-C stops "
+                                    "it): one uvicorn worker, job execution off. The URL is printed once "
+                                    "the server answers. Arguments after `--` go to `mlflow server`.")
+    ui.add_argument("--port", type=int, default=5000, help="0 picks a free port (default 5000)")
     ui.add_argument("--host", default="127.0.0.1")
-    ui.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///results/mlflow.db"))
+    ui.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///results/mlflow.db"),
+                    help="the store (default sqlite:///results/mlflow.db, relative to the project)")
+    ui.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the server to answer")
     ui.set_defaults(fn=cmd_ui)
 
     srv = sub.add_parser("server", help="MLflow tracking server for cluster runs", add_help=False)

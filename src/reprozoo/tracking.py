@@ -351,8 +351,6 @@ class JobRun:
         self.run_id: str | None = None
         self.payload: dict[str, Any] = {"params": {}, "metrics": [], "artifacts": [], "tags": {}}
         self.error: str | None = None
-        if not deferred and _BUDGET["deadline"] is None:
-            start_budget()
 
     def __enter__(self):
         if self.deferred:  # no MLflow in this process: the payload says RUNNING until the job ends
@@ -362,6 +360,8 @@ class JobRun:
             return self
         try:
             self.client = _client(self.uri)
+            if _BUDGET["deadline"] is None:  # the budget counts calls to the store, not its import
+                start_budget()
 
             def start():
                 exp_id = get_or_create_experiment(self.client, self.method, self.results)
