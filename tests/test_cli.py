@@ -28,3 +28,55 @@ def test_run_rejects_bad_scale():
 def test_unknown_dataset_card(capsys):
     assert main(["datasets", "card", "nosuch"]) == 2
     assert "known datasets" in capsys.readouterr().err
+
+
+def test_version_and_exit_codes(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and "reprozoo" in capsys.readouterr().out
+    # a directory that is not a project: a clear error, never another checkout's results/
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="not a reprozoo project"):
+        main(["budget"])
+    # `server --stop` with nothing running says so and exits non-zero
+    from reprozoo.server import main as server_main
+
+    assert server_main(["--stop", "--state-file", str(tmp_path / "server.json")]) == 1
+
+
+@pytest.fixture(scope="module")
+def project_copy(tmp_path_factory):
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    work = tmp_path_factory.mktemp("cli")
+    for name in ("Snakefile", "workflows", "envs", "config", "profiles", "src"):
+        (shutil.copytree if (root / name).is_dir() else shutil.copy)(root / name, work / name)
+    return work
+
+
+def _cli(work, *args):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "REPROZOO_INVOCATION")}
+    return subprocess.run([sys.executable, "-m", "reprozoo.cli", *args], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.integration
+def test_run_one_method_for_real(project_copy):
+    proc = _cli(project_copy, "run", "iterated_erm", "--scale", "ci", "--seeds", "0")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    claims = project_copy / "results" / "ci" / "iterated_erm" / "claims.json"
+    assert claims.exists() and "reprozoo verdicts" in proc.stdout
+
+
+@pytest.mark.integration
+def test_dataset_fetch_for_real(project_copy):
+    proc = _cli(project_copy, "datasets", "fetch", "gmm2d", "--scale", "ci")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (project_copy / "results" / "data" / "gmm2d" / "ci" / "card.json").exists()
+    assert '"dataset": "gmm2d"' in proc.stdout

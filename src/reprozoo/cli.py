@@ -246,20 +246,23 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="methods, variants, claims").set_defaults(fn=cmd_list)
 
     run = sub.add_parser("run", help="run the workflow (all methods, or the ones named)")
-    run.add_argument("methods", nargs="*")
-    run.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"])
-    run.add_argument("--seeds", type=int, nargs="+")
-    run.add_argument("--variants", nargs="+")
-    run.add_argument("-j", "--cores", type=int)
+    run.add_argument("methods", nargs="*", help="method ids (default: every method; see `reprozoo list`)")
+    run.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"],
+                     help="ci (seconds, plumbing), smoke (default: claims tested), paper (published setting)")
+    run.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the method's own for the scale)")
+    run.add_argument("--variants", nargs="+", help="a subset of variants (one method only); results go to partial/")
+    run.add_argument("-j", "--cores", type=int, help="cores Snakemake may use (default: the profile's)")
     run.set_defaults(fn=cmd_run)
 
     ds = sub.add_parser("datasets", help="list datasets, fetch one, show its card")
-    ds.add_argument("action", choices=["list", "fetch", "card"])
-    ds.add_argument("name", nargs="?")
-    ds.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"])
-    ds.add_argument("--source", choices=["offline", "remote", "path"])
-    ds.add_argument("--path")
-    ds.add_argument("-j", "--cores", type=int)
+    ds.add_argument("action", choices=["list", "fetch", "card"],
+                    help="list: every dataset; fetch: build one (acquire + preprocess); card: show its card")
+    ds.add_argument("name", nargs="?", help="dataset name (for fetch and card)")
+    ds.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"], help="the dataset's size")
+    ds.add_argument("--source", choices=["offline", "remote", "path"],
+                    help="offline generator (default), the public download, or a local path")
+    ds.add_argument("--path", help="with --source path: where the restricted data lives")
+    ds.add_argument("-j", "--cores", type=int, help="cores Snakemake may use")
     ds.set_defaults(fn=cmd_datasets)
 
     ui = sub.add_parser("ui", help="MLflow UI on the results store (127.0.0.1); one worker, no job runner",
@@ -267,14 +270,15 @@ def main(argv: list[str] | None = None) -> int:
                                     "it): one uvicorn worker, job execution off. The URL is printed once "
                                     "the server answers. Arguments after `--` go to `mlflow server`.")
     ui.add_argument("--port", type=int, default=5000, help="0 picks a free port (default 5000)")
-    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     ui.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///results/mlflow.db"),
                     help="the store (default sqlite:///results/mlflow.db, relative to the project)")
     ui.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the server to answer")
     ui.set_defaults(fn=cmd_ui)
 
-    srv = sub.add_parser("server", help="MLflow tracking server for cluster runs", add_help=False)
-    srv.add_argument("server_args", nargs=argparse.REMAINDER)
+    srv = sub.add_parser("server", help="MLflow tracking server for cluster runs (`reprozoo server --help`)",
+                         add_help=False)
+    srv.add_argument("server_args", nargs=argparse.REMAINDER, help="see `reprozoo server --help`")
     srv.set_defaults(fn=cmd_server)
 
     sync = sub.add_parser("sync", help="replay tracking payloads saved when MLflow was unreachable")

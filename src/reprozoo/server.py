@@ -161,7 +161,7 @@ def stop(state_file: Path, seconds: float = 15.0) -> bool:
     """Stop the server recorded in ``state_file`` (its process group, led by the recorded pid)."""
     info = read_state(state_file)
     if info is None:
-        print(f"no server recorded in {state_file}")
+        print(f"no server recorded in {state_file}", file=sys.stderr)
         return False
     pid = int(info.get("pid") or 0)
     stopped = False
@@ -318,9 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     state_file = args.state_file.expanduser().resolve()
 
-    if args.stop:
-        stop(state_file)
-        return 0
+    if args.stop:  # exit 1 when nothing was running, so scripts can tell
+        return 0 if stop(state_file) else 1
     info = read_state(state_file)
     if args.status:
         if info is None:
