@@ -1,6 +1,8 @@
 """FlashSchNet: the flash kernel reproduces the baseline SchNet exactly (energies, forces, weight
-gradients), never allocates an (E, F) tensor, its CSR chunking is consistent, 16-bit weights are
-accurate, the chain potential and integrators are physical, and the method runs end to end."""
+gradients) with and without the pair-symmetry trick, so does the pair-symmetric baseline (our
+ablation), the flash kernel never allocates an (E, F) tensor, its CSR chunking is consistent, 16-bit
+weights are accurate, the MD observables are right on a closed-form case and detect a real change
+of the force field, the chain potential and integrators are physical, and the method runs end to end."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +15,7 @@ from reprozoo.methods.flashschnet.cgchain import (ChainPotential, compact_start,
                                                    maxwell_boltzmann, velocity_verlet, KB)
 from reprozoo.methods.flashschnet.flash import (FlashCFConv, FlashSchNet, build_graph, dequantize,  # noqa: E402
                                                 quantize_per_channel)
+from reprozoo.methods.flashschnet.baseline_pairs import PairBaselineSchNet, unordered_pairs  # noqa: E402
 from reprozoo.methods.flashschnet.measure import largest_allocation, peak_bytes  # noqa: E402
 
 
@@ -69,6 +72,28 @@ def test_flash_equals_baseline_periodic_with_self_images(pairs):
     e1, f1 = FlashSchNet(m, chunk_size=17, pairs=pairs).energy_and_forces(
         b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures)
     np.testing.assert_allclose(e1.numpy(), e0.detach().numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(f1.numpy(), f0.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_pair_baseline_equals_baseline_chain_and_periodic():
+    """The baseline with the pair trick (filter once per unordered pair, message both ways) is the
+    same function: energies and forces equal the plain baseline's in float64, also with periodic
+    self images (a pair i-i whose two directions are the shifts +s and -s)."""
+    numbers, X, batch, ei, R = _chain_batch()
+    m = _perturbed_schnet(max_z=20)
+    e0, f0 = m.energy_and_forces(numbers, X, batch, ei, None, R, create_graph=False)
+    pi, _ = unordered_pairs(ei)
+    assert pi.shape[1] * 2 == ei.shape[1] and bool((pi[0] < pi[1]).all())
+    e1, f1 = PairBaselineSchNet(m).energy_and_forces(numbers, X, batch, pi, None, R)
+    np.testing.assert_allclose(e1.detach().numpy(), e0.detach().numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(f1.numpy(), f0.numpy(), rtol=1e-10, atol=1e-12)
+    fr = make_emt_frames("cuau_bulk", n_frames=2, rattle=0.1, seed=3, size=1)
+    b = AtomsData(fr, 4.5).collate([0, 1], dtype=torch.float64)
+    m = _perturbed_schnet(cutoff=4.5)
+    e0, f0 = m.batch_forward(b)
+    pi, sh = unordered_pairs(b.edge_index, b.shifts)
+    e1, f1 = PairBaselineSchNet(m).energy_and_forces(b.numbers, b.positions, b.batch, pi, sh, b.n_structures)
+    np.testing.assert_allclose(e1.detach().numpy(), e0.detach().numpy(), rtol=1e-12, atol=1e-10)
     np.testing.assert_allclose(f1.numpy(), f0.numpy(), rtol=1e-10, atol=1e-12)
 
 
@@ -220,6 +245,51 @@ def test_chain_forces_are_minus_gradient_and_nve_conserves_energy():
     assert abs(kinetic(vel, s.mass).item() / (1.5 * s.n * kT) - 1) < 0.5
 
 
+# --- MD observables ------------------------------------------------------------------------------------
+
+def test_chain_observables_closed_form():
+    """A straight chain with bond b: bond mean b, width 0, Rg^2 = b^2 (N^2 - 1) / 12."""
+    from reprozoo.methods.flashschnet.md import chain_observables
+
+    N, b = 11, 3.8
+    line = torch.zeros(N, 3, dtype=torch.float64)
+    line[:, 0] = torch.arange(N, dtype=torch.float64) * b
+    traj = torch.stack([torch.stack([line, line + 5.0])] * 3)   # (T=3, R=2, N, 3)
+    o = chain_observables(traj)
+    np.testing.assert_allclose(o["bond_mean"], [b, b], rtol=1e-12)
+    np.testing.assert_allclose(o["bond_width"], [0, 0], atol=1e-12)
+    np.testing.assert_allclose(o["rg"], [b * np.sqrt((N**2 - 1) / 12)] * 2, rtol=1e-12)
+
+
+def test_observables_shift_detects_a_changed_force_field_but_not_fp16():
+    """The quantised_accuracy yardstick has power: with the same starts and noise, stiffening the
+    bond prior by 30 % moves the bond-length width by many standard errors, 16-bit weights do not."""
+    from reprozoo.methods.flashschnet.cgchain import ChainPotential
+    from reprozoo.methods.flashschnet.md import Evaluator, observables_run
+
+    s = make_chain(30, 2)
+    rng = np.random.default_rng(0)
+    start = np.stack([compact_start(s, rng) for _ in range(4)])
+    m = _perturbed_schnet(torch.float32, cutoff=6.0, F=16, max_z=20)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(0.3)  # a gentle SchNet correction on top of the prior
+    cfg = {"replicas": 4, "steps": 20, "every": 2, "dt": 0.01, "gamma": 2.0, "T": 300.0}
+
+    def run(q=None, k_bond=s.k_bond):
+        import dataclasses
+        sys_ = dataclasses.replace(s, k_bond=k_bond)
+        ev = Evaluator("flash", m, s.types, 4, skin=1.0, quantize=q, prior=ChainPotential(sys_))
+        return observables_run(ev, start, cfg, sys_, seed=5)
+
+    def shift(a, b):
+        return max(abs(a[k].mean() - b[k].mean()) / (b[k].std(ddof=1) / 2) for k in a)
+
+    ref = run()
+    assert shift(run("float16"), ref) < 0.1
+    assert shift(run(k_bond=1.3 * s.k_bond), ref) > 1.0
+
+
 # --- the method end to end, tiny --------------------------------------------------------------------------
 
 def test_method_runs_end_to_end(tmp_path):
@@ -227,26 +297,33 @@ def test_method_runs_end_to_end(tmp_path):
     from reprozoo.runtime import RunContext
 
     p = {"device": "cpu", "system": {"n_beads": 40, "seed": 0},
-         "data": {"n_replicas": 2, "n_equil": 10, "n_frames_per_replica": 3, "every": 2, "dt": 0.01, "T": 300.0,
+         "data": {"n_replicas": 3, "n_equil": 10, "n_frames_per_replica": 2, "every": 2, "dt": 0.01, "T": 300.0,
                   "gamma": 2.0},
-         "n_test": 2, "model": {"n_features": 16, "n_interactions": 2, "n_rbf": 8, "cutoff": 7.0},
+         "model": {"n_features": 16, "n_interactions": 2, "n_rbf": 8, "cutoff": 7.0},
          "train": {"epochs": 1, "batch_size": 2, "max_steps": 2},
          "flash": {"chunk_size": 256, "quantize": "float16"},
-         "bench": {"replicas": [1, 2], "md_steps": 1, "repeats": 1, "dt": 0.01, "gamma": 2.0, "T": 300.0, "skin": 1.0},
-         "nve": {"replicas": 1, "steps": 4, "dt": 0.005, "every": 1}}
+         "bench": {"replicas": [1, 2], "interleaved": ["flashschnet", "flash_pairs", "baseline_pairs"], "md_steps": 1,
+                   "repeats": 1, "dt": 0.01, "gamma": 2.0, "T": 300.0, "skin": 1.0},
+         "observables": {"variants": ["flashschnet", "flashschnet_fp16w"], "replicas": 2, "steps": 2, "every": 1},
+         "nve": {"variants": ["flashschnet", "baseline_schnet"], "replicas": 1, "steps": 4, "dt": 0.005, "every": 1}}
     shared = tmp_path / "shared"
     shared.mkdir()
     ctx = RunContext("flashschnet", "shared", 0, "ci", p, {}, shared, shared)
     method.train_shared(ctx)
     out = {}
-    for v in ("flash", "flash_fp16w", "baseline_schnet"):
+    for v in ("flashschnet", "flashschnet_fp16w", "flash_pairs", "baseline_schnet", "baseline_pairs"):
         (tmp_path / v).mkdir()
         c = RunContext("flashschnet", v, 0, "ci", p, {}, tmp_path / v, shared)
         method.train(c)
         out[v] = c.metrics
-    assert out["flash"].scalars["force_maxdiff_rel"] <= 1e-5
-    assert 0 < out["flash_fp16w"].scalars["quant_force_err"] < 1e-2
-    assert out["flash"].scalars["force_mae"] == pytest.approx(out["baseline_schnet"].scalars["force_mae"], rel=1e-5)
-    assert out["flash"].curves["peak_mem_mb"][0] == [1.0, 2.0]
-    assert out["flash"].scalars["speedup_max_replicas"] > 0
-    assert np.isfinite(out["baseline_schnet"].scalars["nve_drift"])
+    for v in ("flashschnet", "flash_pairs", "baseline_pairs"):
+        assert out[v].scalars["force_maxdiff_rel"] <= 1e-5, v
+        assert out[v].scalars["force_mae"] == pytest.approx(out["baseline_schnet"].scalars["force_mae"], rel=1e-5)
+        assert out[v].scalars["speedup_max_replicas"] > 0
+    assert 0 < out["flashschnet_fp16w"].scalars["quant_force_err"] < 1e-2
+    assert out["flashschnet"].curves["peak_mem_mb"][0] == [1.0, 2.0]
+    assert np.isfinite(out["baseline_schnet"].scalars["nve_drift"]) and "nve_drift" not in out["flash_pairs"].scalars
+    assert out["baseline_schnet"].scalars["train_steps"] == 2
+    for k in ("md_rg", "md_bond_mean", "md_bond_width"):
+        assert out["flashschnet_fp16w"].scalars[k] == pytest.approx(out["flashschnet"].scalars[k], rel=1e-3)
+        assert out["flashschnet"].scalars[k + "_sem"] > 0

@@ -162,14 +162,16 @@ def kinetic(vel, mass):
 
 
 def langevin_baoab(pos, vel, force_fn, mass: float, dt: float, gamma: float, kT: float, n_steps: int,
-                   gen: torch.Generator, every: int = 0, callback=None):
+                   gen: torch.Generator, every: int = 0, callback=None, f0=None, return_forces: bool = False):
     """BAOAB Langevin integrator (Leimkuhler-Matthews) on replicas; ``force_fn(pos) -> forces``.
 
     ``callback(step, pos, vel)`` every ``every`` steps (e.g. to record frames or rebuild lists).
+    ``f0``: the forces at ``pos`` if known (a continued run: exactly one force call per step);
+    ``return_forces``: also return the forces at the final positions.
     """
     c1 = float(np.exp(-gamma * dt))
     c2 = float(np.sqrt((1 - c1**2) * kT * ACC / mass))
-    f = force_fn(pos)
+    f = force_fn(pos) if f0 is None else f0
     for step in range(1, n_steps + 1):
         vel = vel + 0.5 * dt * ACC / mass * f
         pos = pos + 0.5 * dt * vel
@@ -179,7 +181,7 @@ def langevin_baoab(pos, vel, force_fn, mass: float, dt: float, gamma: float, kT:
         vel = vel + 0.5 * dt * ACC / mass * f
         if every and callback is not None and step % every == 0:
             callback(step, pos, vel)
-    return pos, vel
+    return (pos, vel, f) if return_forces else (pos, vel)
 
 
 def velocity_verlet(pos, vel, energy_force_fn, mass: float, dt: float, n_steps: int, every: int = 1):

@@ -22,16 +22,19 @@ The backward pass is a custom ``torch.autograd.Function`` that *recomputes* each
 (as FlashAttention does) instead of storing it. The radius graph is symmetric: edge i<-j has a
 reverse j<-i with the same distance, hence the same filter W. Two modes use that:
 
-* ``pairs=False`` (every directed edge stored, destination-sorted): the gradients that would need a
-  reduction over *source* atoms are rewritten as reductions over destinations,
+* ``pairs=False`` (default; the paper's kernel: every directed edge stored, destination-sorted,
+  one filter evaluation per directed edge): the gradients that would need a reduction over
+  *source* atoms are rewritten as reductions over destinations,
       dL/dh_i   = sum_{j in N(i)} W_ij * g_j
       dL/dpos_i = -sum_{j in N(i)} <g_i*h_j + g_j*h_i, dW_ij/dd_ij> u_ij,   u_ij = r_ij / d_ij,
   so forward and backward are single sweeps of destination-sorted CSR segment sums;
-* ``pairs=True`` (default): one entry per unordered pair (i < j), sorted by i; each pair's filter is
-  evaluated once (half the filter-MLP work, which dominates on a CPU) and its message goes both
-  ways: into rows i by the CSR segment sum, into rows j by a per-chunk CSR over j (the chunk's
-  pairs sorted by j, each distinct row j written once per chunk). The backward pass is the same
-  with S = g_i*h_j + g_j*h_i, which also gives the filter-weight gradients.
+* ``pairs=True`` (an optimisation of ours, not one of the paper's four techniques; its own ablation
+  variant, and the baseline gets it too in ``baseline_pairs.py``): one entry per unordered pair
+  (i < j), sorted by i; each pair's filter is evaluated once (half the filter-MLP work, which
+  dominates on a CPU) and its message goes both ways: into rows i by the CSR segment sum, into
+  rows j by a per-chunk CSR over j (the chunk's pairs sorted by j, each distinct row j written
+  once per chunk). The backward pass is the same with S = g_i*h_j + g_j*h_i, which also gives
+  the filter-weight gradients.
 
 Forces are -dE/dpos by ordinary autograd through this Function (first-order only: train with the
 baseline, simulate with the flash path; weight gradients are exact too).
@@ -128,7 +131,7 @@ def _canonical(dst, src, shifts):
 
 
 def build_graph(edge_index: torch.Tensor, n_atoms: int, shifts: torch.Tensor | None = None, chunk_size: int = 2048,
-                pairs: bool = True, check_symmetric: bool = True) -> FlashGraph:
+                pairs: bool = False, check_symmetric: bool = True) -> FlashGraph:
     """CSR form of a full (symmetric) neighbour list; sorts by destination if needed.
 
     Chunks hold whole destination rows and at most ``chunk_size`` edges (a row with more edges
@@ -311,10 +314,11 @@ class FlashSchNet(nn.Module):
 
     ``quantize``: None (fp32 weights) or 'float16' | 'bfloat16' | 'int16' (per-channel 16-bit
     storage of every Linear weight of the interactions and the head; biases stay fp32).
-    ``pairs``: evaluate each pair's filter once (symmetric graph), else every directed edge.
+    ``pairs``: evaluate each pair's filter once (symmetric graph; our ablation), else (default, the
+    paper's kernel) every directed edge.
     """
 
-    def __init__(self, model: SchNet, chunk_size: int = 2048, quantize: str | None = None, pairs: bool = True):
+    def __init__(self, model: SchNet, chunk_size: int = 2048, quantize: str | None = None, pairs: bool = False):
         super().__init__()
         if not isinstance(model.rbf, GaussianRBF) or not isinstance(model.envelope, CosineCutoff):
             raise ValueError("the fused kernel implements the Gaussian basis with the cosine envelope")

@@ -5,7 +5,10 @@ positions (R, N, 3) with a Verlet neighbour list (cutoff + skin, rebuilt when a 
 than skin / 2; pairs beyond the cutoff get a zero envelope, so results do not depend on the skin).
 ``kind``: 'baseline' (blocks.atomistic.SchNet, (E, F) tensors + index_add_) or 'flash'
 (:class:`FlashSchNet`, optionally with 16-bit weights). Both share one ``SchNet`` instance.
+``pairs``: evaluate each unordered pair's filter once (our ablation, for either kind; the list of
+pairs is built with the neighbour list, so its cost is counted in MD).
 """
+
 from __future__ import annotations
 
 import time
@@ -15,30 +18,35 @@ import torch
 
 from ...blocks.atomistic import SchNet, radius_graph
 from .cgchain import ChainPotential, ChainSystem, langevin_baoab, maxwell_boltzmann, velocity_verlet, KB
+from .baseline_pairs import PairBaselineSchNet, unordered_pairs
 from .flash import FlashSchNet, build_graph
 from .measure import peak_bytes
 
 KINDS = ("baseline", "flash")
 
 
-def variant_kind(variant: str) -> tuple[str, str | None]:
-    """variant id -> (kind, quantize)."""
-    if variant.startswith("baseline"):
-        return "baseline", None
-    if variant == "flash":
-        return "flash", None
-    if variant.startswith("flash_fp16"):
-        return "flash", "float16"
-    if variant.startswith("flash_bf16"):
-        return "flash", "bfloat16"
-    if variant.startswith("flash_int16"):
-        return "flash", "int16"
-    raise ValueError(f"unknown flashschnet variant '{variant}'")
+VARIANTS = {  # variant id -> (kind, 16-bit weight format or None, pair symmetry)
+    "flashschnet": ("flash", None, False),            # the paper's techniques 1-3, per directed edge
+    "flashschnet_fp16w": ("flash", "float16", False),  # + technique 4 (per-channel 16-bit weights)
+    "flashschnet_bf16w": ("flash", "bfloat16", False),
+    "flashschnet_int16w": ("flash", "int16", False),
+    "flash_pairs": ("flash", None, True),             # ablation (ours): each pair's filter once
+    "baseline_schnet": ("baseline", None, False),     # CGSchNet-style
+    "baseline_pairs": ("baseline", None, True),       # ablation (ours): the baseline with the same trick
+}
+
+
+def variant_kind(variant: str) -> tuple[str, str | None, bool]:
+    """variant id -> (kind, quantize, pairs)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown flashschnet variant '{variant}'; allowed: {sorted(VARIANTS)}")
+    return VARIANTS[variant]
 
 
 class Evaluator:
     def __init__(self, kind: str, model: SchNet, types: np.ndarray, n_replicas: int, skin: float = 1.5,
-                 chunk_size: int = 2048, quantize: str | None = None, pairs: bool = True, prior: ChainPotential | None = None,
+                 chunk_size: int = 2048, quantize: str | None = None, pairs: bool = False,
+                 prior: ChainPotential | None = None,
                  device: str = "cpu", dtype=torch.float32):
         if kind not in KINDS:
             raise ValueError(f"unknown implementation '{kind}'; allowed: {KINDS}")
@@ -48,7 +56,11 @@ class Evaluator:
         self.cutoff = model.cutoff
         self.numbers = torch.from_numpy(np.tile(types, self.R).astype(np.int64)).to(device)
         self.batch = torch.repeat_interleave(torch.arange(self.R, device=device), self.n)
+        if quantize and kind != "flash":
+            raise ValueError("16-bit weights are implemented in the flash kernel only")
+        self.pairs = bool(pairs)
         self.flash = FlashSchNet(model, chunk_size, quantize, pairs) if kind == "flash" else None
+        self.pair_model = PairBaselineSchNet(model) if kind == "baseline" and pairs else None
         self.prior = prior
         self._ref = None
         self.edge_index, self.graph, self.rebuilds = None, None, 0
@@ -58,6 +70,8 @@ class Evaluator:
         if not force and self._ref is not None and float((flat - self._ref).norm(dim=-1).max()) <= 0.5 * self.skin:
             return
         self.edge_index = radius_graph(flat, self.batch, self.cutoff + self.skin)
+        if self.pair_model is not None:
+            self.pair_index, _ = unordered_pairs(self.edge_index)
         if self.flash is not None:  # radius graphs are symmetric by construction: skip the check
             self.graph = build_graph(self.edge_index, flat.shape[0], None, self.flash.chunk_size, self.flash.pairs,
                                      check_symmetric=False)
@@ -67,7 +81,8 @@ class Evaluator:
     def graph_bytes(self) -> int:
         """Persistent index structures of the current neighbour list (edge list / CSR, incl. caches)."""
         if self.flash is None:
-            return self.edge_index.numel() * self.edge_index.element_size()
+            ei = self.pair_index if self.pair_model is not None else self.edge_index
+            return ei.numel() * ei.element_size()
         total = self.graph.nbytes()
         for v in self.graph._csr.values():
             mats = [v[1], v[0]] if isinstance(v, tuple) else [v]
@@ -83,6 +98,9 @@ class Evaluator:
         """SchNet energy (R,) and forces (R*N, 3) in the evaluator dtype, graph assumed current."""
         if self.flash is not None:
             return self.flash.energy_and_forces(self.numbers, flat, self.batch, n_structures=self.R, graph=self.graph)
+        if self.pair_model is not None:
+            e, f = self.pair_model.energy_and_forces(self.numbers, flat, self.batch, self.pair_index, None, self.R)
+            return e.detach(), f.detach()
         e, f = self.model.energy_and_forces(self.numbers, flat, self.batch, self.edge_index, None, self.R,
                                             create_graph=False)
         return e.detach(), f.detach()
@@ -120,24 +138,28 @@ def peak_memory(ev: Evaluator, pos: torch.Tensor) -> dict:
             "n_edges": int(ev.edge_index.shape[1])}
 
 
-def md_seconds(ev: Evaluator, pos: torch.Tensor, vel: torch.Tensor, steps: int, cfg: dict, gen: torch.Generator,
-               mass: float):
-    """Wall seconds of ``steps`` BAOAB Langevin steps (forces = prior + SchNet); returns (s, pos, vel)."""
+def md_seconds(ev: Evaluator, pos: torch.Tensor, vel: torch.Tensor, f: torch.Tensor | None, steps: int, cfg: dict,
+               gen: torch.Generator, mass: float):
+    """Wall seconds of ``steps`` BAOAB Langevin steps (forces = prior + SchNet), continuing from the
+    forces ``f`` at ``pos`` (None: computed first, inside the timing); returns (s, pos, vel, f)."""
     kT = KB * cfg["T"]
     sync = torch.cuda.synchronize if str(ev.device).startswith("cuda") else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    pos, vel = langevin_baoab(pos, vel, ev.forces, mass, cfg["dt"], cfg["gamma"], kT, steps, gen)
+    pos, vel, f = langevin_baoab(pos, vel, ev.forces, mass, cfg["dt"], cfg["gamma"], kT, steps, gen, f0=f,
+                                 return_forces=True)
     sync()
-    return time.perf_counter() - t0, pos, vel
+    return time.perf_counter() - t0, pos, vel, f
 
 
 def throughput(evaluators: dict, start: np.ndarray, n_replicas: int, cfg: dict, system: ChainSystem, seed: int) -> dict:
     """Interleaved Langevin MD timing of several evaluators on the same replicas.
 
     Each evaluator runs its own trajectory from the same start and the same random stream; one
-    warm-up step, then ``repeats`` rounds of ``md_steps`` steps per evaluator, alternating, and the
-    median round is kept. Returns {name: steps x replicas / s}.
+    warm-up step (neighbour list, CSR caches), then ``repeats`` rounds of ``md_steps`` steps per
+    evaluator, alternating, each round exactly ``md_steps`` force calls (it continues from the
+    forces of the previous one; neighbour-list rebuilds fall inside the rounds), and the median
+    round is kept. Returns {name: steps x replicas / s}.
     """
     rng = np.random.default_rng(seed)
     pos0 = tile_start(start, n_replicas, rng)
@@ -145,19 +167,15 @@ def throughput(evaluators: dict, start: np.ndarray, n_replicas: int, cfg: dict, 
     for name, ev in evaluators.items():
         gen = torch.Generator().manual_seed(seed)
         vel = maxwell_boltzmann(pos0.shape, system.mass, KB * cfg["T"], gen)
-        _, p, v = md_seconds(ev, pos0.clone(), vel, 1, cfg, gen, system.mass)  # warm-up (lists, caches)
-        state[name] = (p, v, gen, [])
+        _, p, v, f = md_seconds(ev, pos0.clone(), vel, None, 1, cfg, gen, system.mass)  # warm-up
+        state[name] = (p, v, f, gen, [])
     for _ in range(cfg["repeats"]):
         for name, ev in evaluators.items():
-            p, v, gen, ts = state[name]
-            t, p, v = md_seconds(ev, p, v, cfg["md_steps"], cfg, gen, system.mass)
+            p, v, f, gen, ts = state[name]
+            t, p, v, f = md_seconds(ev, p, v, f, cfg["md_steps"], cfg, gen, system.mass)
             ts.append(t)
-            state[name] = (p, v, gen, ts)
-    out = {}
-    for name, (_, _, _, ts) in state.items():
-        t = float(np.median(ts))
-        out[name] = cfg["md_steps"] * n_replicas / t
-    return out
+            state[name] = (p, v, f, gen, ts)
+    return {name: cfg["md_steps"] * n_replicas / float(np.median(st[-1])) for name, st in state.items()}
 
 
 def nve_run(ev: Evaluator, start: np.ndarray, cfg: dict, system: ChainSystem, seed: int) -> dict:
@@ -172,3 +190,31 @@ def nve_run(ev: Evaluator, start: np.ndarray, cfg: dict, system: ChainSystem, se
     slope = np.polyfit(t, e.mean(1), 1)[0] if len(t) > 2 else float("nan")
     return {"t": t, "dE": e.mean(1), "drift": float(abs(slope)), "max_dev": float(np.abs(e).max()),
             "finite": bool(np.isfinite(e).all())}
+
+
+def chain_observables(traj: torch.Tensor) -> dict:
+    """Per-replica time averages of a trajectory (T, R, N, 3): radius of gyration, and the mean and
+    width (standard deviation) of the bond-length distribution (all bonds i, i+1 of all frames)."""
+    rg = ((traj - traj.mean(-2, keepdim=True)) ** 2).sum(-1).mean(-1).sqrt()            # (T, R)
+    b = torch.linalg.vector_norm(traj[..., 1:, :] - traj[..., :-1, :], dim=-1)           # (T, R, N-1)
+    b = b.transpose(0, 1).reshape(traj.shape[1], -1)                                     # (R, T*(N-1))
+    return {"rg": rg.mean(0).numpy(), "bond_mean": b.mean(1).numpy(), "bond_width": b.std(1).numpy()}
+
+
+def observables_run(ev: Evaluator, start: np.ndarray, cfg: dict, system: ChainSystem, seed: int) -> dict:
+    """Langevin MD (prior + SchNet) of ``cfg['replicas']`` replicas for ``cfg['steps']`` steps,
+    frames every ``cfg['every']`` steps; per-replica observables (:func:`chain_observables`).
+
+    Starts and the random stream depend on ``seed`` only, so two implementations run at the same
+    seed see the same starts and the same noise (common random numbers): their difference is the
+    effect of the implementation, not of sampling.
+    """
+    rng = np.random.default_rng(seed)
+    pos = tile_start(start, cfg["replicas"], rng)
+    gen = torch.Generator().manual_seed(seed)
+    kT = KB * cfg["T"]
+    vel = maxwell_boltzmann(pos.shape, system.mass, kT, gen)
+    frames = []
+    langevin_baoab(pos, vel, ev.forces, system.mass, cfg["dt"], cfg["gamma"], kT, cfg["steps"], gen,
+                   every=cfg["every"], callback=lambda s, p, v: frames.append(p.clone()))
+    return chain_observables(torch.stack(frames))

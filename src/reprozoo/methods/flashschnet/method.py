@@ -3,15 +3,19 @@ flash kernel, on Langevin MD of a 269-bead C-alpha-like chain with many replicas
 
 train_shared (per seed): build the chain (bead types, harmonic bond/angle priors, repulsion, and a
 type-dependent attraction that stands in for the all-atom free energy), sample frames by Langevin MD
-on the reference potential, train a SchNet briefly by force matching on the reference-minus-prior
-forces (CGSchNet's setting), save the weights, test frames and equilibrated conformations.
+on the reference potential from several independent replicas, train a SchNet by force matching on
+the reference-minus-prior forces (CGSchNet's setting) until its validation force error flattens
+(validation = the frames of one held-out replica, also the test frames), save the weights, the
+training history, test frames and equilibrated conformations.
 train (variant x seed): with the variant's implementation of the same weights: forces on the test
 frames (accuracy, max difference vs the baseline, 16-bit quantisation error), peak memory of one
-force evaluation and Langevin MD throughput (steps x replicas / s) over replica counts, the flash
-vs baseline speed-up measured interleaved in the same process, NVE energy drift.
+force evaluation and Langevin MD throughput (steps x replicas / s) over replica counts, the speed-up
+over the CGSchNet-style baseline measured interleaved in the same process, MD observables (radius
+of gyration, bond-length distribution) with common random numbers, NVE energy drift.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -51,7 +55,7 @@ def _load_model(shared_dir: Path, device: str = "cpu"):
 def train_shared(ctx) -> None:
     import torch
 
-    from ...blocks.atomistic import AtomsData, SchNet, TrainConfig, evaluate, fit, fit_energy_scale
+    from ...blocks.atomistic import AtomsData, SchNet, TrainConfig, fit, fit_energy_scale
     from .cgchain import generate_frames
 
     p = ctx.params
@@ -59,30 +63,40 @@ def train_shared(ctx) -> None:
     t0 = time.perf_counter()
     fr = generate_frames(system, seed=ctx.seed, progress=ctx.progress, **p["data"])
     ctx.metrics.scalar("data_seconds", time.perf_counter() - t0)
-    n_frames = len(fr["positions"])
-    n_test = int(p["n_test"])
+    n_frames, n_rep = len(fr["positions"]), int(p["data"]["n_replicas"])
     frames = {"positions": list(fr["positions"]), "numbers": [fr["numbers"]] * n_frames,
               "cells": list(fr["cells"]), "pbc": [fr["pbc"]] * n_frames, "energy": fr["energy"],
               "forces": list(fr["forces"])}
     data = AtomsData(frames, p["model"]["cutoff"])
-    train_set, test_set = data.subset(range(n_frames - n_test)), data.subset(range(n_frames - n_test, n_frames))
+    # frames are time-major (index = t * n_rep + r): the last replica is held out entirely, so the
+    # validation / test frames are an independent trajectory, not neighbours in time of training frames
+    held_out = np.arange(n_frames) % n_rep == n_rep - 1
+    train_set, test_set = data.subset(np.flatnonzero(~held_out)), data.subset(np.flatnonzero(held_out))
+    test_forces = fr["forces"][held_out]
     torch.manual_seed(ctx.seed)
     model = SchNet(**p["model"], max_z=int(system.types.max()))
     fit_energy_scale(model, train_set)
     t0 = time.perf_counter()
-    hist = fit(model, train_set, None, TrainConfig.from_dict({**p["train"], "seed": ctx.seed}), progress=ctx.progress)
+    hist = fit(model, train_set, test_set, TrainConfig.from_dict({**p["train"], "seed": ctx.seed}),
+               progress=ctx.progress)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
     ctx.metrics.curve("train_loss", range(len(hist["step_loss"])), hist["step_loss"])
-    m = evaluate(model, test_set, batch_size=4)
-    ctx.metrics.scalar("test_force_mae", m["force_mae"])
-    ctx.metrics.scalar("test_force_rms", float(np.sqrt(np.mean(fr["forces"][-n_test:] ** 2))))
-    ctx.metrics.scalar("test_force_mae_zero_model", float(np.mean(np.abs(fr["forces"][-n_test:]))))
+    # validation after every epoch on the held-out replica (no early stopping: the last value is the
+    # test error of the weights every variant uses)
+    spe = int(np.ceil(len(train_set) / int(p["train"]["batch_size"])))
+    val_steps = [min(spe * (k + 1), hist["steps"]) for k in range(len(hist["val_force_mae"]))]
+    zero = float(np.mean(np.abs(test_forces)))
+    m = {"force_mae": float(hist["val_force_mae"][-1])}
+    (ctx.outdir / "train_history.json").write_text(json.dumps({
+        "val_steps": val_steps, "val_force_mae": [float(v) for v in hist["val_force_mae"]],
+        "steps": int(hist["steps"]), "force_mae": m["force_mae"], "force_mae_zero_model": zero,
+        "force_rms": float(np.sqrt(np.mean(test_forces ** 2)))}))
     ctx.progress(f"SchNet trained {hist['steps']} steps in {hist['seconds']:.1f}s; test force MAE "
-                 f"{m['force_mae']:.4f} (zero model {np.mean(np.abs(fr['forces'][-n_test:])):.4f}) kcal/mol/A")
+                 f"{m['force_mae']:.4f} (zero model {zero:.4f}) kcal/mol/A")
     torch.save({"hparams": model.hparams, "state": model.float().state_dict()}, ctx.outdir / "schnet.pt")
     save_npz(ctx.outdir / "chain.npz", types=system.types, hydro=system.hydro,
-             test_positions=fr["positions"][-n_test:], test_forces=fr["forces"][-n_test:],
-             test_energy=fr["energy"][-n_test:], start=fr["final_positions"])
+             test_positions=fr["positions"][held_out], test_forces=test_forces,
+             test_energy=fr["energy"][held_out], start=fr["final_positions"])
 
 
 # --- per variant -----------------------------------------------------------------------------------
@@ -91,11 +105,11 @@ def train(ctx) -> None:
     import torch
 
     from .cgchain import ChainPotential
-    from .md import Evaluator, nve_run, peak_memory, throughput, tile_start, variant_kind
+    from .md import Evaluator, nve_run, observables_run, peak_memory, throughput, tile_start, variant_kind
 
-    p, v = ctx.params, ctx.variant
+    p, variant = ctx.params, ctx.variant
     dev = _device(p)
-    kind, quant = variant_kind(v)
+    kind, quant, pairs = variant_kind(variant)
     system = _system(p)
     shared = np.load(ctx.shared_dir / "chain.npz")
     assert np.array_equal(shared["types"], system.types)
@@ -103,34 +117,44 @@ def train(ctx) -> None:
     fl = p["flash"]
     prior = ChainPotential(system)
 
-    def make(k, R, q=None):
+    def make(R, k=kind, q=quant, pr=pairs):
         return Evaluator(k, model, system.types, R, skin=p["bench"]["skin"], chunk_size=fl["chunk_size"],
-                         quantize=q, prior=prior, device=dev)
+                         quantize=q, pairs=pr, prior=prior, device=dev)
+
+    # 0. the training every variant shares (recorded once, by the baseline)
+    if variant == "baseline_schnet":
+        h = json.loads((ctx.shared_dir / "train_history.json").read_text())
+        ctx.metrics.curve("train_val_force_mae", h["val_steps"], h["val_force_mae"])
+        ctx.metrics.scalar("train_steps", h["steps"])
+        ctx.metrics.scalar("force_mae_zero_model", h["force_mae_zero_model"])
+        v = h["val_force_mae"]
+        if len(v) > 1:  # relative drop of the validation force MAE over the last epoch (flattening)
+            ctx.metrics.scalar("train_val_last_epoch_rel_drop", (v[-2] - v[-1]) / v[-1])
 
     # 1. forces on the test frames: accuracy, identity with the baseline, quantisation error
     X = torch.from_numpy(shared["test_positions"])
     R = len(X)
-    ev = make(kind, R, quant)
+    ev = make(R)
     _, f = ev.energy_forces(X, with_prior=False)
     ref = torch.from_numpy(shared["test_forces"])
     ctx.metrics.scalar("force_mae", (f - ref).abs().mean().item())
     ctx.metrics.scalar("force_rmse", (f - ref).pow(2).mean().sqrt().item())
-    if kind == "flash":
-        _, fb = make("baseline", R).energy_forces(X, with_prior=False)
+    if variant != "baseline_schnet" and not quant:  # (16-bit weights: compared with their fp32 kernel)
+        _, fb = make(R, "baseline", None, False).energy_forces(X, with_prior=False)
         d = (f - fb).abs().max().item()
         ctx.metrics.scalar("force_maxdiff", d)
         ctx.metrics.scalar("force_maxdiff_rel", d / fb.abs().max().item())
-        if quant:
-            _, f32 = make("flash", R).energy_forces(X, with_prior=False)
-            dq = (f - f32).abs().max().item()
-            rms = f32.pow(2).mean().sqrt().item()
-            ctx.metrics.scalar("quant_force_err", dq / rms)
-            ctx.metrics.scalar("quant_force_maxdiff", dq)
-            ctx.metrics.scalar("quant_force_rmse_rel", (f - f32).pow(2).mean().sqrt().item() / rms)
-            ctx.metrics.scalar("weight_mb", ev.flash.weight_bytes() / 2**20)
-            ctx.metrics.scalar("weight_mb_fp32", sum(m.weight.numel() * 4 for m in model.modules()
-                                                      if isinstance(m, torch.nn.Linear)) / 2**20)
         ctx.progress(f"forces vs baseline: max |dF| {d:.2e} (rel {d / fb.abs().max().item():.2e})")
+    if quant:
+        _, f32 = make(R, kind, None).energy_forces(X, with_prior=False)
+        dq = (f - f32).abs().max().item()
+        rms = f32.pow(2).mean().sqrt().item()
+        ctx.metrics.scalar("quant_force_err", dq / rms)
+        ctx.metrics.scalar("quant_force_maxdiff", dq)
+        ctx.metrics.scalar("quant_force_rmse_rel", (f - f32).pow(2).mean().sqrt().item() / rms)
+        ctx.metrics.scalar("weight_mb", ev.flash.weight_bytes() / 2**20)
+        ctx.metrics.scalar("weight_mb_fp32", sum(m.weight.numel() * 4 for m in model.modules()
+                                                  if isinstance(m, torch.nn.Linear)) / 2**20)
 
     # 2. peak memory and MD throughput over replica counts
     b = p["bench"]
@@ -139,25 +163,25 @@ def train(ctx) -> None:
     reps = list(b["replicas"])
     for R in reps:
         pos = tile_start(start, R, ctx.rng(100 + R))
-        m = peak_memory(make(kind, R, quant), pos)
+        m = peak_memory(make(R), pos)
         mem.append(m["peak_mb"])
         work.append(m["peak_work_mb"])
         edges.append(m["n_edges"])
-        evs = {v: make(kind, R, quant)}
+        evs = {variant: make(R)}
         tcfg = dict(b)
-        if kind == "flash" and R == max(reps):  # the claim: flash and baseline interleaved, same process
-            evs["baseline"] = make("baseline", R)
+        if variant in b.get("interleaved", ()) and R == max(reps):  # the claim: interleaved with the baseline
+            evs["baseline"] = make(R, "baseline", None, False)
         elif R != max(reps):  # the other points of the curve: shorter timing
             tcfg.update(md_steps=b.get("curve_steps", b["md_steps"]), repeats=b.get("curve_repeats", b["repeats"]))
         t = throughput(evs, start, R, tcfg, system, seed=1000 * ctx.seed + R)
-        thr.append(t[v])
+        thr.append(t[variant])
         if "baseline" in t:
-            ctx.metrics.scalar("speedup_max_replicas", t[v] / t["baseline"])
+            ctx.metrics.scalar("speedup_max_replicas", t[variant] / t["baseline"])
             ctx.metrics.scalar("baseline_throughput_max_replicas", t["baseline"])
-            ctx.progress(f"R={R}: {t[v]:.2f} vs baseline {t['baseline']:.2f} steps*replicas/s "
-                         f"(x{t[v] / t['baseline']:.2f})")
+            ctx.progress(f"R={R}: {t[variant]:.2f} vs baseline {t['baseline']:.2f} steps*replicas/s "
+                         f"(x{t[variant] / t['baseline']:.2f})")
         ctx.progress(f"R={R}: {m['n_edges']} edges, peak {m['peak_mb']:.1f} MiB "
-                     f"(work {m['peak_work_mb']:.1f} + graph {m['graph_mb']:.1f}), {t[v]:.2f} steps*replicas/s")
+                     f"(work {m['peak_work_mb']:.1f} + graph {m['graph_mb']:.1f}), {t[variant]:.2f} steps*replicas/s")
     ctx.metrics.curve("peak_mem_mb", reps, mem)
     ctx.metrics.curve("peak_work_mb", reps, work)
     ctx.metrics.curve("throughput", reps, thr)
@@ -165,13 +189,27 @@ def train(ctx) -> None:
     ctx.metrics.scalar("peak_mem_mb_max_replicas", mem[-1])
     ctx.metrics.scalar("throughput_max_replicas", thr[-1])
 
-    # 3. NVE energy drift with this implementation
+    # 3. MD observables (radius of gyration, bond lengths): the same starts and noise at a seed for
+    # every implementation; spread = standard error over independent replicas (what a rerun at
+    # another seed would move the mean by)
+    o = p["observables"]
+    if variant in o["variants"]:
+        obs = observables_run(make(o["replicas"]), start, {**o, "dt": b["dt"], "gamma": b["gamma"], "T": b["T"]},
+                              system, seed=7919 * ctx.seed + 17)
+        for name, vals in obs.items():
+            ctx.metrics.scalar(f"md_{name}", float(vals.mean()))
+            ctx.metrics.scalar(f"md_{name}_sem", float(vals.std(ddof=1) / np.sqrt(len(vals))))
+        ctx.progress("MD observables: " + ", ".join(f"{k} {v.mean():.4f} +- {v.std(ddof=1) / np.sqrt(len(v)):.4f}"
+                                                    for k, v in obs.items()))
+
+    # 4. NVE energy drift with this implementation
     n = p["nve"]
-    res = nve_run(make(kind, n["replicas"], quant), start, {**n, "T": b["T"]}, system, seed=ctx.seed)
-    ctx.metrics.curve("nve_energy_per_bead", res["t"], res["dE"])
-    ctx.metrics.scalar("nve_drift", res["drift"])
-    ctx.metrics.scalar("nve_max_dev", res["max_dev"])
-    ctx.progress(f"NVE: drift {res['drift']:.2e} kcal/mol/bead/ps, max deviation {res['max_dev']:.2e}")
+    if variant in n["variants"]:
+        res = nve_run(make(n["replicas"]), start, {**n, "T": b["T"]}, system, seed=ctx.seed)
+        ctx.metrics.curve("nve_energy_per_bead", res["t"], res["dE"])
+        ctx.metrics.scalar("nve_drift", res["drift"])
+        ctx.metrics.scalar("nve_max_dev", res["max_dev"])
+        ctx.progress(f"NVE: drift {res['drift']:.2e} kcal/mol/bead/ps, max deviation {res['max_dev']:.2e}")
 
 
 # --- plots ---------------------------------------------------------------------------------------------
@@ -186,6 +224,9 @@ def plot(table, plots_dir: Path, params: dict) -> None:
                xlabel="replicas", ylabel="steps x replicas / s", title="Langevin MD throughput (prior + SchNet)")
     curve_plot(table, "nve_energy_per_bead", plots_dir / "curve_nve_energy_per_bead.png",
                xlabel="time (ps)", ylabel="E_tot(t) - E_tot(0) per bead (kcal/mol)", title="NVE energy conservation")
+    curve_plot(table, "train_val_force_mae", plots_dir / "curve_train_val_force_mae.png",
+               xlabel="Adam steps (batch 1 frame)", ylabel="force MAE on the held-out replica (kcal/mol/A)",
+               title="Has the shared SchNet finished training? (validation force MAE)")
     sub = table[table.metric == "peak_mem_mb"]
     if sub.empty or "baseline_schnet" not in set(sub.variant):
         return

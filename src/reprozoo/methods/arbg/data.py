@@ -1,0 +1,73 @@
+"""Training and reference data for the Boltzmann generators: MALA samples, symmetry augmentation,
+and the internal coordinates every model (ArBG, flow, CNF) is trained in.
+
+Coordinates. A particle target (DW4: 4 particles in 2-D; LJ13: 13 in 3-D) has an energy that is
+invariant to translations, so its Boltzmann density lives on the zero-centre-of-mass subspace
+{Σ_i x_i = 0} of dimension (n - 1) d. Every model here works in the FREE coordinates
+y = (x_1, ..., x_{n-1}) of the first n - 1 particles of a COM-free configuration; the last particle
+is x_n = -Σ_{i<n} x_i. The map y -> x is linear and injective with a constant Jacobian, so the
+target density in y is p(y) ∝ exp(-E(x(y)) / T) and importance weights p/q need no correction
+(the constant cancels in self-normalised weights and in the normalised ESS). All models see the
+same y, scaled by one isotropic length ``scale`` (the data's coordinate std), which keeps the
+rotation symmetry of the scaled data.
+
+Augmentation. p is invariant to rotations, reflections and permutations of identical particles;
+MALA chains mix slowly between the symmetry copies of a mode. Every variant is trained on the same
+augmented set: each training configuration is copied ``augment`` times under a Haar-random
+orthogonal map O(d) and a random particle permutation (both leave p unchanged), then reduced to y.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...blocks.boltzmann import remove_com
+
+
+def to_free(x: torch.Tensor, n_particles: int, spatial_dim: int) -> torch.Tensor:
+    """COM-free configurations (B, n*d) -> free coordinates (B, (n-1)*d) (drop the last particle)."""
+    x = remove_com(x, n_particles, spatial_dim)
+    return x[..., : (n_particles - 1) * spatial_dim]
+
+
+def to_full(y: torch.Tensor, n_particles: int, spatial_dim: int) -> torch.Tensor:
+    """Free coordinates (B, (n-1)*d) -> full COM-free configuration (B, n*d), x_n = -Σ_{i<n} x_i."""
+    ys = y.reshape(*y.shape[:-1], n_particles - 1, spatial_dim)
+    last = -ys.sum(dim=-2, keepdim=True)
+    return torch.cat([ys, last], dim=-2).reshape(*y.shape[:-1], n_particles * spatial_dim)
+
+
+def random_orthogonal(n: int, d: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    """n Haar-distributed matrices of O(d): QR of a Gaussian matrix with the signs of diag(R) fixed."""
+    a = torch.randn(n, d, d, generator=generator, dtype=dtype)
+    q, r = torch.linalg.qr(a)
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def augment(x: torch.Tensor, n_particles: int, spatial_dim: int, copies: int,
+            generator: torch.Generator) -> torch.Tensor:
+    """``copies`` symmetry images (random O(d) and particle permutation) of each configuration."""
+    xs = x.reshape(len(x), n_particles, spatial_dim).repeat(copies, 1, 1)
+    rot = random_orthogonal(len(xs), spatial_dim, generator, xs.dtype)
+    perm = torch.argsort(torch.rand(len(xs), n_particles, generator=generator), dim=1)
+    xs = torch.gather(xs, 1, perm.unsqueeze(-1).expand(-1, -1, spatial_dim))
+    return torch.einsum("bnd,bed->bne", xs, rot).reshape(len(xs), -1)
+
+
+def make_dataset(target, n_train: int, n_test: int, copies: int, generator: torch.Generator,
+                 mala_kw: dict) -> dict[str, torch.Tensor]:
+    """MALA samples of ``target`` (float64), split into train (augmented) and test (as sampled).
+
+    Train and test come from disjoint chains, so test samples are not correlated with training ones.
+    """
+    n_chains = int(mala_kw.get("n_chains", 256))
+    kw = {k: v for k, v in mala_kw.items() if k != "n_chains"}
+    half = max(n_chains // 2, 1)
+    x_tr, acc_tr = target.sample_reference(n_train, generator, n_chains=max(n_chains - half, 1),
+                                           return_accept=True, **kw)
+    x_te, acc_te = target.sample_reference(n_test, generator, n_chains=half, return_accept=True, **kw)
+    n, d = target.n_particles, target.spatial_dim
+    x_aug = augment(x_tr, n, d, copies, generator) if copies > 1 else x_tr
+    y_tr = to_free(x_aug, n, d)
+    y_te = to_free(x_te, n, d)
+    return {"y_train": y_tr, "y_test": y_te, "scale": y_tr.std().reshape(()),
+            "accept": torch.tensor([acc_tr, acc_te])}

@@ -1,0 +1,182 @@
+"""The three Boltzmann-generator proposals, each an exact density q(y) on the free coordinates.
+
+All three share one interface (``loss``, ``log_prob``, ``sample_and_log_prob``) so that the same
+training loop, data, budget and evaluation apply to every variant.
+
+ArBG (the paper's method). Each coordinate (in units of ``scale``) is clipped to [lo, hi] and cut
+into K uniform bins of width Δ = (hi - lo) / K; b_j = floor((y_j / scale - lo) / Δ). A causal
+transformer models the bins as a product of conditionals, particle by particle, axis by axis,
+
+    P(b_1..b_D) = Π_j P(b_j | b_<j),
+
+trained by cross-entropy (= maximum likelihood of the bins). Sampling draws the bins ancestrally
+and places each coordinate uniformly inside its bin (uniform dequantisation), so the sampled law
+has the EXACT density
+
+    q(y) = Π_j P(b_j(y) | b_<j(y)) / (Δ scale)^D     inside the box, 0 outside,
+
+    log q(y) = Σ_j log P(b_j | b_<j) - D log Δ - D log scale.
+
+Maximum likelihood of this piecewise-constant density on continuous data is exactly the bin
+cross-entropy (the -D log Δ term is a constant), so training and the importance weights use the
+same density.
+
+Flow (baseline, discrete time). A neural spline flow over all D coordinates at once (zuko's NSF via
+``blocks/flows.py``), fixed standardisation by the same isotropic ``scale``.
+
+CNF (baseline, continuous time). Conditional flow matching with the linear interpolant
+z_t = (1 - t) z_0 + t z_1, z_0 ~ N(0, I), z_1 = y / scale, regressing an MLP v(z, t) on z_1 - z_0.
+Samples solve dz/dt = v from t = 0 to 1 (RK4, ``blocks/flows.ode_sample``); the density follows
+the instantaneous change of variables d log q_t(z_t)/dt = -div v(z_t, t), integrated alongside with
+the EXACT divergence (trace of the D x D Jacobian by ``torch.func``), so its importance weights
+are exact up to the ODE discretisation error.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ...blocks.causal_transformer import CausalTransformer
+from ...blocks.flows import gaussian_log_prob, make_flow, ode_sample
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+class ArBG(nn.Module):
+    """Discretised autoregressive density with uniform dequantisation (see the module docstring)."""
+
+    def __init__(self, dim: int, scale: float, bins: int = 256, lo: float = -4.0, hi: float = 4.0,
+                 width: int = 32, depth: int = 2, heads: int = 4, mlp_ratio: float = 4.0):
+        super().__init__()
+        self.dim, self.bins, self.lo, self.hi = dim, bins, float(lo), float(hi)
+        self.delta = (self.hi - self.lo) / bins
+        self.register_buffer("scale", torch.tensor(float(scale)))
+        self.net = CausalTransformer(bins, dim, width, depth, heads, mlp_ratio)
+
+    def discretize(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bins, inside): bin indices of clipped coordinates, and whether y lies in the box."""
+        u = (y / self.scale - self.lo) / self.delta
+        inside = ((u >= 0) & (u < self.bins)).all(-1)
+        return u.floor().clamp(0, self.bins - 1).long(), inside
+
+    def _log_volume(self) -> torch.Tensor:
+        return self.dim * (math.log(self.delta) + torch.log(self.scale))
+
+    def loss(self, y: torch.Tensor) -> torch.Tensor:
+        """Mean negative log density of a batch (bin cross-entropy plus the bin-volume constant)."""
+        b, _ = self.discretize(y)
+        return -(self.net.log_prob(b) - self._log_volume()).mean()
+
+    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
+        b, inside = self.discretize(y)
+        lq = self.net.log_prob(b) - self._log_volume()
+        return torch.where(inside, lq, torch.full_like(lq, -math.inf))
+
+    @torch.no_grad()
+    def sample_and_log_prob(self, n: int, generator: torch.Generator | None = None):
+        b, logp = self.net.sample(n, generator)
+        u = torch.rand(b.shape, generator=generator, device=b.device)
+        y = (self.lo + (b + u) * self.delta) * self.scale
+        return y, logp - self._log_volume()
+
+
+class Flow(nn.Module):
+    """Neural spline flow over all coordinates (zuko through blocks/flows.py)."""
+
+    def __init__(self, dim: int, scale: float, kind: str = "nsf", hidden=(64, 64), transforms: int = 3,
+                 bins: int = 8):
+        super().__init__()
+        self.flow = make_flow(kind, dim, hidden=tuple(hidden), transforms=transforms, bins=bins,
+                              loc=torch.zeros(dim), scale=torch.full((dim,), float(scale)))
+
+    def loss(self, y: torch.Tensor) -> torch.Tensor:
+        return -self.flow.log_prob(y).mean()
+
+    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
+        return self.flow.log_prob(y)
+
+    @torch.no_grad()
+    def sample_and_log_prob(self, n: int, generator: torch.Generator | None = None):
+        # zuko draws its base noise from torch's global generator; seed it from ours for determinism
+        if generator is not None:
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)))
+        y = self.flow.sample(n)
+        return y, self.flow.log_prob(y)
+
+
+class CNF(nn.Module):
+    """Flow-matching continuous normalizing flow with exact-divergence likelihoods."""
+
+    def __init__(self, dim: int, scale: float, hidden: int = 128, depth: int = 3, ode_steps: int = 20,
+                 scheme: str = "rk4"):
+        super().__init__()
+        self.dim, self.ode_steps, self.scheme = dim, ode_steps, scheme
+        self.register_buffer("scale", torch.tensor(float(scale)))
+        layers, d_in = [], dim + 1
+        for _ in range(depth):
+            layers += [nn.Linear(d_in, hidden), nn.SiLU()]
+            d_in = hidden
+        layers.append(nn.Linear(d_in, dim))
+        self.net = nn.Sequential(*layers)
+
+    def velocity(self, z: torch.Tensor, t) -> torch.Tensor:
+        tt = torch.as_tensor(t, dtype=z.dtype, device=z.device).expand(*z.shape[:-1], 1)
+        return self.net(torch.cat([z, tt], dim=-1))
+
+    def loss(self, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Flow-matching regression loss (mean over batch and coordinates)."""
+        z1 = y / self.scale
+        z0 = torch.randn(z1.shape, generator=generator, dtype=z1.dtype, device=z1.device)
+        t = torch.rand(len(z1), 1, generator=generator, dtype=z1.dtype, device=z1.device)
+        zt = (1 - t) * z0 + t * z1
+        return (self.velocity(zt, t) - (z1 - z0)).pow(2).mean()
+
+    def _augmented(self, state: torch.Tensor, t: float) -> torch.Tensor:
+        """d/dt [z, c] = [v(z, t), div v(z, t)], the divergence as the exact Jacobian trace."""
+        from torch.func import jacrev, vmap
+
+        z = state[:, : self.dim]
+
+        def v1(zi):
+            return self.velocity(zi, t)
+
+        with torch.enable_grad():
+            jac = vmap(jacrev(v1))(z)
+            v = self.velocity(z, t)
+        div = torch.diagonal(jac, dim1=-2, dim2=-1).sum(-1, keepdim=True)
+        return torch.cat([v, div], dim=-1).detach()
+
+    def _integrate(self, z: torch.Tensor, t0: float, t1: float):
+        state = torch.cat([z, z.new_zeros(len(z), 1)], dim=-1)
+        out = ode_sample(self._augmented, state, t0, t1, self.ode_steps, self.scheme)
+        return out[:, : self.dim], out[:, self.dim]
+
+    def _base_log_prob(self, z0: torch.Tensor) -> torch.Tensor:
+        return gaussian_log_prob(z0, torch.zeros_like(z0), torch.ones_like(z0))
+
+    @torch.no_grad()
+    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
+        """log q(y): integrate data -> noise (t 1 -> 0); c = ∫_1^0 div v dt = -∫_0^1 div v dt."""
+        z0, c = self._integrate(y / self.scale, 1.0, 0.0)
+        return self._base_log_prob(z0) + c - self.dim * torch.log(self.scale)
+
+    @torch.no_grad()
+    def sample_and_log_prob(self, n: int, generator: torch.Generator | None = None):
+        z0 = torch.randn(n, self.dim, generator=generator, device=self.scale.device)
+        z1, c = self._integrate(z0, 0.0, 1.0)
+        return z1 * self.scale, self._base_log_prob(z0) - c - self.dim * torch.log(self.scale)
+
+
+def build(variant: str, dim: int, scale: float, params: dict) -> nn.Module:
+    """The proposal of a variant from the scale's config (sections ``arbg``, ``flow``, ``cnf``)."""
+    if variant == "arbg":
+        return ArBG(dim, scale, **params["arbg"])
+    if variant == "flow":
+        return Flow(dim, scale, **params["flow"])
+    if variant == "cnf":
+        return CNF(dim, scale, **params["cnf"])
+    raise ValueError(f"unknown variant {variant!r}; one of arbg, flow, cnf")
