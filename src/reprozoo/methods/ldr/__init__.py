@@ -1,0 +1,1 @@
+"""LDR: off-policy log-dispersion regularisation of maximum-likelihood Boltzmann generators."""
