@@ -258,3 +258,40 @@ def test_cost_helpers():
     x = np.array([300.0, 600.0, 1200.0, 2400.0])
     assert abs(loglog_slope(x, 3.0 * x**1.5) - 1.5) < 1e-9
     assert median_seconds(lambda: None, repeats=3) >= 0.0
+
+
+# --- the periodic bulk cells of the cost study ----------------------------------------------------
+
+def test_bulk_cells_have_size_independent_edges_per_atom():
+    """Periodic fcc Cu has no surface: every atom has the 12+6+24+12+24 = 78 neighbours of the first
+    five fcc shells within 6 A, so the edges per atom (dense 3 x 78, DKMP 12 + 8 + 8) do not change
+    with the cell size and the cost scaling measures the method, not the geometry."""
+    import reprozoo.methods.dkmp.method as M
+
+    cells = M.bulk_cells([2, 3], seed=0, rattle=0.0)
+    dense_cfg, dkmp_cfg = {"shells": DENSE}, {"shells": DKMP, "select": "dilated"}
+    assert M.is_dense(dense_cfg) and not M.is_dense(dkmp_cfg) and not M.is_dense({"shells": SHORT[:1] + DKMP[1:]})
+    for c, n in zip(cells, (2, 3)):
+        assert len(c["numbers"][0]) == 4 * n**3 and c["pbc"][0].all()
+        dense = M.fresh_data(c, dense_cfg)
+        assert type(dense).__name__ == "AtomsData"  # plain neighbour list, no star bookkeeping
+        b = dense.collate([0])
+        assert b.edge_index.shape[1] == 78 * 4 * n**3
+        star = M.build_data(c, dense_cfg)
+        assert np.array_equal(star.graph(0)[0], dense.graph(0)[0]) and np.array_equal(star.graph(0)[1], dense.graph(0)[1])
+        dk = M.fresh_data(c, dkmp_cfg)
+        np.testing.assert_array_equal(dk.messages_per_layer(0) / (4 * n**3), [12, 8, 8])
+    # the rattle is seeded
+    a, b = M.bulk_cells([2], seed=1), M.bulk_cells([2], seed=1)
+    assert np.array_equal(a[0]["positions"][0], b[0]["positions"][0])
+    assert not np.array_equal(a[0]["positions"][0], M.bulk_cells([2], seed=2)[0]["positions"][0])
+
+
+def test_step_timer_counts_cpu_time_not_waiting():
+    import time
+
+    import reprozoo.methods.dkmp.method as M
+
+    timer = M.step_seconds("cpu")
+    assert timer(lambda: time.sleep(0.05)) < 0.02  # sleeping (like waiting for a core) costs no CPU time
+    assert timer(lambda: sum(range(300_000))) > 0.0

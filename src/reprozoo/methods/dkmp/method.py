@@ -14,14 +14,18 @@ boundaries. The variants differ only in their graphs:
 * ``dense_same_field``: the full radius graph at 6.0 A in every layer (same receptive field);
 * ``dense_short_cutoff``: the full radius graph at 3.1 A in every layer (about DKMP's edge budget).
 
-train_shared (per seed): cost of one MD step (energy + forces; graph given) and of one training
-step (energy/force loss + backward) of every variant at every cluster size, interleaved in one
-process: best wall time over the repeats (contention from other processes only adds time), peak
-torch tensor memory (allocator events replayed, see ``blocks.atomistic.cost``), edges per layer,
-graph construction time -> ``cost.json``.
-train (per variant x seed): fit on the training frames (shared ``fit``, same steps for all),
-energy/force MAE on held-out frames (overall and per cluster size), edges per layer; the variant's
-costs from ``cost.json`` and their log-log slopes against atom count.
+train_shared (per seed): cost of one MD step of every variant on periodic bulk fcc Cu cells (no
+surface, so edges per atom are the same at every size and a log-log slope measures the method, not
+the cluster geometry), interleaved in one process: graph construction (neighbour list; for DKMP
+also the star selection), energy + forces with the graph given, and the whole step (graph built
+from the positions, then energy + forces) timed as one call; best CPU time over the repeats (one
+thread: CPU time is compute time, whatever else runs on the cores); peak torch tensor memory
+(allocator events replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors; edges per
+layer; and one training step on a Cu309 frame -> ``cost.json``.
+train (per variant x seed): fit on the Cu309 training frames (shared ``fit``, the same steps, batch
+and schedule for all), validation force MAE after every epoch (the convergence curve), energy/force
+MAE on held-out frames (overall and per cluster size), edges per layer; the variant's costs from
+``cost.json`` and their log-log slopes against atom count.
 Units: energy MAE meV/atom, force MAE meV/A, time ms, memory MiB.
 """
 from __future__ import annotations
@@ -91,42 +95,105 @@ def build_data(frames: dict, vcfg: dict, device=None):
     return StarGraphData(frames, layer_shells(vcfg), vcfg.get("select", "dilated"), device=device)
 
 
+# --- periodic bulk cells for the cost study -------------------------------------------------------
+
+def bulk_cells(repeats, seed: int, rattle: float = 0.08, element: str = "Cu") -> list[dict]:
+    """One periodic fcc cell per entry of ``repeats`` (n x n x n conventional cells, 4 n^3 atoms) at
+    EMT's lattice constant, every atom displaced by N(0, rattle^2) per component (about the thermal
+    amplitude of Cu at 500 K), seeded. Periodic bulk has no surface, so the edges per atom of every
+    graph are the same at every size and the cost scaling measures the method, not the geometry."""
+    from ase.build import bulk
+
+    from ...data.md.ase_md import default_a
+
+    a = default_a(element, "fcc")
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in repeats:
+        at = bulk(element, "fcc", a=a, cubic=True).repeat((int(n),) * 3)
+        pos = at.positions + rng.normal(0.0, rattle, at.positions.shape)
+        out.append({"positions": [pos], "numbers": [at.numbers.astype(np.int64)], "cells": [np.asarray(at.cell.array)],
+                    "pbc": [np.ones(3, bool)], "energy": None, "forces": None})
+    return out
+
+
+def is_dense(vcfg: dict) -> bool:
+    """All layers on one shell [0, r_c) with every atom: a plain radius graph."""
+    sh = layer_shells(vcfg)
+    return len(set(sh)) == 1 and sh[0].r_in == 0.0 and sh[0].k is None
+
+
+def fresh_data(frames: dict, vcfg: dict, device=None):
+    """Data object without cached graphs: its first ``collate`` builds the graph. Dense variants use
+    the plain neighbour list (``AtomsData``), star variants the dilated star graph, so neither pays
+    for the other's bookkeeping."""
+    from ...blocks.atomistic import AtomsData
+
+    if is_dense(vcfg):
+        return AtomsData(frames, layer_shells(vcfg)[0].r_out)
+    return build_data(frames, vcfg, device)
+
+
 # --- cost of a step (shared per seed) -----------------------------------------------------------
 
-def measure_costs(variants: dict, mcfg: dict, frames_by_size: list[dict], train_frames: dict, seed: int,
+def step_seconds(device: str = "cpu"):
+    """Timer of one call. On CPU with one torch thread, the process's CPU time: unlike wall time it
+    does not count the time other processes hold the cores (the smoke runs share two cores with
+    other jobs), and one thread means CPU time = compute time. On CUDA, synchronised wall time."""
+    from ...blocks.atomistic.cost import median_seconds
+
+    if str(device).startswith("cuda"):
+        return lambda fn: median_seconds(fn, 1, 0, device)
+
+    def cpu(fn):
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+
+    return cpu
+
+
+def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: dict, seed: int,
                   repeats: int = 2, device: str = "cpu", progress=print) -> dict:
-    """Interleaved per-size cost of every variant: MD step time/peak memory, graph time, edges,
-    and training-step time/peak memory on ``train_frames`` (one frame)."""
+    """Interleaved per-cell cost of every variant, from one process.
+
+    Per cell and variant: ``graph_ms`` (neighbour search + star selection + collation into tensors),
+    ``time_step_ms`` (energy + forces, graph given), ``time_md_step_ms`` (the whole MD step: graph
+    built from the positions, then energy + forces, timed as one call), ``mem_step_mb`` (peak torch
+    tensor memory of energy + forces above the inputs), ``graph_mb`` (the step's graph tensors:
+    edge_index int64 and shifts), ``mem_md_step_mb`` (their sum), ``edges_layer``. Times (CPU time on CPU, see
+    :func:`step_seconds`) are the best over ``repeats``; the variant order
+    alternates between repeats. Training step time/memory on ``train_frames`` (one frame)."""
     import torch
 
     from ...blocks.atomistic import fit_energy_scale, loss_terms
-    from ...blocks.atomistic.cost import median_seconds, peak_tensor_bytes
-    from ...blocks.atomistic.dilated import star_graph
+    from ...blocks.atomistic.cost import peak_tensor_bytes
 
     names = list(variants)
     models, batches, out = {}, {}, {}
-    sizes = [len(fr["numbers"][0]) for fr in frames_by_size]
+    sizes = [len(c["numbers"][0]) for c in cells]
+    seconds = step_seconds(device)
     for v in names:
         m = build_model(variants[v], mcfg, seed)
         td = build_data(train_frames, variants[v], device)
         fit_energy_scale(m, td)
-        models[v] = m.float().to(device)
+        models[v] = m.float().to(device).eval()
         batches[v] = {"train": td.collate([0], dtype=torch.float32)}
-        out[v] = {"n_atoms": sizes, "edges_layer": [], "graph_ms": [], "time_step_ms": [], "mem_step_mb": []}
-        for s, fr in enumerate(frames_by_size):
-            d = build_data(fr, variants[v], device)
-            batches[v][s] = d.collate([0], dtype=torch.float32)
+        out[v] = {"n_atoms": sizes, "edges_layer": [], "graph_mb": []}
+        for s, c in enumerate(cells):
+            d = build_data(c, variants[v], device)
+            b = fresh_data(c, variants[v], device).collate([0], dtype=torch.float32)
+            batches[v][s] = b
             out[v]["edges_layer"].append(d.messages_per_layer(0).tolist())
-            sh = d.shells
-            out[v]["graph_ms"].append(1e3 * median_seconds(
-                lambda fr=fr, sh=sh: star_graph(fr["positions"][0], sh, fr["cells"][0], fr["pbc"][0],
-                                                variants[v].get("select", "dilated")), repeats, 1))
+            out[v]["graph_mb"].append((b.edge_index.numel() * b.edge_index.element_size()
+                                       + b.shifts.numel() * b.shifts.element_size()) / 2**20)
 
-    def md_step(v, s):
-        m, b = models[v], batches[v][s]
-        m.eval()
-        return m.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures,
-                                   create_graph=False)
+    def ef(v, b):
+        return models[v].energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts,
+                                           b.n_structures, create_graph=False)
+
+    def graph(v, s):
+        return fresh_data(cells[s], variants[v], device).collate([0], dtype=torch.float32)
 
     def train_step(v):
         m, b = models[v], batches[v]["train"]
@@ -134,42 +201,46 @@ def measure_costs(variants: dict, mcfg: dict, frames_by_size: list[dict], train_
         m.zero_grad(set_to_none=True)
         loss, _, _ = loss_terms(m, b, 1.0, 10.0)
         loss.backward()
+        m.eval()
         return loss.detach()
 
+    kinds = {"graph_ms": lambda v, s: graph(v, s), "time_step_ms": lambda v, s: ef(v, batches[v][s]),
+             "time_md_step_ms": lambda v, s: ef(v, graph(v, s))}
     for v in names:  # warm-up (allocator, autograd)
-        md_step(v, 0)
+        ef(v, batches[v][0])
         train_step(v)
-    times = {v: {s: [] for s in range(len(sizes))} for v in names}
+    t = {k: {v: [[] for _ in sizes] for v in names} for k in kinds}
     ttrain = {v: [] for v in names}
     for r in range(repeats):
+        order = names if r % 2 == 0 else names[::-1]
         for s in range(len(sizes)):
-            for v in (names if r % 2 == 0 else names[::-1]):
-                times[v][s].append(median_seconds(lambda: md_step(v, s), 1, 0, device))
-        for v in (names if r % 2 == 0 else names[::-1]):
-            ttrain[v].append(median_seconds(lambda: train_step(v), 1, 0, device))
+            for v in order:
+                for k, fn in kinds.items():
+                    t[k][v][s].append(seconds(lambda: fn(v, s)))
+        for v in order:
+            ttrain[v].append(seconds(lambda: train_step(v)))
         progress(f"cost repeat {r + 1}/{repeats} done")
     for v in names:
-        for s in range(len(sizes)):
-            out[v]["time_step_ms"].append(1e3 * float(np.min(times[v][s])))
-            peak, _ = peak_tensor_bytes(lambda: md_step(v, s), device)
-            out[v]["mem_step_mb"].append(peak / 2**20)
+        for k in kinds:
+            out[v][k] = [1e3 * float(np.min(ts)) for ts in t[k][v]]
+        out[v]["mem_step_mb"] = [peak_tensor_bytes(lambda: ef(v, batches[v][s]), device)[0] / 2**20
+                                 for s in range(len(sizes))]
+        out[v]["mem_md_step_mb"] = list(np.add(out[v]["mem_step_mb"], out[v]["graph_mb"]))
         out[v]["time_train_ms"] = 1e3 * float(np.min(ttrain[v]))
-        peak, _ = peak_tensor_bytes(lambda: train_step(v), device)
-        out[v]["mem_train_mb"] = peak / 2**20
+        out[v]["mem_train_mb"] = peak_tensor_bytes(lambda: train_step(v), device)[0] / 2**20
         out[v]["n_atoms_train"] = int(batches[v]["train"].numbers.shape[0])
-        progress(f"{v}: step ms {['%.1f' % t for t in out[v]['time_step_ms']]}, "
-                 f"MB {['%.1f' % t for t in out[v]['mem_step_mb']]}")
+        progress(f"{v}: MD step ms (graph given / with graph) {['%.1f' % x for x in out[v]['time_step_ms']]} / "
+                 f"{['%.1f' % x for x in out[v]['time_md_step_ms']]}, MB {['%.1f' % x for x in out[v]['mem_md_step_mb']]}")
     return out
 
 
 def train_shared(ctx) -> None:
     p = ctx.params
     md = _load(ctx)
-    scal = _system_ids(md, p["scaling_systems"])
-    frames_by_size = [frames_of(md, [s], first_only=True) for s in scal]
+    cells = bulk_cells(p["scaling_cells"], ctx.seed, p.get("cell_rattle", 0.08))
     train_frame = frames_of(md, _system_ids(md, p["train_systems"])[:1], split="train", first_only=True)
     t0 = time.perf_counter()
-    cost = measure_costs(p["variants"], p["model"], frames_by_size, train_frame, ctx.seed,
+    cost = measure_costs(p["variants"], p["model"], cells, train_frame, ctx.seed,
                          p.get("cost", {}).get("repeats", 2), p.get("device", "cpu"), ctx.progress)
     ctx.metrics.scalar("cost_seconds", time.perf_counter() - t0)
     (ctx.outdir / "cost.json").write_text(json.dumps(cost, indent=1))
@@ -190,18 +261,28 @@ def train(ctx) -> None:
     train_ids = _system_ids(md, p["train_systems"])
     eval_ids = _system_ids(md, p["eval_systems"])
     train_data = build_data(frames_of(md, train_ids, "train"), vcfg, device).precompute()
+    val_data = build_data(frames_of(md, train_ids, "val"), vcfg, device).precompute()
 
     model = build_model(vcfg, p["model"], ctx.seed)
     fit_energy_scale(model, train_data)
     model.to(device)
+    # the same steps, batch size, learning-rate schedule and data for every variant; the validation
+    # force MAE after every epoch shows whether the curve has flattened within that budget
     cfg = TrainConfig.from_dict({**p["train"], "seed": ctx.seed})
-    hist = fit(model, train_data, None, cfg, progress=ctx.progress)
+    hist = fit(model, train_data, val_data, cfg, progress=ctx.progress)
     ctx.metrics.scalar("train_seconds", hist["seconds"])
     ctx.metrics.scalar("train_steps", hist["steps"])
     ctx.metrics.scalar("train_ms_per_step", 1e3 * hist["seconds"] / max(hist["steps"], 1))
     losses = np.asarray(hist["step_loss"])
     every = max(1, len(losses) // 20)
     ctx.metrics.curve("train_loss", np.arange(0, len(losses), every) + 1, losses[::every])
+    steps_per_epoch = int(np.ceil(len(train_data) / cfg.batch_size))
+    val_steps = np.minimum(steps_per_epoch * np.arange(1, len(hist["val_force_mae"]) + 1), hist["steps"])
+    val_fmae = 1e3 * np.asarray(hist["val_force_mae"])
+    ctx.metrics.curve("val_force_mae", val_steps, val_fmae)
+    # flattening: relative change of the validation force MAE over the last quarter of the steps
+    q = val_steps >= 0.75 * val_steps[-1]
+    ctx.metrics.scalar("val_force_mae_last_quarter_change", float(val_fmae[q][-1] / val_fmae[q][0] - 1.0))
     ctx.metrics.scalar("n_params", sum(q.numel() for q in model.parameters()))
 
     # held-out frames, per cluster size, then pooled (frame-weighted energy, component-weighted forces)
@@ -229,21 +310,19 @@ def train(ctx) -> None:
     ctx.metrics.scalar("edges_per_atom", float(per_layer.sum(1).mean()))
     ctx.metrics.scalar("edges_per_layer_per_atom", float(per_layer.mean()))
 
-    # cost of a step (measured for every variant in one process by train_shared)
+    # cost of a step on periodic bulk cells (measured for every variant in one process by train_shared)
     cost = json.loads((Path(ctx.shared_dir) / "cost.json").read_text())[v]
     n = cost["n_atoms"]
     edges = [float(np.sum(e)) for e in cost["edges_layer"]]
-    ctx.metrics.curve("time_step_ms", n, cost["time_step_ms"])
-    ctx.metrics.curve("mem_step_mb", n, cost["mem_step_mb"])
+    for name in ("time_step_ms", "time_md_step_ms", "graph_ms", "mem_step_mb", "graph_mb", "mem_md_step_mb"):
+        ctx.metrics.curve(name, n, cost[name])
     ctx.metrics.curve("edges_total", n, edges)
-    ctx.metrics.curve("graph_ms", n, cost["graph_ms"])
-    ctx.metrics.curve("time_md_step_ms", n, np.add(cost["time_step_ms"], cost["graph_ms"]))
+    ctx.metrics.scalar("bulk_edges_per_atom", float(np.mean(np.divide(edges, n))))
     ctx.metrics.scalar("time_train_step_ms", cost["time_train_ms"])
     ctx.metrics.scalar("mem_train_step_mb", cost["mem_train_mb"])
-    ctx.metrics.scalar("slope_time_step", loglog_slope(n, cost["time_step_ms"]))
-    ctx.metrics.scalar("slope_mem_step", loglog_slope(n, cost["mem_step_mb"]))
+    for name in ("time_step", "time_md_step", "mem_step", "mem_md_step"):
+        ctx.metrics.scalar(f"slope_{name}", loglog_slope(n, cost[f"{name}_{'ms' if name.startswith('time') else 'mb'}"]))
     ctx.metrics.scalar("slope_edges", loglog_slope(n, edges))
-    ctx.metrics.scalar("slope_time_md_step", loglog_slope(n, np.add(cost["time_step_ms"], cost["graph_ms"])))
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -251,18 +330,29 @@ def train(ctx) -> None:
 def plot(table, plots_dir: Path, params: dict) -> None:
     from ...plotting import curve_plot, plt
 
+    curve_plot(table, "time_md_step_ms", plots_dir / "curve_time_md_step_ms.png", logx=True, logy=True,
+               xlabel="atoms (periodic fcc Cu cell)", ylabel="ms per MD step (graph build + energy + forces)",
+               title="Does DKMP's whole MD step get cheaper, and grow more slowly, than the dense model's?")
     curve_plot(table, "time_step_ms", plots_dir / "curve_time_step_ms.png", logx=True, logy=True,
-               xlabel="atoms", ylabel="ms per MD step (energy + forces)", title="Step time vs system size")
-    curve_plot(table, "mem_step_mb", plots_dir / "curve_mem_step_mb.png", logx=True, logy=True,
-               xlabel="atoms", ylabel="peak tensor memory per step (MiB)", title="Step memory vs system size")
+               xlabel="atoms (periodic fcc Cu cell)", ylabel="ms per MD step (energy + forces, graph given)",
+               title="Step time with the graph given, vs cell size")
+    curve_plot(table, "mem_md_step_mb", plots_dir / "curve_mem_md_step_mb.png", logx=True, logy=True,
+               xlabel="atoms (periodic fcc Cu cell)", ylabel="peak tensor memory + graph per step (MiB)",
+               title="Does DKMP need less memory per MD step?")
     curve_plot(table, "edges_total", plots_dir / "curve_edges_total.png", logx=True, logy=True,
-               xlabel="atoms", ylabel="messages per step (edges summed over layers)", title="Edges vs system size")
+               xlabel="atoms (periodic fcc Cu cell)", ylabel="messages per step (edges summed over layers)",
+               title="Edges vs cell size")
+    curve_plot(table, "val_force_mae", plots_dir / "curve_val_force_mae.png", logy=True,
+               xlabel="training steps (1 frame of Cu309 each)", ylabel="validation force MAE (meV/A)",
+               title="Have the models converged within the shared step budget?")
     curve_plot(table, "force_mae_by_size", plots_dir / "curve_force_mae_by_size.png", logx=True,
-               xlabel="atoms", ylabel="force MAE (meV/A)", title="Held-out force MAE by cluster size")
+               xlabel="atoms (Cu icosahedron)", ylabel="held-out force MAE (meV/A)",
+               title="Does DKMP match the dense model at every cluster size?")
     p = plt()
     fig, axes = p.subplots(1, 4, figsize=(17, 3.8))
     variants = sorted(table.variant.unique())
-    for ax, (metric, ylabel) in zip(axes[:3], [("time_step_ms", "ms per step"), ("mem_step_mb", "MiB per step"),
+    for ax, (metric, ylabel) in zip(axes[:3], [("time_md_step_ms", "ms per MD step (with graph)"),
+                                               ("mem_md_step_mb", "MiB per MD step (with graph)"),
                                                ("edges_total", "edges per step")]):
         sub = table[table.metric == metric]
         for v in variants:
@@ -271,7 +361,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
                 continue
             slope = np.polyfit(np.log(g.index), np.log(g.values), 1)[0] if len(g) > 1 else float("nan")
             ax.loglog(g.index, g.values, "o-", ms=3, label=f"{v} (slope {slope:.2f})")
-        ax.set_xlabel("atoms")
+        ax.set_xlabel("atoms (periodic fcc Cu cell)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
@@ -285,7 +375,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     axes[3].set_title("Edges per layer (held-out frames)")
     axes[3].set_ylim(0, 1.3 * max(float(sub.value.max()) if not sub.empty else 1.0, 1e-9))
     axes[3].legend(fontsize=7, loc="upper right", ncol=len(variants))
-    fig.suptitle("DKMP vs dense radius graphs: cost scaling on Cu clusters (EMT)")
+    fig.suptitle("DKMP vs dense radius graphs: cost scaling on periodic bulk Cu cells (edges per layer: held-out clusters)")
     fig.tight_layout()
     fig.savefig(plots_dir / "scaling.png", dpi=100)
     p.close(fig)
