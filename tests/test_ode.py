@@ -21,19 +21,21 @@ def test_rk_order(name):
     assert abs(slopes[-1] - tab.order) < 0.2, slopes
 
 
+@pytest.mark.parametrize("zeta", [0.999, 0.5])
 @pytest.mark.parametrize("name", ["euler", "midpoint", "rk4"])
-def test_reversible_keeps_order_and_inverts_exactly(name):
+def test_reversible_keeps_order_and_inverts_exactly(name, zeta):
     tab = TABLEAUS[name]
-    rev = Reversible(ode_increment(f, tab), zeta=0.999)
+    rev = Reversible(ode_increment(f, tab), zeta=zeta)
     errs = []
     for n in (40, 80, 160):
         ts = np.linspace(0, 2, n + 1)
         y, z = rev.solve(np.array([1.0]), np.array([1.0]), ts)
         errs.append(abs(y[0] - exact(2.0)))
         y0, z0 = rev.invert(y, z, ts)
-        assert abs(y0[0] - 1.0) < 1e-13 and abs(z0[0] - 1.0) < 1e-13
+        if zeta > 0.99:  # the inverse divides by zeta each step: zeta = 0.5 amplifies round-off 2^n
+            assert abs(y0[0] - 1.0) < 1e-13 and abs(z0[0] - 1.0) < 1e-13
     slope = np.log2(errs[0] / errs[-1]) / 2
-    assert slope > tab.order - 0.3, (errs, slope)
+    assert abs(slope - tab.order) < 0.3, (errs, slope)  # two-sided: a higher order is a bug too
 
 
 def test_stability_interval_matches_theory():

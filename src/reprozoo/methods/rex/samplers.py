@@ -103,6 +103,46 @@ class Rex(Sampler):
         rev = Reversible(ode_increment(lambda y, t: z * y, self.tab), self.zeta)
         return np.concatenate(rev.step(vec[:1], vec[1:], 0.0, 1.0))
 
+    def stability_theory(self) -> float:
+        """Closed-form real stability interval (-r*, 0) of the coupled step on y' = lambda*y.
+
+        With the base scheme's stability polynomial R, P = R(z) - 1 and Q = R(-z) - 1, the step
+        matrix is [[zeta, 1 - zeta + P], [-zeta*Q, 1 - Q(1 - zeta + P)]]: determinant zeta, trace
+        1 + zeta - Q(1 - zeta + P). For real z = -r (Q = R(r) - 1 > 0 for these bases) the
+        Schur-Cohn conditions |det| < 1, |trace| < 1 + det become
+            g1(r) = R(-r) - zeta > 0   and   g2(r) = 2(1 + zeta) - Q (R(-r) - zeta) > 0,
+        so r* is the first positive sign change of g1 or g2: 1 - zeta for Euler, 1 - sqrt(2 zeta - 1)
+        for midpoint (zeta > 1/2). A check of the implementation (tests), not a claim.
+        """
+        c = np.array(stability_polynomial(self.tab))  # R(z) = sum c_k z^k, lowest power first
+        alt = c * (-1.0) ** np.arange(len(c))  # R(-r)
+        g1 = np.polynomial.Polynomial(alt) - self.zeta
+        q = np.polynomial.Polynomial(c) - 1.0
+        g2 = 2 * (1 + self.zeta) - q * g1
+        best = np.inf
+        for g in (g1, g2):
+            for r in g.roots():
+                if abs(r.imag) < 1e-9 and r.real > 0:
+                    r, eps = r.real, 1e-7 * max(1.0, r.real)
+                    if g(r - eps) * g(r + eps) < 0:
+                        best = min(best, r)
+        return float(best)
+
+
+def stability_polynomial(tab) -> list[float]:
+    """Coefficients c_k of the stability polynomial R(z) = sum_k c_k z^k of an explicit RK tableau
+    (one step on y' = lambda*y with lambda*h = z), from the tableau by exact polynomial algebra."""
+    ks = []
+    for i in range(tab.stages):
+        yi = np.array([1.0])
+        for aij, kj in zip(tab.a[i], ks):
+            yi = np.polyadd(yi[::-1], aij * kj[::-1])[::-1]
+        ks.append(np.concatenate([[0.0], yi]))  # k_i = z * y_i
+    r = np.array([1.0])
+    for bi, ki in zip(tab.b, ks):
+        r = np.polyadd(r[::-1], bi * ki[::-1])[::-1]
+    return [float(c) for c in r]
+
 
 class RexSDE(Rex):
     """Stochastic Rex: Euler-Maruyama base on du = D dtau + dB_tau.
@@ -226,6 +266,73 @@ class ReversibleHeun(Sampler):
         return np.concatenate(self._step(vec[:1], vec[1:], lambda y, t: z * y, 0.0, 1.0))
 
 
+class BDIA(Sampler):
+    """Zhang, Lewis & Kleijn's bi-directional integration approximation (BDIA-DDIM).
+
+    On the grid z_0 (noise, rho_0 = rho_max) ... z_N (data), with the DDIM increment
+    Delta(k -> j | z_k) = (rho_j - rho_k) * eps(z_k, rho_k), eps = (z - D)/rho, one step is
+        z_{k+1} = z_k + gamma * (z_{k-1} - z_k - Delta(k -> k-1 | z_k)) + Delta(k -> k+1 | z_k),
+    a forward DDIM step plus gamma times the mismatch of a backward DDIM step against the
+    previous state; gamma = 1 is the time-symmetric (leapfrog) form. The first step is plain DDIM.
+    It mixes states at different noise levels, so it is written in y = x/alpha (the VE form, as
+    BDIA-EDM), not in the Lawson variables. Exactly invertible given the last two states:
+        z_{k-1} = (z_{k+1} - z_k - Delta(k -> k+1 | z_k)) / gamma + z_k + Delta(k -> k-1 | z_k).
+    The state is (z at this end of the grid, z one grid point inward, or None when unknown);
+    a single data point starts its inversion with one DDIM inversion step, as in the paper.
+    """
+
+    state_dim = 2
+
+    def __init__(self, denoise: Denoise, gamma: float):
+        super().__init__(denoise)
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"BDIA gamma must lie in (0, 1], got {gamma}")
+        self.gamma = gamma
+
+    def init(self, noise):
+        return (noise, None)
+
+    def _eps(self, z, rho):
+        return (z - self.denoise(z, rho)) / rho
+
+    def _march(self, state, rhos):
+        """Run the recursion along ``rhos`` (either direction); returns (z_end, z_before_end)."""
+        z, z_in = state
+        if z_in is None:  # plain DDIM step (sampling) or DDIM inversion step (data)
+            z, z_in = z + (rhos[1] - rhos[0]) * self._eps(z, rhos[0]), z
+        else:
+            z, z_in = z_in, z  # (current, previous) along the direction of travel
+        g = self.gamma
+        for k in range(1, len(rhos) - 1):
+            e = self._eps(z, rhos[k])
+            z_next = z + g * (z_in - z - (rhos[k - 1] - rhos[k]) * e) + (rhos[k + 1] - rhos[k]) * e
+            z, z_in = z_next, z
+        return z, z_in
+
+    def decode(self, state, rhos, dws=None):
+        return self._march(state, np.asarray(rhos, dtype=float))
+
+    def encode_state(self, state, rhos, dws=None):
+        """Exact inverse of :meth:`decode` for a state it produced (state[1] known)."""
+        rhos = np.asarray(rhos, dtype=float)
+        z, z_in = state
+        if z_in is None:  # a data point alone: one DDIM inversion step first
+            z, z_in = z + (rhos[-2] - rhos[-1]) * self._eps(z, rhos[-1]), z
+        else:
+            z, z_in = z_in, z
+        g = self.gamma
+        for k in range(len(rhos) - 2, 0, -1):  # z is z_k, z_in is z_{k+1}
+            e = self._eps(z, rhos[k])
+            z_prev = (z_in - z - (rhos[k + 1] - rhos[k]) * e) / g + z + (rhos[k - 1] - rhos[k]) * e
+            z, z_in = z_prev, z
+        return z, z_in
+
+    def linear_step(self, vec, z):
+        """(z_k, z_{k-1}) -> (z_{k+1}, z_k) on y' = lambda*y, lambda*h = z (uniform steps)."""
+        g = self.gamma
+        return np.array([(1 - g + (1 + g) * z) * vec[0] + g * vec[1], vec[0]])
+
+
 def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
     zeta = params["zeta"]
     if variant == "rex_sde":
@@ -238,6 +345,8 @@ def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
         return EDICT(denoise, params["edict_p"])
     if variant == "reversible_heun":
         return ReversibleHeun(denoise)
+    if variant == "bdia":
+        return BDIA(denoise, params["bdia_gamma"])
     raise ValueError(f"unknown Rex variant '{variant}'")
 
 
