@@ -340,3 +340,37 @@ def test_inversion_zero_mask():
     assert np.abs(t3[0]).max() < 1e-12 < np.abs(t3[1]).max()
     assert inversion_zero(structs, t3, 3).tolist() == [True, False]
     assert inversion_zero(structs, t3, 4).tolist() == [False, False]
+
+
+def test_eval_only_cells_leave_the_main_set_alone(tmp_path):
+    """Evaluation-only cells (synthetic targets, no elastic tensor) are new cells from their own stream:
+    the main records and their splits are unchanged, no eval cell repeats a main random cell, C is NaN
+    there and the synthetic targets are finite."""
+    import json
+
+    from reprozoo.data.crystals import common, emt_elastic
+
+    tiny = {"elements": ["Cu", "Al", "Ni"], "elemental": ["fcc"], "ordered": ["B2"], "n_ordered": 1,
+            "n_random": 2, "n_distorted": 1, "random_sizes": [3], "random_species": [2]}
+    main, _ = emt_elastic.generate(tiny, 5, progress=lambda m: None)
+    both, stats = emt_elastic.generate({**tiny, "n_eval_random": 3, "n_eval_distorted": 1}, 5, progress=lambda m: None)
+    assert stats["n_eval_only"] == 4 and stats["n_structures"] == len(main)
+    assert [json.dumps(r, sort_keys=True) for r in both[: len(main)]] == [json.dumps(r, sort_keys=True) for r in main]
+    ev = both[len(main):]
+    assert all(r["eval_only"] and r["C_voigt"] is None for r in ev)
+    from pymatgen.core import Structure
+    from pymatgen.io.ase import AseAtomsAdaptor
+
+    def key(r):  # after relaxation: formula and target invariants, coarse enough for BFGS noise
+        at = AseAtomsAdaptor.get_atoms(Structure.from_dict(r["structure"]))
+        return emt_elastic._invariant_key(at)[:2] + tuple(np.round(emt_elastic._invariant_key(at)[2:], 3))
+    assert not {key(r) for r in ev if r["prototype"] == "random"} & {key(r) for r in main if r["prototype"] == "random"}
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "emt_records.json").write_text(json.dumps({"seed": 5, "records": both}))
+    emt_elastic.preprocess(raw, tmp_path, {})
+    ds = common.load(tmp_path)
+    e = ds.split_index("eval")
+    assert len(e) == 4 and np.isnan(ds.C_full[e]).all() and np.isfinite(ds.eps_like[e]).all()
+    assert np.isfinite(ds.piezo_like[e]).all() and np.isfinite(ds.C_full[np.setdiff1d(np.arange(len(ds)), e)]).all()
+    assert (ds.table.split.to_numpy()[: len(main)] == common.splits(len(main), 5)).all()

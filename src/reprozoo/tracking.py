@@ -95,7 +95,7 @@ def _client(uri: str):
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
 TRACKING_BUDGET_S = float(os.environ.get("REPROZOO_TRACKING_BUDGET_S", "15"))
-_BUDGET = {"deadline": None}
+_BUDGET = {"spent": 0.0, "limit": None}
 
 
 class TrackingBudgetExceeded(RuntimeError):
@@ -103,27 +103,35 @@ class TrackingBudgetExceeded(RuntimeError):
 
 
 def start_budget(seconds: float | None = None) -> None:
-    """Start this process's total tracking budget (a job calls it once)."""
-    _BUDGET["deadline"] = time.monotonic() + (TRACKING_BUDGET_S if seconds is None else seconds)
+    """(Re)start this process's tracking budget: the seconds its tracking calls may take in total,
+    waits between retries included (a job calls it once; a batch job once for all its cells)."""
+    _BUDGET["spent"] = 0.0
+    _BUDGET["limit"] = TRACKING_BUDGET_S if seconds is None else seconds
+
+
+def _budget_left() -> float:
+    limit = _BUDGET["limit"]
+    return float("inf") if limit is None else limit - _BUDGET["spent"]
 
 
 def retry(fn: Callable, retries: int = 3, what: str = "tracking call", base_delay: float = 0.5):
     """Call ``fn``; on failure wait and retry, printing each failure so nothing fails silently.
     Once the process's tracking budget is spent, fail at once."""
     for attempt in range(retries + 1):
-        deadline = _BUDGET["deadline"]
-        if deadline is not None and time.monotonic() > deadline:
-            raise TrackingBudgetExceeded(f"{what}: tracking budget of {TRACKING_BUDGET_S:g} s spent")
+        if _budget_left() <= 0:
+            raise TrackingBudgetExceeded(f"{what}: tracking budget of {_BUDGET['limit']:g} s spent")
+        t0 = time.monotonic()
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - any tracking backend error is retried
-            deadline = _BUDGET["deadline"]
-            if attempt == retries or (deadline is not None and time.monotonic() + base_delay * 2**attempt > deadline):
-                raise
             delay = base_delay * 2**attempt
+            if attempt == retries or _budget_left() - (time.monotonic() - t0) < delay:
+                raise
             print(f"[reprozoo.tracking] {what} failed ({type(exc).__name__}: {exc}); "
                   f"retry {attempt + 1}/{retries} in {delay:.1f}s", file=sys.stderr, flush=True)
             time.sleep(delay)
+        finally:
+            _BUDGET["spent"] += time.monotonic() - t0  # every call counts, slow successes too
 
 
 def git_commit() -> str:
@@ -360,7 +368,7 @@ class JobRun:
             return self
         try:
             self.client = _client(self.uri)
-            if _BUDGET["deadline"] is None:  # the budget counts calls to the store, not its import
+            if _BUDGET["limit"] is None:  # the budget counts calls to the store, not its import
                 start_budget()
 
             def start():

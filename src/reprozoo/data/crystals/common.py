@@ -246,13 +246,18 @@ def _write_processed(out_dir, ids, structures, c_voigt, rows, seed, symprec, cut
     eps = np.zeros((m, 3, 3))
     p3 = np.zeros((m, 3, 3, 3))
     table = []
-    lab = splits(m, seed)
+    # evaluation-only rows (no elastic tensor, C = NaN) form their own split "eval"; the other rows keep
+    # the splits they would have without them
+    eval_only = np.array([bool(r.get("eval_only", False)) for r in rows], dtype=bool)
+    lab = np.array(["eval"] * m, dtype=object)
+    lab[~eval_only] = splits(int((~eval_only).sum()), seed)
     for k, (sid, s, row) in enumerate(zip(ids, structures, rows)):
         sym = symmetry_info(s, symprec)
         rots = sym.pop("rotations")
         eps[k], p3[k] = structure_targets(s, cutoff)
-        kvrh, gvrh = vrh_moduli(c_voigt[k])
-        eig = np.linalg.eigvalsh(0.5 * (c_voigt[k] + c_voigt[k].T))
+        has_c = bool(np.all(np.isfinite(c_voigt[k])))
+        kvrh, gvrh = vrh_moduli(c_voigt[k]) if has_c else (float("nan"), float("nan"))
+        eig = np.linalg.eigvalsh(0.5 * (c_voigt[k] + c_voigt[k].T)) if has_c else np.full(6, np.nan)
         comp = s.composition
         table.append({
             "id": sid, "formula": comp.formula.replace(" ", ""), "reduced_formula": comp.reduced_formula,
@@ -261,7 +266,7 @@ def _write_processed(out_dir, ids, structures, c_voigt, rows, seed, symprec, cut
             **sym,
             "n_atoms": len(s), "volume_per_atom": float(s.volume / len(s)),
             "k_vrh": kvrh, "g_vrh": gvrh, "min_eig_C": float(eig[0]), "born_stable": bool(eig[0] > 0),
-            "symmetry_residual": point_group_residual(c_full[k], rots),
+            "symmetry_residual": point_group_residual(c_full[k], rots) if has_c else float("nan"),
             "split": lab[k],
         })
     with atomic_path(out_dir / "structures.json") as tmp:
@@ -272,7 +277,7 @@ def _write_processed(out_dir, ids, structures, c_voigt, rows, seed, symprec, cut
     with atomic_path(out_dir / "structures.parquet") as tmp:
         df.to_parquet(tmp, index=False)
     sizes = {"n_structures": m, "n_train": int((lab == "train").sum()), "n_val": int((lab == "val").sum()),
-             "n_test": int((lab == "test").sum()),
+             "n_test": int((lab == "test").sum()), **({"n_eval": int(eval_only.sum())} if eval_only.any() else {}),
              "crystal_systems": {k: int(v) for k, v in df.crystal_system.value_counts().items()}}
     if "prototype" in df:
         sizes["prototypes"] = {k: int(v) for k, v in df.prototype.value_counts().items()}

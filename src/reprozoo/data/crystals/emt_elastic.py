@@ -268,9 +268,78 @@ def _generate(params: dict, seed: int, progress) -> tuple[list[dict], dict]:
         })
         if (k + 1) % 25 == 0:
             progress(f"  elastic tensors: {k + 1}/{len(relaxed)} ({time.perf_counter() - t0:.1f} s)")
-    stats = {"n_candidates": len(cands) + n_dist, "n_structures": len(records), "rejected": rejected,
+    n_main = len(records)
+    t_eval = time.perf_counter()
+    records += _eval_records(params, seed, [r for r in relaxed if not r["prestrained"]], fmax, steps, rejected)
+    stats = {"n_candidates": len(cands) + n_dist, "n_structures": n_main, "n_eval_only": len(records) - n_main,
+             "rejected": rejected, "eval_seconds": round(time.perf_counter() - t_eval, 2),
              "generate_seconds": round(time.perf_counter() - t0, 2)}
     return records, stats
+
+
+def _invariant_key(atoms) -> tuple:
+    """Rotation-invariant fingerprint of a cell (formula, size, synthetic-target invariants): equal for
+    two occupations of a supercell that are the same crystal (related by a lattice translation or a
+    symmetry), so that evaluation-only cells never repeat a cell of the main set."""
+    eps, p3 = common.synthetic_targets(atoms.cell.array, atoms.get_positions(), atoms.get_chemical_symbols())
+    return (atoms.get_chemical_formula(), len(atoms), *np.round(np.linalg.eigvalsh(eps), 8),
+            round(float(np.linalg.norm(p3)), 8))
+
+
+def _eval_records(params: dict, seed: int, bases: list[dict], fmax: float, steps: int, rejected: dict) -> list[dict]:
+    """Evaluation-only cells: relaxed like the main cells, with the synthetic order-2/3 targets but no
+    elastic tensor (C is NaN; split "eval").
+
+    Why: a synthetic target costs one neighbour sum, an EMT elastic tensor 12 strained cells (each with
+    an ionic relaxation for cells without inversion centres), so the order-2/3 test set can grow ten
+    times for the price of a few relaxations. The elemental and ordered prototypes are all in the main
+    set already, so the new cells are random fcc supercells (drawn like the main ones, duplicates of
+    any main or earlier cell dropped) and distorted variants of the main relaxed cells. Their own
+    random stream leaves the main set bit-identical."""
+    from pymatgen.io.ase import AseAtomsAdaptor
+
+    n_rand, n_dist = int(params.get("n_eval_random", 0)), int(params.get("n_eval_distorted", 0))
+    if not (n_rand or n_dist):
+        return []
+    rng = np.random.default_rng([seed, 2])
+    # the main set's random cells before relaxation (relax() works in place): rebuilt from the same stream
+    seen = {_invariant_key(c["atoms"]) for c in candidates(params, np.random.default_rng(seed))
+            if c["prototype"] == "random"}
+    cells = []
+    tries = 0
+    while sum(c[0] == "random" for c in cells) < n_rand and tries < 20 * max(n_rand, 1):
+        tries += 1
+        at, proto = build_random(rng, tuple(params.get("elements", ELEMENTS)),
+                                 params.get("random_sizes", [3, 4, 5, 6, 9]), params.get("random_species", [2, 3]))
+        key = _invariant_key(at)
+        if key in seen:
+            continue
+        seen.add(key)
+        if relax(at, fmax=fmax, steps=steps, cell=True, symmetric=True):
+            cells.append((proto, at))
+        else:
+            rejected["eval"] = rejected.get("eval", 0) + 1
+    for b in rng.choice(len(bases), size=n_dist, replace=n_dist > len(bases)) if (n_dist and bases) else []:
+        base = bases[int(b)]
+        at, _ = deform(base["atoms"], random_strain(rng, float(params.get("distortion", 0.02))))
+        at.rattle(stdev=0.01, seed=int(rng.integers(2**31)))
+        if relax(at, fmax=fmax, steps=steps, cell=False, symmetric=False):
+            cells.append((f"{base['prototype']}-distorted", at))
+        else:
+            rejected["eval"] = rejected.get("eval", 0) + 1
+    out = []
+    for k, (proto, at) in enumerate(cells):
+        _calc(at)
+        stress = at.get_stress(voigt=False) * common.EV_PER_A3_TO_GPA
+        out.append({
+            "id": f"emt-eval-{k:05d}", "prototype": proto, "structure": AseAtomsAdaptor.get_structure(at).as_dict(),
+            "energy_per_atom": float(at.get_potential_energy() / len(at)),
+            "max_abs_stress_GPa": float(np.abs(stress).max()), "prestrained": proto.endswith("-distorted"),
+            "max_force": float(np.abs(at.get_forces()).max()), "C_voigt": None, "C_voigt_clamped": None,
+            "fd_asymmetry": float("nan"), "ions_relaxed": False, "n_emt_calls": 0, "eval_only": True,
+        })
+    return out
+
 
 
 # --- the dataset interface -----------------------------------------------------------------------
@@ -305,11 +374,18 @@ def preprocess(raw_dir: Path, out_dir: Path, params: dict) -> dict:
     structures = [Structure.from_dict(r["structure"]) for r in recs]
     keep = ("prototype", "energy_per_atom", "max_abs_stress_GPa", "prestrained", "max_force", "fd_asymmetry",
             "ions_relaxed", "n_emt_calls")
-    rows = [{k: r[k] for k in keep} for r in recs]
+    has_eval = any(r.get("eval_only", False) for r in recs)
+    rows = [{**{k: r[k] for k in keep}, **({"eval_only": bool(r.get("eval_only", False))} if has_eval else {})}
+            for r in recs]
+    nan66 = np.full((6, 6), np.nan)  # evaluation-only cells have no elastic tensor
+
+    def c6(key):
+        return np.array([nan66 if r[key] is None else r[key] for r in recs], dtype=float).reshape(-1, 6, 6)
+
     info = common.write_processed(
-        out_dir, [r["id"] for r in recs], structures, np.array([r["C_voigt"] for r in recs]).reshape(-1, 6, 6),
+        out_dir, [r["id"] for r in recs], structures, c6("C_voigt"),
         rows, seed=int(raw["seed"]), cutoff=float(params.get("target_cutoff", common.TARGET_CUTOFF)),
-        extra_arrays={"C_voigt_clamped": np.array([r["C_voigt_clamped"] for r in recs]).reshape(-1, 6, 6)})
+        extra_arrays={"C_voigt_clamped": c6("C_voigt_clamped")})
     info["target_cutoff_A"] = float(params.get("target_cutoff", common.TARGET_CUTOFF))
     return info
 
