@@ -1,13 +1,22 @@
 """A pool of small rattled and strained EMT alloy cells from several prototypes (for pre-training,
 fine-tuning on labelled subsets, and retrieval by prototype).
 
-Each structure: a prototype (fcc/A1, bcc/A2, hcp/A3 as pure metals or random binary solid
-solutions; ordered L1_2 (A3B) and L1_0 (AB)), elements drawn from ``elements``, a lattice
-constant from EMT's own equilibrium atomic volumes (per element, in that crystal structure) mixed
-by Vegard's law, a supercell of ``min_atoms`` to
+Each structure: a prototype lattice, as a pure metal or a random binary solid solution (elements
+drawn from ``elements``), a lattice constant from EMT's own equilibrium atomic volumes (per
+element, in that crystal structure) mixed by Vegard's law, a supercell of ``min_atoms`` to
 ``max_atoms`` atoms, a random symmetric strain (``strain_std``) and a Gaussian rattle whose width
 is drawn from ``rattle`` (redrawn while two atoms come closer than ``min_distance_frac`` times the
 ideal nearest-neighbour distance). Energy, forces and stress are EMT (vectorised, identical to ASE's).
+
+The prototypes differ in GEOMETRY, so that a retrieval "same prototype" can be answered from
+positions: fcc (A1, 12 nearest neighbours), bcc (A2, 8 + 6), hcp (A3, ideal c/a, 12 in a
+different second shell from fcc), sc (simple cubic, 6; an unstable high-energy lattice for EMT),
+fct (fcc stretched along z to c/a = ``tetragonal_ca`` times the cubic value at the fcc atomic
+volume: 4 + 8 neighbours at two distances) and hcp_flat (hcp squashed to c/a = ``hcp_flat_ca``
+at the hcp atomic volume: 6 in-plane + 6 out-of-plane neighbours at two distances). Chemical
+order is not a prototype: ordered L1_2 / L1_0 cells share the fcc geometry, so an earlier version
+of this pool (emt-alloy-pool-1, with them as prototypes) made same-prototype retrieval a test of
+chemistry, not of structure.
 
 Extra arrays in frames.npz: prototype (F,) int + prototype_names, elements (E,) + composition
 (F, E) atom fractions, strain (F, 3, 3), rattle (F,), stress (F, 6) in eV/A^3 (Voigt, ASE sign).
@@ -23,35 +32,41 @@ from ...io import save_npz, write_json
 from . import frames as fmt
 from .ase_md import emt_lattice_constant
 
-VERSION = "emt-alloy-pool-1"
-PROTOTYPES = ("fcc", "bcc", "hcp", "L1_2", "L1_0")
+VERSION = "emt-alloy-pool-2"
+PROTOTYPES = ("fcc", "bcc", "hcp", "sc", "fct", "hcp_flat")
+# the ideal lattice each prototype takes its EMT atomic volume from (Vegard's law)
+CRYSTAL = {"fcc": "fcc", "bcc": "bcc", "hcp": "hcp", "sc": "sc", "fct": "fcc", "hcp_flat": "hcp"}
+ATOMS_PER_A3 = {"fcc": 4.0, "bcc": 2.0, "hcp": np.sqrt(2.0), "sc": 1.0}  # atomic volume = a^3 / this
+TETRAGONAL_CA = 1.25  # fct: c/a relative to cubic fcc (1 = fcc; 1/sqrt(2) would be bcc)
+HCP_FLAT_CA = 1.35    # hcp_flat: c/a (ideal hcp: sqrt(8/3) = 1.633)
 
 
-def _base_cell(proto: str, a: float):
-    """Conventional cell of the prototype with lattice constant a; returns (atoms, sublattice)."""
-    from ase import Atoms
+def _base_cell(proto: str, a: float, params: dict | None = None):
+    """Cell of the prototype at atomic volume a^3 / ATOMS_PER_A3[crystal], i.e. lattice constant a
+    for the cubic lattices; the distorted ones keep the atomic volume of their parent.
+    Returns (atoms, nearest-neighbour distance of the perfect lattice)."""
     from ase.build import bulk
 
+    params = params or {}
     if proto == "fcc":
+        return bulk("Cu", "fcc", a=a, cubic=True), a / np.sqrt(2)
+    if proto == "bcc":
+        return bulk("Cu", "bcc", a=a, cubic=True), a * np.sqrt(3) / 2
+    if proto == "sc":
+        return bulk("Cu", "sc", a=a), a
+    if proto == "hcp":
+        return bulk("Cu", "hcp", a=a, c=a * np.sqrt(8 / 3), orthorhombic=True), a
+    if proto == "fct":  # cubic fcc cell stretched along z at constant volume
+        t = float(params.get("tetragonal_ca", TETRAGONAL_CA))
         at = bulk("Cu", "fcc", a=a, cubic=True)
-        sub = np.zeros(len(at), int)
-    elif proto == "bcc":
-        at = bulk("Cu", "bcc", a=a, cubic=True)
-        sub = np.zeros(len(at), int)
-    elif proto == "hcp":
-        at = bulk("Cu", "hcp", a=a, c=a * np.sqrt(8 / 3), orthorhombic=True)
-        sub = np.zeros(len(at), int)
-    elif proto == "L1_2":  # A3B (Cu3Au): B on the cube corners
-        frac = np.array([[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]])
-        at = Atoms("Cu4", scaled_positions=frac, cell=np.eye(3) * a, pbc=True)
-        sub = np.array([1, 0, 0, 0])
-    elif proto == "L1_0":  # AB (CuAu): alternating (001) layers
-        frac = np.array([[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]])
-        at = Atoms("Cu4", scaled_positions=frac, cell=np.eye(3) * a, pbc=True)
-        sub = np.array([0, 0, 1, 1])
-    else:
-        raise ValueError(f"unknown prototype {proto!r}")
-    return at, sub
+        at.set_cell(at.cell.array @ np.diag([t ** (-1 / 3), t ** (-1 / 3), t ** (2 / 3)]), scale_atoms=True)
+        ax = a * t ** (-1 / 3)
+        return at, min(ax / np.sqrt(2), np.sqrt(ax ** 2 / 4 + (t * ax) ** 2 / 4))
+    if proto == "hcp_flat":  # hcp with a smaller c/a at the ideal-hcp atomic volume
+        q = float(params.get("hcp_flat_ca", HCP_FLAT_CA))
+        ah = a * (np.sqrt(8 / 3) / q) ** (1 / 3)
+        return bulk("Cu", "hcp", a=ah, c=q * ah, orthorhombic=True), min(ah, np.sqrt(ah ** 2 / 3 + (q * ah) ** 2 / 4))
+    raise ValueError(f"unknown prototype {proto!r}")
 
 
 def _repeats(n_base: int, min_atoms: int, max_atoms: int) -> list[tuple[int, int, int]]:
@@ -71,33 +86,27 @@ def make_structure(rng: np.random.Generator, params: dict):
     protos = list(params.get("prototypes", PROTOTYPES))
     elements = list(params.get("elements", ["Cu", "Ni", "Pd", "Ag", "Au", "Pt", "Al"]))
     proto = protos[rng.integers(len(protos))]
-    ordered = proto in ("L1_2", "L1_0")
-    if ordered or rng.random() < float(params.get("solid_solution_prob", 0.5)):
+    if rng.random() < float(params.get("solid_solution_prob", 0.5)):
         A, B = rng.choice(elements, size=2, replace=False)
     else:
         A = B = elements[rng.integers(len(elements))]
-    crystal = {"L1_2": "fcc", "L1_0": "fcc"}.get(proto, proto)
-    at, sub = _base_cell(proto, 1.0)
+    crystal = CRYSTAL[proto]
+    at, _ = _base_cell(proto, 1.0, params)
     reps = _repeats(len(at), int(params.get("min_atoms", 4)), int(params.get("max_atoms", 32)))
     rep = reps[rng.integers(len(reps))]
     at = at * rep
-    sub = np.tile(sub, int(np.prod(rep)))
     n = len(at)
-    if ordered:
-        symbols = np.where(sub == 1, B, A)
-    elif A != B:
+    symbols = np.array([A] * n, dtype=object)
+    if A != B:
         x = rng.uniform(0.1, 0.9)
         k = int(np.clip(round(x * n), 1, n - 1))
-        symbols = np.array([A] * n, dtype=object)
         symbols[rng.choice(n, size=k, replace=False)] = B
-    else:
-        symbols = np.array([A] * n, dtype=object)
     numbers = np.array([atomic_numbers[s] for s in symbols])
-    # Vegard's law on EMT atomic volumes, then scale the unit-lattice-constant cell
-    per_cell = {"fcc": 4, "bcc": 2, "hcp": np.sqrt(2)}[crystal]  # volume per atom = a^3 / per_cell
-    vols = np.array([emt_lattice_constant(s, crystal) ** 3 / per_cell for s in symbols])
-    a = {"fcc": (4 * vols.mean()) ** (1 / 3), "bcc": (2 * vols.mean()) ** (1 / 3),
-         "hcp": (np.sqrt(2) * vols.mean()) ** (1 / 3)}[crystal]
+    # Vegard's law on EMT atomic volumes, then the prototype's cell at that atomic volume
+    per = ATOMS_PER_A3[crystal]
+    vols = np.array([emt_lattice_constant(s, crystal) ** 3 / per for s in symbols])
+    a = (per * vols.mean()) ** (1 / 3)
+    _, nn = _base_cell(proto, a, params)
     at.set_cell(at.cell.array * a, scale_atoms=True)
     at.numbers = numbers
     eps = rng.normal(0.0, float(params.get("strain_std", 0.03)), (3, 3))
@@ -106,7 +115,6 @@ def make_structure(rng: np.random.Generator, params: dict):
     lo, hi = params.get("rattle", [0.01, 0.15])
     sigma = float(rng.uniform(lo, hi))
     base = at.positions.copy()
-    nn = a * {"fcc": np.sqrt(0.5), "bcc": np.sqrt(3) / 2, "hcp": 1.0}[crystal]
     dmin = float(params.get("min_distance_frac", 0.8)) * nn
     from .potentials import neighbor_pairs
 
