@@ -314,3 +314,45 @@ def test_force_aware_rows_exact_for_identical_models_and_align_forces(systems):
         dev[der] = sum(float((_energies(with_backbone(t, st), d)[1] - _energies(t, d)[1]).abs().mean())
                        for t, d in zip(teachers, systems))
     assert dev[1.0] < dev[0.0], dev  # matching layer derivatives brings the merged forces closer
+
+
+# --- the two settings of theta_0 ------------------------------------------------------------------
+
+def _theta0_ctx(tmp_path):
+    from reprozoo.runtime import RunContext
+
+    p = {"model": {"n_features": 12, "n_interactions": 2, "n_rbf": 8, "cutoff": CUTOFF}, "n_pretrain": 6,
+         "train": {"epochs": 1, "batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.5},
+         "pretrain": {"epochs": 15, "curve_points": 1}}
+    return RunContext(method="gffmerge", variant="shared", seed=0, scale="ci", params=p, data={}, outdir=tmp_path,
+                      shared_dir=tmp_path)
+
+
+def test_pretrained_theta0_is_one_backbone_fitted_to_the_union(systems, tmp_path):
+    """theta_0 of the paper's setting: one backbone (identical values in both systems' models,
+    each with its own head and energy scale), pre-trained on both systems' pre-training frames so
+    that the union loss drops well below the random theta_0's; the random setting is the init itself."""
+    from reprozoo.methods.gffmerge.merge import backbone_keys
+    from reprozoo.methods.gffmerge.method import _theta0, pretrain_steps
+
+    ctx = _theta0_ctx(tmp_path)
+    sys_ = [{"tag": t, "train": d, "pretrain": d, "val": d} for t, d in zip(("cu", "pt"), systems)]
+    torch.manual_seed(0)
+    init = SchNet(**ctx.params["model"])
+    rand = _theta0(ctx, "random", sys_, init)
+    for m in rand:
+        for k, v in m.state_dict().items():
+            if k in backbone_keys(m) or k.startswith("head"):
+                assert torch.equal(v, init.state_dict()[k]), k
+    assert not torch.equal(rand[0].atomref, rand[1].atomref)  # energy scales fitted per system
+    pre = _theta0(ctx, "pretrained", sys_, init)
+    assert pretrain_steps(ctx.params) == 30 and ctx.metrics.scalars["pretrain_steps"] == 30
+    a, b = (m.state_dict() for m in pre)
+    keys = backbone_keys(pre[0])
+    assert all(torch.equal(a[k], b[k]) for k in keys)
+    assert any(not torch.equal(a[k], init.state_dict()[k]) for k in keys)
+    assert pre[0].embedding is not pre[1].embedding  # untied: specialising one leaves the other
+    from reprozoo.methods.gffmerge.multitask import evaluate_systems
+
+    loss = [np.mean([r["loss"] for r in evaluate_systems(ms, systems)]) for ms in (rand, pre)]
+    assert loss[1] < 0.5 * loss[0], loss

@@ -1,10 +1,18 @@
 """GFFMERGE in miniature: two SchNet force fields trained on different EMT systems, merged.
 
-train_shared (per seed): one shared random initialisation theta_0 (the stand-in for a common
-pre-trained backbone), then one specialist per system trained from theta_0 on that system only
-(Cu bulk, Pt cluster); every variant of the seed merges these same two models.
+Two settings of the shared starting point theta_0, both run in every cell (metric prefix):
+  pretrained  (no prefix; the paper's setting) theta_0 = a backbone pre-trained on the union of
+              both systems (their own pre-training frames, disjoint from the specialists' training
+              frames) for a small budget, with one head per system; the specialists and joint
+              training start from it.
+  random      (prefix ``rand_``; our extra row) theta_0 = a random shared initialisation.
 
-train (per variant x seed), all evaluated on each system's test frames with that system's head:
+train_shared (per seed): for each setting, theta_0 and one specialist per system trained from
+theta_0 on that system only (Cu bulk, Pt cluster); every variant of the seed merges these same
+models.
+
+train (per variant x seed), for each setting, evaluated on each system's test frames with that
+system's head:
   individual       each specialist on its own system (reference, no sharing)
   weight_avg       backbone = mean of the two specialists' backbones
   task_arithmetic  theta_0 + lambda * sum_k (theta_k - theta_0), lambda picked on validation frames
@@ -28,6 +36,17 @@ from pathlib import Path
 import numpy as np
 
 VARIANTS_MERGE = ("gffmerge", "gffmerge_relaxed", "gffmerge_ft", "gffmerge_force")
+# setting name -> metric prefix; the unprefixed metrics (read by the paper's claims) are the
+# pre-trained setting
+SETTINGS = {"pretrained": "", "random": "rand_"}
+
+
+def settings(p: dict) -> list[str]:
+    out = list(p.get("settings", SETTINGS))
+    unknown = set(out) - set(SETTINGS)
+    if unknown:
+        raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(SETTINGS)}")
+    return out
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -52,9 +71,11 @@ def _atoms_data(frames, idx, cutoff):
     return AtomsData(fr, cutoff)
 
 
-def load_systems(ctx) -> list[dict]:
+def load_systems(ctx, pretrain: bool = False) -> list[dict]:
     """Per system: {'tag', 'train', 'val', 'test', 'merge'} AtomsData, the same for every variant
-    of a seed (frames drawn from the dataset's own splits with a seed-dependent generator)."""
+    of a seed (frames drawn from the dataset's own splits with a seed-dependent generator);
+    with ``pretrain`` also 'pretrain': ``n_pretrain`` further frames of the train split, disjoint
+    from 'train' (the pre-training pool of theta_0)."""
     from reprozoo.data.md import load
 
     p = ctx.params
@@ -64,14 +85,22 @@ def load_systems(ctx) -> list[dict]:
         frames = load(_dataset_dir(ctx, sysc["dataset"]))
         split = frames.table["split"].to_numpy() if frames.table is not None else None
         rng = np.random.default_rng([ctx.seed, 7919, k])
-        parts = {}
+        parts, pre_idx = {}, None
         for name in ("train", "val", "test"):
             idx = np.flatnonzero(split == name) if split is not None else np.arange(len(frames))
             n = p[f"n_{name}"]
-            parts[name] = np.sort(rng.permutation(idx)[:n]) if n and n < len(idx) else idx
+            perm = rng.permutation(idx)
+            parts[name] = np.sort(perm[:n]) if n and n < len(idx) else idx
+            if name == "train":
+                n_pre = int(p.get("n_pretrain", 0))
+                if pretrain and (not n or n + n_pre > len(idx)):
+                    raise ValueError(f"{sysc['dataset']}: n_train + n_pretrain = {n} + {n_pre} exceeds the "
+                                     f"{len(idx)} frames of the train split")
+                pre_idx = np.sort(perm[n:n + n_pre])
         merge_idx = parts["train"][np.sort(rng.permutation(len(parts["train"]))[:p["n_merge"]])]
         entry = {"tag": sysc["tag"], "dataset": sysc["dataset"]}
-        for name, idx in (*parts.items(), ("merge", merge_idx)):
+        named = [*parts.items(), ("merge", merge_idx)] + ([("pretrain", pre_idx)] if pretrain else [])
+        for name, idx in named:
             entry[name] = _atoms_data(frames, idx, cutoff)
             entry[name].precompute()
         out.append(entry)
@@ -115,29 +144,88 @@ def joint_steps(p: dict, systems: list[dict]) -> int:
     return int(p["train"]["epochs"] * max(int(np.ceil(len(s["train"]) / bs)) for s in systems))
 
 
-# --- shared per seed: initialisation and the two specialists ---------------------------------------
+def pretrain_steps(p: dict) -> int:
+    """Pre-training budget of theta_0 in joint steps (one batch of every system each):
+    ``pretrain.epochs`` passes over the ``n_pretrain`` frames per system."""
+    bs = p["train"]["batch_size"]
+    return int(p["pretrain"]["epochs"] * int(np.ceil(p["n_pretrain"] / bs)))
+
+
+def _multitask(ctx, models, systems, steps, lr, lr_final_factor, seed, n_curve, curve_name=None, part="train"):
+    """Train the tied ``models`` on ``systems[*][part]`` (Adam, cosine decay, the spec's loss
+    weights); record the validation learning curve as ``curve_name`` (force and energy MAE)."""
+    from .multitask import fit_multitask
+
+    p = ctx.params
+    eval_at = sorted({int(round(x)) for x in np.linspace(0, steps, n_curve + 1)}) if curve_name is not None else []
+    hist = fit_multitask(models, [s[part] for s in systems], steps, lr, p["train"]["batch_size"], lr_final_factor,
+                         p["train"].get("energy_weight", 1.0), p["train"].get("force_weight", 10.0), seed=seed,
+                         vals=[s["val"] for s in systems] if curve_name is not None else None, eval_at=eval_at,
+                         progress=ctx.progress)
+    if curve_name is not None:
+        xs = [st for st, _ in hist["curve"]]
+        ctx.metrics.curve(f"{curve_name}val_force_mae", xs,
+                          [1e3 * np.mean([r["force_mae"] for r in ev]) for _, ev in hist["curve"]])
+        ctx.metrics.curve(f"{curve_name}val_energy_mae", xs,
+                          [1e3 * np.mean([r["energy_mae_per_atom"] for r in ev]) for _, ev in hist["curve"]])
+    return hist
+
+
+# --- shared per seed: theta_0 of each setting and its two specialists ------------------------------
+
+def _theta0(ctx, setting: str, systems: list[dict], init) -> list:
+    """theta_0 of a setting, one model per system (shared backbone values, own head and energy
+    scale, the energy scale fitted on that system's training frames). ``pretrained``: the tied
+    models trained on the union of both systems' pre-training frames for ``pretrain_steps``."""
+    from reprozoo.blocks.atomistic import fit_energy_scale
+
+    from .multitask import tie
+
+    p = ctx.params
+    models = [copy.deepcopy(init) for _ in systems]
+    for m, s in zip(models, systems):
+        fit_energy_scale(m, s["train"])
+    if setting == "random":
+        return models
+    steps = pretrain_steps(p)
+    tie(models)
+    ctx.progress(f"pre-training theta_0 on the union: {steps} joint steps on {p['n_pretrain']} frames per system")
+    hist = _multitask(ctx, models, systems, steps, p["pretrain"].get("lr", p["train"]["lr"]),
+                      p["train"].get("lr_final_factor", 0.1), ctx.seed * 100 + 70,
+                      p["pretrain"].get("curve_points", 4), curve_name="pretrain_", part="pretrain")
+    ctx.metrics.scalar("pretrain_seconds", hist["seconds"])
+    ctx.metrics.scalar("pretrain_steps", steps)
+    return [copy.deepcopy(m) for m in models]  # untie: each copy owns its backbone
+
 
 def train_shared(ctx) -> None:
     torch = _torch()
-    from reprozoo.blocks.atomistic import evaluate, fit, fit_energy_scale
+    from reprozoo.blocks.atomistic import evaluate, fit
 
     p = ctx.params
-    systems = load_systems(ctx)
+    sets = settings(p)
+    systems = load_systems(ctx, pretrain="pretrained" in sets)
+    import pickle
+
+    (ctx.outdir / "systems.pkl").write_bytes(pickle.dumps([{k: v for k, v in s.items() if k != "pretrain"}
+                                                           for s in systems]))
     init = new_model(p, ctx.seed)
-    torch.save(init.state_dict(), ctx.outdir / "init.pt")
-    info = {}
-    for k, s in enumerate(systems):
-        m = copy.deepcopy(init)
-        fit_energy_scale(m, s["train"])
-        ctx.progress(f"specialist {s['tag']}: {len(s['train'])} frames, {p['train']['epochs']} epochs")
-        hist = fit(m, s["train"], None, train_cfg(p, ctx.seed * 100 + k), progress=ctx.progress)
-        torch.save(m.state_dict(), ctx.outdir / f"specialist_{s['tag']}.pt")
-        ev = evaluate(m, s["val"])
-        info[s["tag"]] = {"train_seconds": hist["seconds"], "steps": hist["steps"],
-                          "val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"]}
-        ctx.metrics.scalar(f"specialist_train_seconds_{s['tag']}", hist["seconds"])
-        ctx.metrics.scalar(f"specialist_val_force_mae_{s['tag']}", 1e3 * ev["force_mae"])
-    (ctx.outdir / "specialists.json").write_text(json.dumps(info, indent=1))
+    for setting in sets:
+        pre = SETTINGS[setting]
+        theta0 = _theta0(ctx, setting, systems, init)
+        info = {}
+        for k, (s, m0) in enumerate(zip(systems, theta0)):
+            torch.save(m0.state_dict(), ctx.outdir / f"init_{setting}_{s['tag']}.pt")
+            m = copy.deepcopy(m0)
+            ctx.progress(f"[{setting}] specialist {s['tag']}: {len(s['train'])} frames, {p['train']['epochs']} epochs")
+            hist = fit(m, s["train"], None, train_cfg(p, ctx.seed * 100 + k), progress=ctx.progress)
+            torch.save(m.state_dict(), ctx.outdir / f"specialist_{setting}_{s['tag']}.pt")
+            ev = evaluate(m, s["val"])
+            info[s["tag"]] = {"train_seconds": hist["seconds"], "steps": hist["steps"],
+                              "val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"]}
+            ctx.metrics.scalar(f"{pre}specialist_train_seconds_{s['tag']}", hist["seconds"])
+            ctx.metrics.scalar(f"{pre}specialist_val_force_mae_{s['tag']}", 1e3 * ev["force_mae"])
+        (ctx.outdir / f"specialists_{setting}.json").write_text(json.dumps(info, indent=1))
 
 
 # --- per variant ------------------------------------------------------------------------------------
@@ -170,7 +258,7 @@ def _merge_batches(p, systems):
 
 
 def _teacher_deviation(teachers, models, datas) -> tuple[float, float]:
-    """How far a merged model is from the specialists it merges, on held-out frames, mean over
+    """How far a merged model is from the specialists it merges, on held-out (validation) frames, mean over
     systems: (relative error of the final atom features |x - x_teacher|^2 / |x_teacher|^2,
     force MAE between the merged model and the teacher in meV/A)."""
     torch = _torch()
@@ -193,126 +281,115 @@ def _teacher_deviation(teachers, models, datas) -> tuple[float, float]:
     return float(np.mean(emb)), float(np.mean(dev))
 
 
-def _finetune(ctx, systems, models, steps: int, lr: float, label: str):
-    from .multitask import fit_multitask, tie
+def _cached_systems(ctx) -> list[dict]:
+    """The seed's systems as train_shared pickled them (graphs precomputed), else loaded afresh:
+    reading the datasets' compressed npz costs more than most merges."""
+    import pickle
 
-    p = ctx.params
-    tie(models)
-    n_pts = p["finetune"].get("curve_points", 5)
-    eval_at = sorted({int(round(x)) for x in np.linspace(0, steps, n_pts + 1)})
-    hist = fit_multitask(models, [s["train"] for s in systems], steps, lr, p["train"]["batch_size"],
-                         p["finetune"].get("lr_final_factor", 0.1), p["train"].get("energy_weight", 1.0),
-                         p["train"].get("force_weight", 10.0), seed=ctx.seed * 100 + 50,
-                         vals=[s["val"] for s in systems], eval_at=eval_at, progress=ctx.progress)
-    xs = [st for st, _ in hist["curve"]]
-    ctx.metrics.curve("val_force_mae", xs, [1e3 * np.mean([r["force_mae"] for r in ev]) for _, ev in hist["curve"]])
-    ctx.metrics.curve("val_energy_mae", xs,
-                      [1e3 * np.mean([r["energy_mae_per_atom"] for r in ev]) for _, ev in hist["curve"]])
-    ctx.metrics.scalar(f"{label}_seconds", hist["seconds"])
-    ctx.metrics.scalar(f"{label}_cpu_seconds", hist["cpu_seconds"])
-    ctx.metrics.scalar(f"{label}_steps", steps)
-    return hist
+    path = Path(ctx.shared_dir) / "systems.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    return load_systems(ctx)
 
 
 def train(ctx) -> None:
+    p = ctx.params
+    systems = _cached_systems(ctx)
+    for setting in settings(p):
+        only = p.get("setting_variants", {}).get(setting)
+        if only is None or ctx.variant in only:
+            _train_setting(ctx, setting, systems)
+
+
+def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
+    """One variant in one setting of theta_0; metrics carry the setting's prefix."""
     from .merge import backbone_state, gffmerge, task_arithmetic, weight_average, with_backbone
-    from .multitask import evaluate_systems
+    from .multitask import evaluate_systems, tie
 
     p = ctx.params
     v = ctx.variant
-    systems = load_systems(ctx)
+    pre = SETTINGS[setting]
     sd = Path(ctx.shared_dir)
-    init = load_model(p, sd / "init.pt")
-    teachers = [load_model(p, sd / f"specialist_{s['tag']}.pt") for s in systems]
+    theta0 = [load_model(p, sd / f"init_{setting}_{s['tag']}.pt") for s in systems]
+    teachers = [load_model(p, sd / f"specialist_{setting}_{s['tag']}.pt") for s in systems]
     n_joint = joint_steps(p, systems)
     ctx.metrics.scalar("joint_budget_steps", n_joint)
 
     if v == "individual":
-        _record_errors(ctx, systems, teachers)
-        info = json.loads((sd / "specialists.json").read_text())
-        ctx.metrics.scalar("specialist_train_seconds", sum(i["train_seconds"] for i in info.values()))
+        _record_errors(ctx, systems, teachers, prefix=pre)
+        info = json.loads((sd / f"specialists_{setting}.json").read_text())
+        ctx.metrics.scalar(f"{pre}specialist_train_seconds", sum(i["train_seconds"] for i in info.values()))
         return
 
     if v == "joint":
-        from reprozoo.blocks.atomistic import fit_energy_scale
-
-        from .multitask import fit_multitask, tie
-
-        models = [copy.deepcopy(init) for _ in systems]
-        for m, s in zip(models, systems):
-            fit_energy_scale(m, s["train"])
-        tie(models)
-        n_pts = p["finetune"].get("curve_points", 5)
-        eval_at = sorted({int(round(x)) for x in np.linspace(0, n_joint, 2 * n_pts + 1)})
-        ctx.progress(f"joint training from theta_0: {n_joint} steps x {len(systems)} systems")
-        hist = fit_multitask(models, [s["train"] for s in systems], n_joint, p["train"]["lr"], p["train"]["batch_size"],
-                             p["train"].get("lr_final_factor", 0.1), p["train"].get("energy_weight", 1.0),
-                             p["train"].get("force_weight", 10.0), seed=ctx.seed * 100 + 90,
-                             vals=[s["val"] for s in systems], eval_at=eval_at, progress=ctx.progress)
-        xs = [st for st, _ in hist["curve"]]
-        ctx.metrics.curve("val_force_mae", xs, [1e3 * np.mean([r["force_mae"] for r in ev]) for _, ev in hist["curve"]])
-        ctx.metrics.curve("val_energy_mae", xs,
-                          [1e3 * np.mean([r["energy_mae_per_atom"] for r in ev]) for _, ev in hist["curve"]])
-        ctx.metrics.scalar("joint_train_seconds", hist["seconds"])
-        ctx.metrics.scalar("joint_train_cpu_seconds", hist["cpu_seconds"])
-        _record_errors(ctx, systems, models)
+        models = tie(theta0)
+        ctx.progress(f"[{setting}] joint training from theta_0: {n_joint} steps x {len(systems)} systems")
+        hist = _multitask(ctx, models, systems, n_joint, p["train"]["lr"], p["train"].get("lr_final_factor", 0.1),
+                          ctx.seed * 100 + 90, 2 * p["finetune"].get("curve_points", 5), curve_name=pre)
+        ctx.metrics.scalar(f"{pre}joint_train_seconds", hist["seconds"])
+        ctx.metrics.scalar(f"{pre}joint_train_cpu_seconds", hist["cpu_seconds"])
+        _record_errors(ctx, systems, models, prefix=pre)
         return
 
     states = [backbone_state(t) for t in teachers]
-    batches = _merge_batches(p, systems)
     if v in ("weight_avg", "weight_avg_ft"):
         t0 = time.perf_counter()
         merged = weight_average(states)
-        ctx.metrics.scalar("merge_seconds", time.perf_counter() - t0)
+        ctx.metrics.scalar(f"{pre}merge_seconds", time.perf_counter() - t0)
     elif v == "task_arithmetic":
         best = None
-        init_state = backbone_state(init)
+        init_state = backbone_state(theta0[0])
         for lam in p["task_arithmetic"]["lambdas"]:
             st = task_arithmetic(init_state, states, float(lam))
             res = evaluate_systems([with_backbone(t, st) for t in teachers], [s["val"] for s in systems])
             loss = float(np.mean([r["loss"] for r in res]))
-            ctx.progress(f"task arithmetic lambda={lam}: val loss {loss:.4g}")
+            ctx.progress(f"[{setting}] task arithmetic lambda={lam}: val loss {loss:.4g}")
             if best is None or loss < best[0]:
                 best = (loss, float(lam), st)
         merged = best[2]
-        ctx.metrics.scalar("ta_lambda", best[1])
+        ctx.metrics.scalar(f"{pre}ta_lambda", best[1])
     elif v in VARIANTS_MERGE:
         mode = "teacher" if v == "gffmerge_relaxed" else p["merge"].get("inputs", "sequential")
         der = float(p["merge"].get("force_rows", 1.0)) if v == "gffmerge_force" else 0.0
-        merged, info = gffmerge(teachers, batches, ridge=float(p["merge"]["ridge"]), inputs=mode,
+        merged, info = gffmerge(teachers, _merge_batches(p, systems), ridge=float(p["merge"]["ridge"]), inputs=mode,
                                 edge_weighting=p["merge"].get("edge_weighting", True), derivatives=der,
                                 seed=ctx.seed, progress=ctx.progress)
-        ctx.metrics.scalar("merge_seconds", info.seconds)
-        ctx.metrics.scalar("merge_cpu_seconds", info.cpu_seconds)
-        ctx.metrics.scalar("align_residual_merged", float(np.mean(list(info.residual_merged.values()))))
-        ctx.metrics.scalar("align_residual_average", float(np.mean(list(info.residual_average.values()))))
+        ctx.metrics.scalar(f"{pre}merge_seconds", info.seconds)
+        ctx.metrics.scalar(f"{pre}merge_cpu_seconds", info.cpu_seconds)
+        ctx.metrics.scalar(f"{pre}align_residual_merged", float(np.mean(list(info.residual_merged.values()))))
+        ctx.metrics.scalar(f"{pre}align_residual_average", float(np.mean(list(info.residual_average.values()))))
         if info.derivative_residual_merged:
-            ctx.metrics.scalar("align_residual_deriv_merged",
+            ctx.metrics.scalar(f"{pre}align_residual_deriv_merged",
                                float(np.mean(list(info.derivative_residual_merged.values()))))
-            ctx.metrics.scalar("align_residual_deriv_average",
+            ctx.metrics.scalar(f"{pre}align_residual_deriv_average",
                                float(np.mean(list(info.derivative_residual_average.values()))))
         names = list(info.residual_merged)
-        ctx.metrics.curve("layer_residual_merged", range(len(names)), [info.residual_merged[n] for n in names])
-        ctx.metrics.curve("layer_residual_average", range(len(names)), [info.residual_average[n] for n in names])
+        ctx.metrics.curve(f"{pre}layer_residual_merged", range(len(names)), [info.residual_merged[n] for n in names])
+        ctx.metrics.curve(f"{pre}layer_residual_average", range(len(names)), [info.residual_average[n] for n in names])
         (ctx.outdir / "layers.json").write_text(json.dumps(names))
     else:
         raise ValueError(f"unknown variant '{v}'")
 
     models = [with_backbone(t, merged) for t in teachers]
-    emb, dev = _teacher_deviation(teachers, models, [s["test"] for s in systems])
-    ctx.metrics.scalar("embed_err", emb)
-    ctx.metrics.scalar("teacher_force_dev", dev)
+    emb, dev = _teacher_deviation(teachers, models, [s["val"] for s in systems])
+    ctx.metrics.scalar(f"{pre}embed_err", emb)
+    ctx.metrics.scalar(f"{pre}teacher_force_dev", dev)
 
     if v.endswith("_ft"):
-        _record_errors(ctx, systems, models, prefix="pre_ft_")
+        _record_errors(ctx, systems, models, prefix=f"{pre}pre_ft_")
         steps = max(1, int(round(p["finetune"]["fraction"] * n_joint)))
-        ctx.progress(f"fine-tuning {v} for {steps} joint steps ({p['finetune']['fraction']:.0%} of joint)")
-        _finetune(ctx, systems, models, steps, p["finetune"]["lr"], "finetune")
+        ctx.progress(f"[{setting}] fine-tuning {v} for {steps} joint steps ({p['finetune']['fraction']:.0%} of joint)")
+        tie(models)
+        hist = _multitask(ctx, models, systems, steps, p["finetune"]["lr"], p["finetune"].get("lr_final_factor", 0.1),
+                          ctx.seed * 100 + 50, p["finetune"].get("curve_points", 5), curve_name=pre)
         sc = ctx.metrics.scalars
-        ctx.metrics.scalar("merge_ft_seconds", sc["merge_seconds"] + sc["finetune_seconds"])
-        if "merge_cpu_seconds" in sc:
-            ctx.metrics.scalar("merge_ft_cpu_seconds", sc["merge_cpu_seconds"] + sc["finetune_cpu_seconds"])
-    _record_errors(ctx, systems, models)
+        ctx.metrics.scalar(f"{pre}finetune_seconds", hist["seconds"])
+        ctx.metrics.scalar(f"{pre}finetune_cpu_seconds", hist["cpu_seconds"])
+        ctx.metrics.scalar(f"{pre}finetune_steps", steps)
+        ctx.metrics.scalar(f"{pre}merge_ft_seconds", sc[f"{pre}merge_seconds"] + hist["seconds"])
+        if f"{pre}merge_cpu_seconds" in sc:
+            ctx.metrics.scalar(f"{pre}merge_ft_cpu_seconds", sc[f"{pre}merge_cpu_seconds"] + hist["cpu_seconds"])
+    _record_errors(ctx, systems, models, prefix=pre)
 
 
 # --- plots -----------------------------------------------------------------------------------------
@@ -333,20 +410,24 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         g = sc[(sc.metric == metric) & (sc.variant == v)].value
         return (g.mean(), g.std() if len(g) > 1 else 0.0) if len(g) else (np.nan, 0.0)
 
-    fig, axes = pl.subplots(1, 2, figsize=(11, 4.2))
-    for ax, (kind, unit) in zip(axes, (("force", "meV/A"), ("energy", "meV/atom"))):
-        width = 0.8 / max(len(tags), 1)
-        for j, tag in enumerate(tags):
-            ms = [stat(f"{kind}_mae_{tag}", v) for v in variants]
-            ax.bar(np.arange(len(variants)) + (j - (len(tags) - 1) / 2) * width, [m for m, _ in ms], width,
-                   yerr=[s for _, s in ms], label=tag, alpha=0.8, capsize=2)
-        ax.set_xticks(np.arange(len(variants)))
-        ax.set_xticklabels(variants, rotation=30, ha="right", fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel(f"test {kind} MAE ({unit})")
-        ax.set_title(f"{kind} MAE per system (mean +- std over seeds)")
-        ax.grid(alpha=0.3, axis="y", which="both")
-        ax.legend(fontsize=8)
+    # one row per setting of theta_0 present: pre-trained (the paper's), random (our extra row)
+    rows = [(pre, name) for name, pre in SETTINGS.items() if (sc.metric == f"{pre}force_mae_mean").any()]
+    fig, axes = pl.subplots(len(rows), 2, figsize=(11, 4.2 * len(rows)), squeeze=False)
+    for (pre, name), row in zip(rows, axes):
+        vs = [v for v in variants if (sc[(sc.variant == v)].metric == f"{pre}force_mae_mean").any()]
+        for ax, (kind, unit) in zip(row, (("force", "meV/A"), ("energy", "meV/atom"))):
+            width = 0.8 / max(len(tags), 1)
+            for j, tag in enumerate(tags):
+                ms = [stat(f"{pre}{kind}_mae_{tag}", v) for v in vs]
+                ax.bar(np.arange(len(vs)) + (j - (len(tags) - 1) / 2) * width, [m for m, _ in ms], width,
+                       yerr=[s for _, s in ms], label=tag, alpha=0.8, capsize=2)
+            ax.set_xticks(np.arange(len(vs)))
+            ax.set_xticklabels(vs, rotation=30, ha="right", fontsize=8)
+            ax.set_yscale("log")
+            ax.set_ylabel(f"test {kind} MAE ({unit})")
+            ax.set_title(f"{kind} MAE per system, {name} theta_0 (mean +- std over seeds)", fontsize=9)
+            ax.grid(alpha=0.3, axis="y", which="both")
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(plots_dir / "mae_per_system.png", dpi=110)
     pl.close(fig)
@@ -378,7 +459,9 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         pl.close(fig)
 
     # learning curves on validation frames: joint from scratch vs fine-tuning from a merge
-    for metric, unit in (("val_force_mae", "meV/A"), ("val_energy_mae", "meV/atom")):
+    curves = [(f"{pre}{m}", unit, name) for name, pre in SETTINGS.items()
+              for m, unit in (("val_force_mae", "meV/A"), ("val_energy_mae", "meV/atom"))]
+    for metric, unit, name in curves:
         cur = table[(table.metric == metric) & table.x.notna()]
         if cur.empty:
             continue
@@ -390,8 +473,8 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.fill_between(mean.index, np.maximum(mean - std, mean * 1e-2), mean + std, alpha=0.15)
         ax.set_yscale("log")
         ax.set_xlabel("optimizer steps (one batch per system each)")
-        ax.set_ylabel(f"{metric.replace('_', ' ')} ({unit}), mean of systems")
-        ax.set_title("Joint training from theta_0 vs fine-tuning a merge")
+        ax.set_ylabel(f"{metric.replace('rand_', '').replace('_', ' ')} ({unit}), mean of systems")
+        ax.set_title(f"Joint training from {name} theta_0 vs fine-tuning a merge", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -416,7 +499,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.set_xticklabels(names, rotation=45, ha="right", fontsize=7)
         ax.set_xlabel("layer (forward order)")
         ax.set_ylabel("relative alignment residual")
-        ax.set_title("Layer-wise embedding alignment")
+        ax.set_title("Layer-wise embedding alignment (pre-trained theta_0)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
         fig.tight_layout()
