@@ -11,6 +11,21 @@ from typing import Any, Iterator
 import numpy as np
 
 
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid exists on this machine (a pid we may not signal counts)."""
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only if the block succeeds."""

@@ -137,15 +137,7 @@ def read_state(path: Path) -> dict | None:
         return None
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+from .io import pid_alive as _alive  # noqa: E402
     return True
 
 

@@ -48,13 +48,7 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+from ..io import pid_alive as _pid_alive  # noqa: E402
     except (OverflowError, ValueError):
         return False
     return True

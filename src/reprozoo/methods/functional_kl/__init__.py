@@ -1,0 +1,1 @@
+"""Functional KL: path-space KL divergence estimation for evaluating trajectory inference."""

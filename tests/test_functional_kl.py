@@ -1,0 +1,171 @@
+"""Functional KL numerics: closed-form path KL, the FKL identity, the estimator, the TI couplings."""
+import numpy as np
+import pytest
+
+from reprozoo.methods.functional_kl.bifurcation import BifurcatingSDE
+from reprozoo.methods.functional_kl.fkl import FKLConfig, Whitener, functional_kl, lambda_nodes, matern12_kernel
+from reprozoo.methods.functional_kl.linear_sde import LinearSDE, gaussian_kl, girsanov_kl
+from reprozoo.methods.functional_kl.method import benchmark_suite
+from reprozoo.methods.functional_kl.trajectory import coupled_paths, entropic_partner, exact_ot_partner
+
+
+def test_girsanov_brownian_drift_closed_form():
+    # KL(BM + a t || BM) = a^2 T / (2 sigma^2); on any grid the increments carry all of it
+    P, Q = LinearSDE.ou(0.0, drift=1.5, sigma=0.7), LinearSDE.ou(0.0, sigma=0.7)
+    assert girsanov_kl(P, Q, T=2.0) == pytest.approx(1.5**2 * 2.0 / (2 * 0.7**2), rel=1e-9)
+    ts = np.linspace(0, 2.0, 5)
+    assert gaussian_kl(*P.grid_gaussian(ts), *Q.grid_gaussian(ts)) == pytest.approx(girsanov_kl(P, Q, 2.0), rel=1e-6)
+
+
+def test_grid_kl_increases_to_the_path_kl():
+    P, Q = benchmark_suite()["ou_rates"]
+    exact = girsanov_kl(P, Q)
+    grid = [gaussian_kl(*P.grid_gaussian(np.linspace(0, 1, m)), *Q.grid_gaussian(np.linspace(0, 1, m)))
+            for m in (5, 9, 17, 65)]
+    assert np.all(np.diff(grid) > 0)  # data processing: a finer grid sees more
+    assert grid[-1] <= exact and grid[-1] == pytest.approx(exact, rel=2e-3)
+
+
+def test_ou_transition_matches_closed_form():
+    theta, mu, sigma, h = 1.7, 0.4, 0.8, 0.3
+    F, g, Q = LinearSDE.ou(theta, mu, sigma).transition(h)
+    e = np.exp(-theta * h)
+    assert F[0, 0] == pytest.approx(e) and g[0] == pytest.approx(mu * (1 - e))
+    assert Q[0, 0] == pytest.approx(sigma**2 * (1 - e**2) / (2 * theta))
+
+
+def test_exact_path_sampling_has_the_grid_moments():
+    P = benchmark_suite()["ou2d_rotation"][0]
+    ts = np.linspace(0, 1, 5)
+    x = P.sample_paths(ts, 40000, np.random.default_rng(0)).reshape(40000, -1)
+    m, S = P.grid_gaussian(ts)
+    assert np.abs(x.mean(0) - m).max() < 0.02
+    assert np.abs(np.cov(x.T) - S).max() < 0.03
+
+
+def test_whitener_is_the_cameron_martin_isometry():
+    ts = np.linspace(0, 1, 7)
+    W = Whitener.from_grid(ts, 0.5, 2.0)
+    eps = np.random.default_rng(1).standard_normal((3, 7, 2))
+    paths = np.einsum("ij,njd->nid", W.L, eps)  # x = L eps ~ N(0, C)
+    np.testing.assert_allclose(W(paths), eps.reshape(3, 14), atol=1e-9)
+    np.testing.assert_allclose(W.L @ W.L.T, matern12_kernel(ts, 0.5, 2.0), atol=1e-12)
+
+
+def test_fkl_identity_with_exact_noise_predictors():
+    """1/2 int ||eps^P - eps^Q||^2 dlog SNR over mu^P_s equals KL(N_P || N_Q) (no regression)."""
+    rng = np.random.default_rng(2)
+    d = 4
+    A = rng.normal(size=(d, d))
+    mp, Sp = rng.normal(size=d), A @ A.T / d + 0.3 * np.eye(d)
+    mq, Sq = mp + 0.5, 0.7 * Sp + 0.2 * np.eye(d)
+    cfg = FKLConfig(n_nodes=200, s_min=1e-4, s_max=1 - 1e-5)
+    lams, wts = lambda_nodes(cfg)
+    total = 0.0
+    for lam, w in zip(lams, wts):
+        a = 1 / (1 + np.exp(-lam / 2))
+        s = 1 - a
+        # E_P over x_s ~ N(a mp, a^2 Sp + s^2 I) of ||eps^P(x) - eps^Q(x)||^2, eps^M(x) = s Sig_M^{-1}(x - a m_M)
+        Gp, Gq = np.linalg.inv(a**2 * Sp + s**2 * np.eye(d)), np.linalg.inv(a**2 * Sq + s**2 * np.eye(d))
+        B = s * (Gp - Gq)            # linear part of the difference
+        c = s * (Gq @ (a * mq) - Gp @ (a * mp))  # constant part
+        mean_x, cov_x = a * mp, a**2 * Sp + s**2 * np.eye(d)
+        r = B @ mean_x + c
+        total += w * 0.5 * (r @ r + np.trace(B @ cov_x @ B.T))
+    assert total == pytest.approx(gaussian_kl(mp, Sp, mq, Sq), rel=5e-3)
+
+
+@pytest.fixture(scope="module")
+def bm_pair():
+    P, Q = benchmark_suite()["bm_drift"]
+    ts = np.linspace(0, 1, 9)
+    rng = np.random.default_rng(3)
+    return ts, P.sample_paths(ts, 1500, rng), Q.sample_paths(ts, 1500, rng), P.sample_paths(ts, 1500, rng)
+
+
+def test_crossfit_estimator_recovers_the_closed_form_and_zero(bm_pair):
+    ts, xp, xq, xp2 = bm_pair
+    W = Whitener.from_grid(ts, 1.0, 0.5)
+    cfg = FKLConfig(n_nodes=16, n_noise=4, n_features=16, estimator="crossfit")
+    est = functional_kl(xp, xq, W, cfg, np.random.default_rng(4))
+    assert est == pytest.approx(1.125, rel=0.15)
+    assert abs(functional_kl(xp, xp2, W, cfg, np.random.default_rng(5))) < 0.05
+    # the paper's plug-in square is biased upwards at KL = 0 (regression variance), crossfit is not
+    plain = functional_kl(xp, xp2, W, FKLConfig(n_nodes=16, n_noise=4, n_features=16), np.random.default_rng(5))
+    assert plain > 0.1
+
+
+def test_fkl_is_invariant_to_the_reference_covariance_scale(bm_pair):
+    """KL does not depend on C; with the exact (affine) family the estimate barely moves."""
+    ts, xp, xq, _ = bm_pair
+    cfg = FKLConfig(n_nodes=16, n_noise=4, n_features=0, estimator="crossfit")
+    a = functional_kl(xp, xq, Whitener.from_grid(ts, 1.0, 0.5), cfg, np.random.default_rng(6))
+    b = functional_kl(xp, xq, Whitener.from_grid(ts, 0.3, 2.0), cfg, np.random.default_rng(6))
+    assert a == pytest.approx(b, rel=0.1)
+
+
+def test_exact_ot_partner_is_a_cost_minimising_permutation():
+    rng = np.random.default_rng(7)
+    x, y = rng.normal(size=(60, 2)), rng.normal(size=(60, 2)) + 1.0
+    j = exact_ot_partner(x, y)
+    assert sorted(j) == list(range(60))
+    cost = np.sum((x - y[j]) ** 2)
+    for _ in range(20):
+        assert cost <= np.sum((x - y[rng.permutation(60)]) ** 2) + 1e-12
+    # 1-D: monotone rearrangement (sorted to sorted)
+    u, v = rng.normal(size=50), rng.normal(size=50) * 2
+    jj = exact_ot_partner(np.c_[u, np.zeros(50)], np.c_[v, np.zeros(50)])
+    assert np.all(np.diff(v[jj][np.argsort(u)]) >= 0)
+    # small entropic regularisation approaches the OT cost; large regularisation the independent one
+    rand = np.mean([np.sum((x - y[rng.permutation(60)]) ** 2) for _ in range(50)])
+    near = np.mean([np.sum((x - y[entropic_partner(x, y, 1e-2, rng)]) ** 2) for _ in range(10)])
+    far = np.mean([np.sum((x - y[entropic_partner(x, y, 1e3, rng)]) ** 2) for _ in range(10)])
+    assert near < cost + 0.1 * (rand - cost)
+    assert far == pytest.approx(rand, rel=0.1)
+
+
+def test_coupled_paths_hit_snapshots_and_bridge_variance():
+    rng = np.random.default_rng(8)
+    grid, obs = np.linspace(0, 1, 5), [0.0, 1.0]
+    n = 4000
+    snaps = {0.0: np.zeros((n, 2)), 1.0: np.zeros((n, 2))}
+    sigma = 0.5
+    bridge = coupled_paths(snaps, grid, obs, "ot_bridge", sigma, rng)
+    # Brownian bridge pinned at 0 at both ends: Var at t is sigma^2 t (1 - t)
+    np.testing.assert_allclose(bridge[:, 2].var(0), sigma**2 * 0.25, rtol=0.08)
+    np.testing.assert_allclose(bridge[:, 1].var(0), sigma**2 * 0.25 * 0.75, rtol=0.08)
+    assert np.all(bridge[:, -1] == 0)
+    snaps = {0.0: rng.normal(size=(50, 2)), 1.0: rng.normal(size=(50, 2)) + 3}
+    lin = coupled_paths(snaps, grid, obs, "ot_linear", sigma, rng)
+    np.testing.assert_array_equal(lin[:, 0], snaps[0.0])
+    np.testing.assert_allclose(lin[:, 2], 0.5 * (lin[:, 0] + lin[:, 4]))
+    assert {tuple(r) for r in lin[:, 4]} == {tuple(r) for r in snaps[1.0]}
+
+
+def test_bifurcating_sde_without_drift_is_brownian():
+    sde = BifurcatingSDE(a=0.0, v=0.0, sigma=0.4, s0=0.1, dt=0.01)
+    rng = np.random.default_rng(9)
+    p = sde.simulate(sde.initial(20000, rng), np.array([0.0, 0.5, 1.0]), rng)
+    np.testing.assert_allclose(p[:, 2].var(0), 0.1**2 + 0.4**2, rtol=0.05)
+
+
+def test_bifurcating_sde_splits_into_two_branches():
+    sde = BifurcatingSDE()
+    rng = np.random.default_rng(10)
+    x1 = sde.simulate(sde.initial(2000, rng), np.linspace(0, 1, 5), rng)[:, -1, 0]
+    assert 0.4 < np.mean(x1 > 0) < 0.6
+    assert np.mean(np.abs(x1) > 0.5) > 0.75  # few paths left near the unstable origin
+
+
+def test_flow_matching_learns_a_translation():
+    pytest.importorskip("torch")
+    from reprozoo.methods.functional_kl.trajectory import flow_matching_paths, train_flow_matching
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(400, 2)) * 0.3
+    pairs = [(0.0, 1.0, x, x + np.array([1.0, -0.5]))]
+    net, _, _, val = train_flow_matching(pairs, dict(width=32, depth=2, lr=1e-2, steps=300, batch=128), 0,
+                                         progress=lambda m: None)
+    assert val[-1] < 0.01
+    paths = flow_matching_paths(net, x, np.array([0.0, 0.5, 1.0]), 4)
+    np.testing.assert_allclose(paths[:, -1], x + np.array([1.0, -0.5]), atol=0.1)
