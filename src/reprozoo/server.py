@@ -138,7 +138,6 @@ def read_state(path: Path) -> dict | None:
 
 
 from .io import pid_alive as _alive  # noqa: E402
-    return True
 
 
 def _is_mlflow(pid: int) -> bool:

@@ -49,9 +49,6 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
 
 
 from ..io import pid_alive as _pid_alive  # noqa: E402
-    except (OverflowError, ValueError):
-        return False
-    return True
 
 
 def clean_stale_parts(dest: Path | str) -> list[Path]:
