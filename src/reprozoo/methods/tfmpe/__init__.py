@@ -1,0 +1,1 @@
+"""TFMPE: likelihood-factorised tokenised flow matching for hierarchical simulation-based inference."""
