@@ -45,10 +45,14 @@ def curve_plot(table: pd.DataFrame, metric: str, path: Path, logx: bool = False,
     return path
 
 
-def generic_plots(table: pd.DataFrame, plots_dir: Path, spec) -> None:
-    """One figure per curve metric (unless the method drew it) and a bar chart of scalars."""
+def generic_plots(table: pd.DataFrame, plots_dir: Path, spec, only=None) -> None:
+    """One figure per curve metric (unless the method drew it) and a bar chart of scalars.
+    ``only``: the curve metrics to draw (a method's ``GENERIC_CURVES``; default: all), for methods
+    that record raw arrays as curves that no reader wants as a figure."""
     curves = table[table.x.notna()]
     for metric in sorted(curves.metric.unique()):
+        if only is not None and metric not in set(only):
+            continue
         out = plots_dir / f"curve_{metric}.png"
         if out.exists():
             continue

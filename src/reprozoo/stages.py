@@ -273,7 +273,7 @@ def evaluate(method: str, scale: str, params: dict, metrics_files: list[Path], t
     module = spec.module()
     if hasattr(module, "plot"):
         module.plot(table, plots_dir, params)
-    generic_plots(table, plots_dir, spec)
+    generic_plots(table, plots_dir, spec, getattr(module, "GENERIC_CURVES", None))
     with atomic_path(table_path) as tmp:
         table.to_parquet(tmp, index=False)
 
