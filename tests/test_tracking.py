@@ -216,3 +216,13 @@ def test_a_killed_invocation_is_reaped_and_its_results_picked_up(tmp_path):
     assert kids["done"].info.status == "FINISHED" and kids["done"].data.metrics["x"] == 1.0
     assert kids["killed"].info.status == "FAILED"
     assert json.loads(state.read_text())["status"] == "KILLED"
+
+
+def test_tracking_mode_follows_the_store_the_jobs_will_use(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.mode_for("auto", "smoke", "sqlite:///results/mlflow.db") == "deferred"
+    assert tracking.mode_for("auto", "paper", "sqlite:///results/mlflow.db") == "live"
+    # a tracking server named in the environment (clusters) wins over the config's embedded store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking.mode_for("auto", "ci", "sqlite:///results/mlflow.db") == "live"
+    assert tracking.mode_for("deferred", "ci", "sqlite:///results/mlflow.db") == "deferred"

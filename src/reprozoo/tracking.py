@@ -47,7 +47,7 @@ def mode_for(configured: str | None, scale: str, uri: str | None = None) -> str:
     finish), deferred at ci/smoke on the embedded store (one MLflow import per invocation)."""
     if configured in ("live", "deferred"):
         return configured
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or uri or ""  # the environment wins, as in resolve_uri
     return "live" if scale == "paper" or uri.startswith(("http://", "https://")) else "deferred"
 
 
