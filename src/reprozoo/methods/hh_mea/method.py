@@ -110,7 +110,7 @@ def train(ctx) -> None:
         key = "feat" if v == "npe_features" else "raw"
         posterior, summ = train_npe(d["theta_train"], d[f"{key}_train"], low, high, p["npe"], ctx.seed,
                                     embed=p["raw_embed"] if v == "npe_raw" else None)
-        vl = [-x for x in summ["validation_loss"]]    # sbi stores validation log-probability
+        vl = [float(x) for x in summ["validation_loss"]]    # sbi 0.27 stores the validation loss (-log q), lower is better
         ctx.metrics.curve("val_loss", range(1, len(vl) + 1), vl)
         ctx.metrics.scalar("epochs", len(vl))
         ctx.metrics.scalar("val_loss_final", min(vl))

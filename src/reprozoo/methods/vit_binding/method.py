@@ -175,6 +175,8 @@ def probe_condition(kind: str, tokens_of: str, data, cond: str, cfg: dict, seed:
         out[f"ce_{name.lower()}"] = float(ce.mean())
         out[f"ce_{name.lower()}_sem"] = float(ce.std(ddof=1) / np.sqrt(len(ce)))
         out[f"epochs_{name.lower()}"] = curve[-1][0]
+        # 1 if the fit ran into the epoch cap (did not stop on patience), else 0
+        out[f"cap_hit_{name.lower()}"] = float(curve[-1][0] >= cfg["epochs"])
         out[f"val_curve_{name.lower()}"] = curve
         with torch.no_grad():
             logits = probe(z("test"), lab["test", name])
@@ -198,16 +200,20 @@ def train(ctx) -> None:
         raise KeyError(f"variant '{ctx.variant}' unknown; known: {sorted(VARIANT_PROBES)}")
     kind, tokens_of = VARIANT_PROBES[ctx.variant]
     data = dict(np.load(ctx.shared_dir / "tokens.npz"))
+    cap_hits = 0.0
     for cond in p["conditions"]:
         r = probe_condition(kind, tokens_of, data, cond, p["probe"], ctx.seed)
         for key in ("binding_ratio", "binding_info", "ce_y", "ce_f", "ce_y_sem", "ce_f_sem", "acc_y", "acc_f",
-                    "binding_acc", "binding_chance", "h_y_given_f", "epochs_y", "epochs_f", "probe_cpu_seconds"):
+                    "binding_acc", "binding_chance", "h_y_given_f", "epochs_y", "epochs_f", "cap_hit_y", "cap_hit_f",
+                    "probe_cpu_seconds"):
             ctx.metrics.scalar(f"{key}_{cond}", r[key])
+        cap_hits += r["cap_hit_y"] + r["cap_hit_f"]
         for name in "yf":
             ep, vals = zip(*r[f"val_curve_{name}"])
             ctx.metrics.curve(f"probe_val_ce_{name}_{cond}", ep, vals)
         ctx.progress(f"{cond}: CE(Y) {r['ce_y']:.3f} CE(F) {r['ce_f']:.3f} bits, binding ratio "
                      f"{r['binding_ratio']:.3f}, binding acc {r['binding_acc']:.3f} (chance {r['binding_chance']:.3f})")
+    ctx.metrics.scalar("probe_cap_hits", cap_hits)  # fits (Y and F, all conditions) that hit probe.epochs
     info = json.loads((ctx.shared_dir / "vit_info.json").read_text())
     for k, v in info.items():  # the backbone's own numbers, repeated in every variant's table
         if not isinstance(v, list):
