@@ -113,8 +113,9 @@ def test_slepian_encoder_concentrates_inside_the_cap():
 
 
 def test_head_recovers_a_planted_boundary_better_with_resolution():
-    """Labels = sign of a degree-12 harmonic in the cap: a head on the degree-91-equivalent Slepian
-    basis learns it, a head on degree-5 harmonics (equal dim 36) cannot resolve it as well."""
+    """Labels = sign of Y_{40,7} (degree 40, ~4.5 deg half-wavelength) in the cap: a head on the 36
+    Slepian functions of the cap (band limit L = 45 at PARAMS' dim 36) learns it, a head on degree-5
+    harmonics (equal dim 36) cannot resolve it as well."""
     rng = np.random.default_rng(3)
     from reprozoo.blocks.sphere import sample_cap
 
