@@ -154,7 +154,7 @@ def test_invalid_config_fails_fast_with_a_clear_message(workflow_run):
 
 def test_one_method_one_variant_one_seed_by_override(workflow_run):
     work, _ = workflow_run
-    proc = snakemake(work, "-n", "--forceall", "--quiet", "host", "results/ci/rex/partial/ddim_seeds5/claims.json",
+    proc = snakemake(work, "-n", "--forceall", "results/ci/rex/partial/ddim_seeds5/claims.json", "--quiet", "host",
                      "--config", "scale=ci", "methods=[rex]", "variants={rex: [ddim]}", "seeds=[5]")
     out = proc.stdout + proc.stderr
     assert "train" in out and "seed5" in out and "rex_euler" not in out
@@ -226,7 +226,7 @@ def test_datasets_target_builds_every_offline_dataset(workflow_run):
     from reprozoo.data import registry as dreg
 
     work, _ = workflow_run
-    proc = snakemake(work, "-n", "datasets", "--config", "scale=ci")
+    proc = snakemake(work, "-n", "datasets", "--quiet", "host", "--config", "scale=ci")
     out = proc.stdout + proc.stderr
     for name in dreg.names():
         if "offline" in dreg.get(name).sources:
@@ -236,10 +236,12 @@ def test_datasets_target_builds_every_offline_dataset(workflow_run):
 def test_bad_override_fails_before_any_job_and_a_bug_is_not_retried(workflow_run):
     work, _ = workflow_run
     proc = snakemake(work, "-n", "--config", "scale=ci", "methods=[rex]", "params={rex: {zeta: abc}}", check=False)
-    assert proc.returncode != 0 and "params.rex.zeta" in proc.stderr and "a number" in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "params.rex.zeta" in out and "a number" in out
     proc = snakemake(work, "-n", "--config", "scale=ci", "methods=[rex]", "params={rex: {denoiser: {stepz: 5}}}",
                      check=False)
-    assert proc.returncode != 0 and "stepz" in proc.stderr and "allowed" in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "stepz" in out and "allowed" in out
     # a string-typed override from the command line is coerced to the config's type and runs
     proc = snakemake(work, "-n", "--config", "scale=ci", "methods=[rex]", "params={rex: {zeta: 0.99}}")
     assert "train_batch_rex" in proc.stdout

@@ -226,7 +226,8 @@ def start_invocation(uri: str, results: Path, scale: str, config: dict, inv_id: 
     os.environ[INVOCATION_ENV] = inv_id
     reap_orphans(results, uri)
     info = {"id": inv_id, "uri": uri, "scale": scale, "started": time.time(), "pid": os.getpid(),
-            "host": socket.gethostname(), "parents": {}, "config": config}
+            "host": socket.gethostname(), "parents": {}, "config": config,
+            "tags": base_tags()}  # the parents' provenance, as of the invocation (a rebuild reuses it)
     atomic_write_text(_inv_path(results, inv_id), json.dumps(info, indent=1, default=str))
     return info
 
@@ -304,7 +305,11 @@ def parent_run_id(client, method: str, results: Path) -> str | None:
             return inv["parents"][method]
         exp_id = get_or_create_experiment(client, method, results)
         run = client.create_run(exp_id, run_name=f"pipeline-{inv['scale']}-{inv['id']}",
-                                tags=base_tags(role="pipeline", invocation=inv["id"], scale=inv["scale"]))
+                                tags={**(inv.get("tags") or base_tags()), "role": "pipeline",
+                                      "invocation": inv["id"], "scale": inv["scale"],
+                                      # the SLURM job that created it, where one did
+                                      **({"slurm_job_id": os.environ["SLURM_JOB_ID"]}
+                                         if os.environ.get("SLURM_JOB_ID") else {})})
         inv["parents"][method] = run.info.run_id
         _write_invocation(results, inv)
         return run.info.run_id
@@ -508,7 +513,8 @@ def _parent_for(client, method: str, results: Path, invocation: str | None) -> s
     state = read_invocation(results, invocation) if invocation not in (None, "none") else None
     scale = (state or {}).get("scale", "?")
     run = client.create_run(exp_id, run_name=f"pipeline-{scale}-{invocation}",
-                            tags=base_tags(role="pipeline", invocation=invocation, scale=scale, replayed="true"))
+                            tags={**((state or {}).get("tags") or base_tags()), "role": "pipeline",
+                                  "invocation": str(invocation), "scale": scale, "replayed": "true"})
     return run.info.run_id
 
 
