@@ -71,6 +71,14 @@ def _coerce_command_line_types(config: dict) -> None:
         config["seeds"] = [int(s) for s in seeds]
     elif isinstance(seeds, str) and seeds.isdigit():
         config["seeds"] = int(seeds)
+    for rule in config.get("inject_failure") or []:  # {seed: '0', attempts: '5'} from the command line
+        if isinstance(rule, dict):
+            for key in ("seed", "attempts"):
+                if isinstance(rule.get(key), str) and rule[key].strip().isdigit():
+                    rule[key] = int(rule[key])
+    tracking = config.get("tracking")
+    if isinstance(tracking, dict) and isinstance(tracking.get("retries"), str) and tracking["retries"].isdigit():
+        tracking["retries"] = int(tracking["retries"])
 
 
 def load(overrides: dict | None = None, path: Path = DEFAULT_CONFIG) -> dict:
