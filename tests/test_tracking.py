@@ -226,3 +226,29 @@ def test_tracking_mode_follows_the_store_the_jobs_will_use(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert tracking.mode_for("auto", "ci", "sqlite:///results/mlflow.db") == "live"
     assert tracking.mode_for("deferred", "ci", "sqlite:///results/mlflow.db") == "deferred"
+
+
+def test_a_killed_attempt_carries_its_attempt_tag(tmp_path, monkeypatch):
+    """The run's attempt and memory tags are set when the run starts, so an attempt killed
+    mid-way (its payload still RUNNING, or its live run left RUNNING) carries them too."""
+    from reprozoo import stages
+
+    results = tmp_path / "results"
+    out = results / "ci" / "rex" / "ddim" / "seed0" / "metrics.json"
+    tracking.start_invocation("sqlite:///unused.db", results, "ci", {})
+    started = {}
+    real_enter = tracking.JobRun.__enter__
+
+    def enter_then_capture(self):
+        r = real_enter(self)
+        started.update(json.loads(self.pending_path.read_text()))  # what a kill -9 here would leave
+        return r
+
+    monkeypatch.setattr(tracking.JobRun, "__enter__", enter_then_capture)
+    with pytest.raises(stages.InjectedFailure):
+        stages.train("rex", "ddim", 0, "ci", {}, {}, out, tracking={"mode": "deferred"}, attempt=2,
+                     inject_failure=[{"method": "rex", "attempts": 5}], mem_mb=4000)
+    assert started["status"] == "RUNNING"
+    assert started["run_tags"]["attempt"] == "2" and started["run_tags"]["mem_mb"] == "4000"
+    failed = json.loads((out.parent / tracking.PENDING).read_text())
+    assert failed["status"] == "FAILED" and failed["run_tags"]["attempt"] == "2"
