@@ -130,3 +130,33 @@ def test_energy_histogram_is_a_density_and_final_slope_reads_a_line():
     xs, hw = energy_histogram(e, -40, 0, 80, weights=w)
     assert abs(np.sum(xs * hw) * (xs[1] - xs[0]) + 22) < 0.2
     assert abs(final_slope([(s, 5 - 0.002 * s) for s in range(0, 1000, 100)]) + 2.0) < 1e-9
+
+
+def test_arbg_conditional_sampling_keeps_the_prefix_bins_and_its_density_normalises():
+    m = _arbg(dim=3, bins=4, scale=1.5)
+    prefix = torch.tensor([0.7])
+    half_bin = m.delta * 1.5 / 2
+    gen = torch.Generator().manual_seed(0)
+    y, lq = m.sample_conditional(prefix, 2000, gen)
+    # the prefix is reproduced within its bin (at the bin centre), the rest stays inside the box
+    assert float((y[:, :1] - prefix).abs().max()) <= half_bin + 1e-6
+    assert torch.equal(m.discretize(y[:, :1])[0], m.discretize(prefix.view(1, 1))[0].expand(2000, 1))
+    assert bool(m.discretize(y)[1].all())
+    # the returned log density is the exact conditional density of the samples
+    assert torch.allclose(lq, m.conditional_log_prob(y, 1), atol=1e-4)
+    # each next-coordinate softmax sums to one
+    with torch.no_grad():
+        probs = torch.softmax(m.net.logits(m.discretize(y[:50])[0]), dim=-1)
+    assert torch.allclose(probs.sum(-1), torch.ones(50, 3), atol=1e-6)
+    # q(rest | prefix) integrates to one over the remaining cells (constant per cell)
+    centres = (-4.0 + (torch.arange(4) + 0.5) * 2.0) * 1.5
+    rest = torch.cartesian_prod(centres, centres)
+    grid = torch.cat([prefix.expand(len(rest), 1), rest], dim=1)
+    with torch.no_grad():
+        total = float(torch.exp(m.conditional_log_prob(grid, 1)).sum() * (2.0 * 1.5) ** 2)
+    assert abs(total - 1) < 1e-5
+    # bin frequencies of the next coordinate match its conditional softmax
+    with torch.no_grad():
+        p2 = torch.softmax(m.net.logits(m.discretize(grid[:1])[0])[0, 1], dim=-1)
+    freq = torch.bincount(m.discretize(y)[0][:, 1], minlength=4).double() / 2000
+    assert float((freq - p2.double()).abs().max()) < 0.04
