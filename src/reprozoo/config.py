@@ -71,14 +71,24 @@ def _coerce_command_line_types(config: dict) -> None:
         config["seeds"] = [int(s) for s in seeds]
     elif isinstance(seeds, str) and seeds.isdigit():
         config["seeds"] = int(seeds)
-    for rule in config.get("inject_failure") or []:  # {seed: '0', attempts: '5'} from the command line
-        if isinstance(rule, dict):
-            for key in ("seed", "attempts"):
-                if isinstance(rule.get(key), str) and rule[key].strip().isdigit():
-                    rule[key] = int(rule[key])
-    tracking = config.get("tracking")
-    if isinstance(tracking, dict) and isinstance(tracking.get("retries"), str) and tracking["retries"].isdigit():
-        tracking["retries"] = int(tracking["retries"])
+    _ints_where_the_schema_says_integer(config, yaml.safe_load(SCHEMA.read_text()))
+
+
+def _ints_where_the_schema_says_integer(value, schema: dict):
+    """Digit strings become ints wherever the schema expects an integer, at any depth (nested
+    command-line values such as ``inject_failure=[{seed: 0, attempts: 5}]`` arrive as strings)."""
+    if isinstance(value, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        for k, v in value.items():
+            sub = props.get(k, extra if isinstance(extra, dict) else {})
+            value[k] = _ints_where_the_schema_says_integer(v, sub)
+        return value
+    if isinstance(value, list):
+        items = schema.get("items", {})
+        return [_ints_where_the_schema_says_integer(v, items) for v in value]
+    if isinstance(value, str) and schema.get("type") == "integer" and value.strip().isdigit():
+        return int(value)
+    return value
 
 
 def load(overrides: dict | None = None, path: Path = DEFAULT_CONFIG) -> dict:

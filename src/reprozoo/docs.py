@@ -48,9 +48,9 @@ def page_path(root: Path, method: str) -> Path:
     return Path(root) / "src" / "reprozoo" / "methods" / method / "README.md"
 
 
-def method_page(method: str, results: Path, scale: str, root: Path | None = None) -> str | None:
+def method_page(method: str, results: Path, scale: str, root: Path) -> str | None:
     """The method page with its results section rewritten; None if the page does not exist."""
-    page = page_path(root, method) if root is not None else registry.get(method).folder / "README.md"
+    page = page_path(root, method)
     if not page.exists():
         return None
     f = Path(results) / scale / method / "claims.json"

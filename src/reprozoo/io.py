@@ -11,6 +11,15 @@ from typing import Any, Iterator
 import numpy as np
 
 
+def results_root(path: Path | str) -> Path:
+    """The ``results/`` folder an output path lies in (the one that holds ``data/``, the scale
+    trees and the tracking state); ``./results`` if the path is outside one."""
+    for parent in Path(path).resolve().parents:
+        if parent.name == "results":
+            return parent
+    return Path("results").resolve()
+
+
 def pid_alive(pid: int | None) -> bool:
     """Whether a process with this pid exists on this machine (a pid we may not signal counts)."""
     if not pid:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .io import atomic_path, atomic_write_text, read_json
+from .io import atomic_path, atomic_write_text, read_json, results_root
 
 COLUMNS = ["method", "title", "scale", "claim", "text", "expr", "op", "threshold", "paper_value",
            "value_mean", "value_std", "n_seeds", "ci_low", "ci_high", "per_seed", "holds_every_seed",
@@ -124,9 +124,8 @@ def _provenance(claims_files: list[Path]) -> dict:
     config = None
     inv = os.environ.get("REPROZOO_INVOCATION")
     if inv and claims_files:
-        results = next((p for p in Path(claims_files[0]).resolve().parents if p.name == "results"), None)
-        state = results / ".tracking" / "invocations" / f"{inv}.json" if results else None
-        if state and state.exists():
+        state = results_root(claims_files[0]) / ".tracking" / "invocations" / f"{inv}.json"
+        if state.exists():
             config = json.loads(state.read_text()).get("config")
     return {"commits": commits, "date": datetime.datetime.now().isoformat(timespec="seconds"), "config": config}
 
@@ -139,11 +138,11 @@ def _datasets_html(data: dict, claims_file: Path) -> list[str]:
         names = registry.get(data["method"]).datasets_for(data["scale"])
     except ValueError:
         return []
-    results = next((p for p in Path(claims_file).resolve().parents if p.name == "results"), None)
+    results = results_root(claims_file)
     out = []
     for name in names:
-        d = results / "data" / name / data["scale"] if results else None
-        if d is None or not (d / "card.json").exists():
+        d = results / "data" / name / data["scale"]
+        if not (d / "card.json").exists():
             continue
         card = read_json(d / "card.json")
         keep = {k: card[k] for k in ("source", "version", "description", "sizes", "surrogate") if k in card}

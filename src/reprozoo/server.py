@@ -53,6 +53,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from .io import pid_alive as _alive
+
 DEFAULT_BACKEND = "sqlite:///results/mlflow.db"
 DEFAULT_ARTIFACTS = "results/mlartifacts"
 DEFAULT_STATE = "results/.tracking/server.json"
@@ -137,7 +139,6 @@ def read_state(path: Path) -> dict | None:
         return None
 
 
-from .io import pid_alive as _alive  # noqa: E402
 
 
 def _is_mlflow(pid: int) -> bool:

@@ -17,16 +17,8 @@ from typing import Any
 
 from . import registry
 from .io import read_json, write_json
+from .io import results_root as _results  # the results root of an output path
 from .runtime import Metrics, RunContext, seed_everything
-
-
-def _results(path: Path) -> Path:
-    """The results root of an output path (the folder that holds ``data/`` and method folders)."""
-    path = Path(path).resolve()
-    for parent in path.parents:
-        if parent.name == "results":
-            return parent
-    return Path("results").resolve()
 
 
 @contextlib.contextmanager
@@ -286,6 +278,7 @@ def verify(method: str, scale: str, table_path: Path, claims_path: Path, trackin
     import pandas as pd
 
     from .claims import verify as verify_claims
+    from .tracking import git_commit
 
     spec = registry.get(method)
     table = pd.read_parquet(table_path)
@@ -295,7 +288,7 @@ def verify(method: str, scale: str, table_path: Path, claims_path: Path, trackin
     write_json(claims_path, {"method": method, "title": spec.title, "paper": spec.paper, "scale": scale,
                              "variants": sorted(variants), "complete": complete,
                              "seeds": sorted(int(s) for s in (seeds if seeds is not None else table.seed.unique())),
-                             "git_commit": _git_commit(), "claims": results})
+                             "git_commit": git_commit(), "claims": results})
     counts = {v: sum(c["verdict"] == v for c in results) for v in ("holds", "fails", "inconclusive", "not measured")}
     print(f"{method} ({scale}): " + ", ".join(f"{n} {v}" for v, n in counts.items() if n), flush=True)
     metrics = {f"claim.{c['id']}": c["value_mean"] for c in results}
@@ -309,12 +302,6 @@ def verify(method: str, scale: str, table_path: Path, claims_path: Path, trackin
                 artifacts=[Path(table_path), Path(claims_path)] + ([plots] if plots.is_dir() else []),
                 metrics=metrics, tags=tags, params=params, claims=results, tracking=tracking)
     return results
-
-
-def _git_commit() -> str:
-    from .tracking import git_commit
-
-    return git_commit()
 
 
 def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], metrics: dict | None = None,

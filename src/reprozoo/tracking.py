@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .io import atomic_write_text
+from .io import atomic_write_text, pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_URI = "sqlite:///results/mlflow.db"
@@ -259,13 +259,7 @@ def _alive(inv: dict) -> bool:
         return False
     if inv.get("host") != socket.gethostname():
         return True  # cannot tell from here: leave it alone
-    try:
-        os.kill(int(inv.get("pid", -1)), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(inv.get("pid", -1))
 
 
 def reap_orphans(results: Path, uri: str | None = None) -> list[str]:

@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..io import pid_alive as _pid_alive
+
 DEFAULT_TIMEOUT = 600.0  # seconds for one file, all attempts together
 DEFAULT_READ_TIMEOUT = 60.0  # seconds one read may stall
 _RETRY_STATUS = {408, 429}  # plus every 5xx
@@ -48,7 +50,6 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-from ..io import pid_alive as _pid_alive  # noqa: E402
 
 
 def clean_stale_parts(dest: Path | str) -> list[Path]:
