@@ -47,3 +47,51 @@ def serve(folder: Path, truncate: tuple[str, ...] = ()) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+class _ChatHandler(http.server.BaseHTTPRequestHandler):
+    """Answers ``POST /v1/chat/completions`` with ``reply(request_json)``; records every request."""
+
+    reply = staticmethod(lambda body: "ok")
+    fail_first: int = 0
+    requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        import json
+
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length).decode() or "{}")
+        self.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        if len(self.requests) <= self.fail_first:
+            self.send_error(503)
+            return
+        out = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant",
+                                                               "content": self.reply(body)}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+@contextlib.contextmanager
+def chat_server(reply=lambda body: "ok", fail_first: int = 0) -> Iterator[tuple[str, list]]:
+    """A fake OpenAI-compatible server on 127.0.0.1: yields (base_url ending in /v1, requests)."""
+    requests: list = []
+    handler = type("C", (_ChatHandler,), {"reply": staticmethod(reply), "fail_first": fail_first,
+                                          "requests": requests})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
