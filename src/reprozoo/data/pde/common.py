@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import math
+
 import numpy as np
 
 from ...io import atomic_path
@@ -180,6 +182,37 @@ def grf_periodic(rng: np.random.Generator, batch: int, n: int, ndim: int, alpha:
     f = np.fft.irfftn(np.fft.rfftn(noise, axes=axes) * spec, s=(n,) * ndim, axes=axes)
     rms = np.sqrt(np.mean(f**2, axis=axes, keepdims=True))
     return f / rms
+
+
+# --- time stepping ---------------------------------------------------------------------------
+
+def march(state, t_save, step, dt, record, recheck: float | None = None, check=None):
+    """Advance ``state`` from t = 0 through the save times with ``step(state, h)``; one loop for all solvers.
+
+    Between two save times (or within each ``recheck``-long piece of a longer span) the step is
+    ``dt`` (a number, or ``dt(state)`` evaluated at the piece's start, e.g. a CFL step) shrunk so
+    that a whole number of equal steps lands exactly on the save time: the result is deterministic
+    and the order of the scheme is not spoiled by a ragged last step. ``record(i, state)`` stores
+    frame i; ``check(t, state)`` runs after each interval (blow-up detection). Returns
+    (state, number of steps).
+    """
+    t, steps = 0.0, 0
+    for i, ts in enumerate(t_save):
+        if ts > t:
+            pieces = 1 if recheck is None else max(1, math.ceil((ts - t) / recheck - 1e-9))
+            bounds = np.linspace(t, ts, pieces + 1)
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                h0 = dt(state) if callable(dt) else dt
+                m = max(1, math.ceil((b - a) / h0 - 1e-9))
+                h = (b - a) / m
+                for _ in range(m):
+                    state = step(state, h)
+                steps += m
+            t = ts
+            if check is not None:
+                check(ts, state)
+        record(i, state)
+    return state, steps
 
 
 # --- previews --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import (copy_processed, dealias_mask, file_sizes, grf_periodic, plt_agg, read_h5, wavenumbers,
+from .common import (copy_processed, dealias_mask, march, file_sizes, grf_periodic, plt_agg, read_h5, wavenumbers,
                      write_h5)
 
 
@@ -129,27 +129,20 @@ class Vorticity2D:
         c_hat = None if c0 is None else self.to_hat(c0)
         out_w = np.empty((w0.shape[0], len(t_save), self.n, self.n))
         out_c = None if c0 is None else np.empty_like(out_w)
-        t, steps = 0.0, 0
-        for i, ts in enumerate(t_save):
-            # long spans (a spin-up) are cut into pieces of at most ``recheck`` so the CFL step follows the flow
-            n_pieces = max(1, math.ceil((ts - t) / recheck - 1e-9)) if ts > t else 0
-            bounds = np.linspace(t, ts, n_pieces + 1)
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                dt = self.stable_dt(w_hat, cfl, dt_max)
-                m = max(1, math.ceil((b - a) / dt - 1e-9))
-                h = (b - a) / m
-                for _ in range(m):
-                    w_hat, c_hat = self.step((w_hat, c_hat), h)
-                steps += m
-            if n_pieces:
-                t = ts
-                if not np.all(np.isfinite(w_hat)):
-                    raise FloatingPointError(f"vorticity solver blew up before t={ts}")
-            out_w[:, i] = self.to_grid(w_hat)
-            if c_hat is not None:
-                out_c[:, i] = self.to_grid(c_hat)
+
+        def record(i, state):
+            out_w[:, i] = self.to_grid(state[0])
+            if state[1] is not None:
+                out_c[:, i] = self.to_grid(state[1])
             if progress and (i % max(1, len(t_save) // 5) == 0):
-                progress(f"t={ts:.3f} ({steps} steps)")
+                progress(f"t={t_save[i]:.3f}")
+
+        def check(ts, state):
+            if not np.all(np.isfinite(state[0])):
+                raise FloatingPointError(f"vorticity solver blew up before t={ts}")
+
+        _, steps = march((w_hat, c_hat), t_save, self.step, lambda st: self.stable_dt(st[0], cfl, dt_max),
+                         record, recheck=recheck, check=check)
         self.steps = steps
         return out_w, out_c
 
