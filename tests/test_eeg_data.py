@@ -408,3 +408,16 @@ def test_restricted_seed_reader(tmp_path):
     pos = (d.epochs["label"] == "positive").to_numpy()
     assert a[pos].min() > 10 * a[~pos].max()
     assert d.regions["occipital"][-1] == "CB2"
+
+
+def test_readers_share_one_acquire_that_names_the_allowed_sources(tmp_path):
+    from reprozoo.data.eeg import motor, sleep
+    from reprozoo.data.registry import DatasetError
+
+    for reader in (motor, sleep):
+        with pytest.raises(DatasetError, match=r"allowed: \['offline', 'remote', 'path'\]"):
+            reader.acquire("ftp", {}, tmp_path, 0)
+        empty = tmp_path / reader.NAME
+        empty.mkdir()
+        with pytest.raises(DatasetError, match=f"data.paths.{reader.NAME}"):
+            reader.acquire("path", {}, tmp_path, 0, path=str(empty))

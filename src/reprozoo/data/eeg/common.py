@@ -229,6 +229,42 @@ def user_folder(name: str, path: str | None) -> Path:
     return p
 
 
+def acquire_by_source(name: str, source: str, raw_dir: Path, *, simulate=None, fetch_remote=None,
+                      folder_reader=None, path: str | None = None, empty_hint: str = "",
+                      files_of=lambda r: [Path(r["file"])]) -> dict:
+    """The one ``acquire`` of every EEG reader: offline simulator, remote fetcher or a user folder.
+
+    ``simulate(raw_dir)`` / ``fetch_remote(raw_dir)`` are called as given; ``folder_reader(folder)``
+    returns the index records of a user folder (``files_of(record)`` are the files hashed for
+    provenance). A source the reader lacks, or a folder with nothing readable, is a DatasetError
+    that names the config key and what was expected."""
+    raw_dir = Path(raw_dir)
+    available = {"offline": simulate, "remote": fetch_remote, "path": folder_reader}
+    if available.get(source) is None:
+        have = [k for k, v in available.items() if v is not None]
+        raise DatasetError(f"dataset '{name}': source '{source}' not available; allowed: {have}")
+    if source != "path":
+        return available[source](raw_dir)
+    folder = user_folder(name, path)
+    records = folder_reader(folder)
+    if not records:
+        raise DatasetError(f"dataset '{name}': config key 'data.paths.{name}' = '{path}' holds no readable "
+                           f"recordings ({empty_hint})")
+    write_index(raw_dir, records, folder=str(folder))
+    files = sorted({f for r in records for f in files_of(r)})
+    return {"version": "user", "path": str(folder), "user_files": hash_user_files(files)}
+
+
+def save_preview(fig, png: Path, title: str) -> None:
+    """Title, tight layout, 90 dpi PNG, figure closed: how every dataset preview ends."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
 def hash_user_files(files: list[Path]) -> dict:
     from ..download import sha256_file
 

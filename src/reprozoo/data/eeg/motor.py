@@ -189,21 +189,10 @@ def scan_folder(path: Path) -> list[dict]:
 
 
 def acquire(source: str, params: dict, raw_dir: Path, seed: int, path: str | None = None) -> dict:
-    raw_dir = Path(raw_dir)
-    if source == "offline":
-        return simulate(raw_dir, params, seed)
-    if source == "remote":
-        return fetch_remote(raw_dir, params)
-    if source == "path":
-        folder = common.user_folder(NAME, path)
-        records = scan_folder(folder)
-        if not records:
-            raise DatasetError(f"dataset '{NAME}': config key 'data.paths.{NAME}' = '{path}' holds no EDF/BDF/GDF "
-                               f"files (expected e.g. S001/S001R04.edf as in PhysioNet EEGMMIDB)")
-        common.write_index(raw_dir, records, folder=str(folder))
-        return {"version": "user", "path": str(folder),
-                "user_files": common.hash_user_files([Path(r["file"]) for r in records])}
-    raise DatasetError(f"dataset '{NAME}': unknown source '{source}'")
+    return common.acquire_by_source(
+        NAME, source, raw_dir, simulate=lambda d: simulate(d, params, seed),
+        fetch_remote=lambda d: fetch_remote(d, params), folder_reader=scan_folder, path=path,
+        empty_hint="EDF/BDF/GDF files, e.g. S001/S001R04.edf as in PhysioNet EEGMMIDB")
 
 
 # --- preprocess ------------------------------------------------------------------------------
@@ -324,11 +313,8 @@ def preview(out_dir: Path, png: Path) -> None:
         ax.axis("off")
     else:
         ax.set_visible(False)
-    fig.suptitle(f"{NAME}: {len(d.X)} epochs, {d.epochs['subject'].nunique()} subjects, "
-                 f"{len(d.ch_names)} ch, {d.sfreq:g} Hz")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    common.save_preview(fig, png, f"{NAME}: {len(d.X)} epochs, {d.epochs['subject'].nunique()} subjects, "
+                                  f"{len(d.ch_names)} ch, {d.sfreq:g} Hz")
 
 
 def load(out_dir: Path | str) -> EEGData:

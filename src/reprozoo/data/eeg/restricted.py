@@ -354,11 +354,8 @@ def preview(out_dir: Path, png: Path) -> None:
     ax.set_ylabel("uV^2/Hz")
     ax.set_title("power by label (mean over channels)")
     ax.legend(fontsize=7)
-    fig.suptitle(f"{NAME} ({d.meta.get('format', '?')}): {len(d.X)} epochs, {d.epochs['subject'].nunique()} "
+    common.save_preview(fig, png, f"{NAME} ({d.meta.get('format', '?')}): {len(d.X)} epochs, {d.epochs['subject'].nunique()} "
                  f"subjects, {len(d.ch_names)} ch, {d.sfreq:g} Hz")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
 
 
 def load(out_dir: Path | str) -> EEGData:

@@ -298,22 +298,12 @@ def scan_folder(folder: Path) -> list[dict]:
 
 
 def acquire(source: str, params: dict, raw_dir: Path, seed: int, path: str | None = None) -> dict:
-    raw_dir = Path(raw_dir)
-    if source == "offline":
-        return simulate(raw_dir, params, seed)
-    if source == "remote":
-        return fetch_remote(raw_dir, params)
-    if source == "path":
-        folder = common.user_folder(NAME, path)
-        records = scan_folder(folder)
-        if not records:
-            raise DatasetError(f"dataset '{NAME}': config key 'data.paths.{NAME}' = '{path}' holds no "
-                               f"*-PSG.edf / *-Hypnogram.edf pairs (Sleep-EDF naming, e.g. SC4001E0-PSG.edf + "
-                               f"SC4001EC-Hypnogram.edf)")
-        common.write_index(raw_dir, records, folder=str(folder))
-        files = [Path(r[k]) for r in records for k in ("psg", "hypnogram")]
-        return {"version": "user", "path": str(folder), "user_files": common.hash_user_files(files)}
-    raise DatasetError(f"dataset '{NAME}': unknown source '{source}'")
+    return common.acquire_by_source(
+        NAME, source, raw_dir, simulate=lambda d: simulate(d, params, seed),
+        fetch_remote=lambda d: fetch_remote(d, params), folder_reader=scan_folder, path=path,
+        empty_hint="*-PSG.edf / *-Hypnogram.edf pairs, Sleep-EDF naming, e.g. SC4001E0-PSG.edf + "
+                   "SC4001EC-Hypnogram.edf",
+        files_of=lambda r: [Path(r["psg"]), Path(r["hypnogram"])])
 
 
 # --- preprocess ------------------------------------------------------------------------------
@@ -477,11 +467,8 @@ def preview(out_dir: Path, png: Path) -> None:
         ax.set_title("respiration rate by stage")
     else:
         ax.set_visible(False)
-    fig.suptitle(f"{NAME}: {len(d.X)} epochs of 30 s, {ep['subject'].nunique()} subjects, "
-                 f"{len(d.ch_names)} ch, {d.sfreq:g} Hz")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    common.save_preview(fig, png, f"{NAME}: {len(d.X)} epochs of 30 s, {ep['subject'].nunique()} subjects, "
+                                  f"{len(d.ch_names)} ch, {d.sfreq:g} Hz")
 
 
 def load(out_dir: Path | str) -> EEGData:
