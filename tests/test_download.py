@@ -167,3 +167,18 @@ def test_default_deadline_and_timeout_is_an_accepted_dataset_param():
     assert spec.params(scale, {"timeout": 5})["timeout"] == 5
     with pytest.raises(registry.DatasetError, match="timeout"):  # the message lists it as allowed
         spec.params(scale, {"no_such_key": 1})
+
+
+def test_download_goes_through_pooch_with_a_progress_bar(tmp_path, capsys, monkeypatch):
+    import pooch
+
+    calls = []
+    real = pooch.HTTPDownloader.__call__
+    monkeypatch.setattr(pooch.HTTPDownloader, "__call__",
+                        lambda self, *a, **k: calls.append(self.progressbar) or real(self, *a, **k))
+    with serve() as (url, hits):
+        fetch(f"{url}/ok", tmp_path / "ok.bin", SHA)
+    assert len(calls) == 1 and calls[0] is not None
+    err = capsys.readouterr().err
+    assert "ok: 100%" in err and "1.10k/1.10k" in err   # the bar filled to the Content-Length
+    assert (tmp_path / "ok.bin").read_bytes() == BODY

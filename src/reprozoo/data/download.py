@@ -11,6 +11,8 @@ match; a mismatch or a broken connection removes the temporary file and raises
   single stalled read.
 - Only what retrying can fix is retried: timeouts, connection resets and truncated bodies, HTTP
   5xx (and 408/429). Any other HTTP error (a 404, a 403) fails at once, naming the URL and status.
+- The bytes are streamed by pooch's ``HTTPDownloader`` (requests underneath) with its tqdm
+  progress bar; truncated bodies are caught by urllib3's Content-Length check and retried.
 - A partial file left by a download that was killed (``.NAME.part-<pid>`` whose process is no
   longer alive on this machine) is removed when the next download of that file starts.
 """
@@ -20,8 +22,10 @@ import hashlib
 import http.client
 import os
 import re
+import socket
 import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -145,45 +149,82 @@ def fetch(url: str, dest: Path | str, sha256: str | None, retries: int = 3, time
     raise DownloadError(f"could not download {url} after {retries} attempts: {last}")
 
 
-def _set_sock_timeout(resp, seconds: float) -> None:
-    """Bound the next read on the response's socket (best effort: private attributes)."""
-    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
-    if sock is not None:
-        try:
-            sock.settimeout(max(seconds, 0.01))
-        except OSError:
-            pass
+class _DeadlineFile:
+    """The file pooch's downloader writes into: counts bytes and refuses to go past the deadline."""
+
+    def __init__(self, fh, left):
+        self.fh, self.left, self.n = fh, left, 0
+
+    def write(self, block: bytes) -> int:
+        self.left()
+        self.n += len(block)
+        return self.fh.write(block)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _progress(url: str):
+    """A byte progress bar for the download (tqdm, as pooch draws it): redrawn every second at a
+    terminal, every 10 s in a job log so that a long download shows it is alive without flooding."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    # total=1, not 0: pooch tests the bar's truth value, and an empty tqdm is falsy; pooch sets the
+    # real total from Content-Length
+    return tqdm(total=1, unit="B", unit_scale=True, ncols=79, leave=True, file=sys.stderr, ascii=not tty,
+                desc=url.rsplit("/", 1)[-1][:24], mininterval=1.0 if tty else 10.0)
 
 
 def _stream(url: str, tmp: Path, deadline: float, timeout: float, read_timeout: float) -> None:
+    """Stream ``url`` into ``tmp`` through pooch's HTTP downloader (requests, its progress bar).
+
+    A read that trickles never trips a per-read timeout, so a watchdog closes the connection when
+    the file's deadline passes; the blocked read then fails and the failure is reported as the
+    deadline."""
+    import pooch
+    import requests
+
     def left() -> float:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _Deadline(f"{n} bytes after {timeout:g} s")
+            raise _Deadline(f"{out.n if out else 0} bytes after {timeout:g} s")
         return remaining
 
-    n = 0
-    opener_timeout = min(read_timeout, left())
-    try:
-        resp = urllib.request.urlopen(url, timeout=opener_timeout)  # noqa: S310 - URLs come from pinned catalogues
-    except (TimeoutError, urllib.error.URLError) as exc:
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, TimeoutError) and deadline - time.monotonic() <= 0:
-            raise _Deadline(f"no answer within {timeout:g} s") from exc
-        raise
-    with resp:
-        expected = resp.headers.get("Content-Length")
-        with open(tmp, "wb") as fh:
-            while True:
-                _set_sock_timeout(resp, min(read_timeout, left()))
+    out = None
+    watchdog: list[threading.Timer] = []
+
+    def arm(response, *args, **kwargs):
+        sock = getattr(getattr(getattr(getattr(response.raw, "_fp", None), "fp", None), "raw", None), "_sock", None)
+        if sock is not None:
+            def cut():
                 try:
-                    block = resp.read1(1 << 20)  # returns what one read gave: the deadline is checked often
-                except TimeoutError:
-                    left()  # the deadline passed during the read: say so
-                    raise
-                if not block:
-                    break
-                fh.write(block)
-                n += len(block)
-        if expected is not None and n != int(expected):
-            raise ConnectionError(f"truncated download: {n} of {expected} bytes")
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            timer = threading.Timer(max(deadline - time.monotonic(), 0.0), cut)
+            timer.daemon = True
+            timer.start()
+            watchdog.append(timer)
+        return response
+
+    left()
+    bar = _progress(url)
+    downloader = pooch.HTTPDownloader(progressbar=bar, chunk_size=1 << 16,
+                                      timeout=min(read_timeout, left()), hooks={"response": arm})
+    try:
+        with open(tmp, "wb") as fh:
+            out = _DeadlineFile(fh, left)
+            downloader(url, out, None)
+    except requests.HTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else 0
+        raise urllib.error.HTTPError(url, status, exc.response.reason if exc.response is not None else "",
+                                     None, None) from exc
+    except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+        if deadline - time.monotonic() <= 0:
+            raise _Deadline(f"{out.n if out else 0} bytes after {timeout:g} s") from exc
+        raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        for timer in watchdog:
+            timer.cancel()
+        bar.close()
