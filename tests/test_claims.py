@@ -95,3 +95,4 @@ def test_claim_on_a_variant_not_run_is_not_measured():
     out = {x["id"]: x for x in verify(c, _seeds([0.2, 0.3, 0.25]), selected_variants=["a"])}
     assert out["c"]["verdict"] == "not measured" and out["c"]["missing_variants"] == ["b"]
     assert out["d"]["verdict"] == "holds"
+

@@ -252,3 +252,49 @@ def test_a_killed_attempt_carries_its_attempt_tag(tmp_path, monkeypatch):
     assert started["run_tags"]["attempt"] == "2" and started["run_tags"]["mem_mb"] == "4000"
     failed = json.loads((out.parent / tracking.PENDING).read_text())
     assert failed["status"] == "FAILED" and failed["run_tags"]["attempt"] == "2"
+
+
+def test_experiment_links_read_a_real_sqlite_store_without_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from reprozoo.tracking import experiment_links
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id = MlflowClient(tracking_uri=uri).create_experiment("rex")
+    links = experiment_links(["rex", "ldr"], uri)
+    assert links == {"rex": f"http://127.0.0.1:5000/#/experiments/{exp_id}?workflowType=machine_learning"}
+    assert experiment_links(["rex"], f"sqlite:///{tmp_path / 'absent.db'}") == {}
+
+
+def test_experiment_links_ask_a_tracking_server_by_name():
+    import http.server
+    import json as _json
+    import threading
+
+    from reprozoo.tracking import experiment_links
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            if "experiment_name=rex" in self.path:
+                body = _json.dumps({"experiment": {"experiment_id": "7", "name": "rex"}}).encode()
+                self.send_response(200)
+            else:
+                body = b'{"error_code": "RESOURCE_DOES_NOT_EXIST"}'
+                self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        links = experiment_links(["rex", "ldr"], base)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert links == {"rex": f"{base}/#/experiments/7?workflowType=machine_learning"}

@@ -14,6 +14,7 @@ rule report:
     params:
         scale=SCALE,
         complete=PLAN.is_complete,
+        tracking_uri=TRACKING.get("uri"),
     log:
         f"{REPORT_DIR}logs/report.log",
     benchmark:

@@ -47,9 +47,13 @@ def curve_plot(table: pd.DataFrame, metric: str, path: Path, logx: bool = False,
 
 def generic_plots(table: pd.DataFrame, plots_dir: Path, spec, only=None) -> None:
     """One figure per curve metric (unless the method drew it) and a bar chart of scalars.
-    ``only``: the curve metrics to draw (a method's ``GENERIC_CURVES``; default: all), for methods
-    that record raw arrays as curves that no reader wants as a figure."""
+
+    ``only``: a method's ``GENERIC_CURVES``, the curve metrics to draw (default: all), for methods
+    that record raw arrays as curves that no reader wants as a figure. As a dict it also names the
+    axes, ``{"val_loss": ("training step", "validation MSE")}``, so that the figure has units; a
+    list (or no declaration) leaves the x axis labelled by the metric's name only."""
     curves = table[table.x.notna()]
+    axes = dict(only) if isinstance(only, dict) else {}
     for metric in sorted(curves.metric.unique()):
         if only is not None and metric not in set(only):
             continue
@@ -58,7 +62,8 @@ def generic_plots(table: pd.DataFrame, plots_dir: Path, spec, only=None) -> None
             continue
         vals = curves[curves.metric == metric].value
         logy = bool((vals > 0).all() and vals.max() / max(vals.min(), 1e-300) > 100)
-        curve_plot(curves, metric, out, logy=logy)
+        xlabel, ylabel = axes.get(metric, (f"x of {metric}", metric))
+        curve_plot(curves, metric, out, logy=logy, xlabel=xlabel, ylabel=ylabel)
     scalars = table[table.x.isna() & (table.metric != "wall_seconds")]
     if scalars.empty:
         return

@@ -152,7 +152,8 @@ def _datasets_html(data: dict, claims_file: Path) -> list[str]:
     return out
 
 
-def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
+def html_page(df: pd.DataFrame, claims_files: list[Path], links: dict[str, str] | None = None) -> str:
+    """The report; ``links`` maps a method (its MLflow experiment) to its runs in the MLflow UI."""
     import json as _json
 
     prov = _provenance(claims_files)
@@ -183,8 +184,8 @@ def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
     for f, data in datas:
         parts.append(f"<h2 id='{html.escape(data['method'])}'>{html.escape(data['method'])}: {html.escape(data['title'])}</h2>")
         parts.append(f"<p>{html.escape(data['paper'])}; scale <code>{data['scale']}</code>; "
-                     f"seeds {data['seeds']}; variants {', '.join(data['variants'])}; MLflow experiment "
-                     f"<code>{html.escape(data['method'])}</code></p>")
+                     f"seeds {data['seeds']}; variants {', '.join(data['variants'])}; "
+                     + _runs_link(data["method"], (links or {}).get(data["method"])) + "</p>")
         parts.append("<table><tr><th>claim</th><th>measured</th><th>threshold</th><th>paper</th>"
                      "<th>verdict</th></tr>")
         for c in data["claims"]:
@@ -201,11 +202,22 @@ def html_page(df: pd.DataFrame, claims_files: list[Path]) -> str:
     return "\n".join(parts)
 
 
+def _runs_link(method: str, url: str | None) -> str:
+    if url:
+        return (f"<a href='{html.escape(url)}'>its runs in MLflow</a> (experiment <code>{html.escape(method)}"
+                "</code>; the link opens while <code>reprozoo ui</code> or the tracking server runs)")
+    return (f"MLflow experiment <code>{html.escape(method)}</code> (logged at the end of this invocation; "
+            "open with <code>reprozoo ui</code>, or rebuild the report for a direct link)")
+
+
 def build_report(claims_files: list[Path], tables: list[Path], summary_md: Path, summary_parquet: Path,
-                 html_path: Path) -> pd.DataFrame:
+                 html_path: Path, tracking_uri: str | None = None) -> pd.DataFrame:
+    from .tracking import experiment_links
+
     df = summary_table(claims_files)
+    links = experiment_links([read_json(f)["method"] for f in claims_files], tracking_uri)
     with atomic_path(summary_parquet) as tmp:
         df.to_parquet(tmp, index=False)
     atomic_write_text(summary_md, markdown(df))
-    atomic_write_text(html_path, html_page(df, claims_files))
+    atomic_write_text(html_path, html_page(df, claims_files, links))
     return df

@@ -338,7 +338,8 @@ def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], me
 
 
 def report(claims_files: list[Path], tables: list[Path], summary_md: Path, summary_parquet: Path,
-           html: Path, scale: str | None = None, complete: bool = False) -> None:
+           html: Path, scale: str | None = None, complete: bool = False,
+           tracking_uri: str | None = None) -> None:
     """The scale's summary. A complete run also lists every other method whose complete results
     already sit in ``results/<scale>/`` (so ``methods=[rex]`` does not drop the rest)."""
     from .report import build_report
@@ -348,7 +349,8 @@ def report(claims_files: list[Path], tables: list[Path], summary_md: Path, summa
         root = Path(summary_md).parent
         ran = {f.resolve() for f in files}
         files += sorted(f for f in root.glob("*/claims.json") if f.resolve() not in ran)
-    build_report(files, [Path(p) for p in tables], Path(summary_md), Path(summary_parquet), Path(html))
+    build_report(files, [Path(p) for p in tables], Path(summary_md), Path(summary_parquet), Path(html),
+                 tracking_uri=tracking_uri)
 
 
 # --- Snakemake entry point --------------------------------------------------------------------
@@ -478,7 +480,8 @@ def _dispatch(sm: Any, rule: str, w, p, log: str | None, attempt: int) -> None:
                    list(p.variants), [int(s) for s in p.seeds], dict(p.config))
         elif rule == "report":
             report(list(sm.input.claims), list(sm.input.tables), Path(sm.output.md), Path(sm.output.parquet),
-                   Path(sm.output.html), scale=p.scale, complete=bool(p.complete))
+                   Path(sm.output.html), scale=p.scale, complete=bool(p.complete),
+                   tracking_uri=getattr(p, "tracking_uri", None))
         elif rule == "noop":  # benchmarks/bench_overhead.py: the platform's own cost per job
             Path(sm.output[0]).write_text("{}")
         elif rule == "noop_tracked":  # the same plus one MLflow run with a metric (tracking cost per job)

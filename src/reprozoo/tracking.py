@@ -654,3 +654,48 @@ def rebuild(results: Path, uri: str, retries: int = 3) -> int:
         if saved:
             os.environ[INVOCATION_ENV] = saved
     return n
+
+
+UI_BASE = "http://127.0.0.1:5000"  # where ``reprozoo ui`` serves the embedded store by default
+
+
+def experiment_links(names: list[str], uri: str | None = None, ui_base: str = UI_BASE,
+                     timeout_s: float = 2.0) -> dict[str, str]:
+    """MLflow UI links to the experiments that exist, by name, without importing MLflow.
+
+    A SQLite store is read directly (read-only); a tracking server is asked through its REST API
+    (bounded by ``timeout_s``) and its own address is the UI. Experiments not created yet (a first
+    run with deferred tracking logs them at the end of the invocation) get no link."""
+    import sqlite3
+    import urllib.parse
+    import urllib.request
+
+    uri = resolve_uri(uri)
+    found: dict[str, str] = {}
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.exists():
+            return {}
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout_s)
+            try:
+                rows = con.execute("SELECT experiment_id, name FROM experiments WHERE lifecycle_stage = 'active'").fetchall()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return {}
+        found = {name: str(i) for i, name in rows if name in set(names)}
+        base = ui_base
+    elif uri.startswith(("http://", "https://")):
+        base = uri.rstrip("/")
+        for name in names:
+            q = urllib.parse.urlencode({"experiment_name": name})
+            try:
+                with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?{q}",
+                                            timeout=timeout_s) as resp:
+                    found[name] = str(json.loads(resp.read())["experiment"]["experiment_id"])
+            except Exception:  # noqa: BLE001 - no link is the answer to any failure here
+                continue
+    else:
+        return {}
+    return {name: f"{base}/#/experiments/{i}?workflowType=machine_learning" for name, i in found.items()}
