@@ -1,0 +1,1 @@
+"""ECG-R1 in miniature: protocol-grounded ECG reports, modality dropout and evidence-reward RL."""

@@ -1,0 +1,252 @@
+"""EEG signatures of humans verifying MLLM hallucinations, in miniature: the ERP pipeline validated
+on a simulated 27-participant study with planted effects.
+
+Stages
+1. ``train_shared`` (per seed): one mne forward model (sphere head, 19 electrodes of the 10-20
+   system, planted dipoles jittered per subject), then two studies drawn with it
+   (:mod:`.study`): ``planted`` (detected hallucinations carry a larger N400 at ``n400_ms`` and
+   P600 at ``p600_ms``; missed hallucinations are like correct content) and ``null`` (no condition
+   effect at all). Each subject's continuous EEG goes through mne: average reference, FIR
+   band-pass ``l_freq``-``h_freq`` Hz, epochs ``tmin``..``tmax`` s with baseline correction and
+   peak-to-peak rejection at ``reject_uv`` uV, evoked averages per condition. Saved: evoked
+   averages (V), single trials binned to ``bin_s`` for decoding, the truth of the planted effects.
+2. ``train`` (per variant): group statistics (:mod:`.erp_stats`) over the post-stimulus window
+   0..``tmax`` s and leave-one-subject-out decoding (:mod:`.decoding`).
+
+Variants
+* ``erp_pipeline`` (method): planted study; spatio-temporal cluster permutation tests of
+  detected - correct (recover N400/P600 latency and electrode), missed - correct and
+  detected - missed; xDAWN + logistic regression decoding of detected vs correct.
+* ``null_study`` (baseline): the same pipeline on the null study, on ``1 + n_shuffles`` null
+  contrasts (true labels and within-subject label shuffles): its false-positive rate.
+* ``uncorrected`` (baseline): pointwise paired t-tests at ``alpha``, no multiple-comparison
+  correction, on the same null contrasts: what the cluster correction buys.
+* ``raw_lr`` (baseline): decoding without the xDAWN spatial filter (same features, folds, C).
+
+Units: latencies ms, amplitudes uV (evoked stored in V), AUC and balanced accuracy in [0, 1].
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+CONTRASTS = {"detected_vs_correct": ("detected", "correct"), "missed_vs_correct": ("missed", "correct"),
+             "detected_vs_missed": ("detected", "missed")}
+GENERIC_CURVES: list[str] = []  # every figure is drawn by plot()
+
+
+def _study_params(p: dict) -> dict:
+    return {k: p[k] for k in ("sfreq", "n_subjects", "n_trials", "soa_s", "subj_lat_sd_ms", "trial_lat_sd_ms",
+                              "n400_ms", "p600_ms", "effect_uv", "effect_sd_uv", "background_uv", "white_uv",
+                              "drift_uv", "blink_rate", "l_freq", "h_freq", "tmin", "tmax", "reject_uv")}
+
+
+def train_shared(ctx) -> None:
+    """One forward model per seed; the planted and the null study drawn with it."""
+    import mne
+
+    from reprozoo.data.eeg.simulate import TEN_TWENTY, head_model
+
+    from . import decoding, study
+
+    mne.set_log_level("ERROR")
+    p = _study_params(ctx.params)
+    rng = ctx.rng()
+    head = head_model(list(TEN_TWENTY), study.PLANTED, p["n_subjects"], rng)
+    for name, effect, n_shuf in (("planted", True, 0), ("null", False, int(ctx.params["n_shuffles"]))):
+        ctx.progress(f"simulating the {name} study ({p['n_subjects']} subjects)")
+        d = study.simulate_study(p, rng, head=head, effect=effect, n_shuffles=n_shuf)
+        Xb, tb = decoding.bin_time(d["trials"], d["times"], ctx.params["decode_tmin"], p["tmax"], ctx.params["bin_s"])
+        np.savez(Path(ctx.shared_dir) / f"{name}.npz", times=d["times"], trials=Xb.astype(np.float32), bin_times=tb,
+                 labels=d["labels"], groups=d["groups"], shuffled=d["shuffled"],
+                 **{f"evoked_{c}": v for c, v in d["evoked"].items()})
+        meta = {k: d[k] for k in ("ch_names", "sfreq", "truth", "n_rejected", "n_blinks", "n_epochs")}
+        (Path(ctx.shared_dir) / f"{name}.json").write_text(json.dumps(meta, indent=1))
+    if ctx.params.get("data_path"):  # paper scale: the released recordings, same pipeline
+        from . import real_data
+
+        ctx.progress(f"reading the released study from {ctx.params['data_path']}")
+        d = real_data.load_study(ctx.params["data_path"], {**p, "event_map": ctx.params.get("event_map")})
+        Xb, tb = decoding.bin_time(d["trials"], d["times"], ctx.params["decode_tmin"], p["tmax"], ctx.params["bin_s"])
+        np.savez(Path(ctx.shared_dir) / "real.npz", times=d["times"], trials=Xb.astype(np.float32), bin_times=tb,
+                 labels=d["labels"], groups=d["groups"], **{f"evoked_{c}": v for c, v in d["evoked"].items()})
+        (Path(ctx.shared_dir) / "real.json").write_text(json.dumps(
+            {"ch_names": d["ch_names"], "sfreq": d["sfreq"], "subjects": d["subjects"]}, indent=1))
+
+
+def _load(ctx, name: str):
+    d = dict(np.load(Path(ctx.shared_dir) / f"{name}.npz"))
+    meta = json.loads((Path(ctx.shared_dir) / f"{name}.json").read_text())
+    return d, meta
+
+
+def _post(d: dict):
+    post = d["times"] >= 0.0
+    return post, d["times"][post]
+
+
+def _contrast(d: dict, a: str, b: str, post) -> np.ndarray:
+    return (d[f"evoked_{a}"] - d[f"evoked_{b}"])[:, :, post] * 1e6  # (n_subj, n_ch, n_times) uV
+
+
+def _null_contrasts(d: dict, post) -> list[np.ndarray]:
+    """The null study's detected - correct, then each within-subject label shuffle."""
+    out = [_contrast(d, "detected", "correct", post)]
+    out += [(s[0] - s[1])[:, :, post] * 1e6 for s in d["shuffled"]]
+    return out
+
+
+def _record_erp(ctx, d, meta, res: dict, post) -> None:
+    """Curves for the figures: grand averages with 95 % t bands at each effect's peak electrode,
+    and the grand-average difference topography at its peak latency with the cluster's channels."""
+    from scipy import stats
+
+    ch = meta["ch_names"]
+    t_ms = d["times"] * 1e3
+    n = d["evoked_correct"].shape[0]
+    q = stats.t.ppf(0.975, n - 1)
+    ga_diff = _contrast(d, "detected", "correct", post).mean(0)
+    for k, r in res.items():
+        ci = ch.index(r["peak_ch"] or meta["truth"][k]["true_peak_ch"])
+        ctx.metrics.scalar(f"{k}_peak_ch_idx", ci)
+        for c in ("correct", "detected", "missed"):
+            e = d[f"evoked_{c}"][:, ci] * 1e6
+            ctx.metrics.curve(f"erp_{k}_{c}", t_ms, e.mean(0))
+            ctx.metrics.curve(f"erp_{k}_{c}_ci", t_ms, q * e.std(0, ddof=1) / np.sqrt(n))
+        lat = r["latency_ms"] if np.isfinite(r["latency_ms"]) else meta["truth"][k]["true_latency_ms"]
+        ti = int(np.argmin(np.abs(d["times"][post] * 1e3 - lat)))
+        ctx.metrics.curve(f"topo_{k}", range(len(ch)), ga_diff[:, ti])
+        mask = r["mask"][:, ti] if r["significant"] else np.zeros(len(ch), bool)
+        ctx.metrics.curve(f"topo_{k}_mask", range(len(ch)), mask.astype(float))
+        ctx.metrics.scalar(f"{k}_topo_latency_ms", d["times"][post][ti] * 1e3)
+
+
+def _cluster_recovery(ctx, d, meta, adj, post, tp) -> dict:
+    """detected - correct: the planted N400 (negative) and P600 (positive) clusters."""
+    from . import erp_stats
+
+    p = ctx.params
+    diff = _contrast(d, "detected", "correct", post)
+    clusters = erp_stats.cluster_test(diff, adj, p["n_permutations"], p["alpha"], ctx.seed)
+    ga = diff.mean(0)
+    res = {}
+    for k, sign in (("n400", -1.0), ("p600", 1.0)):
+        win = p[f"{k}_window_ms"]
+        r = erp_stats.recover(clusters, ga, tp, meta["ch_names"], sign, p["alpha"], window_ms=win)
+        truth = meta["truth"][k]
+        ctx.metrics.scalar(f"{k}_p", r["p"])
+        ctx.metrics.scalar(f"{k}_latency_ms", r["latency_ms"])
+        ctx.metrics.scalar(f"{k}_lat_err_ms", abs(r["latency_ms"] - truth["true_latency_ms"])
+                           if np.isfinite(r["latency_ms"]) else 1e3)
+        ctx.metrics.scalar(f"{k}_area_latency_ms", r["area_latency_ms"])
+        ctx.metrics.scalar(f"{k}_area_lat_err_ms", abs(r["area_latency_ms"] - truth["true_latency_ms"])
+                           if np.isfinite(r["area_latency_ms"]) else 1e3)
+        ctx.metrics.scalar(f"{k}_ch_hit", float(r["peak_ch"] == truth["true_peak_ch"]))
+        ctx.progress(f"{k}: p={r['p']:.3f} peak {r['latency_ms']:.1f} ms, 50% area {r['area_latency_ms']:.1f} ms "
+                     f"at {r['peak_ch']} "
+                     f"(planted {truth['true_latency_ms']:.0f} ms at {truth['true_peak_ch']})")
+        res[k] = r
+    return res
+
+
+def _fpr(ctx, contrasts, adj, tp, lat_ms, kind: str) -> None:
+    """False-positive rate over null contrasts: any significant finding, and one at a planted latency."""
+    from . import erp_stats
+
+    p = ctx.params
+    at_lat, anywhere = [], []
+    for i, diff in enumerate(contrasts):
+        if kind == "cluster":
+            cl = [c for c in erp_stats.cluster_test(diff, adj, p["n_permutations"], p["alpha"], ctx.seed * 100 + i)
+                  if c["p"] < p["alpha"]]
+            masks = [c["mask"] for c in cl]
+        else:
+            hits = erp_stats.uncorrected_hits(diff, p["alpha"])
+            masks = [hits] if hits.any() else []
+        anywhere.append(float(bool(masks)))
+        at_lat.append(float(any(erp_stats.covers(m, tp, lat_ms, p["latency_tol_ms"]) for m in masks)))
+    ctx.metrics.scalar("fpr_at_latency", np.mean(at_lat))
+    ctx.metrics.scalar("fpr_any", np.mean(anywhere))
+    ctx.metrics.scalar("n_null_contrasts", len(contrasts))
+    ctx.progress(f"{kind}: false positives at the planted latencies {np.mean(at_lat):.2f}, "
+                 f"anywhere {np.mean(anywhere):.2f} over {len(contrasts)} null contrasts")
+
+
+def _decode(ctx, d, kind: str, prefix: str = "") -> None:
+    from . import decoding
+
+    m = np.isin(d["labels"], [1, 2])  # 1 = correct, 2 = detected (study.CONDITIONS order)
+    r = decoding.loso(d["trials"][m], (d["labels"][m] == 2).astype(int), d["groups"][m], kind,
+                      n_components=ctx.params["xdawn_components"], C=ctx.params["C"])
+    ctx.metrics.scalar(f"{prefix}auc", r["auc"].mean())
+    ctx.metrics.scalar(f"{prefix}bacc", r["bacc"].mean())
+    ctx.metrics.curve(f"{prefix}auc_subject", r["subject"], r["auc"])
+    ctx.metrics.curve(f"{prefix}bacc_subject", r["subject"], r["bacc"])
+    ctx.progress(f"{kind} LOSO: AUC {r['auc'].mean():.3f}, balanced accuracy {r['bacc'].mean():.3f}")
+
+
+def _real_analysis(ctx) -> None:
+    """Paper scale: the same contrasts on the released recordings (no ground truth: p-values,
+    peak latencies and electrodes are reported, not scored)."""
+    from . import erp_stats
+
+    p = ctx.params
+    d, meta = _load(ctx, "real")
+    post, tp = _post(d)
+    adj = erp_stats.adjacency(meta["ch_names"], meta["sfreq"])
+    for cname, (a, b) in CONTRASTS.items():
+        diff = _contrast(d, a, b, post)
+        cl = erp_stats.cluster_test(diff, adj, p["n_permutations"], p["alpha"], ctx.seed)
+        ctx.metrics.scalar(f"real_{cname}_min_p", min([c["p"] for c in cl], default=1.0))
+        if cname == "detected_vs_correct":
+            for k, sign in (("n400", -1.0), ("p600", 1.0)):
+                r = erp_stats.recover(cl, diff.mean(0), tp, meta["ch_names"], sign, p["alpha"],
+                                      window_ms=p[f"{k}_window_ms"])
+                ctx.metrics.scalar(f"real_{k}_p", r["p"])
+                ctx.metrics.scalar(f"real_{k}_area_latency_ms", r["area_latency_ms"])
+    _decode(ctx, d, "xdawn", prefix="real_")
+
+
+def train(ctx) -> None:
+    import mne
+
+    from . import erp_stats
+
+    mne.set_log_level("ERROR")
+    p = ctx.params
+    v = ctx.variant
+    name = "null" if v in ("null_study", "uncorrected") else "planted"
+    d, meta = _load(ctx, name)
+    post, tp = _post(d)
+    adj = erp_stats.adjacency(meta["ch_names"], meta["sfreq"])
+    lat_ms = [meta["truth"][k]["true_latency_ms"] for k in ("n400", "p600")]
+    ctx.metrics.scalar("rejected_frac", meta["n_rejected"] / (meta["n_epochs"] + meta["n_rejected"]))
+    if v == "erp_pipeline":
+        res = _cluster_recovery(ctx, d, meta, adj, post, tp)
+        for cname in ("missed_vs_correct", "detected_vs_missed"):
+            a, b = CONTRASTS[cname]
+            cl = erp_stats.cluster_test(_contrast(d, a, b, post), adj, p["n_permutations"], p["alpha"], ctx.seed)
+            ctx.metrics.scalar(f"{cname}_min_p", min([c["p"] for c in cl], default=1.0))
+        _record_erp(ctx, d, meta, res, post)
+        _decode(ctx, d, "xdawn")
+        if (Path(ctx.shared_dir) / "real.npz").exists():
+            _real_analysis(ctx)
+    elif v == "null_study":
+        res = _cluster_recovery(ctx, d, meta, adj, post, tp)  # same analysis, nothing planted
+        _record_erp(ctx, d, meta, res, post)
+        _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "cluster")
+        _decode(ctx, d, "xdawn")
+    elif v == "uncorrected":
+        _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "uncorrected")
+    elif v == "raw_lr":
+        _decode(ctx, d, "raw")
+    else:
+        raise ValueError(f"unknown variant {v!r}: erp_pipeline, null_study, uncorrected, raw_lr")
+
+
+def plot(table, plots_dir, params) -> None:
+    from .plots import plot_all
+
+    plot_all(table, Path(plots_dir), params)

@@ -1,0 +1,1 @@
+"""EvoDiverse: parallel-tempering evolutionary hypothesis search (equation discovery, circle packing)."""

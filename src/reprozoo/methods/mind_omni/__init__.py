@@ -1,0 +1,1 @@
+"""Mind-Omni: unified brain encoding / decoding with masked discrete diffusion, in miniature."""

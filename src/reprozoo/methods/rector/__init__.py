@@ -1,0 +1,1 @@
+"""RECTOR: masked region-channel-temporal modelling for EEG (hierarchical attention, adaptive partitions)."""

@@ -1,0 +1,1 @@
+"""Synthesising sleep EEG from respiration: breathing -> discrete multitaper-spectrogram tokens."""

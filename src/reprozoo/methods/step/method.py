@@ -1,0 +1,296 @@
+"""Step (selective token-guided expert pruning) against frequency and REAP pruning, in miniature.
+
+Stages and units:
+
+* ``train_shared`` (per seed): a Qwen3-MoE language model (transformers' own modelling code,
+  random initialisation; ``moe.py``) trained from scratch on the bytes of the Python standard
+  library's source (``corpus.py``; train files disjoint from held-out files). AdamW, warm-up +
+  cosine schedule, the library's router load-balancing loss; training and held-out loss in nats
+  per byte are recorded. At ``paper`` scale the pretrained Qwen3-30B-A3B is loaded instead (no
+  training), through the same code path.
+* ``train`` (per variant x seed): score every expert on the same calibration batches (from the
+  training files) with the variant's rule, prune a fraction s in {25, 50, 75} % of the experts of
+  every layer, optionally re-fit the kept experts (knowledge preservation), and measure IN THE SAME
+  CELL: held-out byte perplexity of the dense and every pruned model; weight memory (bytes of all
+  parameters; expert parameters alone); forward throughput in tokens / s of the dense and the 50 %
+  model, interleaved repeats, median; pruning wall time (scoring + removal + re-fit, s).
+
+Variants (identical model, calibration tokens, held-out tokens and sparsities; ``pruning.py``):
+
+* ``step`` (method): token-selective (highest-loss tokens), loss-aware (first-order loss change of
+  each expert's removal, with re-routing) scores, then the knowledge-preserving re-fit;
+* ``step_nokp`` (ablation): Step's scores without the re-fit: what the scoring alone does;
+* ``reap`` (baseline): router weight x activation norm (REAP), no re-fit;
+* ``reap_kp`` (ablation): REAP's scores followed by the same re-fit as Step: separates Step's
+  scoring from our re-fit;
+* ``frequency`` (baseline): how often the router selects each expert, no re-fit.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import corpus
+
+VARIANTS = {  # variant -> (scoring rule, knowledge-preserving re-fit)
+    "step": ("step", True),
+    "step_nokp": ("step", False),
+    "reap": ("reap", False),
+    "reap_kp": ("reap", True),
+    "frequency": ("frequency", False),
+}
+GENERIC_CURVES = ["train_loss", "heldout_loss"]
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+def token_streams(p: dict):
+    """(train, heldout) token id streams: bytes at miniature scale; the model's tokenizer at paper scale."""
+    train, held = corpus.byte_split(p["data"].get("max_files"), p["data"]["heldout_every"], p["data"].get("max_bytes"))
+    if p["model"].get("pretrained"):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(p["model"]["pretrained"])
+        enc = lambda b: np.asarray(tok(b.tobytes().decode("utf-8", "replace"))["input_ids"], np.int64)
+        return enc(train), enc(held)
+    return train, held
+
+
+def as_batches(ids: np.ndarray, batch: int, device: str) -> list:
+    import torch
+
+    return [torch.as_tensor(ids[i:i + batch], device=device) for i in range(0, len(ids), batch)]
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+def load_model(p: dict, shared_dir: Path, device: str):
+    import torch
+
+    from . import moe
+
+    if p["model"].get("pretrained"):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(p["model"]["pretrained"], dtype=getattr(torch, p.get("dtype", "bfloat16")),
+                                                    device_map=device)
+    model = moe.build_model(p["model"], 0)
+    model.load_state_dict(torch.load(shared_dir / "model.pt", weights_only=True))
+    return model.to(device)
+
+
+def mean_nll(model, batches) -> float:
+    """Held-out loss in nats per token (byte at miniature scale), averaged over every target."""
+    import torch
+
+    from .pruning import token_nll
+
+    model.eval()
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for ids in batches:
+            nll = token_nll(model(input_ids=ids).logits, ids)[:, :-1]
+            tot += float(nll.sum())
+            n += nll.numel()
+    return tot / n
+
+
+def train_shared(ctx) -> None:
+    import torch
+
+    from reprozoo.runtime import seed_everything
+
+    from . import moe
+
+    p = ctx.params
+    seed_everything(ctx.seed, ctx.threads)
+    if p["model"].get("pretrained"):
+        ctx.progress(f"paper scale: pretrained {p['model']['pretrained']}, no training")
+        return
+    train, held = token_streams(p)
+    t = p["train"]
+    L = p["model"]["seq_len"]
+    model = moe.build_model(p["model"], ctx.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"], betas=(0.9, 0.95))
+    warm = t["warmup"]
+    # linear warm-up, then cosine decay to 10 % of the peak rate
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / t["steps"])))))
+    val = as_batches(corpus.windows(held, t["val_windows"], L, None), t["batch"], "cpu")
+    rng = ctx.rng(1)
+    steps, losses, vsteps, vlosses = [], [], [], []
+    t0 = time.perf_counter()
+    for step in range(t["steps"]):
+        model.train()
+        ids = torch.as_tensor(corpus.windows(train, t["batch"], L, rng))
+        out = model(input_ids=ids, labels=ids, output_router_logits=True)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % t["log_every"] == 0 or step == t["steps"] - 1:
+            steps.append(step)
+            losses.append(float(out.loss.detach()))
+        if step % t["eval_every"] == 0 or step == t["steps"] - 1:
+            vsteps.append(step)
+            vlosses.append(mean_nll(model, val))
+            ctx.progress(f"step {step}: train {losses[-1]:.3f}, held-out {vlosses[-1]:.3f} nats/byte")
+    train_s = time.perf_counter() - t0
+    torch.save(model.state_dict(), ctx.shared_dir / "model.pt")
+    (ctx.shared_dir / "train.json").write_text(json.dumps({"train_seconds": train_s}))
+    ctx.metrics.curve("train_loss", steps, losses)
+    ctx.metrics.curve("heldout_loss", vsteps, vlosses)
+    # flatness of the held-out curve: change in nats/byte per 100 steps over the last third
+    k = max(2, len(vsteps) // 3)
+    ctx.metrics.scalar("heldout_slope_per_100_steps", 100 * float(np.polyfit(vsteps[-k:], vlosses[-k:], 1)[0]))
+    ctx.metrics.scalar("train_seconds", train_s)
+
+
+# --- one pruning variant ---------------------------------------------------------------------------
+
+def tokens_per_second(models: list, ids, repeats: int) -> list[float]:
+    """Forward throughput of each model on the same batch, repeats interleaved (so a slow moment of
+    the machine hits every model alike), median over repeats after one warm-up pass each."""
+    import torch
+
+    times = [[] for _ in models]
+    with torch.no_grad():
+        for m in models:
+            m.eval()
+            m(input_ids=ids)
+        for _ in range(repeats):
+            for i, m in enumerate(models):
+                t0 = time.perf_counter()
+                m(input_ids=ids)
+                if ids.is_cuda:
+                    torch.cuda.synchronize()
+                times[i].append(time.perf_counter() - t0)
+    return [ids.numel() / float(np.median(ts)) for ts in times]
+
+
+def train(ctx) -> None:
+    import torch
+
+    from reprozoo.runtime import seed_everything
+
+    from . import moe, pruning
+
+    p = ctx.params
+    rule, refit = VARIANTS[ctx.variant]
+    seed_everything(ctx.seed, ctx.threads)
+    dev = p.get("device", "cpu")
+    L = p["model"]["seq_len"]
+    train_ids, held = token_streams(p)
+    c = p["calibration"]
+    calib = as_batches(corpus.windows(train_ids, c["windows"], L, ctx.rng(2)), c["batch"], dev)
+    held_b = as_batches(corpus.windows(held, p["eval"]["windows"], L, None), p["eval"]["batch"], dev)
+    dense = load_model(p, ctx.shared_dir, dev)
+
+    dense_nll = mean_nll(dense, held_b)
+    ctx.metrics.scalar("ppl_dense", math.exp(dense_nll))
+    dense_bytes, dense_expert = moe.param_bytes(dense), moe.expert_param_count(dense)
+
+    t0 = time.perf_counter()
+    scores, usage = pruning.expert_scores(dense, calib, rule, c["token_frac"])
+    score_s = time.perf_counter() - t0
+    usage_frac = torch.cat([u / u.sum() for u in usage]).tolist()
+    ctx.metrics.curve("expert_usage", range(len(usage_frac)), usage_frac)
+
+    ppl = [math.exp(dense_nll)]
+    pruned50 = None
+    for s in p["sparsities"]:
+        t1 = time.perf_counter()
+        model = pruning.prune(dense, pruning.keep_sets(scores, s))
+        if refit:
+            pruning.preserve_knowledge(model, dense, calib, p["refit"]["ridge"], p["refit"].get("max_joint", 8192))
+        prune_s = score_s + time.perf_counter() - t1
+        ppl.append(math.exp(mean_nll(model, held_b)))
+        tag = f"{int(round(100 * s))}"
+        ctx.metrics.scalar(f"ppl{tag}", ppl[-1])
+        ctx.metrics.scalar(f"mem_ratio{tag}", moe.param_bytes(model) / dense_bytes)
+        ctx.metrics.scalar(f"expert_mem_ratio{tag}", moe.expert_param_count(model) / dense_expert)
+        if abs(s - 0.5) < 1e-9:
+            pruned50 = model
+            ctx.metrics.scalar("prune_seconds50", prune_s)
+        ctx.progress(f"sparsity {s:.2f}: ppl {ppl[-1]:.3f} (dense {ppl[0]:.3f}), pruning {prune_s:.2f} s")
+    ctx.metrics.curve("ppl_vs_sparsity", [0.0] + [100 * s for s in p["sparsities"]], ppl)
+    ctx.metrics.scalar("ppl_ratio50", ctx.metrics.scalars["ppl50"] / ppl[0])
+
+    tp = p["throughput"]
+    ids = torch.as_tensor(corpus.windows(held, tp["batch"], L, None), device=dev)
+    # the first implementation is the claim's (the library's default); the others are recorded
+    # beside it, e.g. the per-expert loop whose cost grows with the number of experts hit
+    for k, impl in enumerate(tp["implementations"]):
+        for m in (dense, pruned50):
+            m.config._experts_implementation = impl
+        tps_dense, tps50 = tokens_per_second([dense, pruned50], ids, tp["repeats"])
+        sfx = "" if k == 0 else f"_{impl}"
+        ctx.metrics.scalar(f"tps_dense{sfx}", tps_dense)
+        ctx.metrics.scalar(f"tps50{sfx}", tps50)
+        ctx.metrics.scalar(f"tps_ratio50{sfx}", tps50 / tps_dense)
+    shared = ctx.shared_dir / "train.json"
+    if shared.exists():
+        ctx.metrics.scalar("prune_over_train_time", ctx.metrics.scalars["prune_seconds50"]
+                           / json.loads(shared.read_text())["train_seconds"])
+
+
+# --- plots -----------------------------------------------------------------------------------------
+
+RULE_STYLE = {"step": ("C0", "-"), "step_nokp": ("C0", "--"), "reap": ("C1", "-"), "reap_kp": ("C1", "--"),
+              "frequency": ("C2", "-")}
+
+
+def plot(table, plots_dir: Path, params: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots_dir = Path(plots_dir)
+    cur = table[table.metric == "ppl_vs_sparsity"]
+    if len(cur):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for v, g in cur.groupby("variant"):
+            piv = g.pivot_table(index="x", columns="seed", values="value")
+            m, lo, hi = piv.mean(1), piv.min(1), piv.max(1)
+            col, ls = RULE_STYLE.get(v, ("k", ":"))
+            ax.plot(piv.index, m, ls, color=col, marker="o", label=v)
+            ax.fill_between(piv.index, lo, hi, color=col, alpha=0.15)
+        ax.set_yscale("log")
+        ax.set_xlabel("expert sparsity (% of experts removed per layer)")
+        ax.set_ylabel("held-out perplexity (per byte)")
+        ax.set_title("Which pruning rule keeps held-out perplexity lowest?\n(line: seed mean, band: seed min-max)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(plots_dir / "ppl_vs_sparsity.png", dpi=120)
+        plt.close(fig)
+    use = table[table.metric == "expert_usage"]
+    if len(use):
+        v0 = "step" if "step" in set(use.variant) else sorted(set(use.variant))[0]
+        use = use[use.variant == v0]
+        E = int(params["model"]["experts"]) if not params["model"].get("pretrained") else None
+        n = int(use.x.max()) + 1
+        E = E or n
+        layers = n // E
+        fig, axes = plt.subplots(1, layers, figsize=(3.2 * layers, 3.2), squeeze=False, sharey=True)
+        for l in range(layers):
+            ax = axes[0, l]
+            sub = use[(use.x >= l * E) & (use.x < (l + 1) * E)]
+            # sort experts by usage within each seed (expert identities differ between seeds)
+            ranked = np.stack([np.sort(g.sort_values("x").value.to_numpy())[::-1] for _, g in sub.groupby("seed")])
+            ax.bar(np.arange(E), 100 * ranked.mean(0), yerr=100 * ranked.std(0), color="C0", alpha=0.8)
+            ax.axhline(100 / E, color="k", ls=":", lw=1, label="uniform")
+            ax.set_xlabel("expert rank in layer")
+            ax.set_title(f"layer {l}")
+        axes[0, 0].set_ylabel("share of routed slots (%)")
+        axes[0, 0].legend(fontsize=8)
+        fig.suptitle("How unevenly does the trained router use its experts? (dense model, calibration tokens)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(plots_dir / "expert_usage.png", dpi=120)
+        plt.close(fig)

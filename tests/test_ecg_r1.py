@@ -1,0 +1,127 @@
+"""ECG-R1 miniature: protocol measurement, scoring, policy-gradient surrogate, modality masking."""
+import numpy as np
+import pytest
+
+from reprozoo.methods.ecg_r1 import data as D
+from reprozoo.methods.ecg_r1 import protocol as P
+
+
+def _feat(**kw):
+    f = {"hr": 75.0, "rr_cv": 0.02, "qrs_ms": 90.0, "pr_ms": 160.0, "qtc_ms": 410.0}
+    f.update(kw)
+    return f
+
+
+def test_protocol_recovers_planted_rate_and_irregularity():
+    base = {"rhythm": "normal", "qrs_scale": 0.7, "pr_scale": 1.0, "qt_scale": 1.0, "random_state": 3}
+    reg = P.measure(D.simulate_clean({**base, "heart_rate": 75.0, "heart_rate_std": 1.0}), D.FS_SIM)
+    irr = P.measure(D.simulate_clean({**base, "heart_rate": 90.0, "heart_rate_std": 22.0}), D.FS_SIM)
+    assert abs(reg["hr"] - 75.0) < 3.0
+    assert reg["rr_cv"] < 0.05 and irr["rr_cv"] > 0.10
+    assert P.protocol_report(reg)[-1] == 0 and P.protocol_report(irr)[-1] == 3
+
+
+def test_wider_qrs_parameter_measures_wider():
+    base = {"rhythm": "normal", "heart_rate": 70.0, "heart_rate_std": 1.0, "pr_scale": 1.0,
+            "qt_scale": 1.0, "random_state": 1}
+    narrow = P.measure(D.simulate_clean({**base, "qrs_scale": 0.5}), D.FS_SIM)
+    wide = P.measure(D.simulate_clean({**base, "qrs_scale": 1.3}), D.FS_SIM)
+    assert wide["qrs_ms"] > narrow["qrs_ms"] + 40
+
+
+@pytest.mark.parametrize("kw,dx", [({}, 0), ({"hr": 52.0}, 1), ({"hr": 121.0}, 2), ({"hr": 59.9}, 1),
+                                   ({"hr": 100.0}, 2), ({"rr_cv": 0.2, "hr": 130.0}, 3)])
+def test_diagnostic_logic(kw, dx):
+    assert P.protocol_report(_feat(**kw))[-1] == dx
+
+
+def test_bins_carry_the_thresholds():
+    qrs = P.FIELDS[2]
+    assert not qrs.category(qrs.bin(119.0)) and qrs.category(qrs.bin(120.0))
+    pr = P.FIELDS[3]
+    assert not pr.category(pr.bin(199.0)) and pr.category(pr.bin(200.0))
+    assert P.FIELDS[4].threshold_bin() == 5 and P.BRADY_BIN == 2
+
+
+def test_supported_and_hallucination_rate():
+    truth = P.protocol_report(_feat(qrs_ms=105.0))          # QRS bin 3 (100-120), normal
+    assert P.supported(truth, truth).all()
+    near = truth.copy(); near[0] += 1                         # 80-90 bpm instead of 70-80: tolerated
+    assert P.supported(near, truth).all()
+    crossing = truth.copy(); crossing[2] += 1                 # 120-140 ms: crosses the wide cut
+    ok = P.supported(crossing, truth)[0]
+    assert ok.sum() == 5 and not ok[2]
+    wrong_dx = truth.copy(); wrong_dx[-1] = 2
+    assert np.isclose(1 - P.supported(wrong_dx, truth).mean(), 1 / 6)
+    brady_slip = P.protocol_report(_feat(hr=61.0)); brady_slip[0] = 1   # 50-60 bpm: states brady
+    assert not P.supported(brady_slip, P.protocol_report(_feat(hr=61.0)))[0, 0]
+
+
+def test_evidence_reward_values():
+    truth = P.protocol_report(_feat())
+    assert P.evidence_reward(truth, truth)[0] == pytest.approx(1.0)
+    bad = truth.copy(); bad[-1] = 1                           # wrong dx, inconsistent with evidence
+    assert P.evidence_reward(bad, truth)[0] == pytest.approx((0 + 1 + 0) / 3)
+    lied = truth.copy(); lied[0] = 0; lied[-1] = 1            # invents bradycardia, dx follows it
+    assert P.evidence_reward(lied, truth)[0] == pytest.approx((0 + 0.8 + 1) / 3)
+
+
+def test_render_keeps_spike_and_draws_one_row_for_flat_trace():
+    flat = np.zeros(1000, np.float32)
+    img = D.render_image(flat)
+    ink = img == 1.0
+    assert ink.shape == (40, 200) and (ink.sum(0) == 1).all()
+    row0 = np.argmax(ink[:, 0])
+    assert row0 == round((1.6 - 0.0) / 2.4 * 39)
+    spike = flat.copy(); spike[502] = 1.5                     # one sample inside column 100
+    col = (D.render_image(spike) == 1.0)[:, 100]
+    assert col.sum() > 20 and col[row0]
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_group_policy_surrogate_gradient():
+    """d loss / d logp_i = -A_i / N with A normalised within each group (closed form)."""
+    from reprozoo.methods.ecg_r1.model import group_policy_loss
+
+    logp = torch.zeros(4, requires_grad=True)
+    reward = torch.tensor([1.0, 0.0, 0.3, 0.3])
+    group_policy_loss(logp, reward, group=2).backward()
+    a = 0.5 / np.std([1.0, 0.0], ddof=1)
+    assert np.allclose(logp.grad.numpy(), [-a / 4, a / 4, 0.0, 0.0], atol=1e-5)
+
+
+def test_policy_gradient_points_uphill():
+    """Monte Carlo surrogate gradient on a softmax policy aligns with the exact grad of E[r]."""
+    from reprozoo.methods.ecg_r1.model import group_policy_loss
+
+    g = torch.Generator().manual_seed(0)
+    theta = torch.tensor([0.3, -0.2, 0.1, 0.0], requires_grad=True)
+    r = torch.tensor([0.1, 0.9, 0.4, 0.2])
+    p = torch.softmax(theta, 0).detach()
+    exact = (p * (r - (p * r).sum())).numpy()                  # d E[r] / d theta
+    a = torch.multinomial(p.expand(4000, 4), 8, replacement=True, generator=g).reshape(-1)
+    logp = torch.log_softmax(theta, 0)[a]
+    (-group_policy_loss(logp, r[a], group=8)).backward()
+    est = theta.grad.numpy()
+    assert est @ exact / (np.linalg.norm(est) * np.linalg.norm(exact)) > 0.95
+
+
+def test_missing_modality_is_ignored_and_dropout_rates():
+    from reprozoo.methods.ecg_r1.model import ReportModel, dropout_masks
+
+    torch.manual_seed(0)
+    m = ReportModel(8)
+    sig, img = torch.randn(3, 1000), torch.rand(3, 40, 200)
+    one, zero = torch.ones(3), torch.zeros(3)
+    with torch.no_grad():
+        a = m.encode(sig, img, one, zero)
+        b = m.encode(sig, torch.rand(3, 40, 200), one, zero)      # image changed but masked
+        c = m.encode(torch.randn(3, 1000), img, zero, one)
+        d = m.encode(sig, img, zero, one)
+        assert torch.allclose(a, b) and torch.allclose(c, d)
+        assert not torch.allclose(m.encode(sig, img, one, one), a)
+    ms, mi = dropout_masks(20000, 0.25, np.random.default_rng(0))
+    assert ((ms + mi) >= 1).all()
+    assert abs(ms.mean() - 0.75) < 0.01 and abs(mi.mean() - 0.75) < 0.01 and abs((ms * mi).mean() - 0.5) < 0.01

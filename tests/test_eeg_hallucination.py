@@ -1,0 +1,135 @@
+"""Numerics and physiology of the eeg_hallucination ERP pipeline (tiny simulated studies)."""
+import numpy as np
+import pytest
+
+mne = pytest.importorskip("mne")
+
+from reprozoo.data.eeg.simulate import TEN_TWENTY, head_model  # noqa: E402
+from reprozoo.methods.eeg_hallucination import decoding, erp_stats, study  # noqa: E402
+
+P = dict(sfreq=100.0, n_subjects=14, n_trials={"correct": 30, "detected": 30, "missed": 15}, soa_s=1.2,
+         subj_lat_sd_ms=10.0, trial_lat_sd_ms=15.0, n400_ms=400.0, p600_ms=600.0, effect_uv=4.0, effect_sd_uv=1.0,
+         background_uv=4.0, white_uv=1.0, drift_uv=20.0, blink_rate=0.1, l_freq=0.1, h_freq=30.0,
+         tmin=-0.2, tmax=0.8, reject_uv=100.0)
+WIN = {"n400": (250, 500), "p600": (500, 800)}
+
+
+@pytest.fixture(scope="module")
+def studies():
+    rng = np.random.default_rng(7)
+    head = head_model(list(TEN_TWENTY), study.PLANTED, P["n_subjects"], rng)
+    return {"planted": study.simulate_study(P, rng, head=head, effect=True),
+            "null": study.simulate_study(P, rng, head=head, effect=False)}
+
+
+def _diff(d, a, b):
+    post = d["times"] >= 0
+    return (d["evoked"][a] - d["evoked"][b])[:, :, post] * 1e6, d["times"][post]
+
+
+def test_parabolic_peak_exact_on_parabola():
+    x = np.arange(10.0)
+    y = -(x - 4.3) ** 2
+    assert erp_stats.parabolic_peak(y, int(np.argmax(y))) == pytest.approx(4.3, abs=1e-12)
+
+
+def test_fractional_area_latency_of_symmetric_component_is_its_centre():
+    t = np.arange(0, 0.8, 0.01)
+    y = -3 * np.exp(-0.5 * ((t - 0.4037) / 0.05) ** 2)  # off the 10 ms grid
+    assert erp_stats.fractional_area_latency(y, t, (200, 600), -1.0) == pytest.approx(403.7, abs=0.5)
+    # the wrong sign has no area: no latency
+    assert np.isnan(erp_stats.fractional_area_latency(y, t, (200, 600), +1.0))
+
+
+def test_ground_truth_electrodes():
+    d_truth = {"n400": "Cz", "p600": "Pz"}
+    rng = np.random.default_rng(0)
+    head = head_model(list(TEN_TWENTY), study.PLANTED, 3, rng)
+    for k, ch in d_truth.items():
+        t = np.mean([tp[k] for tp in head.topographies], axis=0)
+        assert TEN_TWENTY[int(np.argmax(t - t.mean()))] == ch
+
+
+def test_preprocessing_rejects_blinks_and_corrects_baseline(studies):
+    d = studies["planted"]
+    assert 0 < d["n_rejected"] <= d["n_blinks"]  # rejection removes blink epochs, nothing else
+    base = d["trials"][:, :, d["times"] <= 0].mean(-1)
+    assert np.abs(base).max() < 1e-12  # baseline correction (V)
+
+
+def test_cluster_test_recovers_planted_latency_and_electrode(studies):
+    diff, tp = _diff(studies["planted"], "detected", "correct")
+    adj = erp_stats.adjacency(TEN_TWENTY)
+    cl = erp_stats.cluster_test(diff, adj, 200, 0.05, 0)
+    for k, sign, ch in (("n400", -1.0, "Cz"), ("p600", 1.0, "Pz")):
+        r = erp_stats.recover(cl, diff.mean(0), tp, TEN_TWENTY, sign, 0.05, window_ms=WIN[k])
+        assert r["p"] < 0.05, k
+        assert r["peak_ch"] == ch, k
+        assert abs(r["area_latency_ms"] - P[f"{k}_ms"]) <= 10.0, (k, r["area_latency_ms"])
+        assert abs(r["latency_ms"] - P[f"{k}_ms"]) <= 20.0, (k, r["latency_ms"])
+
+
+def test_missed_like_correct_and_null_study_find_nothing_at_planted_latency(studies):
+    adj = erp_stats.adjacency(TEN_TWENTY)
+    for name, (a, b) in (("planted", ("missed", "correct")), ("null", ("detected", "correct"))):
+        diff, tp = _diff(studies[name], a, b)
+        cl = erp_stats.cluster_test(diff, adj, 200, 0.05, 1)
+        sig = [c for c in cl if c["p"] < 0.05 and erp_stats.covers(c["mask"], tp, [400, 600], 20)]
+        assert not sig, name
+
+
+def test_cluster_fwer_controlled_where_uncorrected_is_not():
+    """Pure noise differences: the cluster test's family-wise error rate is about alpha, the
+    uncorrected pointwise test finds something almost every time."""
+    rng = np.random.default_rng(3)
+    adj = erp_stats.adjacency(TEN_TWENTY)
+    n_rep, fp_cl, fp_unc = 40, 0, 0
+    for i in range(n_rep):
+        x = rng.standard_normal((12, len(TEN_TWENTY), 30))
+        x = np.cumsum(x, axis=-1) * 0.3 + x  # temporally smooth noise, like ERP residuals
+        fp_cl += any(c["p"] < 0.05 for c in erp_stats.cluster_test(x, adj, 100, 0.05, i))
+        fp_unc += bool(erp_stats.uncorrected_hits(x, 0.05).any())
+    assert fp_cl / n_rep <= 0.15  # alpha = 0.05; 40 draws: P(>= 6 | 0.05) < 0.05
+    assert fp_unc / n_rep >= 0.9
+
+
+def test_loso_decoding_above_chance_and_chance_on_null(studies):
+    out = {}
+    for name in ("planted", "null"):
+        d = studies[name]
+        m = np.isin(d["labels"], [1, 2])
+        X, _ = decoding.bin_time(d["trials"][m], d["times"], 0.1, 0.8, 0.04)
+        r = decoding.loso(X, (d["labels"][m] == 2).astype(int), d["groups"][m], "xdawn")
+        assert len(r["auc"]) == P["n_subjects"]
+        out[name] = r["auc"].mean()
+    assert out["planted"] > 0.65
+    assert abs(out["null"] - 0.5) < 0.06
+
+
+def test_bin_time_means():
+    t = np.arange(-0.2, 0.81, 0.01)
+    X = np.broadcast_to(t, (2, 3, len(t)))
+    Xb, tb = decoding.bin_time(X, t, 0.1, 0.8, 0.04)
+    assert Xb.shape[-1] == len(tb) == 17
+    np.testing.assert_allclose(Xb[0, 0], tb)
+
+
+def test_real_data_loader_reads_bids_like_folder(tmp_path):
+    """Paper-scale loader: recordings at another rate with annotation codes come back as the same
+    study layout (resampled to the analysis rate, conditions from event_map)."""
+    from reprozoo.methods.eeg_hallucination import real_data
+
+    p = {**P, "n_subjects": 2, "n_trials": {"correct": 8, "detected": 6, "missed": 4}, "blink_rate": 0.0}
+    rng = np.random.default_rng(1)
+    head = head_model(list(TEN_TWENTY), study.PLANTED, 2, rng)
+    info = head.info(200.0)
+    for s in range(2):
+        x, ev, _ = study.simulate_subject(head, s, {**p, "sfreq": 200.0}, rng, True, study.blink_topography(TEN_TWENTY))
+        raw = mne.io.RawArray(x, info, verbose="ERROR")
+        raw.set_annotations(mne.annotations_from_events(ev, 200.0, {1: "S 1", 2: "S 2", 3: "S 3"}))
+        (tmp_path / f"sub-0{s}" / "eeg").mkdir(parents=True)
+        raw.save(tmp_path / f"sub-0{s}" / "eeg" / f"sub-0{s}_task-verify_eeg.fif", verbose="ERROR")
+    d = real_data.load_study(str(tmp_path), {**p, "event_map": {"S 1": "correct", "S 2": "detected", "S 3": "missed"}})
+    assert d["subjects"] == ["00", "01"]
+    assert d["evoked"]["detected"].shape == (2, len(TEN_TWENTY), 101)  # 100 Hz, -0.2..0.8 s
+    assert np.bincount(d["labels"], minlength=4)[1:].tolist() == [16, 12, 8]

@@ -1,0 +1,143 @@
+"""RECTOR numerics: DE features, attention structure, missing-channel exclusion, equivariance, losses."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from reprozoo.methods.rector import features, method, models  # noqa: E402
+
+
+def test_de_of_gaussian_matches_closed_form():
+    rng = np.random.default_rng(0)
+    s = 3.0
+    x = rng.normal(0, s, (4, 200_000))
+    np.testing.assert_allclose(features.differential_entropy(x), 0.5 * np.log(2 * np.pi * np.e * s**2), atol=5e-3)
+
+
+def test_de_tokens_find_a_planted_alpha_rhythm_and_bandpassed_white_noise_variance():
+    """A 10 Hz sinusoid on channel 0 puts its DE excess in the alpha band only; white noise of
+    variance s^2 band-passed to [lo, hi] keeps s^2 * 2 (hi - lo) / sfreq of its variance."""
+    rng = np.random.default_rng(1)
+    sfreq, L = 128.0, 1024
+    t = np.arange(L) / sfreq
+    X = rng.normal(0, 1.0, (40, 2, L))
+    X[:, 0] += 4 * np.sin(2 * np.pi * 10 * t)
+    tok, whole, corr = features.de_features(X, sfreq, 1.0)
+    assert tok.shape == (40, 2, 8, 5) and whole.shape == (40, 2, 5) and corr.shape == (40, 2, 2)
+    excess = whole[:, 0].mean(0) - whole[:, 1].mean(0)
+    bands = list(features.BANDS)
+    assert excess[bands.index("alpha")] > 2.0 and np.abs(np.delete(excess, bands.index("alpha"))).max() < 0.3
+    # white noise through the FIR h keeps variance s^2 sum(h^2) (Parseval): the filter's own power gain
+    import mne
+
+    lo, hi = features.BANDS["beta"]
+    h = mne.filter.create_filter(None, sfreq, lo, hi, fir_design="firwin", verbose="ERROR")
+    expected = 0.5 * np.log(2 * np.pi * np.e * np.sum(h**2))
+    assert abs(whole[:, 1, bands.index("beta")].mean() - expected) < 0.02
+    assert 0.8 < np.sum(h**2) / (2 * (hi - lo) / sfreq) < 1.4  # close to the nominal bandwidth's share
+    np.testing.assert_allclose(np.diagonal(corr, axis1=1, axis2=2), 1.0, atol=1e-6)
+
+
+def test_region_bias_is_block_sparse_for_one_hot_and_dense_for_uniform_partitions():
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    onehot = torch.nn.functional.one_hot(ids, 3).float()
+    present = torch.ones(1, 5, dtype=torch.bool)
+    w = torch.softmax(models.region_bias(onehot, present)[0], dim=-1)  # equal scores: weights from the bias alone
+    same = (ids[:, None] == ids[None]).float()
+    assert float((w * (1 - same)).sum(1).max()) < 1e-3
+    b = models.region_bias(torch.full((5, 3), 1 / 3), present)[0]
+    assert float(b.max() - b.min()) < 1e-6
+    present[0, 1] = False
+    assert float(torch.softmax(models.region_bias(onehot, present)[0], -1)[:, 1].max()) < 1e-6
+
+
+def _net(kind, C=6, T=3, Fe=5, seed=0):
+    torch.manual_seed(seed)
+    pos = torch.randn(C, 3)
+    ids = torch.tensor([i % 3 for i in range(C)])
+    return models.TokenTransformer(kind, Fe, T, pos, ids, 3, dim=16, depth=2, heads=2, anat_logit=1.0), pos, ids
+
+
+@pytest.mark.parametrize("kind", ["rector", "dense"])
+def test_a_dropped_channel_does_not_reach_the_output(kind):
+    net, _, _ = _net(kind)
+    net.eval()
+    x = torch.randn(4, 6, 3, 5)
+    present = torch.ones(4, 6, dtype=torch.bool)
+    present[:, [1, 4]] = False
+    y0 = net(x, present)
+    x2 = x.clone()
+    x2[:, [1, 4]] = 100 * torch.randn(4, 2, 3, 5)
+    torch.testing.assert_close(net(x2, present), y0, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(net(x2, torch.ones(4, 6, dtype=torch.bool)), y0, atol=1e-3)
+
+
+def test_mask_token_fill_ignores_the_values_of_dropped_channels():
+    net, _, _ = _net("rector")
+    net.eval()
+    x = torch.randn(2, 6, 3, 5)
+    present = torch.ones(2, 6, dtype=torch.bool)
+    present[:, 0] = False
+    x2 = x.clone()
+    x2[:, 0] = 7.0
+    torch.testing.assert_close(net(x2, present, fill=True), net(x, present, fill=True))
+
+
+def test_eegnet_zero_fills_dropped_channels():
+    torch.manual_seed(0)
+    net = models.EEGNet(5, 128, 3, kern=16).eval()
+    x = torch.randn(2, 5, 128)
+    present = torch.ones(2, 5, dtype=torch.bool)
+    present[:, 2] = False
+    x2 = x.clone()
+    x2[:, 2] = 50.0
+    torch.testing.assert_close(net(x2, present), net(x, present))
+
+
+def test_rector_is_equivariant_to_channel_order():
+    """In the encoder channels carry their identity only through position and region: relabelling
+    them (inputs, positions and anatomical regions permuted together) permutes the token states."""
+    net, pos, ids = _net("rector")
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    net2 = models.TokenTransformer("rector", 5, 3, pos[perm], ids[perm], 3, dim=16, depth=2, heads=2, anat_logit=1.0)
+    sd = net.state_dict()
+    sd["pos"], sd["part_logits"] = pos[perm], sd["part_logits"][perm]
+    net2.load_state_dict(sd)
+    net.eval(), net2.eval()
+    x = torch.randn(3, 6, 3, 5)
+    present = torch.ones(3, 6, dtype=torch.bool)
+    present[0, 2] = False
+    h, h2 = net.encode(x, present), net2.encode(x[:, perm], present[:, perm])
+    torch.testing.assert_close(h2, h[:, perm], atol=1e-5, rtol=1e-5)
+
+
+def test_nt_xent_closed_form_for_identical_orthogonal_views():
+    n, tau = 4, 0.5
+    z = torch.eye(n)
+    expected = -np.log(np.exp(1 / tau) / (np.exp(1 / tau) + (2 * n - 2)))
+    assert abs(float(models.nt_xent(z, z, tau)) - expected) < 1e-5
+
+
+def test_pretrain_losses_have_gradients_and_mask_what_they_say():
+    net, _, _ = _net("rector")
+    heads = models.PretrainHeads(16, 5)
+    gen = torch.Generator().manual_seed(0)
+    m = models.draw_masks(200, 6, 3, 0.0, 0.5, gen)
+    assert (m.all(2).sum(1) == 3).all()
+    x, corr = torch.randn(8, 6, 3, 5), torch.eye(6).expand(8, 6, 6)
+    L = models.pretrain_losses(net, heads, x, corr, gen, 0.3, 0.3, 0.2)
+    sum(L.values()).backward()
+    assert all(torch.isfinite(v) for v in L.values())
+    assert net.part_logits.grad is not None and float(net.part_logits.grad.abs().sum()) > 0
+
+
+def test_splits_label_sets_and_drop_sets():
+    rng = np.random.default_rng(0)
+    subjects = [f"S{i}" for i in range(8) for _ in range(3)]
+    sp = method.subject_split(subjects, rng)
+    assert sorted(sp.values()).count("test") == 2 and sorted(sp.values()).count("val") == 1
+    y = np.array([0, 1, 2] * 20)
+    sets = method.nested_label_sets(y, np.arange(60), [2, 5], rng)
+    assert set(sets[2]) <= set(sets[5]) and np.bincount(y[sets[5]]).tolist() == [5, 5, 5]
+    d = method.drop_sets(20, [0.0, 0.1, 0.5], 3, rng)
+    assert (d.sum(2) == np.array([20, 18, 10])[:, None]).all()

@@ -1,0 +1,136 @@
+"""resp2eeg: the simulator plants the physiology it claims, the spectral pipeline measures it, and
+the breathing transformer learns a planted mapping."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reprozoo.methods.resp2eeg import data as D
+from reprozoo.methods.resp2eeg import features as F
+
+STAGES = ["W", "N1", "N2", "N3", "REM"]
+
+
+def _night(stage_runs, tr=None, seed=0):
+    rng = np.random.default_rng(seed)
+    tr = tr or D.traits(rng)
+    stages = [s for s, n in stage_runs for _ in range(n)]
+    resp = D.breathing(stages, tr, rng)
+    x, idx = D.eeg(stages, tr, resp, rng)
+    return stages, tr, resp, x, idx
+
+
+@pytest.fixture(scope="module")
+def night():
+    return _night([(s, 10) for s in STAGES], seed=3)
+
+
+def _per_stage(stages, values):
+    st = np.asarray(stages)
+    return {s: np.mean(values[st == s]) for s in STAGES}
+
+
+def test_spindle_density_highest_in_n2(night):
+    stages, tr, _, x, idx = night
+    n_ep = int(D.EPOCH_S * D.EEG_SFREQ)
+    counts = np.bincount(idx // n_ep, minlength=len(stages))
+    dens = _per_stage(stages, counts * 2.0)  # per minute
+    assert dens["N2"] > 2.0 and dens["N2"] > dens["N3"] > dens["W"]
+    assert dens["W"] == dens["REM"] == dens["N1"] == 0.0
+    # and the measured sigma-band power of the multitaper spectrogram follows the planted density
+    lp, freqs = F.multitaper_frames(x[None], D.EEG_SFREQ)
+    feat = F.eeg_epoch_features(lp.reshape(1, len(stages), 6, -1), freqs)[0]
+    sigma_max = _per_stage(stages, feat[:, -1])
+    assert sigma_max["N2"] > max(sigma_max[s] for s in ("W", "N1", "REM"))
+
+
+def test_alpha_peak_in_wake_at_planted_frequency(night):
+    stages, tr, _, x, _ = night
+    n_ep = int(D.EPOCH_S * D.EEG_SFREQ)
+    ep = x.reshape(len(stages), n_ep)
+    w = ep[np.asarray(stages) == "W"]
+    lp, freqs = F.multitaper_frames(w, D.EEG_SFREQ, frame_s=30.0)
+    p = (10 ** lp).mean(axis=(0, 1))
+    band = (freqs >= 7) & (freqs <= 13)
+    f_peak = freqs[band][np.argmax(p[band])]
+    assert abs(f_peak - tr["f_alpha"]) < 0.5
+    n3 = ep[np.asarray(stages) == "N3"]
+    lp3, _ = F.multitaper_frames(n3, D.EEG_SFREQ, frame_s=30.0)
+    assert p[band].max() > 5 * (10 ** lp3).mean(axis=(0, 1))[band].max()  # alpha is a wake rhythm
+
+
+def test_delta_power_highest_in_n3_and_falls_with_age():
+    def delta_power(age, stage):
+        rng = np.random.default_rng(11)
+        tr = D.traits(rng)
+        tr = {**tr, "age": age, "delta_uv": 55.0 * (1 - 0.009 * (age - 20))}
+        stages, _, _, x, _ = _night([(stage, 6)], tr=tr, seed=5)
+        lp, freqs = F.multitaper_frames(x[None], D.EEG_SFREQ, frame_s=30.0)
+        return (10 ** lp[0][:, (freqs >= 0.5) & (freqs < 2)]).mean()
+
+    n3_young = delta_power(25, "N3")
+    assert n3_young > 4 * max(delta_power(25, s) for s in ("W", "N2", "REM"))
+    assert delta_power(75, "N3") < 0.5 * n3_young  # 1 - 0.009 * 55 = 0.5 in amplitude: 1/4 in power
+
+
+def test_breathing_slower_in_n3_than_rem_and_deeper():
+    stages, tr, resp, _, _ = _night([("N3", 8), ("REM", 8)], seed=2)
+    r = resp.reshape(len(stages), -1)[None].astype(float)
+    f = F.resp_epoch_features(r, D.RESP_SFREQ)[0]
+    st = np.asarray(stages)
+    f_dom = f[:, -2]
+    assert f_dom[st == "N3"].mean() < f_dom[st == "REM"].mean()
+    assert abs(f_dom[st == "N3"].mean() - tr["resp_rate_bpm"] * 0.85 / 60) < 0.04
+    assert f[st == "N3", -3].mean() > f[st == "REM", -3].mean()  # log s.d.: deeper in N3
+    assert f[st == "N3", -1].mean() < f[st == "REM", -1].mean()  # more regular envelope in N3
+
+
+def test_multitaper_sinusoid_and_scale():
+    sf = 64.0
+    t = np.arange(int(20 * sf)) / sf
+    lp, freqs = F.multitaper_frames(np.sin(2 * np.pi * 10.0 * t)[None], sf)
+    assert lp.shape[:2] == (1, 4)
+    assert np.all(np.abs(freqs[lp[0].argmax(-1)] - 10.0) <= 0.2)
+    sc = F.Scale(np.linspace(0, 100, 10001))
+    assert sc(np.array([1.0, 99.0])) == pytest.approx([0.0, 1.0], abs=1e-9)
+
+
+def test_context_features_shift():
+    f = np.arange(2 * 4 * 1, dtype=float).reshape(2, 4, 1)
+    c = F.with_context(f, k=1)
+    assert c.shape == (2, 4, 3)
+    assert np.array_equal(c[0, :, 1], f[0, :, 0])
+    assert np.array_equal(c[0, 1:, 0], f[0, :-1, 0]) and c[0, 0, 0] == f[0, 0, 0]
+    assert np.array_equal(c[0, :-1, 2], f[0, 1:, 0]) and c[0, -1, 2] == f[0, -1, 0]
+
+
+def test_transformer_learns_planted_patch_mapping():
+    """Target of a patch = its breathing depth tercile (phase random: the amplitude must be read
+    from the waveform whatever the breath's timing in the patch)."""
+    torch = pytest.importorskip("torch")
+    from reprozoo.methods.resp2eeg.model import predict, train_encoder
+
+    rng = np.random.default_rng(0)
+    s, t, m = 24, 36, 40
+    depth = rng.uniform(0.3, 2.0, (s, t))
+    phase = rng.uniform(0, 2 * np.pi, (s, t, 1))
+    patches = (depth[..., None] * np.sin(2 * np.pi * np.arange(m) / 20 + phase)).astype(np.float32)
+    terc = np.digitize(depth, [0.87, 1.43])
+    target = terc
+    p = {"seq_len": t, "dim": 32, "depth": 2, "heads": 4, "dropout": 0.0, "steps": 200, "batch": 16, "lr": 3e-3}
+    model, curves = train_encoder(patches, target, 3, p, seed=0, val_frac=0.2)
+    logits, h = predict(model, patches[-5:], t)
+    acc = (logits.argmax(-1) == target[-5:]).mean()
+    assert acc > 0.85  # chance about 1/3
+    assert curves["val_loss"][1][-1] < 0.6 * curves["val_loss"][1][0]
+    assert h.shape == (5, t, 32)
+    torch.set_num_threads(1)
+
+
+def test_codebook_floor_below_marginal():
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(4, 10))
+    x = centers[rng.integers(0, 4, 800)] + 0.05 * rng.normal(size=(800, 10))
+    km = F.fit_codebook(x, 4, seed=0)
+    floor = np.abs(km.cluster_centers_[km.predict(x)] - x).mean()
+    assert floor < 0.1 * np.abs(x.mean(0) - x).mean()

@@ -1,0 +1,234 @@
+"""Step numerics: the MoE equations against transformers' forward, exact removal deltas, the
+first-order loss change against finite differences, the closed-form re-fit, and planted dead experts."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from reprozoo.methods.step import corpus, moe, pruning
+
+CFG = {"vocab": 32, "hidden": 16, "layers": 2, "heads": 2, "kv_heads": 1, "experts": 6, "top_k": 2,
+       "moe_intermediate": 8, "seq_len": 16, "aux_loss": 0.001}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    m = moe.build_model(CFG, 0).double()
+    m.config._experts_implementation = "eager"  # the library's grouped_mm kernel has no float64
+    with torch.no_grad():  # a router with spread-out probabilities (zero init would route uniformly)
+        for b in moe.moe_blocks(m):
+            b.gate.weight.normal_(0, 1.0)
+            b.experts.gate_up_proj.normal_(0, 0.3)
+            b.experts.down_proj.normal_(0, 0.3)
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def batches():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, CFG["vocab"], (4, CFG["seq_len"]), generator=g) for _ in range(2)]
+
+
+def x_tokens(n=40, seed=2):
+    return torch.randn(n, CFG["hidden"], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_block_equations_match_library_forward(model):
+    b = moe.moe_blocks(model)[0]
+    x = x_tokens()
+    with torch.no_grad():
+        # the library's router softmax runs in float32 even for a float64 model
+        np.testing.assert_allclose(moe.block_output(b, x).numpy(), b(x[None]).reshape(-1, CFG["hidden"]).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_block_equations_match_library_grouped_mm_in_float32(model):
+    m = copy.deepcopy(model).float()
+    m.config._experts_implementation = "grouped_mm"
+    b = moe.moe_blocks(m)[1]
+    x = x_tokens().float()
+    with torch.no_grad():
+        np.testing.assert_allclose(moe.block_output(b, x).numpy(), b(x[None]).reshape(-1, CFG["hidden"]).numpy(),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_pruned_block_equals_dense_router_with_masked_logits(model):
+    b = copy.deepcopy(moe.moe_blocks(model)[0])
+    x = x_tokens()
+    keep = [0, 2, 3, 5]
+    with torch.no_grad():
+        logits = torch.nn.functional.linear(x, b.gate.weight)
+        logits[:, [1, 4]] = -torch.inf
+        p = torch.softmax(logits, -1)
+        top, idx = torch.topk(p, 2, -1)
+        w = top / top.sum(-1, keepdim=True)
+        ref = (w.unsqueeze(-1) * moe.outputs_at(b, x, idx)).sum(1)
+        moe.prune_block(b, keep)
+        np.testing.assert_allclose(moe.block_output(b, x).numpy(), ref.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(b(x[None]).reshape(-1, CFG["hidden"]).numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert b.experts.gate_up_proj.shape[0] == b.gate.weight.shape[0] == len(keep)
+
+
+def test_memory_accounting(model):
+    pr = pruning.prune(model, [[0, 1, 2], [3, 4, 5]])
+    assert moe.expert_param_count(pr) * 2 == moe.expert_param_count(model)
+    saved = moe.param_bytes(model) - moe.param_bytes(pr)
+    assert saved == moe.expert_param_count(model) // 2 * 8 + 2 * 3 * CFG["hidden"] * 8  # experts + router rows (float64)
+
+
+def test_removal_deltas_match_brute_force_removal(model):
+    b = moe.moe_blocks(model)[0]
+    x = x_tokens()
+    with torch.no_grad():
+        dy, idx = pruning.removal_deltas(b, x)
+        y = moe.block_output(b, x)
+        for j in range(CFG["experts"]):
+            bj = copy.deepcopy(b)
+            moe.prune_block(bj, [e for e in range(CFG["experts"]) if e != j])
+            yj = moe.block_output(bj, x)
+            t, m = torch.where(idx == j)
+            np.testing.assert_allclose(dy[t, m].numpy(), (yj - y)[t].numpy(), rtol=1e-9, atol=1e-12)
+            untouched = ~(idx == j).any(1)
+            np.testing.assert_allclose(yj[untouched].numpy(), y[untouched].numpy(), atol=1e-12)
+
+
+def test_captured_gradient_is_dloss_dblock_output(model, batches):
+    """<dL/dy, v> from the retained gradient equals a central finite difference of the mean
+    next-token loss when v is added to the first MoE block's output."""
+    ids = batches[0]
+    blocks = moe.moe_blocks(model)
+    cap = pruning._Capture(blocks, keep_output=True)
+    try:
+        model.zero_grad()
+        nll = pruning.token_nll(model(input_ids=ids).logits, ids)
+        nll[:, :-1].mean().backward()
+        g = cap.y[0].grad.clone()
+    finally:
+        cap.close()
+        model.zero_grad(set_to_none=True)
+    v = torch.randn(g.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+
+    def loss_with(eps):
+        h = blocks[0].register_forward_hook(lambda mod, inp, out: out + eps * v)
+        try:
+            with torch.no_grad():
+                return float(pruning.token_nll(model(input_ids=ids).logits, ids)[:, :-1].mean())
+        finally:
+            h.remove()
+
+    # the library's router softmax is float32, so the step must stay well above its rounding;
+    # no top-k flips occur at this size (checked: the error scales as eps^2)
+    errs = []
+    for eps in (3e-3, 1e-3):
+        fd = (loss_with(eps) - loss_with(-eps)) / (2 * eps)
+        errs.append(abs(fd - float((g * v).sum())))
+    assert errs[1] < 3e-4 * abs(fd)
+    assert 5 < errs[0] / errs[1] < 13  # central difference: error ~ eps^2 (ratio 9)
+
+
+def test_selected_tokens_are_the_highest_loss_positions():
+    nll = torch.tensor([0.1, 3.0, -torch.inf, 2.0, 0.5, -torch.inf])
+    assert pruning.selected_tokens(nll, 0.5).tolist() == [False, True, False, True, False, False]
+
+
+def test_keep_sets_remove_lowest_scores_with_index_ties():
+    s = [torch.tensor([3.0, 1.0, 1.0, 5.0]), torch.tensor([0.0, 0.0, 0.0, 0.0])]
+    assert pruning.keep_sets(s, 0.5) == [[0, 3], [0, 1]]
+    assert pruning.keep_sets(s, 0.25) == [[0, 1, 3], [0, 1, 2]]
+
+
+def test_ridge_refit_recovers_planted_weights_and_shrinks_to_prior():
+    rng = np.random.default_rng(0)
+    phi = torch.as_tensor(rng.normal(size=(200, 12)))
+    W = torch.as_tensor(rng.normal(size=(12, 3)))
+    W0 = torch.as_tensor(rng.normal(size=(12, 3)))
+    G, B = phi.T @ phi, phi.T @ (phi @ W)
+    np.testing.assert_allclose(pruning.ridge_refit(G, B, W0, 1e-12).numpy(), W.numpy(), atol=1e-8)
+    np.testing.assert_allclose(pruning.ridge_refit(G, B, W0, 1e8).numpy(), W0.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("max_joint", [8192, 1])
+def test_knowledge_preservation_reduces_layer_error(model, batches, max_joint):
+    """Keeping every expert: the re-fit is a no-op (the dense weights already reconstruct the
+    target exactly). Pruning half: the re-fitted block reconstructs the dense block on the
+    calibration inputs better than the plain pruned one (joint and block-diagonal solves)."""
+    same = pruning.prune(model, [list(range(6))] * 2)
+    pruning.preserve_knowledge(same, model, batches, 1e-3, max_joint)
+    for a, b in zip(moe.moe_blocks(same), moe.moe_blocks(model)):
+        np.testing.assert_allclose(a.experts.down_proj.detach().numpy(), b.experts.down_proj.detach().numpy(), atol=1e-8)
+
+    keep = [[0, 1, 2], [1, 3, 5]]
+    plain, refit = pruning.prune(model, keep), pruning.prune(model, keep)
+    pruning.preserve_knowledge(refit, model, batches, 1e-3, max_joint)
+    cap = pruning._Capture(moe.moe_blocks(model)[:1], keep_output=False)
+    with torch.no_grad():
+        model(input_ids=torch.cat(batches))
+    cap.close()
+    x = cap.x[0]  # layer 0's input is the same for every model (nothing pruned before it)
+    with torch.no_grad():
+        target = moe.block_output(moe.moe_blocks(model)[0], x)
+        err_refit, err_plain = (float(((moe.block_output(moe.moe_blocks(m)[0], x) - target) ** 2).sum())
+                                for m in (refit, plain))
+    assert err_refit < 0.8 * err_plain
+
+
+def test_reap_finds_planted_dead_experts(batches):
+    """Experts whose down projection is zero contribute nothing: REAP must remove them first even
+    though the router selects them often. (Step's score is NOT zero for them: removing one
+    re-routes its tokens to another expert, which changes the output; that is tested exactly in
+    test_removal_deltas_match_brute_force_removal.)"""
+    m = moe.build_model(CFG, 3).double().eval()
+    m.config._experts_implementation = "eager"
+    dead = [1, 4]
+    with torch.no_grad():
+        for b in moe.moe_blocks(m):
+            b.gate.weight.normal_(0, 0.5)
+            b.gate.weight[dead] += 0.5 * b.gate.weight.mean(0)  # dead experts are also popular
+            b.experts.gate_up_proj.normal_(0, 0.3)
+            b.experts.down_proj.normal_(0, 0.3)
+            b.experts.down_proj[dead] = 0.0
+    scores, usage = pruning.expert_scores(m, batches, "reap")
+    for s in scores:
+        assert set(pruning.keep_sets([s], 2 / 6)[0]).isdisjoint(dead)
+        np.testing.assert_allclose(s[dead].numpy(), 0.0)
+    assert all(float(u.sum()) == 2 * sum(x.numel() for x in batches) for u in usage)
+
+
+def test_step_score_is_sum_of_selected_first_order_changes(model, batches):
+    """Step's score from expert_scores equals the sum over the selected highest-loss positions of
+    |<dL/dy_t, y_t(without j) - y_t>| assembled by hand for one batch."""
+    ids = batches[:1]
+    scores, _ = pruning.expert_scores(model, ids, "step", 0.25)
+    blocks = moe.moe_blocks(model)
+    cap = pruning._Capture(blocks, keep_output=True)
+    try:
+        nll = pruning.token_nll(model(input_ids=ids[0]).logits, ids[0])
+        nll[:, :-1].mean().backward()
+    finally:
+        cap.close()
+    sel = pruning.selected_tokens(nll.detach().reshape(-1), 0.25)
+    assert int(sel.sum()) == round(0.25 * ids[0].shape[0] * (ids[0].shape[1] - 1))
+    for i, b in enumerate(blocks):
+        x, g = cap.x[i], cap.y[i].grad.reshape(-1, CFG["hidden"])
+        ref = torch.zeros(CFG["experts"], dtype=torch.float64)
+        with torch.no_grad():
+            y = moe.block_output(b, x)
+            _, idx, _ = moe.route(b, x)
+            for j in range(CFG["experts"]):
+                bj = copy.deepcopy(b)
+                moe.prune_block(bj, [e for e in range(CFG["experts"]) if e != j])
+                hit = sel & (idx == j).any(1)
+                ref[j] = ((moe.block_output(bj, x) - y) * g).sum(-1)[hit].abs().sum()
+        np.testing.assert_allclose(scores[i].numpy(), ref.numpy(), rtol=1e-8, atol=1e-14)
+    model.zero_grad(set_to_none=True)
+
+
+def test_corpus_splits_files_disjointly():
+    train, held = corpus.byte_split(20, 5, None)
+    files = corpus.stdlib_files(20)
+    assert len(train) + len(held) == sum(f.stat().st_size + 1 for f in files)
+    w = corpus.windows(held, 4, 32, None)
+    assert w.shape == (4, 32) and w.max() < 256
+    np.testing.assert_array_equal(w, corpus.windows(held, 4, 32, None))
