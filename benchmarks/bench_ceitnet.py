@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchmarks import save_report
 
 REPEATS = 5
 BATCH = 32
@@ -91,10 +92,7 @@ def main() -> dict:
                   f"{res['ceitnet']['train_step_ms']:.1f} vs {res['e3nn_baseline']['train_step_ms']:.1f} "
                   f"(ratio {res['step_ratio_ceitnet_vs_e3nn']:.2f}); params {res['ceitnet']['params']} vs "
                   f"{res['e3nn_baseline']['params']}", flush=True)
-    out = Path(__file__).parent / "results" / "ceitnet.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    return report
+    return save_report("ceitnet", report)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchmarks import save_report
 
 N_MERGE = [4, 8, 16, 32]
 WIDTHS = [32, 64]
@@ -105,10 +106,7 @@ def main() -> dict:
                   f"force-aware {1e3 * res['force']['cpu_s'][i]:.0f} ms) = "
                   f"{res['merge_in_joint_steps_sequential'][i]} joint steps; "
                   f"speedup vs joint budget {res['speedup_cpu_sequential'][i]}x", flush=True)
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "gffmerge.json").write_text(json.dumps(report, indent=2))
-    return report
+    return save_report("gffmerge", report)
 
 
 if __name__ == "__main__":

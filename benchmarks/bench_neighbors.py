@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchmarks import save_report
 
 REPEATS = 5
 TARGET_S = 0.1
@@ -171,10 +172,7 @@ def main() -> dict:
         print(f"{name}: {len(pos)} atoms, {len(ref[0])} pairs, kept {row['ms']['kept']:.3f} ms; "
               + ", ".join(f"{k} x{r}" + ("" if row["agrees_with_ase"][k] else " (WRONG)")
                           for k, r in row["ratio_to_kept"].items() if k != "kept"), flush=True)
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "neighbors.json").write_text(json.dumps(report, indent=2))
-    return report
+    return save_report("neighbors", report)
 
 
 if __name__ == "__main__":

@@ -35,18 +35,25 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(folder: Path, truncate: tuple[str, ...] = ()) -> Iterator[str]:
-    """Yield the base URL (http://127.0.0.1:PORT/) of a server for ``folder``; stop it on exit."""
-    handler = type("H", (_Handler,), {"truncate": set(truncate)})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
+def running(server: http.server.ThreadingHTTPServer) -> Iterator[str]:
+    """Serve ``server`` (bound to 127.0.0.1) from a thread; yield its base URL; stop and join on exit."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def serve(folder: Path, truncate: tuple[str, ...] = ()) -> Iterator[str]:
+    """Yield the base URL (http://127.0.0.1:PORT/) of a server for ``folder``; stop it on exit."""
+    handler = type("H", (_Handler,), {"truncate": set(truncate)})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
+    with running(server) as url:
+        yield url + "/"
 
 
 class _ChatHandler(http.server.BaseHTTPRequestHandler):
@@ -87,11 +94,5 @@ def chat_server(reply=lambda body: "ok", fail_first: int = 0) -> Iterator[tuple[
     handler = type("C", (_ChatHandler,), {"reply": staticmethod(reply), "fail_first": fail_first,
                                           "requests": requests})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", requests
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with running(server) as url:
+        yield f"{url}/v1", requests

@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from loopback import running  # noqa: E402
 from reprozoo.data import download, registry  # noqa: E402
 from reprozoo.data.download import DownloadError, fetch  # noqa: E402
 
@@ -80,14 +81,8 @@ def serve() -> Iterator[tuple[str, dict]]:
     handler = type("H", (_Handler,), {"hits": hits, "lock": threading.Lock()})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with running(server) as url:
+        yield url, hits
 
 
 @pytest.fixture(autouse=True)
