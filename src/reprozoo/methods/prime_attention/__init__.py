@@ -1,0 +1,1 @@
+"""Prime attention: channel-token attention with per-pair (relation-specific) filters on keys and values."""

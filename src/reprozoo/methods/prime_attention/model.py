@@ -1,0 +1,155 @@
+"""iTransformer-style channel-token forecaster with standard or prime (pairwise-primed) attention.
+
+Tokens are channels (Liu et al., iTransformer, ICLR 2024): each channel's whole lookback window,
+normalised per window (mean mu_j and std s_j over the lookback, as iTransformer's ``use_norm``), is
+embedded by one linear map, e_j = W_e x_j + b_e in R^d. ``n_layers`` post-LN encoder layers mix
+the N tokens; a linear head maps each token to its H future values, which are de-normalised.
+
+Standard attention (head h, per-head width d_h = d / n_heads):
+
+    s_ij = <q_i, k_j> / sqrt(d_h),   a_ij = softmax_j s_ij,   o_i = sum_j a_ij v_j
+
+Prime attention (dynamic relational priming, ICML 2026): the key and the value of token j are
+primed for the pair (i, j) by a relation-specific filter before they meet query i,
+
+    k_ij = k_j * F^K_ij,   v_ij = v_j * F^V_ij,     (* elementwise, F_ij in R^d)
+    s_ij = <q_i, k_ij> / sqrt(d_h),                  o_i = sum_j a_ij v_ij
+
+so every channel pair gets its own view of j (a gain, a sign flip, a re-weighting of the embedding
+directions that carry a delay or a nonlinearity). F_ij = 1 + P_ij with P initialised at 0: prime
+attention starts as standard attention. P is a free (N, N, d) table per layer (``filter_rank`` =
+None) or low-rank, P_ij = sum_r U_ir V_jr W_r (CP form, rank r), for many channels.
+Our assumption: the filter is an elementwise (diagonal) modulation of the projected keys and values,
+learned per pair and per layer, input-independent; the paper's exact parameterisation of the filter
+was not available to us.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class ChannelAttention(nn.Module):
+    """Multi-head attention over channel tokens; ``prime=True`` adds the per-pair filters."""
+
+    def __init__(self, n_channels: int, dim: int, n_heads: int, prime: bool, filter_rank: int | None = None):
+        super().__init__()
+        if dim % n_heads:
+            raise ValueError(f"width {dim} is not divisible by {n_heads} heads")
+        self.N, self.d, self.h = n_channels, dim, n_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.prime, self.rank = prime, filter_rank
+        if prime:
+            if filter_rank is None:
+                self.pk = nn.Parameter(torch.zeros(n_channels, n_channels, dim))
+                self.pv = nn.Parameter(torch.zeros(n_channels, n_channels, dim))
+            else:  # CP form: U and V random, W zero, so P = 0 at start and all three get gradients
+                self.u = nn.Parameter(torch.randn(2, n_channels, filter_rank) / math.sqrt(filter_rank))
+                self.w = nn.Parameter(torch.randn(2, n_channels, filter_rank) / math.sqrt(filter_rank))
+                self.c = nn.Parameter(torch.zeros(2, filter_rank, dim))
+
+    def filters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(F^K, F^V), each (N, N, d); ones for standard attention."""
+        if not self.prime:
+            one = torch.ones(self.N, self.N, self.d, device=self.q.weight.device)
+            return one, one
+        if self.rank is None:
+            return 1 + self.pk, 1 + self.pv
+        p = torch.einsum("sir,sjr,srd->sijd", self.u, self.w, self.c)
+        return 1 + p[0], 1 + p[1]
+
+    def forward(self, e: torch.Tensor, return_attention: bool = False):
+        B, N, d = e.shape
+        h, dh = self.h, d // self.h
+        q = self.q(e).view(B, N, h, dh)
+        k = self.k(e).view(B, N, h, dh)
+        v = self.v(e).view(B, N, h, dh)
+        if self.prime:
+            fk, fv = (f.view(N, N, h, dh) for f in self.filters())
+            s = torch.einsum("bihc,bjhc,ijhc->bhij", q, k, fk) / math.sqrt(dh)
+            a = s.softmax(-1)
+            o = torch.einsum("bhij,bjhc,ijhc->bihc", a, v, fv)
+        else:
+            s = torch.einsum("bihc,bjhc->bhij", q, k) / math.sqrt(dh)
+            a = s.softmax(-1)
+            o = torch.einsum("bhij,bjhc->bihc", a, v)
+        out = self.o(o.reshape(B, N, d))
+        return (out, a) if return_attention else out
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN encoder layer (iTransformer's): e = LN(e + Attn(e)); e = LN(e + FFN(e))."""
+
+    def __init__(self, n_channels, dim, n_heads, d_ff, prime, filter_rank=None, dropout=0.0):
+        super().__init__()
+        self.attn = ChannelAttention(n_channels, dim, n_heads, prime, filter_rank)
+        self.ff = nn.Sequential(nn.Linear(dim, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, dim))
+        self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, e):
+        e = self.n1(e + self.drop(self.attn(e)))
+        return self.n2(e + self.drop(self.ff(e)))
+
+
+class ChannelTokenForecaster(nn.Module):
+    """x (B, L, N) -> forecast (B, H, N)."""
+
+    def __init__(self, n_channels, lookback, horizon, dim, n_heads, n_layers, d_ff, prime,
+                 filter_rank=None, dropout=0.0):
+        super().__init__()
+        self.embed = nn.Linear(lookback, dim)
+        self.layers = nn.ModuleList(EncoderLayer(n_channels, dim, n_heads, d_ff, prime, filter_rank, dropout)
+                                    for _ in range(n_layers))
+        self.head = nn.Linear(dim, horizon)
+
+    def forward(self, x):
+        mu = x.mean(1, keepdim=True)
+        sd = (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
+        e = self.embed(((x - mu) / sd).transpose(1, 2))  # (B, N, d)
+        for layer in self.layers:
+            e = layer(e)
+        return self.head(e).transpose(1, 2) * sd + mu
+
+    def filter_deviation(self) -> torch.Tensor:
+        """(N, N): mean over layers of ||F^K_ij - 1|| + ||F^V_ij - 1|| / sqrt(d), the learned pair map."""
+        devs = []
+        for layer in self.layers:
+            fk, fv = layer.attn.filters()
+            d = fk.shape[-1]
+            devs.append(((fk - 1).norm(dim=-1) + (fv - 1).norm(dim=-1)) / math.sqrt(d))
+        return torch.stack(devs).mean(0)
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def build(n_channels, lookback, horizon, dim, n_heads, n_layers, ff_mult, prime, filter_rank=None,
+          d_ff: int | None = None):
+    """The forecaster; FFN width ``d_ff`` (default ff_mult * dim)."""
+    return ChannelTokenForecaster(n_channels, lookback, horizon, dim, n_heads, n_layers,
+                                  int(d_ff) if d_ff is not None else int(ff_mult * dim), prime, filter_rank)
+
+
+def matched_width(n_channels, lookback, horizon, prime_dim, n_heads, n_layers, ff_mult, filter_rank=None,
+                  max_dim: int = 1024) -> tuple[tuple[int, int], int, int]:
+    """Standard model with the prime model's parameter count (prime at width ``prime_dim``).
+
+    The width d is the largest multiple of n_heads whose count at d_ff = ff_mult * d does not exceed
+    the prime count; then d_ff is raised to close the gap (each FFN unit adds 2 d + 1 parameters per
+    layer), so the counts differ by less than n_layers (2 d + 1). Returns ((d, d_ff), prime count,
+    standard count)."""
+    def count(d, dff):
+        return n_params(build(n_channels, lookback, horizon, d, n_heads, n_layers, ff_mult, False, d_ff=dff))
+
+    target = n_params(build(n_channels, lookback, horizon, prime_dim, n_heads, n_layers, ff_mult, True, filter_rank))
+    d = n_heads
+    while d + n_heads <= max_dim and count(d + n_heads, int(ff_mult * (d + n_heads))) <= target:
+        d += n_heads
+    dff = int(ff_mult * d)
+    per_unit = n_layers * (2 * d + 1)
+    dff += int(round((target - count(d, dff)) / per_unit))
+    return (d, dff), target, count(d, dff)

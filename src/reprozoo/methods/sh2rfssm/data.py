@@ -1,0 +1,56 @@
+"""Synthetic long-sequence tasks, generated deterministically from a numpy Generator.
+
+Why these two: they isolate the two things a long-range sequence layer must do.
+
+* Frequency discrimination (classification, K classes): x_t = A sin(2π f_k t + φ) + σ ε_t,
+  t = 0..L-1 (time in steps), class k picks the frequency f_k = f_0 + k Δf (cycles / step), the
+  amplitude A ~ U(a_lo, a_hi) and the phase φ ~ U(0, 2π) are nuisance, ε ~ N(0, 1). Because A
+  varies by a factor a_hi / a_lo larger than the gain ratio of a low-pass filter between the
+  classes, the loudness of a filtered signal does not give the class away: a model needs a bank
+  of band-pass filters (resonators tuned to different f), which is exactly what heterogeneous
+  ω provides and shared ω or a first-order (LIF) kernel do not.
+* Adding problem (regression; Hochreiter & Schmidhuber 1997): two input channels, values
+  u_t ~ U(0, 1) and a marker m_t ∈ {0, 1} that is 1 at one random step in the first half and one in
+  the second; the target is the sum of the two marked values (variance 1/6). The marks are up to
+  L steps before the read-out, so memory over the whole sequence is required.
+
+Arrays are float32, layout (batch, channels, L) as the FFT path wants.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def frequency_discrimination(n: int, length: int, rng: np.random.Generator, f0: float = 0.05,
+                             df: float = 0.01, n_classes: int = 4, amp: tuple[float, float] = (0.5, 1.5),
+                             noise: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(x (n, 1, L), y (n,) int64): noisy sinusoids of class-dependent frequency."""
+    y = rng.integers(0, n_classes, n)
+    f = f0 + df * y
+    a = rng.uniform(*amp, n)
+    phi = rng.uniform(0, 2 * np.pi, n)
+    t = np.arange(length)
+    x = a[:, None] * np.sin(2 * np.pi * f[:, None] * t[None] + phi[:, None]) + noise * rng.standard_normal((n, length))
+    return x[:, None, :].astype(np.float32), y.astype(np.int64)
+
+
+def adding_problem(n: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(x (n, 2, L), y (n,) float32): channel 0 the values, channel 1 the two markers."""
+    u = rng.uniform(0, 1, (n, length))
+    m = np.zeros((n, length))
+    half = length // 2
+    i1 = rng.integers(0, half, n)
+    i2 = rng.integers(half, length, n)
+    rows = np.arange(n)
+    m[rows, i1] = 1.0
+    m[rows, i2] = 1.0
+    y = u[rows, i1] + u[rows, i2]
+    return np.stack([u, m], axis=1).astype(np.float32), y.astype(np.float32)
+
+
+def make(task: str, n: int, length: int, rng: np.random.Generator, options: dict | None = None):
+    if task == "freq":
+        return frequency_discrimination(n, length, rng, **(options or {}))
+    if task == "adding":
+        return adding_problem(n, length, rng)
+    raise ValueError(f"sh2rfssm: unknown task {task!r}; known: freq, adding")
