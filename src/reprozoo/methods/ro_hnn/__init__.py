@@ -1,0 +1,1 @@
+"""RO-HNN: reduced-order Hamiltonian neural networks (symplectic autoencoder + latent HNN)."""
