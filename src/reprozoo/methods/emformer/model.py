@@ -1,0 +1,152 @@
+"""EMFormer in miniature: multi-scale token mixing by ONE convolution, in a small patch transformer.
+
+Multi-scale block. The multi-branch form (the paper's "conventional" module, and the reference
+code's ``TripleConv2``) runs three depthwise convolutions of sizes 1, 3 and 5 on the same input and
+sums them:
+
+    y = w1 * x + w3 * x + w5 * x          (* : depthwise convolution, circular padding)
+
+Convolution is linear in its kernel, so the sum equals ONE 5 x 5 convolution with the merged kernel
+W = pad(w1) + pad(w3) + w5 (zero-padded to 5 x 5 and centred). ``SingleConvMultiScale`` keeps the
+three kernels as parameters (same parameter count: 1 + 9 + 25 per channel) and builds W on every
+call, so training (autograd through the merge) and inference both run a single convolution; the
+reference code fuses the same three kernels in one CUDA kernel. Receptive field: 5 x 5 for both.
+
+Forecaster (``EMFormerNet``). A field x of shape (B, C_var, 32, 64) is embedded by 2 x 2 patches
+into (B, D, 16, 32); each block is pre-norm residual:
+
+    x += Proj(Attention(MS(QKV(LN x))))     the multi-scale conv aggregates q, k, v (reference: MultiConvAttention)
+    x += Linear(GELU(MS(LN x)))             multi-scale conv MLP (reference: MultiConvMlp)
+
+then a transposed patch projection returns the increment: x_{t+1} = x_t + Net(x_t).
+
+Accumulative context (``rollout(..., window > 0)``): each forecast step's attention also sees the
+keys and values of up to ``window`` earlier steps of the same forecast (the reference code's KV
+caches, ``add_kv``); window 0 is the Markov forecaster of standard rollout fine-tuning.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KERNELS = (1, 3, 5)
+
+
+def _circular(x: torch.Tensor, p: int) -> torch.Tensor:
+    return F.pad(x, (p, p, p, p), mode="circular") if p else x
+
+
+class MultiBranchConv(nn.Module):
+    """Sum of depthwise convolutions of sizes 1, 3, 5: three kernels launched, three outputs summed."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.randn(channels, 1, k, k) / k) for k in KERNELS])
+        self.channels = channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = 0
+        for w in self.weights:
+            p = w.shape[-1] // 2
+            out = out + F.conv2d(_circular(x, p), w, groups=self.channels)
+        return out
+
+
+class SingleConvMultiScale(MultiBranchConv):
+    """The same three kernels (same parameters) merged into one 5 x 5 depthwise kernel: one
+    convolution per call."""
+
+    def merged_kernel(self) -> torch.Tensor:
+        kmax = max(KERNELS)
+        w = 0
+        for wk in self.weights:
+            p = (kmax - wk.shape[-1]) // 2
+            w = w + F.pad(wk, (p, p, p, p))
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(_circular(x, max(KERNELS) // 2), self.merged_kernel(), groups=self.channels)
+
+
+def multiscale(kind: str, channels: int) -> nn.Module:
+    if kind == "single":
+        return SingleConvMultiScale(channels)
+    if kind == "multibranch":
+        return MultiBranchConv(channels)
+    raise ValueError(f"multi-scale block '{kind}': expected 'single' or 'multibranch'")
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, kind: str, mlp_ratio: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.ms_qkv = multiscale(kind, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ms_mlp = multiscale(kind, dim)
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, h: int, w: int, cache: list | None = None):
+        """``cache``: (k, v) of earlier forecast steps; the queries of this step attend to them too
+        (the accumulated context). Returns the block output and this step's (k, v)."""
+        b, n, d = x.shape
+        qkv = self.qkv(self.norm1(x)).transpose(1, 2).reshape(b, 3 * d, h, w)
+        qkv = self.ms_qkv(qkv).reshape(b, 3 * d, n).transpose(1, 2)
+        q, k, v = qkv.reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        kk, vv = k, v
+        if cache:
+            kk = torch.cat([c[0] for c in cache] + [k], dim=2)
+            vv = torch.cat([c[1] for c in cache] + [v], dim=2)
+        a = F.scaled_dot_product_attention(q, kk, vv).transpose(1, 2).reshape(b, n, d)
+        x = x + self.proj(a)
+        y = self.norm2(x).transpose(1, 2).reshape(b, d, h, w)
+        y = self.ms_mlp(y).reshape(b, d, n).transpose(1, 2)
+        return x + self.fc(F.gelu(y)), (k, v)
+
+
+class EMFormerNet(nn.Module):
+    def __init__(self, channels: int = 2, dim: int = 32, depth: int = 2, heads: int = 4, patch: int = 2,
+                 kind: str = "single"):
+        super().__init__()
+        self.patch = patch
+        self.embed = nn.Conv2d(channels, dim, patch, stride=patch)
+        self.blocks = nn.ModuleList([Block(dim, heads, kind) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.ConvTranspose2d(dim, channels, patch, stride=patch)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x: torch.Tensor, context: list | None = None):
+        """One forecast step. ``context``: per earlier step, the list of per-block (k, v), or None
+        (Markov step). Returns x_{t+1} and this step's per-block (k, v)."""
+        z = self.embed(x)
+        b, d, h, w = z.shape
+        z = z.flatten(2).transpose(1, 2)
+        kv = []
+        for i, blk in enumerate(self.blocks):
+            z, kv_i = blk(z, h, w, None if context is None else [c[i] for c in context])
+            kv.append(kv_i)
+        z = self.norm(z).transpose(1, 2).reshape(b, d, h, w)
+        return x + self.head(z), kv
+
+
+def rollout(net: EMFormerNet, x0: torch.Tensor, steps: int, window: int = 0, detach_inputs: bool = True):
+    """Autoregressive forecast x_1..x_steps from x_0: (steps, B, C, H, W).
+
+    window = 0: Markov steps (each sees only its input state). window > 0: accumulative context,
+    each step also attends to the keys/values of up to ``window`` earlier steps of this forecast.
+    ``detach_inputs``: the next step's input is the detached forecast (the reference training loop's
+    ``inp = gen.detach()``); the context keeps its graph, so the loss teaches how to use it.
+    """
+    outs, ctx, x = [], [], x0
+    for _ in range(steps):
+        x, kv = net(x, ctx[-window:] if window > 0 else None)
+        outs.append(x)
+        if window > 0:
+            ctx.append(kv)
+        if detach_inputs:
+            x = x.detach()
+    return torch.stack(outs)
