@@ -1,0 +1,1 @@
+"""CBiT: time-series imputation as conditional temporal inference with history compression."""

@@ -1,0 +1,214 @@
+"""The three learned imputers, each a torch module mapping (x, m) -> x_hat of shape (B, T, C).
+
+x holds the values with hidden entries set to 0, m is 1 where observed. Every model returns a
+dict with ``impute`` (the final estimate) and ``aux`` (extra estimates its own loss also fits).
+
+CBiT (conditional temporal inference with history compression; our reading of the paper)
+    The sequence is cut into partitions of ``chunk`` steps and processed forward in time. A
+    memory of S latent slots, ``M_k``, summarises everything before partition k:
+
+        tokens_k  = E [x_k * m_k, m_k] + pos + role_target            (chunk, d)
+        context_k = E [x_{k+1} * m_{k+1}, m_{k+1}] + pos + role_future  (the next partition, observed only)
+        H         = Encoder([M_k + role_history ; tokens_k ; context_k])   (bidirectional inside the window)
+        x_hat_k   = W_out H[target]                                     (imputation of partition k)
+        U         = CrossAttn(queries M_k, keys/values H[target])       (history compression)
+        g         = sigmoid(W_g [M_k, U]);  M_{k+1} = LN(g * U + (1 - g) * M_k)
+
+    Each partition costs O((S + 2 chunk)^2 d), there are T / chunk of them, so inference is linear
+    in T. "Partitioned modelling" = role embeddings that separate the compressed history, the
+    target partition and the observed look-ahead partition. The look-ahead partition is our
+    assumption (the abstract does not say how right context enters); it is observed data only.
+
+BRITS (Cao et al., NeurIPS 2018): two recurrent imputers (forward, backward), each with temporal
+    decay gamma = exp(-relu(W delta + b)) of the hidden state and of the input, history regression
+    x_h = W h, feature regression z = W_f x_c (zero diagonal), learned combination
+    c = a z + (1 - a) x_h; the two directions are averaged and a consistency loss |f - b| is added.
+
+SAITS (Du et al., 2023): two diagonally-masked self-attention (DMSA) blocks over the whole window,
+    the second fed with the first's completed series; the final estimate mixes them with weights
+    eta = sigmoid(W [m, mean attention]); O(T^2) attention.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+def sinusoid(T: int, d: int) -> torch.Tensor:
+    """Standard sinusoidal positional encoding (T, d)."""
+    pos = torch.arange(T, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+    pe = torch.zeros(T, d)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div[: d // 2])
+    return pe
+
+
+class AttnLayer(nn.Module):
+    """Pre-norm multi-head self-attention + feed-forward; returns (out, head-mean attention weights)."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.h, self.dk = heads, d // heads
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, z, block_diag: bool = False):
+        B, T, d = z.shape
+        q, k, v = self.qkv(self.n1(z)).view(B, T, 3, self.h, self.dk).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-1, -2) / math.sqrt(self.dk)
+        if block_diag:  # SAITS: a step may not attend to itself
+            s = s.masked_fill(torch.eye(T, dtype=torch.bool), float("-inf"))
+        a = s.softmax(-1)
+        z = z + self.o((a @ v).transpose(1, 2).reshape(B, T, d))
+        return z + self.ff(self.n2(z)), a.mean(1)
+
+
+class CBiT(nn.Module):
+    def __init__(self, C: int, d: int = 32, heads: int = 2, chunk: int = 16, slots: int = 4, layers: int = 1):
+        super().__init__()
+        self.C, self.chunk, self.slots = C, chunk, slots
+        self.embed = nn.Linear(2 * C, d)
+        self.register_buffer("pos", sinusoid(chunk, d))
+        self.role = nn.Parameter(0.02 * torch.randn(3, d))  # 0 history memory, 1 target, 2 look-ahead
+        self.mem0 = nn.Parameter(0.02 * torch.randn(slots, d))
+        self.enc = nn.ModuleList(AttnLayer(d, heads) for _ in range(layers))
+        self.compress = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.gate = nn.Linear(2 * d, d)
+        self.mem_norm = nn.LayerNorm(d)
+        self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, C))
+
+    def forward(self, x, m):
+        B, T, C = x.shape
+        L, S = self.chunk, self.slots
+        K = -(-T // L)
+        pad = K * L - T
+        xm = torch.cat([x * m, m], -1)
+        xm = F.pad(xm, (0, 0, 0, pad + L))  # one extra empty partition as the last look-ahead
+        tok = self.embed(xm).view(B, K + 1, L, -1) + self.pos
+        mem = self.mem0.expand(B, S, -1)
+        outs = []
+        for k in range(K):
+            z = torch.cat([mem + self.role[0], tok[:, k] + self.role[1], tok[:, k + 1] + self.role[2]], 1)
+            for layer in self.enc:
+                z, _ = layer(z)
+            h = z[:, S:S + L]
+            outs.append(self.out(h))
+            upd, _ = self.compress(mem, h, h, need_weights=False)
+            g = torch.sigmoid(self.gate(torch.cat([mem, upd], -1)))
+            mem = self.mem_norm(g * upd + (1 - g) * mem)
+        y = torch.cat(outs, 1)[:, :T]
+        return {"impute": y, "aux": []}
+
+
+class SAITS(nn.Module):
+    def __init__(self, C: int, d: int = 32, heads: int = 2, layers: int = 1):
+        super().__init__()
+        self.in1, self.in2 = nn.Linear(2 * C, d), nn.Linear(2 * C, d)
+        self.b1 = nn.ModuleList(AttnLayer(d, heads) for _ in range(layers))
+        self.b2 = nn.ModuleList(AttnLayer(d, heads) for _ in range(layers))
+        self.out1 = nn.Linear(d, C)
+        self.out2 = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, C))
+        self.mix = nn.Linear(C + 1, C)  # [m, mean attention received per step] (SAITS uses the full map)
+        self.d = d
+
+    def forward(self, x, m):
+        B, T, C = x.shape
+        pe = sinusoid(T, self.d)
+        z = self.in1(torch.cat([x * m, m], -1)) + pe
+        for layer in self.b1:
+            z, _ = layer(z, block_diag=True)
+        x1 = self.out1(z)
+        xc = m * x + (1 - m) * x1
+        z = self.in2(torch.cat([xc, m], -1)) + pe
+        for layer in self.b2:
+            z, a = layer(z, block_diag=True)
+        x2 = self.out2(z)
+        eta = torch.sigmoid(self.mix(torch.cat([m, a.mean(1, keepdim=True).transpose(1, 2) * T], -1)))
+        x3 = (1 - eta) * x2 + eta * x1
+        return {"impute": x3, "aux": [x1, x2]}
+
+
+def time_gaps(m: torch.Tensor) -> torch.Tensor:
+    """BRITS' delta: steps since the last observation per channel (delta_0 = 0), (B, T, C).
+
+    The recursion delta_t = 1 + (1 - m_{t-1}) delta_{t-1} has the closed form t - s*(t), with s*(t)
+    the last observed step before t (0 if none): a running maximum, no Python loop over T."""
+    B, T, C = m.shape
+    s = torch.arange(T, dtype=m.dtype, device=m.device)[None, :, None]
+    last = torch.cummax(s * (m > 0), 1).values  # last observed step <= t
+    d = s - F.pad(last, (0, 0, 1, 0))[:, :T]
+    d[:, 0] = 0
+    return d
+
+
+class RITS(nn.Module):
+    def __init__(self, C: int, d: int):
+        super().__init__()
+        self.cell = nn.GRUCell(2 * C, d)
+        self.decay_h, self.decay_x = nn.Linear(C, d), nn.Linear(C, C)
+        self.hist, self.feat = nn.Linear(d, C), nn.Linear(C, C)
+        self.combine = nn.Linear(2 * C, C)
+        self.register_buffer("offdiag", 1 - torch.eye(C))
+        self.d = d
+
+    def forward(self, x, m):
+        B, T, C = x.shape
+        delta = time_gaps(m)
+        gh = torch.exp(-F.relu(self.decay_h(delta)))
+        gx = torch.exp(-F.relu(F.linear(delta, self.decay_x.weight * torch.eye(C), self.decay_x.bias)))
+        alpha = torch.sigmoid(self.combine(torch.cat([gx, m], -1)))
+        h = x.new_zeros(B, self.d)
+        wf = self.feat.weight * self.offdiag  # loop invariants hoisted (same maths, fewer small ops)
+        mx, nm, na = m * x, 1 - m, 1 - alpha
+        out = []
+        for t in range(T):
+            h = h * gh[:, t]
+            xh = self.hist(h)
+            xc = mx[:, t] + nm[:, t] * xh
+            zh = F.linear(xc, wf, self.feat.bias)
+            ch = alpha[:, t] * zh + na[:, t] * xh
+            out.append(ch)
+            cc = mx[:, t] + nm[:, t] * ch
+            h = self.cell(torch.cat([cc, m[:, t]], -1), h)
+        return torch.stack(out, 1)
+
+
+class BRITS(nn.Module):
+    def __init__(self, C: int, d: int = 32):
+        super().__init__()
+        self.f, self.b = RITS(C, d), RITS(C, d)
+
+    def forward(self, x, m):
+        yf = self.f(x, m)
+        yb = self.b(x.flip(1), m.flip(1)).flip(1)
+        return {"impute": (yf + yb) / 2, "aux": [yf, yb], "consistency": (yf - yb).abs().mean()}
+
+
+def build(variant: str, C: int, p: dict) -> nn.Module:
+    d, heads = int(p["d_model"]), int(p["heads"])
+    if variant == "cbit":
+        return CBiT(C, d, heads, int(p["chunk"]), int(p["slots"]), int(p["layers"]))
+    if variant == "saits":
+        return SAITS(C, d, heads, int(p["layers"]))
+    if variant == "brits":
+        return BRITS(C, d)
+    raise KeyError(f"no learned model for variant '{variant}'; known: cbit, saits, brits")
+
+
+def loss_fn(out: dict, x, m_in, m_hidden):
+    """SAITS' joint objective, the same for every model: ORT (MAE on the entries the model saw, over
+    the final and auxiliary estimates) + MIT (MAE on the artificially hidden entries)."""
+    def mae(y, w):
+        return (w * (y - x).abs()).sum() / w.sum().clamp_min(1.0)
+
+    ests = [out["impute"]] + list(out["aux"])
+    ort = sum(mae(y, m_in) for y in ests) / len(ests)
+    loss = ort + mae(out["impute"], m_hidden)
+    if "consistency" in out:
+        loss = loss + 0.1 * out["consistency"]
+    return loss
