@@ -177,7 +177,7 @@ def html_page(df: pd.DataFrame, claims_files: list[Path], links: dict[str, str] 
         if "ci" in set(df.scale):
             parts.append("<p class='banner'><b>ci scale: plumbing only.</b> These verdicts test that the "
                          "pipeline runs; the claims are tested at <code>smoke</code>.</p>")
-    datas = [(f, read_json(f)) for f in claims_files]
+    datas = sorted(((f, read_json(f)) for f in claims_files), key=lambda fd: fd[1]["method"])
     parts.append("<h2>Contents</h2><ul>" + "".join(
         f"<li><a href='#{html.escape(d['method'])}'>{html.escape(d['method'])}</a>: "
         f"{html.escape(counts(c['verdict'] for c in d['claims']))}</li>" for _, d in datas) + "</ul>")
