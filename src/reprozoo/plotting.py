@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from reprozoo.figures import save_figure
 
 
 def plt():
@@ -39,9 +40,7 @@ def curve_plot(table: pd.DataFrame, metric: str, path: Path, logx: bool = False,
     ax.set_title(title or metric)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    p.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -76,6 +75,4 @@ def generic_plots(table: pd.DataFrame, plots_dir: Path, spec, only=None) -> None
         ax.barh(mean.index, mean.values, xerr=std.values, color="tab:blue", alpha=0.7)
         ax.set_title(m, fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "scalars.png", dpi=100)
-    p.close(fig)
+    save_figure(fig, plots_dir / "scalars.png", dpi=100)

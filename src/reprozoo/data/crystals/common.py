@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 # VASP writes elastic moduli in the order xx, yy, zz, xy, yz, zx; standard Voigt is xx, yy, zz, yz, xz, xy
@@ -389,6 +390,4 @@ def preview(out_dir: Path, png: Path, title: str) -> None:
     ax.set_title("synthetic order-2 / order-3 targets")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ...io import atomic_path, write_json
 from ..registry import DatasetError
+from reprozoo.figures import save_figure
 
 REGIONS = ("frontal", "central", "parietal", "occipital", "temporal")
 
@@ -257,12 +258,8 @@ def acquire_by_source(name: str, source: str, raw_dir: Path, *, simulate=None, f
 
 def save_preview(fig, png: Path, title: str) -> None:
     """Title, tight layout, 90 dpi PNG, figure closed: how every dataset preview ends."""
-    import matplotlib.pyplot as plt
-
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)
 
 
 def hash_user_files(files: list[Path]) -> dict:

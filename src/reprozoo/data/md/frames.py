@@ -36,6 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ...io import atomic_path, save_npz, write_json
+from reprozoo.figures import save_figure
 
 FRAMES_NPZ = "frames.npz"
 FRAMES_PARQUET = "frames.parquet"
@@ -347,6 +348,4 @@ def preview(out_dir: Path | str, png: Path | str, title: str | None = None) -> N
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     tag = "  [OFFLINE SURROGATE: classical force field, not the published data]" if meta.get("surrogate") else ""
     fig.suptitle(f"{name}: {s['n_frames']} frames, {s['n_systems']} system(s), {natoms} atoms{tag}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import copy_processed, march, file_sizes, grf_periodic, plt_agg, read_h5, wavenumbers, write_h5
+from reprozoo.figures import save_figure
 
 
 class AllenCahn:
@@ -131,9 +132,7 @@ def preview(out_dir: Path, png: Path) -> None:
         axes[-1].plot(t, d.diagnostics["energy"][j], lw=1)
     axes[-1].set_title("energy (decreasing)"), axes[-1].set_xlabel("t")
     fig.suptitle(f"Allen-Cahn, {d.attrs['ndim']}-D, n={d.attrs['n']}, eps={d.attrs['eps']}")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)
 
 
 def load(out_dir: Path):

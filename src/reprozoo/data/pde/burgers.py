@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import copy_processed, lawson_rk4, march, dealias_mask, file_sizes, plt_agg, read_h5, wavenumbers, write_h5
+from reprozoo.figures import save_figure
 
 
 class Burgers1D:
@@ -152,9 +153,7 @@ def spacetime_preview(u: np.ndarray, x: np.ndarray, t: np.ndarray, png: Path, ti
         axes[2].plot(x, u[0, i], label=f"t={t[i]:.2f}")
     axes[2].legend(fontsize=7), axes[2].set_title("traj 0 profiles")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)
 
 
 def preview(out_dir: Path, png: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import file_sizes, grf_periodic, make_split, plt_agg, read_h5, wavenumbers, write_h5
+from reprozoo.figures import save_figure
 
 
 def heat_exact(u0: np.ndarray, t: np.ndarray, kappa: float, length: float = 2 * np.pi) -> np.ndarray:
@@ -125,9 +126,7 @@ def preview(out_dir: Path, png: Path) -> None:
         ax.set_title(f"Poisson sample 0: {k}")
         fig.colorbar(im, ax=ax)
     fig.suptitle(f"heat (kappa={h.attrs['kappa']}, n={h.attrs['n']}) and Dirichlet Poisson (n={p.attrs['n']})")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)
 
 
 def load(out_dir: Path) -> dict:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .common import (copy_processed, dealias_mask, march, file_sizes, grf_periodic, plt_agg, read_h5, wavenumbers,
                      write_h5)
+from reprozoo.figures import save_figure
 
 
 class Vorticity2D:
@@ -241,9 +242,7 @@ def preview(out_dir: Path, png: Path) -> None:
     axes[-1].set_title("energy per trajectory")
     axes[-1].set_xlabel("t")
     fig.suptitle(f"Kolmogorov flow vorticity, n={d.attrs['n']}, nu={d.attrs['nu']}, k_f={d.attrs['forcing_k']}")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)
 
 
 def load(out_dir: Path):

@@ -25,6 +25,7 @@ import numpy as np
 from . import pdebench
 from .common import grf_periodic, make_split, plt_agg, read_h5, write_h5
 from .kolmogorov import Vorticity2D
+from reprozoo.figures import save_figure
 
 OUT = "pdebench_ns2d.h5"
 STANDIN_ORIGIN = ("reprozoo periodic vorticity solver in PDEBench NS layout "
@@ -132,9 +133,7 @@ def preview(out_dir: Path, png: Path) -> None:
         axes[1, j].set_title(f"particles, t={t[i]:.2f}")
     kind = "stand-in" if "stand-in" in d.attrs["origin"] else "PDEBench"
     fig.suptitle(f"PDEBench 2-D incompressible NS ({kind}), n={d.attrs['n']}")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
+    save_figure(fig, png, dpi=90)
 
 
 def load(out_dir: Path):

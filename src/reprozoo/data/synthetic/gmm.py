@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ...io import save_npz
+from reprozoo.figures import save_figure
 
 
 @dataclass
@@ -102,9 +103,7 @@ def preview(out_dir: Path, png: Path) -> None:
     ax.scatter(gmm.means[:, 0], gmm.means[:, 1], c="r", marker="x")
     ax.set_title("gmm2d samples (red: component means)")
     ax.set_aspect("equal")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png, dpi=100)
 
 
 def load(out_dir: Path) -> GaussianMixture:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..download import fetch
 from .common import plt_agg, read_parquet, write_parquet
+from reprozoo.figures import save_figure
 
 BASE_URL = "https://raw.githubusercontent.com/zhouhaoyi/ETDataset/main/ETT-small/"
 ENV_BASE_URL = "REPROZOO_ETT_BASE_URL"
@@ -97,9 +98,7 @@ def preview(out_dir: Path, png: Path) -> None:
             ax.plot(df.index, df[c], lw=0.5, label=c)
         ax.set_title(f"{n} ({FREQ[n]}, {len(df)} rows)", fontsize=9)
         ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(png, dpi=80)
-    plt.close(fig)
+    save_figure(fig, png, dpi=80)
 
 
 def load(out_dir: Path) -> dict:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...io import write_json
 from .common import plt_agg, read_parquet, write_parquet
+from reprozoo.figures import save_figure
 
 
 def tendency(x: np.ndarray, forcing: float = 8.0, damping: float = 1.0) -> np.ndarray:
@@ -150,9 +151,7 @@ def preview(out_dir: Path, png: Path) -> None:
     axes[1].plot(o0["t"].iloc[:k], o0["x00"].iloc[:k], ".", ms=3, label="x00 observed")
     axes[1].legend(fontsize=7), axes[1].set_xlabel("t")
     fig.suptitle(f"Lorenz-96, N={len(xcols)}; coupling edges i-2, i-1, i+1 -> i")
-    fig.tight_layout()
-    fig.savefig(png, dpi=85)
-    plt.close(fig)
+    save_figure(fig, png, dpi=85)
 
 
 def load(out_dir: Path) -> dict:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import plt_agg, read_parquet, write_parquet
+from reprozoo.figures import save_figure
 
 SERIES = ("co2", "sunspots", "elnino", "macrodata", "nile")
 FREQ = {"co2": "W-SAT", "sunspots": "YS-JAN", "elnino": "MS", "macrodata": "QS-JAN", "nile": "YS-JAN"}  # pandas aliases
@@ -130,9 +131,7 @@ def preview(out_dir: Path, png: Path) -> None:
             ax.legend(fontsize=7)
         ax.set_ylabel(main[n], fontsize=8)
         ax.set_title(f"{n} ({FREQ[n]}, {len(df)} rows)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png, dpi=80)
-    plt.close(fig)
+    save_figure(fig, png, dpi=80)
 
 
 def load(out_dir: Path) -> dict:

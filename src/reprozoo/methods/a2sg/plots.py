@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 DATASETS = (("digits", "sklearn digits 8x8"), ("mnist1d", "procedural MNIST-1D"))
 ORDER = ["a2sg", "a2sg_symmetric", "rectangular", "sigmoid", "arctan"]
@@ -12,9 +13,7 @@ ORDER = ["a2sg", "a2sg_symmetric", "rectangular", "sigmoid", "arctan"]
 
 def _save(p, fig, title: str, path: Path) -> None:
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    p.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _variants(table):

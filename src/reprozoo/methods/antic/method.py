@@ -25,6 +25,7 @@ import numpy as np
 
 from .flow import enstrophy, make_flow, run_insitu
 from .selection import AdaptiveSelector, UniformSelector, interpolate_frames
+from reprozoo.figures import save_figure
 
 VARIANT_ORDER = ["antic", "uniform_continual", "adaptive_scratch", "zfp"]
 COLORS = {"antic": "C0", "uniform_continual": "C1", "adaptive_scratch": "C2", "zfp": "C3"}
@@ -168,9 +169,7 @@ def _finish(plt_, fig, ax, xlabel, ylabel, title, png):
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt_.close(fig)
+    save_figure(fig, png, dpi=110)
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:
@@ -271,6 +270,4 @@ def plot_fields(frames_by_variant: dict, png: Path) -> None:
     for ax in axes.flat:
         ax.set_xticks([]), ax.set_yticks([])
     fig.suptitle("Vorticity (1/time): true, reconstructed, error; error colour range = 20% of the field's")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt_.close(fig)
+    save_figure(fig, png, dpi=90)

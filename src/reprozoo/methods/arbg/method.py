@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 VARIANTS = ("arbg", "flow", "cnf")
 
@@ -280,9 +281,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.legend(fontsize=7)
         axes[0, 0].set_ylabel("density (per energy unit)")
         fig.suptitle(f"{t.upper()}: do proposal and reweighted energies match the reference? (mean ± std over seeds)")
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"energy_hist_{t}.png", dpi=110)
-        pl.close(fig)
+        save_figure(fig, plots_dir / f"energy_hist_{t}.png", dpi=110)
 
         # ESS / E-W2 / NLL per variant, one dot per seed
         fig, axes = pl.subplots(1, 3, figsize=(12, 3.8))
@@ -312,9 +311,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             axes[0].annotate("1/n: one sample carries all weight", (0.02, 1.0 / n_eval), xycoords=("axes fraction", "data"),
                              fontsize=7, va="bottom")
         fig.suptitle(f"{t.upper()}: does the autoregressive BG beat the flows? (bars: mean, dots: seeds)")
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"ess_{t}.png", dpi=110)
-        pl.close(fig)
+        save_figure(fig, plots_dir / f"ess_{t}.png", dpi=110)
 
         curve_plot(table, f"val_loss_{t}", plots_dir / f"curve_val_loss_{t}.png", xlabel="training step",
                    ylabel="validation loss (NLL nats for arbg/flow; FM loss for cnf)",

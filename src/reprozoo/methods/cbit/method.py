@@ -30,6 +30,7 @@ import numpy as np
 
 from ...blocks.imputation import (block_mask, carry_forward, linear_interpolation, masked_mae, masked_rmse,
                                   random_mask)
+from reprozoo.figures import save_figure
 
 LEARNED = ("cbit", "brits", "saits")
 STATSMODELS_COLUMN = {"elnino": "sst", "co2": "co2", "sunspots": "sunactivity"}  # univariate real series
@@ -297,9 +298,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     axes[0].set_ylabel("masked MAE (z-units, mean over series; band ±1 sd over seeds)")
     axes[1].legend(fontsize=8)
     fig.suptitle("Does CBiT have the lowest masked MAE at every missing rate?", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "mae_vs_rate.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "mae_vs_rate.png", dpi=110)
 
     seed0 = t.seed.min() if len(t) else 0
     for name in params.get("series", ["elnino", "lorenz96"]):
@@ -322,9 +321,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"{name}, block mask {int(100 * params.get('rates', [0, 0.3])[1])} % (hidden steps shaded): "
                      "which imputation follows the truth through the gaps?", fontsize=9)
         ax.legend(fontsize=7, ncol=6)
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"imputed_{name}.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, plots_dir / f"imputed_{name}.png", dpi=110)
 
     rt = t[t.metric == "runtime_s"]
     if not rt.empty:
@@ -336,6 +333,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel("inference CPU time (s, 1 thread)")
         ax.set_title("Does CBiT's inference time grow linearly with length?", fontsize=9)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "runtime_vs_length.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "runtime_vs_length.png", dpi=110)

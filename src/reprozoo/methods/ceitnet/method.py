@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 DATASET = "crystals_emt_elastic"
 TARGET_NAMES = {2: "eps_like (order 2, synthetic)", 3: "piezo_like (order 3, synthetic)",
@@ -183,9 +184,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.set_yscale("log")
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "accuracy.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "accuracy.png", dpi=110)
 
     fig, axes = pl.subplots(1, len(orders), figsize=(4.2 * len(orders), 3.6), squeeze=False)
     for ax, o in zip(axes[0], orders):
@@ -201,9 +200,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"order {o}: accuracy vs time (each job's own timing)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "accuracy_vs_time.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "accuracy_vs_time.png", dpi=110)
 
     fig, ax = pl.subplots(figsize=(6, 3.6))
     for vi, var in enumerate(variants):
@@ -219,6 +216,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_title("Equivariance under random rotations and reflections", fontsize=9)
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "equivariance.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "equivariance.png", dpi=110)

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -376,6 +377,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     axes[3].set_ylim(0, 1.3 * max(float(sub.value.max()) if not sub.empty else 1.0, 1e-9))
     axes[3].legend(fontsize=7, loc="upper right", ncol=len(variants))
     fig.suptitle("DKMP vs dense radius graphs: cost scaling on periodic bulk Cu cells (edges per layer: held-out clusters)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "scaling.png", dpi=100)
-    p.close(fig)
+    save_figure(fig, plots_dir / "scaling.png", dpi=100)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import protocol as P
+from reprozoo.figures import save_figure
 
 _COLORS = {"ecg_r1": "C3", "sft_only": "C0", "rl_no_dropout": "C1", "signal_only": "C2", "image_only": "C4"}
 
@@ -89,9 +90,7 @@ def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
           lambda g, lab: _scalar(t, g, "dx_acc" if lab == "dx accuracy" else "evidence_precision"),
           "fraction of test reports / statements", "Diagnosis accuracy and evidence precision (both modalities)")
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "hallucination_rate.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "hallucination_rate.png", dpi=110)
 
     # 3. missing-modality accuracy
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -106,9 +105,7 @@ def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
     _bars(ax, both + [v for v in present if v in single], list(names), acc, "diagnosis accuracy",
           "Does modality dropout keep accuracy when a modality is missing?")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "missing_modality_accuracy.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "missing_modality_accuracy.png", dpi=110)
 
     # 4. training curves with seed bands
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -129,6 +126,4 @@ def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
     axes[0].set_title("Has SFT converged before the second stage?")
     axes[1].set_title("Does the second stage raise the evidence reward?")
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "training_curves.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "training_curves.png", dpi=110)

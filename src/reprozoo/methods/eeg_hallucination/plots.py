@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 COND_COLORS = {"correct": "tab:blue", "detected": "tab:red", "missed": "tab:green"}
 LABEL = {"correct": "correct content", "detected": "hallucination, detected", "missed": "hallucination, missed"}
@@ -34,9 +35,7 @@ def _save(fig, ax, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_erps(table, plots_dir: Path, params) -> None:
@@ -67,9 +66,7 @@ def plot_erps(table, plots_dir: Path, params) -> None:
         ax.legend(fontsize=7)
     axes[0].set_ylabel("amplitude (uV), mean +- 95 % CI over subjects")
     fig.suptitle(f"Do detected hallucinations carry larger N400/P600 while missed ones look like correct content? (seed {s})")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "erp_peak_electrodes.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "erp_peak_electrodes.png", dpi=110)
 
 
 def plot_topomaps(table, plots_dir: Path, params) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from .method import VARIABLES, VARIANTS, snapshot_leads
+from reprozoo.figures import save_figure
 
 LABELS = {"psi": "streamfunction ψ", "zeta": "vorticity ζ"}
 COLORS = {"emformer": "C0", "rollout_ft": "C1", "fixed_loss": "C2", "pretrained": "C7"}
@@ -40,9 +41,7 @@ def plot_skill(table, plots_dir: Path, metric: str, ylabel: str, question: str) 
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(question + " (line: seed mean, band: min-max over seeds)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / f"skill_{metric}.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / f"skill_{metric}.png", dpi=110)
 
 
 def plot_snapshots(table, plots_dir: Path, params: dict) -> None:

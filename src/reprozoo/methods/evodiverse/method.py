@@ -31,6 +31,7 @@ from .expressions import evaluate, parse
 from .proposers import LLMProposer, make_proposer
 from .search import Candidate, run_variant, top_k_diversity
 from .tasks import FEYNMAN, CirclePackingTask, EquationTask, lp_radii, metric_name
+from reprozoo.figures import save_figure
 
 GENERIC_CURVES: list[str] = []  # every curve is drawn by plot() below
 
@@ -182,9 +183,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.legend(fontsize=7)
     axes[0].set_title("Equation discovery: more diverse at equal quality?", fontsize=9)
     axes[1].set_title(f"Circle packing: more diverse at equal quality? (x: top-{k} per seed)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "qd_fronts.png", dpi=110)
-    p.close(fig)
+    save_figure(fig, plots_dir / "qd_fronts.png", dpi=110)
 
     # the best packing of each variant (best seed)
     sub = table[table.metric == "cp_best"]
@@ -206,6 +205,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.set_xlabel("x (unit square)")
             ax.set_ylabel("y (unit square)")
         fig.suptitle("Best circle packing found by each variant at equal oracle budget", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "best_packing.png", dpi=110)
-        p.close(fig)
+        save_figure(fig, plots_dir / "best_packing.png", dpi=110)

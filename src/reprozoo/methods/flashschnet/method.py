@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ...io import save_npz
+from reprozoo.figures import save_figure
 
 
 def _device(p):
@@ -250,6 +251,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_title("Flash vs baseline (separate jobs; claim uses the interleaved speed-up)", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "ratios.png", dpi=110)
-    p.close(fig)
+    save_figure(fig, plots_dir / "ratios.png", dpi=110)

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import learners as L
 from .streams import make_stream, path_length
+from reprozoo.figures import save_figure
 
 TASKS = ("linear", "logistic")
 SHORT = {"linear": "lin", "logistic": "logit"}
@@ -183,9 +184,7 @@ def _loglog_panel(pyplot, sub, path: Path, xlabel: str, ylabel: str, title: str,
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:
@@ -234,6 +233,4 @@ def _plot_adam(table, plots_dir: Path, params: dict, pyplot) -> None:
         ax.set_title(f"Which (beta1, beta2) tracks a {drift} drift best?", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "adam_beta_sweep.png", dpi=110)
-    pyplot.close(fig)
+    save_figure(fig, plots_dir / "adam_beta_sweep.png", dpi=110)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 TI_ORDER = ("true_sde", "linear_interp", "ot_linear", "ot_bridge", "flow_matching")
 COLORS = {"true_sde": "k", "linear_interp": "tab:orange", "ot_linear": "tab:blue", "ot_bridge": "tab:green",
@@ -59,9 +60,7 @@ def plot_trajectories(table, plots_dir: Path, params: dict) -> None:
     axes[0].set_ylabel("branch coordinate X (dimensionless)")
     axes[0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"Do the inferred trajectories follow the bifurcating SDE? (seed {seed}, held-out time dotted)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "trajectories.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "trajectories.png", dpi=120)
 
 
 def plot_benchmark(table, plots_dir: Path, params: dict) -> None:
@@ -87,9 +86,7 @@ def plot_benchmark(table, plots_dir: Path, params: dict) -> None:
     ax.set_ylabel("estimated FKL [nats]")
     ax.set_title("Does the FKL estimate match the closed-form path KL\nbetween linear SDEs? (one point per case and seed)")
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "kl_benchmark.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "kl_benchmark.png", dpi=120)
 
 
 def plot_rankings(table, plots_dir: Path, params: dict) -> None:
@@ -118,9 +115,7 @@ def plot_rankings(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel(label)
     fig.suptitle("Do held-out W1 and path KL rank the trajectory-inference methods alike? "
                  "(bars: mean over seeds, dots: seeds, #: rank; KL below 1e-3 drawn at 1e-3)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "rankings.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "rankings.png", dpi=120)
 
 
 def make_plots(table, plots_dir: Path, params: dict) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .benchmarks import NGUYEN, task_data
+from reprozoo.figures import save_figure
 
 VARIANTS = {  # variant -> (policy, training mode); "gp" is gplearn alone
     "gcn_sr": ("gcn", "swpg"),
@@ -147,6 +148,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_title("How often does each variant recover the exact formula?\n"
                  "recovery rate (%) per Nguyen task, mean ± std over seeds", fontsize=9)
     fig.colorbar(im, ax=ax, label="recovery rate (fraction of runs)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "recovery_table.png", dpi=120)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "recovery_table.png", dpi=120)

@@ -27,6 +27,7 @@ import numpy as np
 
 from .geometry import lifted_targets, outward_normals, random_shape, sample_outside, sdf
 from .panel import flow_velocity, solve_source_panels
+from reprozoo.figures import save_figure
 
 GENERIC_CURVES: dict = {}
 U_INF = np.array([1.0, 0.0])
@@ -244,9 +245,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_ylabel("test relative L2 of u − U∞ (–)")
     ax.set_title("How many labels does each pre-training save?")
     ax.legend(title="band: seed min–max")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "error_vs_labels.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "error_vs_labels.png", dpi=120)
 
     # validation curves, one panel per N
     ns = sorted({int(m[len("val_rel_l2_n"):]) for m in set(table.metric) if m.startswith("val_rel_l2_n")})
@@ -266,9 +265,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         axes[0][0].set_ylabel("validation relative L2 (–)")
         axes[0][0].legend()
         fig.suptitle("Does pre-training speed up fine-tuning convergence?")
-        fig.tight_layout()
-        fig.savefig(plots_dir / "validation_curves.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "validation_curves.png", dpi=120)
 
     _plot_fields(plots_dir, variants, colors)
 
@@ -299,6 +296,4 @@ def _plot_fields(plots_dir: Path, variants, colors) -> None:
             fig.colorbar(im, ax=ax, label="|u − U∞| / U∞")
         row[0].set_ylabel("y (box units)")
     fig.suptitle("Does the fine-tuned model reproduce the potential flow around one test shape?")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "fields.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "fields.png", dpi=110)

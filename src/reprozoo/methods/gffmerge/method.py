@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 VARIANTS_MERGE = ("gffmerge", "gffmerge_relaxed", "gffmerge_ft", "gffmerge_force")
 # setting name -> metric prefix; the unprefixed metrics (read by the paper's claims) are the
@@ -428,9 +429,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.set_title(f"{kind} MAE per system, {name} theta_0 (mean +- std over seeds)", fontsize=9)
             ax.grid(alpha=0.3, axis="y", which="both")
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "mae_per_system.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "mae_per_system.png", dpi=110)
 
     # wall time: merge (closed form), merge + fine-tune, joint training
     bars = [("gffmerge\nclosed form", "merge_seconds", "gffmerge"),
@@ -454,9 +453,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.annotate(f"{b[1]:.2g} s", (b[1] + b[2], i), fontsize=7, xytext=(4, 0), textcoords="offset points",
                         va="center")
         ax.grid(alpha=0.3, axis="x", which="both")
-        fig.tight_layout()
-        fig.savefig(plots_dir / "wall_time.png", dpi=110)
-        pl.close(fig)
+        save_figure(fig, plots_dir / "wall_time.png", dpi=110)
 
     # learning curves on validation frames: joint from scratch vs fine-tuning from a merge
     curves = [(f"{pre}{m}", unit, name) for name, pre in SETTINGS.items()
@@ -477,9 +474,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"Joint training from {name} theta_0 vs fine-tuning a merge", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"curve_{metric}.png", dpi=110)
-        pl.close(fig)
+        save_figure(fig, plots_dir / f"curve_{metric}.png", dpi=110)
 
     # per-layer alignment residual, closed form vs weight average
     cur = table[table.metric.isin(["layer_residual_merged", "layer_residual_average"]) & table.x.notna()]
@@ -502,6 +497,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title("Layer-wise embedding alignment (pre-trained theta_0)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "curve_layer_residual_merged.png", dpi=110)
-        pl.close(fig)
+        save_figure(fig, plots_dir / "curve_layer_residual_merged.png", dpi=110)

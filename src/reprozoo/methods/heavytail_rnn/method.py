@@ -27,6 +27,7 @@ import numpy as np
 
 from .analysis import effective_rank, hill_tail_index, participation_ratio
 from .tasks import N_CLASSES, N_INPUTS, make_batch
+from reprozoo.figures import save_figure
 
 DALE_LAW = {"dale_heavy": "lognormal", "dale_gauss": "halfnormal", "rnn_free": None}
 HIST_EDGES = np.linspace(-3.0, 1.5, 46)  # bins of log10(|w| / block RMS) for the histograms
@@ -211,9 +212,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"{task}: which magnitudes does training leave? (mean +- std over seeds)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"curve_mag_hist_{task}.png", dpi=110)
-        pyplot.close(fig)
+        save_figure(fig, plots_dir / f"curve_mag_hist_{task}.png", dpi=110)
 
         # eigen-spectra of the trained connectivity, all seeds overlaid
         eig = table[table.metric == f"eig_{task}"]
@@ -230,9 +229,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.grid(alpha=0.3)
         fig.suptitle(f"{task}: do heavy tails leave a few outlying eigenvalues of W? "
                      "(all seeds; dotted: initial bulk radius g)", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"curve_eig_{task}.png", dpi=110)
-        pyplot.close(fig)
+        save_figure(fig, plots_dir / f"curve_eig_{task}.png", dpi=110)
 
         curve_plot(table, f"sv_{task}", plots_dir / f"curve_sv_{task}.png", logy=True, variants=variants,
                    xlabel="index i", ylabel="s_i / s_1", title=f"{task}: how fast do singular values of W decay?")

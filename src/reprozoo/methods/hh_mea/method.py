@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from .cell_model import PARAM_NAMES, PARAM_UNITS, Experiment, random_patterns
+from reprozoo.figures import save_figure
 
 VARIANTS = ("npe_features", "npe_raw", "gradient_fit", "default_hh")
 
@@ -248,9 +249,7 @@ def plot(table, plots_dir, params) -> None:
         ax.set_ylabel(lab)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Does the fitted HH model reproduce the test cell's spike? (seed {seed0}, cell 0)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "voltage_traces.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "voltage_traces.png", dpi=120)
 
     # 2. posterior pair plot of test cell 0
     from .cell_model import PARAM_NAMES as names
@@ -280,9 +279,7 @@ def plot(table, plots_dir, params) -> None:
                     ax.set_ylabel(f"log {names[i]} ({PARAM_UNITS[i]})")
         axes[0, 0].legend(fontsize=7)
         fig.suptitle(f"Where is test cell 0's posterior, and does it cover the truth (star)? (seed {seed0})")
-        fig.tight_layout()
-        fig.savefig(plots_dir / "posterior_pairs.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "posterior_pairs.png", dpi=120)
 
     # 3. stimulation accuracy per variant, every seed
     acc = scalars("acc")
@@ -297,9 +294,7 @@ def plot(table, plots_dir, params) -> None:
         ax.set_ylim(0.5, 1.0)
         ax.legend(fontsize=8)
         ax.set_title("Which fitted model predicts held-out stimulation responses best?")
-        fig.tight_layout()
-        fig.savefig(plots_dir / "stim_accuracy.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "stim_accuracy.png", dpi=120)
 
     # 4. SBC expected coverage with the seed spread
     fig, ax = plt.subplots(figsize=(5, 4.5))
@@ -316,9 +311,7 @@ def plot(table, plots_dir, params) -> None:
     ax.set_ylabel("empirical coverage (mean over parameters)")
     ax.legend(fontsize=8)
     ax.set_title("Are the NPE posteriors calibrated (SBC)?")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "sbc_coverage.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "sbc_coverage.png", dpi=120)
 
     # 5. training curves
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -337,6 +330,4 @@ def plot(table, plots_dir, params) -> None:
     axes[1].set_xlabel("Adam step")
     axes[1].set_ylabel("normalised EI squared error")
     fig.suptitle("Did NPE and the gradient fit train until flat?")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_training.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "curve_training.png", dpi=120)

@@ -35,6 +35,7 @@ import numpy as np
 
 from . import protocols as P
 from . import theory as T
+from reprozoo.figures import save_figure
 
 
 def _variant(ctx) -> tuple[str, str]:
@@ -186,9 +187,7 @@ def _axes(ax, xlabel, ylabel, title, log=False):
 
 
 def _save(pyplot, fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:

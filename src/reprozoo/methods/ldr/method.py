@@ -24,6 +24,7 @@ import json
 import time
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 VARIANT_MEASURE = {"ml": None, "ldr_var": "variance", "ldr_mad": "mad"}
 
@@ -252,6 +253,4 @@ def _energy_histograms(table, plots_dir, variants, target, p) -> None:
         ax.legend(fontsize=7)
     axes[0, 0].set_ylabel("density (1/kT)")
     fig.suptitle(f"{target}: do flow samples have the target's energies? (mean ± std over seeds)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "energy_hist.png", dpi=110)
-    p.close(fig)
+    save_figure(fig, plots_dir / "energy_hist.png", dpi=110)

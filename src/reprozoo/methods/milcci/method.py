@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .data import MultiTrialData, make_dataset
+from reprozoo.figures import save_figure
 
 
 # --- shared per-seed work ----------------------------------------------------------------------
@@ -183,9 +184,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.grid(alpha=0.3, axis="y")
         fig.suptitle("Which decomposition recovers the planted components? (bars: mean +- std over seeds)",
                      fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "recovery.png", dpi=110)
-        plt_.close(fig)
+        save_figure(fig, plots_dir / "recovery.png", dpi=110)
 
     comp = table[table.metric == "recovered_map"]
     if comp.empty:
@@ -209,9 +208,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     axes[0, 0].legend(fontsize=6, ncol=6, loc="upper right")
     axes[-1, 0].set_xlabel("channel")
     fig.suptitle(f"Do the recovered spatial maps match the planted ones? (condition 0, seed {seed})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_recovered_map.png", dpi=110)
-    plt_.close(fig)
+    save_figure(fig, plots_dir / "curve_recovered_map.png", dpi=110)
 
     # 2) per-category structure: each component's map in every condition, planted vs MILCCI
     rec = _curve(table, "recovered_map", "milcci", seed)
@@ -229,9 +226,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.set_xlabel("channel", fontsize=7)
     fig.suptitle(f"Does each map change only with its own category's label? (rows: conditions, seed {seed})",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_planted_map.png", dpi=110)
-    plt_.close(fig)
+    save_figure(fig, plots_dir / "curve_planted_map.png", dpi=110)
 
     # 3) recovered vs planted traces, the first training trial of three conditions
     pt = _curve(table, "planted_trace", variants[0], seed).reshape(K, P, T)
@@ -256,9 +251,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     axes[0, 0].legend(fontsize=5)
     fig.suptitle(f"Do the recovered temporal traces follow the planted ones trial by trial? (seed {seed})",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_recovered_trace.png", dpi=110)
-    plt_.close(fig)
+    save_figure(fig, plots_dir / "curve_recovered_trace.png", dpi=110)
 
     # 4) the planted traces: cross-trial variability
     fig, axes = plt_.subplots(1, P, figsize=(3.2 * P, 2.6), squeeze=False)
@@ -270,6 +263,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     axes[0, 0].set_ylabel("activity (a.u.)", fontsize=7)
     axes[0, 0].legend(fontsize=5)
     fig.suptitle("How much do the planted traces vary across trials? (one trial per condition)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_planted_trace.png", dpi=110)
-    plt_.close(fig)
+    save_figure(fig, plots_dir / "curve_planted_trace.png", dpi=110)

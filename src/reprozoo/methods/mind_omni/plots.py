@@ -14,6 +14,7 @@ import numpy as np
 
 from . import data as D
 from .tasks import TASKS
+from reprozoo.figures import save_figure
 
 VARIANTS = ("joint", "single_task")
 COLORS = {"joint": "C0", "single_task": "C1"}
@@ -57,9 +58,7 @@ def plot_reconstructions(table, path: Path, pl) -> None:
         a.set_yticks([])
     fig.suptitle(f"Can one model read digits and captions out of the brain map? (test digits, seed {seed};\n"
                  "columns 3+: fMRI->image reconstruction, title: fMRI->caption)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pl.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_scores(table, path: Path, pl) -> None:
@@ -83,9 +82,7 @@ def plot_scores(table, path: Path, pl) -> None:
     ax.set_title("Does joint training on all seven tasks beat one model per task? (test split, mean +- std over "
                  "seeds, dots = seeds)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pl.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _band(ax, table, metric, variant, **kw):
@@ -106,9 +103,7 @@ def plot_losses(table, plots_dir: Path, pl) -> None:
     ax.set_ylabel("masked-token CE (nats per masked token)")
     ax.set_title("Training loss (joint: task mixture; single_task: mean of 7 models)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_train_loss.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "curve_train_loss.png", dpi=110)
     tasks = list(TASKS)
     fig, axes = pl.subplots(2, 4, figsize=(13, 6), squeeze=False)
     for a, t in zip(axes.ravel(), tasks):
@@ -121,9 +116,7 @@ def plot_losses(table, plots_dir: Path, pl) -> None:
     axes[0, 0].legend(fontsize=7)
     fig.suptitle("Have both variants finished learning? Validation loss per task (mean +- std over seeds)",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_val_loss.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "curve_val_loss.png", dpi=110)
 
 
 def plot_all(table, plots_dir: Path, params: dict) -> None:

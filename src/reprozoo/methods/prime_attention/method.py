@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from . import data as D
+from reprozoo.figures import save_figure
 
 GENERIC_CURVES = {"val_loss": ("training step", "validation MSE (standardised units^2)"),
                   "val_loss_macro": ("training step", "validation MSE (standardised units^2)")}
@@ -197,9 +198,7 @@ def plot(table, plots_dir, params: dict) -> None:
         ax.legend(fontsize=7)
     fig.suptitle("Does prime attention forecast better than standard attention at equal parameters? "
                  "(band: +- std over seeds)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "mse_by_lookback.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "mse_by_lookback.png", dpi=110)
 
     # 2) learned pairwise filter map vs the true coupling law
     fm = table[(table.metric == "filter_map") & (table.variant == "prime")]
@@ -222,9 +221,7 @@ def plot(table, plots_dir, params: dict) -> None:
             ax.set_xlabel("key / source channel j")
             ax.set_ylabel("query / target channel i")
         fig.suptitle("Do the learned pair filters single out the coupled pairs?", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "filter_map.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "filter_map.png", dpi=110)
 
     # 3) forecast example over the truth
     ex = table[table.metric == "example_truth"]
@@ -245,6 +242,4 @@ def plot(table, plots_dir, params: dict) -> None:
                      fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "forecast_example.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "forecast_example.png", dpi=110)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 DATASET = "eeg_motor_imagery"
 CURVE_VARIANTS = ("rector", "rector_scratch", "de_lr")
@@ -327,9 +328,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel("test weighted F1 (mean ± sd over seeds)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plots_dir / fname, dpi=120)
-        plt.close(fig)
+        save_figure(fig, plots_dir / fname, dpi=120)
     part = t[(t.metric == "partition") & (t.variant == "rector")]
     if not part.empty:
         P = part.groupby("x")["value"].mean().to_numpy()
@@ -345,6 +344,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel("channel")
         ax.set_title("Where did adaptive partitioning move channels?\n(softmax assignment P, mean over seeds)", fontsize=8)
         fig.colorbar(im, ax=ax, label="assignment probability")
-        fig.tight_layout()
-        fig.savefig(plots_dir / "partition.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "partition.png", dpi=120)

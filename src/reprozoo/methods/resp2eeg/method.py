@@ -23,6 +23,7 @@ import numpy as np
 from .data import EEG_SFREQ, RESP_SFREQ, simulate
 from .features import (FRAME_S, Scale, eeg_epoch_features, evaluate_downstream, fit_codebook, fit_downstream,
                        multitaper_frames, night_summary, resp_epoch_features)
+from reprozoo.figures import save_figure
 
 STAGE_NAMES = ["W", "N1", "N2", "N3", "REM"]
 VARIANTS = ["resp2eeg", "resp2eeg_mean", "real_eeg", "breathing_features", "breathing_transformer"]
@@ -224,9 +225,7 @@ def plot(table, plots_dir, params) -> None:
         ax.set_ylabel("sleep stage")
         ax.set_title(f"Does EEG synthesised from breathing recover the hypnogram? (test subject 0, seed {seed0})")
         ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        fig.savefig(plots_dir / "hypnogram.png", dpi=100)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "hypnogram.png", dpi=100)
 
     # 2. example spectrograms, real vs synthetic
     _, real = curve("resp2eeg", "spec_example_real")
@@ -245,9 +244,7 @@ def plot(table, plots_dir, params) -> None:
             fig.colorbar(im, ax=ax, label="scaled log10 power")
         axes[-1].set_xlabel("time (min)")
         fig.suptitle(f"Does the synthetic multitaper spectrogram look like the real one? (test subject 0, seed {seed0})")
-        fig.tight_layout()
-        fig.savefig(plots_dir / "spectrograms.png", dpi=100)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "spectrograms.png", dpi=100)
 
     # 3. downstream scores per input source, mean and seed spread
     metrics = [("stage_acc", "sleep staging accuracy"), ("age_mae", "age MAE (years)"), ("sex_auroc", "sex AUROC")]
@@ -265,6 +262,4 @@ def plot(table, plots_dir, params) -> None:
         ax.set_ylabel(lab)
     fig.suptitle(f"Is synthetic EEG as useful as real EEG, and more than breathing? (bars: mean, "
                  f"whiskers: s.d. over {len(seeds)} seeds, dots: seeds)")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "downstream.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, plots_dir / "downstream.png", dpi=100)

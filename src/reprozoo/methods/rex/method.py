@@ -16,6 +16,7 @@ import numpy as np
 from ...data.synthetic.gmm import GaussianMixture
 from ...io import save_npz
 from .samplers import make_sampler, ode_order, rho_grid
+from reprozoo.figures import save_figure
 
 # --- denoiser network ------------------------------------------------------------------------
 
@@ -367,9 +368,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_title("Does sampling error fall with the base order? (Rex at zeta_order)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_sample_err.png", dpi=110)
-    p.close(fig)
+    save_figure(fig, plots_dir / "curve_sample_err.png", dpi=110)
     curve_plot(table, "sample_err_paper_zeta", plots_dir / "curve_sample_err_paper_zeta.png", logx=True, logy=True,
                xlabel="steps N", ylabel="mean |y_N - y_ref|",
                title="At the paper's zeta = 0.999: where does Rex-Euler plateau?")
@@ -391,6 +390,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"Do the samplers sample the mixture at N = {params.get('sw_steps')}?")
         ax.tick_params(axis="x", rotation=30)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "bar_sliced_w2.png", dpi=110)
-        p.close(fig)
+        save_figure(fig, plots_dir / "bar_sliced_w2.png", dpi=110)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 ORDER = ["sh2rf", "sh2rf_sampled", "hrf_homog", "lif_ssm", "gru", "transformer"]
 
@@ -18,9 +19,7 @@ def _plt():
 def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def runtime_vs_length(table, plots_dir: Path) -> None:

@@ -33,6 +33,7 @@ from ...io import save_npz
 from .data import city_grid, city_points, is_land, land_sea_points, region_grid
 from .encoders import make_encoder, pole_gap
 from .head import final_slope, fit_classifier
+from reprozoo.figures import save_figure
 
 VARIANT_ORDER = ["slepian", "hybrid", "sh", "sinusoidal"]
 
@@ -241,9 +242,7 @@ def plot_accuracy(table, plots_dir: Path) -> None:
             ax.set_ylim(max(0.0, sub.min() - 0.05), min(1.0, sub.max() + 0.03))
     fig.suptitle("Does concentrating the encoding in the region raise accuracy there, and what does it cost "
                  "globally? (bars: seed mean ± std, dots: seeds)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "accuracy.png", dpi=110)
-    pyplot.close(fig)
+    save_figure(fig, plots_dir / "accuracy.png", dpi=110)
 
 
 def plot_spectrum(table, plots_dir: Path) -> None:
@@ -271,9 +270,7 @@ def plot_spectrum(table, plots_dir: Path) -> None:
     ax.set_title("Do our cap concentration eigenvalues match pyshtools?", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "curve_slepian_eigenvalues.png", dpi=110)
-    pyplot.close(fig)
+    save_figure(fig, plots_dir / "curve_slepian_eigenvalues.png", dpi=110)
 
 
 def plot_losses(table, plots_dir: Path) -> None:

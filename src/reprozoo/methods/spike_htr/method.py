@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import data as D
+from reprozoo.figures import save_figure
 
 GENERIC_CURVES = {}   # plot() draws every figure
 VARIANTS = {"spike_htr": dict(spiking=True, reducer=True),
@@ -218,9 +219,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.tick_params(labelsize=6)
         fig.suptitle("What does each model read? (seed %d test lines; orange = positions the reducer keeps)"
                      % seed0, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "examples.png", dpi=110)
-        pl.close(fig)
+        save_figure(fig, plots_dir / "examples.png", dpi=110)
     # 2. CER vs kept fraction: the threshold sweep of spike_htr, and each variant's operating point
     fig, ax = pl.subplots(figsize=(6, 4.2))
     cer_t = table[(table.metric == "cer_vs_tau") & (table.variant == "spike_htr")]
@@ -241,9 +240,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_title("How much of the line can the reducer drop before CER rises?", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "cer_vs_kept.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "cer_vs_kept.png", dpi=110)
     # 3. training curves
     curve_plot(table, "val_ctc", plots_dir / "curve_val_ctc.png", xlabel="training step (Adam, same for all)",
                ylabel="validation CTC loss (nats per line)", title="Have all models finished training?",
@@ -259,6 +256,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_yticks(range(len(variants)), variants)
     ax.set_xlabel("energy proxy per line (nJ; 0.9 pJ/AC + 4.6 pJ/MAC)")
     ax.set_title("What does one line cost to recognise?", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "energy.png", dpi=110)
-    pl.close(fig)
+    save_figure(fig, plots_dir / "energy.png", dpi=110)

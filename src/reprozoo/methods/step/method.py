@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from . import corpus
+from reprozoo.figures import save_figure
 
 VARIANTS = {  # variant -> (scoring rule, knowledge-preserving re-fit)
     "step": ("step", True),
@@ -267,9 +268,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel("held-out perplexity (per byte)")
         ax.set_title("Which pruning rule keeps held-out perplexity lowest?\n(line: seed mean, band: seed min-max)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "ppl_vs_sparsity.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "ppl_vs_sparsity.png", dpi=120)
     use = table[table.metric == "expert_usage"]
     if len(use):
         v0 = "step" if "step" in set(use.variant) else sorted(set(use.variant))[0]
@@ -291,6 +290,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         axes[0, 0].set_ylabel("share of routed slots (%)")
         axes[0, 0].legend(fontsize=8)
         fig.suptitle("How unevenly does the trained router use its experts? (dense model, calibration tokens)", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "expert_usage.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, plots_dir / "expert_usage.png", dpi=120)

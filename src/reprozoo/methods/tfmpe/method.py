@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 PROBLEM_IDS = {"gauss": 0, "sir": 1}
 VARIANT_IDS = {"tfmpe": 0, "joint": 1, "joint_sx": 2, "npe_flat": 3}
@@ -184,9 +185,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         axes[0, 0].set_ylabel("θ₁ (site 1 parameter, model units)")
         axes[0, 0].legend(fontsize=6, loc="best")
         fig.suptitle(f"Does the posterior match the analytic one? ({key.replace('_', ', ')}, seed {seed0})", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"curve_pair_samples_{key}.png", dpi=110)
-        p.close(fig)
+        save_figure(fig, plots_dir / f"curve_pair_samples_{key}.png", dpi=110)
     # coverage curves, mean +- sd over seeds
     for key in _keys(table, "coverage_err_"):
         fig, ax = p.subplots(figsize=(4.5, 4.2))
@@ -203,9 +202,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"Are the posteriors calibrated? SBC coverage, {key.replace('_', ', ')}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"curve_coverage_{key}.png", dpi=110)
-        p.close(fig)
+        save_figure(fig, plots_dir / f"curve_coverage_{key}.png", dpi=110)
     # C2ST against simulator calls: the "S times fewer calls" picture
     keys = _keys(table, "c2st_")
     if keys:
@@ -228,6 +225,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
         fig.suptitle("How many simulator calls buy how accurate a posterior?", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(plots_dir / "c2st_vs_calls.png", dpi=110)
-        p.close(fig)
+        save_figure(fig, plots_dir / "c2st_vs_calls.png", dpi=110)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 DATASET = "md_emt_alloy_pool"
 # variant -> (three streams?, pre-trained?)
@@ -242,6 +243,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax[1].set_ylabel(f"precision@{params.get('retrieval_k', 5)} (same prototype)")
     ax[1].set_title("Structure retrieval from the latent space")
     ax[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "triforces_summary.png", dpi=110)
-    pp.close(fig)
+    save_figure(fig, plots_dir / "triforces_summary.png", dpi=110)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from reprozoo.figures import save_figure
 
 ORDER = ["plain", "init", "init_norm", "full", "full_maxpool"]
 LABELS = {"plain": "plain", "init": "+init", "init_norm": "+init\n+norm", "full": "+init+norm\n+decoder",
@@ -48,9 +49,7 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
             ax.set_title(f"{v} ({'avg' if v == 'full' else 'max'} pooling)", fontsize=9)
         axes[0].set_ylabel("unit index (hidden IF neurons, layer 1 then 2)")
         fig.suptitle(f"When does each unit fire for one {ds} test example? (seed {seed0})")
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"raster_{ds}.png", dpi=110)
-        p.close(fig)
+        save_figure(fig, plots_dir / f"raster_{ds}.png", dpi=110)
         # latency histogram, decoder vs none
         fig, ax = p.subplots(figsize=(5.5, 4))
         w = 0.4
@@ -66,9 +65,7 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel("fraction of first spikes (test set, mean ± std over seeds)")
         ax.set_title(f"Does the temporal decoder make neurons fire earlier? ({ds})", fontsize=10)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(plots_dir / f"latency_hist_{ds}.png", dpi=110)
-        p.close(fig)
+        save_figure(fig, plots_dir / f"latency_hist_{ds}.png", dpi=110)
         curve_plot(table, f"val_acc_{ds}", plots_dir / f"curve_val_acc_{ds}.png", xlabel="training epoch",
                    ylabel="validation accuracy (fraction)", variants=[v for v in ORDER if v in set(table.variant)],
                    title=f"How fast and how stably does each variant train? ({ds}, mean ± std over seeds)")
@@ -88,9 +85,7 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
             ax.set_ylim(max(0.0, sub.value.min() - 0.1), min(1.0, sub.value.max() + 0.05))
         ax.set_ylabel("test accuracy (fraction; bars mean ± std, dots seeds)")
         ax.set_title(f"Which ingredient buys accuracy? ({ds})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "acc_ablation.png", dpi=110)
-    p.close(fig)
+    save_figure(fig, plots_dir / "acc_ablation.png", dpi=110)
     # spikes per unit, avg vs max pooling
     fig, ax = p.subplots(figsize=(5.5, 4))
     ds = datasets[0]
@@ -107,6 +102,4 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
     ax.set_ylabel("fraction of units (test set, mean over seeds)")
     ax.set_title(f"Does max pooling break the single-spike rule? ({ds})", fontsize=10)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(plots_dir / "count_hist.png", dpi=110)
-    p.close(fig)
+    save_figure(fig, plots_dir / "count_hist.png", dpi=110)

@@ -34,6 +34,7 @@ from .psro import play_dialogues, run_psro
 from .solvers import (babbling_scheme, concavify_binary, lp_optimum, max_violation,
                       realized_sender_utility, truthful_scheme)
 from .verbal import LexiconReceiver, TemplateSender, verbalize_scheme
+from reprozoo.figures import save_figure
 
 LAMBDA = {"vbp_psro": None, "vbp_no_obedience": 0.0, "vbp_no_obfuscation": None}
 GENERIC_CURVES: list[str] = []  # plot() draws the PSRO curves with the reference lines
@@ -123,9 +124,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"{name}: does verbalized PSRO reach the LP optimum?", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=6, loc="center right")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "psro_sender_utility.png", dpi=110)
-    pyplot.close(fig)
+    save_figure(fig, plots_dir / "psro_sender_utility.png", dpi=110)
 
     rows = table[(table.metric.str.startswith("u_")) & ~table.metric.str.startswith("u_exact") & table.x.isna()]
     if rows.empty:
@@ -147,6 +146,4 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_title("Which schemes persuade? dialogue utility per game (mean +- std over seeds)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(plots_dir / "dialogue_utility.png", dpi=110)
-    pyplot.close(fig)
+    save_figure(fig, plots_dir / "dialogue_utility.png", dpi=110)

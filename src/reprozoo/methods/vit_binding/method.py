@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import scenes as S
+from reprozoo.figures import save_figure
 
 VARIANT_PROBES = {  # variant -> (probe family, which tokens)
     "attention_spatial": ("attention", "spatial"),
@@ -267,9 +268,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel(ylabel)
         ax.set_xlabel("scene condition (mean +- std over seeds)")
         ax.set_title(title, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plots_dir / fname, dpi=110)
-        pl.close(fig)
+        save_figure(fig, plots_dir / fname, dpi=110)
     curve_plot(table, "vit_val_loss", plots_dir / "curve_vit_val_loss.png", xlabel="epoch",
                ylabel="validation BCE (nats per label)", title="Has the from-scratch ViT finished learning?",
                variants=[v for v in VARIANT_PROBES if v in set(table.variant)][:1])
