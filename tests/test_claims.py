@@ -10,10 +10,10 @@ from reprozoo.registry import Claim
 
 def table():
     rows = []
-    for seed, scale in ((0, 1.0), (1, 1.2)):
+    for seed, scale, ratio in ((0, 1.0, 10.0), (1, 1.2, 9.0)):
         rows += [
             dict(method="m", variant="a", seed=seed, metric="err", x=float("nan"), value=0.1 * scale),
-            dict(method="m", variant="b", seed=seed, metric="err", x=float("nan"), value=1.0 * scale),
+            dict(method="m", variant="b", seed=seed, metric="err", x=float("nan"), value=0.1 * scale * ratio),
         ]
         for x, ya, yb in ((10, 1e-12, 1.0), (20, 2e-12, 0.5), (40, 1e-12, 0.25)):
             rows += [dict(method="m", variant="a", seed=seed, metric="rt", x=float(x), value=ya),
@@ -46,11 +46,12 @@ def test_verdicts_are_computed_with_mean_and_spread():
               Claim("broken", "missing", "nothing@a", "<=", 1.0, paper_value="-")]
     out = {c["id"]: c for c in verify(claims, table())}
     assert out["ok"]["verdict"] == "holds" and out["ok"]["n_seeds"] == 2
-    assert out["ok"]["value_mean"] == pytest.approx(10.0)
+    assert out["ok"]["value_mean"] == pytest.approx(9.5)
     assert out["bad"]["verdict"] == "fails"
     assert out["bad"]["value_mean"] == pytest.approx(0.11)
     assert out["bad"]["value_std"] > 0
-    assert out["broken"]["verdict"] == "fails" and "no metric" in out["broken"]["error"]
+    # a claim that cannot be evaluated is a pipeline error, never a scientific failure
+    assert out["broken"]["verdict"] == "error" and "no metric" in out["broken"]["error"]
     assert math.isnan(out["broken"]["value_mean"])
 
 
@@ -74,7 +75,8 @@ def test_verdict_reads_the_seed_interval_not_the_mean():
     # a single seed never holds (and never fails): there is no spread to judge from
     assert decide([0.1], "<=", 1.0) == "inconclusive"
     assert decide([5.0], "<=", 1.0) == "inconclusive"
-    assert decide([0.1, float("nan")], "<=", 1.0) == "fails"
+    with pytest.raises(ClaimError):
+        decide([0.1, float("nan")], "<=", 1.0)
     # the bound is the one-sided 95 % Student-t one: t(0.95, 2) = 2.919986
     lo, hi = interval([1.0, 2.0, 3.0], ">=")
     assert lo == pytest.approx(2.0 - 2.919986 * 1.0 / 3 ** 0.5, rel=1e-6)

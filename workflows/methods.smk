@@ -12,7 +12,7 @@ if FANOUT == "cell":
         input:
             cards=data_cards,
         output:
-            done=f"{RS}/{{method}}/_shared/seed{{seed}}/done.json",
+            done=f"{RS}/{{method}}/{{cells}}_shared/seed{{seed}}/done.json",
         params:
             hp=hp,
             code=code,
@@ -20,9 +20,9 @@ if FANOUT == "cell":
             data=lambda w: data_dirs(w.method),
             tracking=TRACKING,
         log:
-            f"{RS}/logs/{{method}}/train_shared-seed{{seed}}.log",
+            f"{RS}/logs/{{method}}/{{cells}}train_shared-seed{{seed}}.log",
         benchmark:
-            f"{RS}/benchmarks/{{method}}/train_shared-seed{{seed}}.tsv"
+            f"{RS}/benchmarks/{{method}}/{{cells}}train_shared-seed{{seed}}.tsv"
         conda:
             method_env
         threads: lambda w: method_res(w, "threads")
@@ -39,7 +39,7 @@ if FANOUT == "cell":
             cards=data_cards,
             shared=shared_input,
         output:
-            metrics=f"{RS}/{{method}}/{{variant}}/seed{{seed}}/metrics.json",
+            metrics=f"{RS}/{{method}}/{{cells}}{{variant}}/seed{{seed}}/metrics.json",
         params:
             hp=hp,
             code=code,
@@ -48,9 +48,9 @@ if FANOUT == "cell":
             shared_dir=shared_dir,
             tracking=TRACKING,
         log:
-            f"{RS}/logs/{{method}}/train-{{variant}}-seed{{seed}}.log",
+            f"{RS}/logs/{{method}}/{{cells}}train-{{variant}}-seed{{seed}}.log",
         benchmark:
-            f"{RS}/benchmarks/{{method}}/train-{{variant}}-seed{{seed}}.tsv"
+            f"{RS}/benchmarks/{{method}}/{{cells}}train-{{variant}}-seed{{seed}}.tsv"
         conda:
             method_env
         threads: lambda w: method_res(w, "threads")
@@ -67,7 +67,7 @@ else:
         _spec = rz_registry.get(_m)
         _res = _spec.resources_for(SCALE)
         _shared = (
-            [f"{RS}/{_m}/_shared/seed{s}/done.json" for s in PLAN.seeds[_m]] if _spec.train_shared else []
+            [f"{cells_dir(_m)}_shared/seed{s}/done.json" for s in PLAN.seeds[_m]] if _spec.train_shared else []
         )
 
         rule:
@@ -88,9 +88,9 @@ else:
                 seeds=PLAN.seeds[_m],
                 tracking=TRACKING,
             log:
-                f"{RS}/logs/{_m}/train_batch.log",
+                f"{RS}/logs/{_m}/{PLAN.cell_root(_m)}train_batch.log",
             benchmark:
-                f"{RS}/benchmarks/{_m}/train_batch.tsv"
+                f"{RS}/benchmarks/{_m}/{PLAN.cell_root(_m)}train_batch.tsv"
             conda:
                 env_file(_spec.env)
             threads: _res["threads"]

@@ -113,3 +113,37 @@ def dataset_code_hash(module: str) -> str:
     """Hash of a dataset module (dotted name under ``reprozoo.data``) and what it imports."""
     f = _module_file(module if module.startswith(PACKAGE) else f"{PACKAGE}.data.{module}")
     return digest(closure([f])) if f else "none"
+
+
+# platform modules that decide a method's numbers and verdicts besides its own code
+VERDICT_CODE = ("claims.py", "registry.py", "runtime.py", "stages.py")
+
+
+def provenance_files(method: str) -> list[Path]:
+    """Everything a method's table depends on: its code closure, its spec and configs, and the
+    platform modules that run it and decide its verdicts."""
+    folder = PACKAGE_DIR / "methods" / method
+    extra = [folder / "spec.yaml", *sorted((folder / "configs").glob("*.yaml"))]
+    return sorted(set(method_code_files(method)) | {PACKAGE_DIR / f for f in VERDICT_CODE}
+                  | {f for f in extra if f.exists()})
+
+
+def provenance(method: str) -> dict:
+    """``{"git_commit", "code_hash", "dirty_files"}`` of a method's results, for pages that a rerun
+    of the named commit reproduces: ``dirty_files`` lists the files of :func:`provenance_files`
+    that differ from that commit (uncommitted edits elsewhere in the tree do not count)."""
+    import subprocess
+
+    files = provenance_files(method)
+    root = PACKAGE_DIR.parents[1]
+    commit, dirty = "unknown", []
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=5).stdout.strip() or "unknown"
+        rel = [str(f.relative_to(root)) for f in files]
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *rel], cwd=root,
+                             capture_output=True, text=True, timeout=10).stdout
+        dirty = sorted(line[3:] for line in out.splitlines() if line.strip())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return {"git_commit": commit, "code_hash": digest(files), "dirty_files": dirty}

@@ -112,6 +112,15 @@ class Plan:
     seeds: dict[str, list[int]]
     datasets: dict[str, list[str]]
     complete: dict[str, bool] = field(default_factory=dict)
+    # methods whose hyper-parameters were overridden: their cells live apart (never overwriting
+    # the default configuration's), under partial/params-<hash of the override>/
+    params_tag: dict[str, str] = field(default_factory=dict)
+
+    def cell_root(self, method: str) -> str:
+        """Below ``results/<scale>/<method>/``: ``""``, or ``partial/params-<hash>/`` for a run with
+        overridden hyper-parameters (its training cells, shared training and tables)."""
+        tag = self.params_tag.get(method)
+        return f"partial/params-{tag}/" if tag else ""
 
     def jobs(self) -> list[Job]:
         return [Job(m, v, s) for m in self.methods for v in self.variants[m] for s in self.seeds[m]]
@@ -123,16 +132,22 @@ class Plan:
         """Where a method's evaluate/verify outputs go, below ``results/<scale>/<method>/``:
         ``""`` for the complete selection (every variant, the scale's seeds), else
         ``partial/<variants>_seeds<seeds>/`` so that a subset run cannot overwrite complete results."""
-        if self.complete.get(method, True):
-            return ""
+        root = self.cell_root(method)
         spec = registry.get(method)
+        default_seeds = spec.config(self.scale).get("seeds", [0])
+        default_seeds = [default_seeds] if isinstance(default_seeds, int) else list(default_seeds)
+        if set(self.variants[method]) == set(spec.variant_ids) and self.seeds[method] == default_seeds:
+            return root  # every variant, the scale's seeds (of the default or the overridden config)
         vs = self.variants[method]
         vpart = "all" if set(vs) == set(spec.variant_ids) else "+".join(sorted(vs))
         if len(vpart) > 80:
             import hashlib
 
             vpart = f"{len(vs)}variants-{hashlib.sha1(vpart.encode()).hexdigest()[:8]}"
-        return f"partial/{vpart}_seeds{'-'.join(str(s) for s in self.seeds[method])}/"
+        seeds = '-'.join(str(s) for s in self.seeds[method])
+        if root:  # one level below partial/: partial/params-<hash>-<variants>_seeds<seeds>/
+            return f"{root[:-1]}-{vpart}_seeds{seeds}/"
+        return f"partial/{vpart}_seeds{seeds}/"
 
     def report_selection(self) -> str:
         """``""`` when every selected method ran completely, else ``partial/<tag>/``: the summary
@@ -238,8 +253,13 @@ def method_params(config: dict, method: str) -> dict[str, Any]:
     return coerce_override(overrides, params, f"params.{method}") if overrides else params
 
 
-def plan(config: dict) -> Plan:
+def plan(config: dict, check_specs: bool = True) -> Plan:
+    """What to run. ``check_specs`` (the invocation's main process; jobs re-planning on a cluster
+    node skip it) also checks that every metric a selected claim reads is recorded by its code."""
     methods = selected_methods(config)
+    if check_specs:
+        for m in methods:
+            registry.check_metrics(registry.get(m))
     scale = config["scale"]
     for key in config.get("variants", {}):
         if key not in methods:
@@ -247,7 +267,7 @@ def plan(config: dict) -> Plan:
     for key in config.get("params", {}):
         if key not in registry.method_ids():
             raise ConfigError(f"config key 'params.{key}': unknown method; known methods: {registry.method_ids()}")
-    variants, seeds, datasets, complete = {}, {}, {}, {}
+    variants, seeds, datasets, complete, tags = {}, {}, {}, {}, {}
     for m in methods:
         spec = registry.get(m)
         chosen = config.get("variants", {}).get(m) or spec.variant_ids
@@ -263,6 +283,16 @@ def plan(config: dict) -> Plan:
         method_params(config, m)  # a bad override fails here, before any job starts
         default_seeds = spec.config(scale).get("seeds", [0])
         default_seeds = [default_seeds] if isinstance(default_seeds, int) else list(default_seeds)
-        complete[m] = set(variants[m]) == set(spec.variant_ids) and seeds[m] == default_seeds
+        override = config.get("params", {}).get(m)
+        if override:
+            import hashlib
+            import json
+
+            # the hash of the coerced configuration: the same override typed on the command line
+            # (strings) or passed as a mapping gives the same folder
+            merged = method_params(config, m)
+            tags[m] = hashlib.sha1(json.dumps(merged, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        complete[m] = (set(variants[m]) == set(spec.variant_ids) and seeds[m] == default_seeds
+                       and m not in tags)
     return Plan(scale=scale, methods=methods, variants=variants, seeds=seeds, datasets=datasets,
-                complete=complete)
+                complete=complete, params_tag=tags)

@@ -5,6 +5,12 @@ method index.
 rewrites the text between ``<!-- results:begin -->`` and ``<!-- results:end -->`` in
 ``src/reprozoo/methods/<method>/README.md``, and between ``<!-- methods:begin -->`` and
 ``<!-- methods:end -->`` in the top ``README.md``. A method without results says so.
+
+A table is written only from results that a rerun of a named commit reproduces: results whose
+code (the method's closure, spec, configs and the verdict code; ``codehash.provenance``) had
+uncommitted changes, or whose code hash differs from the code in the tree now, are refused with the
+reason, and the page keeps its previous table. ``reprozoo docs --check`` lists every page whose
+table differs from what ``results/`` would write, and every refusal.
 """
 from __future__ import annotations
 
@@ -13,25 +19,55 @@ from pathlib import Path
 
 from . import registry
 from .io import atomic_write_text, read_json
-from .report import counts, fmt, measured
+from .report import counts, fmt, measured, why
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MBEGIN, MEND = "<!-- methods:begin -->", "<!-- methods:end -->"
 BBEGIN, BEND = "<!-- budget:begin -->", "<!-- budget:end -->"
 
 
+class StaleResults(ValueError):
+    """Results a rerun of a named commit would not reproduce."""
+
+
+def refusal(data: dict) -> str | None:
+    """Why a method's results may not become its page's table, or None."""
+    from .codehash import provenance
+
+    if data.get("dirty_files"):
+        return (f"measured with uncommitted changes to {', '.join(data['dirty_files'][:5])}"
+                + (" ..." if len(data["dirty_files"]) > 5 else "") + ": commit, rerun, then `reprozoo docs`")
+    if str(data.get("git_commit", "")).endswith("-dirty") and "code_hash" not in data:
+        return "measured on a dirty tree by a version that did not record which files were dirty: rerun"
+    if "code_hash" not in data:
+        return "results carry no code hash (written before provenance was recorded): rerun"
+    now = provenance(data["method"])
+    if now["code_hash"] != data["code_hash"]:
+        return (f"the code changed since it was measured (hash {data['code_hash']} then, {now['code_hash']} now): "
+                "rerun the method")
+    return None
+
+
 def claims_table(data: dict) -> str:
-    commit = data.get("git_commit", "unknown")
-    shown = commit.split("-")[0][:12] + (" + uncommitted changes" if commit.endswith("-dirty") else "")
-    lines = [f"Measured at `{data['scale']}` scale, seeds {data['seeds']}, commit `{shown}`"
-             f" (`results/{data['scale']}/{data['method']}/claims.json`; verdicts from the one-sided 95 % "
-             "Student-t interval over seeds):", "",
-             "| claim | measured | threshold | paper | verdict |", "|---|---|---|---|---|"]
+    commit = str(data.get("git_commit", "unknown")).split("-")[0][:12]
+    lines = [f"Measured at `{data['scale']}` scale, seeds {data['seeds']}, commit `{commit}` (clean; code hash "
+             f"`{data.get('code_hash', '?')}`; `results/{data['scale']}/{data['method']}/claims.json`; verdict "
+             "classes: [docs/verdicts.md](../../../../docs/verdicts.md)):", "",
+             "| claim | measured | threshold | paper | verdict | control, reason |", "|---|---|---|---|---|---|"]
     for c in data["claims"]:
         text = c["text"].replace("|", "\\|")
         lines.append(f"| `{c['id']}`: {text} | {measured(c)} | {c['op']} {fmt(c['threshold'])} | "
-                     f"{str(c.get('paper_value')).replace('|', '/')} | **{c['verdict']}** |")
+                     f"{str(c.get('paper_value')).replace('|', '/')} | **{c['verdict']}** | "
+                     f"{why(c).replace('|', '/')} |")
     lines += ["", f"Summary: {counts(c['verdict'] for c in data['claims'])}."]
+    conv = data.get("convergence") or {}
+    if conv:
+        lines += ["", "Convergence (validation curve over the last 30 % of training): " + "; ".join(
+            f"`{v}` " + ("flat" if r["converged"] else f"**not converged** ({r.get('reason')})")
+            for v, r in sorted(conv.items())) + "."]
+    budget = Path(data.get("_path", "")).parent / "converge.md" if data.get("_path") else None
+    if budget is not None and budget.exists():
+        lines += ["", budget.read_text().strip()]
     return "\n".join(lines)
 
 
@@ -54,8 +90,15 @@ def method_page(method: str, results: Path, scale: str, root: Path) -> str | Non
     if not page.exists():
         return None
     f = Path(results) / scale / method / "claims.json"
-    body = claims_table(read_json(f)) if f.exists() else f"Not measured yet at `{scale}` (run `snakemake --config scale={scale} methods=[{method}]`)."
-    return replace_between(page.read_text(), BEGIN, END, body)
+    if not f.exists():
+        body = f"Not measured yet at `{scale}` (run `snakemake --config scale={scale} methods=[{method}]`)."
+        return replace_between(page.read_text(), BEGIN, END, body)
+    data = read_json(f)
+    why_not = refusal(data)
+    if why_not:
+        raise StaleResults(f"{method}: {why_not}")
+    data["_path"] = str(f)
+    return replace_between(page.read_text(), BEGIN, END, claims_table(data))
 
 
 def methods_index(results: Path, scale: str) -> str:
@@ -95,15 +138,24 @@ def budget_block(root: Path) -> str:
     return "\n\n".join(out)
 
 
-def write_all(root: Path, scale: str = "smoke") -> list[Path]:
-    """Rewrite every method page and the top README's index; return the files changed."""
+def write_all(root: Path, scale: str = "smoke", check: bool = False,
+              refused: list[str] | None = None) -> list[Path]:
+    """Rewrite every method page and the top README's index; return the files changed (with
+    ``check``, the files that would change, writing nothing). Methods whose results are refused
+    (:func:`refusal`) keep their page and are appended to ``refused``."""
     results = Path(root) / "results"
     changed = []
+    refused = refused if refused is not None else []
     for spec in registry.all_specs():
-        new = method_page(spec.id, results, scale, root)
+        try:
+            new = method_page(spec.id, results, scale, root)
+        except StaleResults as exc:
+            refused.append(str(exc))
+            continue
         page = page_path(root, spec.id)
         if new is not None and new != page.read_text():
-            atomic_write_text(page, new)
+            if not check:
+                atomic_write_text(page, new)
             changed.append(page)
     top = Path(root) / "README.md"
     if top.exists():
@@ -114,6 +166,7 @@ def write_all(root: Path, scale: str = "smoke") -> list[Path]:
         if BBEGIN in new:
             new = replace_between(new, BBEGIN, BEND, budget_block(root))
         if new != text:
-            atomic_write_text(top, new)
+            if not check:
+                atomic_write_text(top, new)
             changed.append(top)
     return changed

@@ -51,7 +51,7 @@ def generic_plots(table: pd.DataFrame, plots_dir: Path, spec, only=None) -> None
     that record raw arrays as curves that no reader wants as a figure. As a dict it also names the
     axes, ``{"val_loss": ("training step", "validation MSE")}``, so that the figure has units; a
     list (or no declaration) leaves the x axis labelled by the metric's name only."""
-    curves = table[table.x.notna()]
+    curves = table[table.x.notna() & ~table.metric.str.endswith("#unit")]
     axes = dict(only) if isinstance(only, dict) else {}
     for metric in sorted(curves.metric.unique()):
         if only is not None and metric not in set(only):

@@ -13,7 +13,9 @@ from .io import atomic_path, atomic_write_text, read_json, results_root
 
 COLUMNS = ["method", "title", "scale", "claim", "text", "expr", "op", "threshold", "paper_value",
            "value_mean", "value_std", "n_seeds", "ci_low", "ci_high", "per_seed", "holds_every_seed",
-           "verdict"]
+           "verdict", "reason", "control_value", "control_verdict", "interval"]
+# every verdict class, in the order a reader should meet them (docs/verdicts.md)
+from .claims import VERDICTS  # noqa: E402
 
 
 def fmt(x) -> str:
@@ -45,7 +47,10 @@ def summary_table(claims_files: list[Path]) -> pd.DataFrame:
                          "value_mean": c["value_mean"], "value_std": c["value_std"], "n_seeds": c["n_seeds"],
                          "ci_low": c.get("ci_low", float("nan")), "ci_high": c.get("ci_high", float("nan")),
                          "per_seed": ", ".join(fmt(v) for v in c.get("per_seed", {}).values()),
-                         "holds_every_seed": c["holds_every_seed"], "verdict": c["verdict"]})
+                         "holds_every_seed": c["holds_every_seed"], "verdict": c["verdict"],
+                         "reason": c.get("reason") or "", "interval": c.get("interval") or "",
+                         "control_value": (c.get("control") or {}).get("value_mean", float("nan")),
+                         "control_verdict": (c.get("control") or {}).get("verdict", "")})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -57,19 +62,35 @@ def measured(c) -> str:
     if get("verdict") == "not measured":
         return "not measured (variants " + ", ".join(get("missing_variants", []) or []) + " not run)"
     if n == 0:
-        return "-"
+        return "-" if not get("error") else "error: " + str(get("error"))
     per = get("per_seed")
     per = ", ".join(fmt(v) for v in per.values()) if isinstance(per, dict) else per
     if n == 1:
         return f"{fmt(get('value_mean'))} (single seed)"
     op = get("op")
     bound = f"lower bound {fmt(get('ci_low'))}" if op in (">=", ">") else f"upper bound {fmt(get('ci_high'))}"
-    return f"{fmt(get('value_mean'))} ± {fmt(get('value_std'))} (95 % {bound}; seeds: {per})"
+    units = get("n_units")
+    how = f"; {int(units)} units per seed, {get('interval')}" if units and units == units and "bootstrap" in str(get("interval")) else ""
+    return f"{fmt(get('value_mean'))} ± {fmt(get('value_std'))} (95 % {bound}; seeds: {per}{how})"
 
 
-def counts(verdicts) -> str:
+def why(c) -> str:
+    """The reason a verdict is what it is (a failed precondition, a stalled variant, a control
+    that holds too, what an inconclusive claim lacks), and the control's value next to it."""
+    get = c.get if isinstance(c, dict) else lambda k, d=None: getattr(c, k, d)
+    parts = []
+    ctl = get("control")
+    if isinstance(ctl, dict) and ctl:
+        parts.append(f"control ({ctl.get('kind')}) {ctl.get('condition')}: {fmt(ctl.get('value_mean'))}, "
+                     f"{ctl.get('verdict')}")
+    if get("reason"):
+        parts.append(str(get("reason")))
+    return "; ".join(parts)
+
+
+def counts(verdicts, zeros: bool = False) -> str:
     vs = list(verdicts)
-    return ", ".join(f"{vs.count(v)} {v}" for v in ("holds", "fails", "inconclusive", "not measured") if vs.count(v))
+    return ", ".join(f"{vs.count(v)} {v}" for v in VERDICTS if zeros or vs.count(v))
 
 
 def print_verdicts(claims_files) -> None:
@@ -85,7 +106,7 @@ def print_verdicts(claims_files) -> None:
     if not rows:
         return
     w = [max(len(r[i]) for r in rows) for i in range(3)]
-    print("\nreprozoo verdicts (" + counts(r[2] for r in rows) + ")")
+    print("\nreprozoo verdicts (" + counts((r[2] for r in rows), zeros=True) + ")")
     for m, cid, v, meas, thr in rows:
         print(f"  {m:<{w[0]}}  {cid:<{w[1]}}  {v:<{w[2]}}  {meas[:70]}  [{thr}]")
     print()
@@ -97,15 +118,18 @@ def markdown(df: pd.DataFrame) -> str:
         return "\n".join(lines + ["No claims were evaluated.", ""])
     scales = sorted(df.scale.unique())
     lines += [f"{len(df)} claims over {df.method.nunique()} method(s) at scale `{', '.join(scales)}`: "
-              f"{counts(df.verdict)}. Verdicts read the one-sided 95 % Student-t interval over seeds.", ""]
+              f"{counts(df.verdict, zeros=True)}. Verdict classes: docs/verdicts.md.", ""]
     if "ci" in scales:
         lines += ["> **ci scale: plumbing only.** These numbers test that the pipeline runs; the claims are "
                   "tested at `smoke`.", ""]
-    lines += ["| method | claim | measured | threshold | paper | verdict |",
-              "|---|---|---|---|---|---|"]
+    lines += ["| method | claim | measured | threshold | paper | verdict | why |",
+              "|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
-        lines.append(f"| {r.method} | {r.claim}: {r.text} | {measured(r._asdict())} | {r.op} {fmt(r.threshold)} | "
-                     f"{r.paper_value} | **{r.verdict}** |")
+        d = r._asdict()
+        reason = "; ".join(x for x in ((f"control {fmt(r.control_value)}: {r.control_verdict}" if r.control_verdict
+                                        else ""), r.reason) if x)
+        lines.append(f"| {r.method} | {r.claim}: {r.text} | {measured(d)} | {r.op} {fmt(r.threshold)} | "
+                     f"{r.paper_value} | **{r.verdict}** | {reason.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +185,7 @@ def html_page(df: pd.DataFrame, claims_files: list[Path], links: dict[str, str] 
              "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px}"
              ".holds{background:#d9f2d9}.fails{background:#f8d7d7}.inconclusive{background:#fff3cd}"
+             ".not.converged,.non-discriminative,.untestable{background:#e8dcf5}.error{background:#f5b7b7}"
              ".banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px}"
              "figure{display:inline-block;margin:6px}img{max-width:520px;border:1px solid #eee}",
              "</style></head><body><h1>reprozoo report</h1>"]
@@ -172,8 +197,8 @@ def html_page(df: pd.DataFrame, claims_files: list[Path], links: dict[str, str] 
         parts.append("<details><summary>configuration of this run</summary><pre>"
                      f"{html.escape(_json.dumps(prov['config'], indent=1, default=str))}</pre></details>")
     if not df.empty:
-        parts.append(f"<p>{html.escape(counts(df.verdict))} ({len(df)} claims). Verdicts read the one-sided "
-                     "95 % Student-t interval over seeds.</p>")
+        parts.append(f"<p>{html.escape(counts(df.verdict, zeros=True))} ({len(df)} claims). The verdict classes "
+                     "are explained in <code>docs/verdicts.md</code>.</p>")
         if "ci" in set(df.scale):
             parts.append("<p class='banner'><b>ci scale: plumbing only.</b> These verdicts test that the "
                          "pipeline runs; the claims are tested at <code>smoke</code>.</p>")
@@ -186,14 +211,21 @@ def html_page(df: pd.DataFrame, claims_files: list[Path], links: dict[str, str] 
         parts.append(f"<p>{html.escape(data['paper'])}; scale <code>{data['scale']}</code>; "
                      f"seeds {data['seeds']}; variants {', '.join(data['variants'])}; "
                      + _runs_link(data["method"], (links or {}).get(data["method"])) + "</p>")
+        conv = data.get("convergence") or {}
+        if conv:
+            parts.append("<p>convergence of the trained variants (validation curve over the last 30 % of "
+                         "training): " + ", ".join(
+                             f"<code>{html.escape(v)}</code> " + ("flat" if c["converged"] else
+                                                                 f"<b>not converged</b> ({html.escape(str(c.get('reason')))})")
+                             for v, c in sorted(conv.items())) + "</p>")
         parts.append("<table><tr><th>claim</th><th>measured</th><th>threshold</th><th>paper</th>"
-                     "<th>verdict</th></tr>")
+                     "<th>verdict</th><th>control, reason</th></tr>")
         for c in data["claims"]:
             parts.append(
                 f"<tr class='{c['verdict']}'><td>{html.escape(c['text'])}<br><code>{html.escape(c['expr'])}</code>"
                 f"</td><td>{html.escape(measured(c))}</td>"
                 f"<td>{c['op']} {fmt(c['threshold'])}</td><td>{html.escape(str(c.get('paper_value')))}</td>"
-                f"<td><b>{c['verdict']}</b>{'<br>' + html.escape(c['error']) if c.get('error') else ''}</td></tr>")
+                f"<td><b>{c['verdict']}</b></td><td>{html.escape(why(c))}</td></tr>")
         parts.append("</table>")
         parts += _datasets_html(data, f)
         plots = sorted((f.parent / "plots").glob("*.png"))

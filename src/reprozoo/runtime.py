@@ -25,13 +25,27 @@ from typing import Any, Sequence
 import numpy as np
 
 
+UNIT_SUFFIX = "#unit"  # long-table rows of per-unit values: metric "<name>#unit", x = unit index
+
+
 @dataclass
 class Metrics:
     scalars: dict[str, float] = field(default_factory=dict)
     curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    unit_values: dict[str, list[float]] = field(default_factory=dict)
 
     def scalar(self, name: str, value: float) -> None:
         self.scalars[name] = float(value)
+
+    def units(self, name: str, values: Sequence[float]) -> None:
+        """One value per test unit (item, observation, subject, search), in a fixed unit order
+        shared by every variant of the seed: claims on ``name`` then take their interval from a
+        seed-and-unit bootstrap paired across variants. Records the scalar ``name`` (the mean) too."""
+        vals = [float(v) for v in values]
+        if not vals:
+            raise ValueError(f"units '{name}': no values")
+        self.unit_values[name] = vals
+        self.scalars[name] = float(np.mean(vals))
 
     def curve(self, name: str, xs: Sequence[float], ys: Sequence[float]) -> None:
         xs, ys = [float(x) for x in xs], [float(y) for y in ys]
@@ -40,20 +54,26 @@ class Metrics:
         self.curves[name] = (xs, ys)
 
     def to_json(self) -> dict:
-        return {"scalars": self.scalars,
-                "curves": {k: {"x": xs, "y": ys} for k, (xs, ys) in self.curves.items()}}
+        out = {"scalars": self.scalars,
+               "curves": {k: {"x": xs, "y": ys} for k, (xs, ys) in self.curves.items()}}
+        if self.unit_values:
+            out["units"] = self.unit_values
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "Metrics":
         m = cls(dict(data.get("scalars", {})))
         for k, c in data.get("curves", {}).items():
             m.curves[k] = (c["x"], c["y"])
+        m.unit_values = {k: list(v) for k, v in data.get("units", {}).items()}
         return m
 
     def rows(self) -> list[dict[str, Any]]:
         rows = [{"metric": k, "x": float("nan"), "value": v} for k, v in self.scalars.items()]
         for k, (xs, ys) in self.curves.items():
             rows += [{"metric": k, "x": x, "value": y} for x, y in zip(xs, ys)]
+        for k, vals in self.unit_values.items():
+            rows += [{"metric": k + UNIT_SUFFIX, "x": float(i), "value": v} for i, v in enumerate(vals)]
         return rows
 
 

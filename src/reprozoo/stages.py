@@ -270,32 +270,54 @@ def evaluate(method: str, scale: str, params: dict, metrics_files: list[Path], t
         table.to_parquet(tmp, index=False)
 
 
+class ClaimsError(RuntimeError):
+    """A claim could not be evaluated: a pipeline bug (never retried, never a scientific verdict)."""
+
+
 def verify(method: str, scale: str, table_path: Path, claims_path: Path, tracking: dict | None = None,
            variants: list[str] | None = None, seeds: list[int] | None = None,
            run_config: dict | None = None) -> list[dict]:
     """Claim verdicts of the selection that ran (``variants``, ``seeds``); claims that read a
-    variant outside it are "not measured". Logs the table, plots and claims to the parent run."""
+    variant outside it are "not measured". Convergence of every training variant comes first
+    (spec ``convergence:``). Logs the table, plots and claims to the parent run; a claim with
+    verdict "error" fails the job after its claims.json is written beside it as ``claims.error.json``."""
     import pandas as pd
 
+    from .claims import convergence, count
     from .claims import verify as verify_claims
-    from .tracking import git_commit
+    from .codehash import provenance
 
     spec = registry.get(method)
     table = pd.read_parquet(table_path)
     variants = list(variants) if variants is not None else sorted(table.variant.unique())
-    results = verify_claims(spec.claims, table, selected_variants=variants)
+    conv = convergence(spec.convergence, table, variants)
+    results = verify_claims(spec.claims, table, selected_variants=variants, roles=spec.roles, converged=conv)
     complete = set(variants) == set(spec.variant_ids)
-    write_json(claims_path, {"method": method, "title": spec.title, "paper": spec.paper, "scale": scale,
-                             "variants": sorted(variants), "complete": complete,
-                             "seeds": sorted(int(s) for s in (seeds if seeds is not None else table.seed.unique())),
-                             "git_commit": git_commit(), "claims": results})
-    counts = {v: sum(c["verdict"] == v for c in results) for v in ("holds", "fails", "inconclusive", "not measured")}
+    prov = provenance(method)
+    record = {"method": method, "title": spec.title, "paper": spec.paper, "scale": scale,
+              "variants": sorted(variants), "complete": complete,
+              "seeds": sorted(int(s) for s in (seeds if seeds is not None else table.seed.unique())),
+              "git_commit": prov["git_commit"] + ("-dirty" if prov["dirty_files"] else ""),
+              "code_hash": prov["code_hash"], "dirty_files": prov["dirty_files"],
+              "convergence": conv, "claims": results}
+    counts = count(results)
     print(f"{method} ({scale}): " + ", ".join(f"{n} {v}" for v, n in counts.items() if n), flush=True)
+    for v, c in conv.items():
+        if not c["converged"]:
+            print(f"  not converged: {v}: {c.get('reason')}", flush=True)
+    errors = [c for c in results if c["verdict"] == "error"]
+    if errors:
+        write_json(Path(claims_path).with_name("claims.error.json"), record)
+        raise ClaimsError(f"{method}: {len(errors)} claim(s) cannot be evaluated (a pipeline bug, not a "
+                          "verdict): " + "; ".join(f"'{c['id']}': {c['error']}" for c in errors))
+    write_json(claims_path, record)
     metrics = {f"claim.{c['id']}": c["value_mean"] for c in results}
     metrics.update({f"claim.{c['id']}.ci_low": c["ci_low"] for c in results})
     metrics.update({f"claim.{c['id']}.ci_high": c["ci_high"] for c in results})
+    metrics.update({f"claim.{c['id']}.control": c["control"]["value_mean"] for c in results if c.get("control")})
     tags = {f"claim.{c['id']}": c["verdict"] for c in results}
     tags.update({f"claims.{v.replace(' ', '_')}": n for v, n in counts.items()})
+    tags.update({f"converged.{v}": str(c["converged"]).lower() for v, c in conv.items()})
     params = {f"config.{k}": v for k, v in (run_config or {}).items()}
     plots = Path(table_path).parent / "plots"
     _log_parent(method, scale, Path(claims_path),
@@ -319,7 +341,7 @@ def _log_parent(method: str, scale: str, anchor: Path, artifacts: list[Path], me
     if claims:
         table = {key: [c.get(key) if not isinstance(c.get(key), dict) else json.dumps(c[key]) for c in claims]
                  for key in ("id", "text", "op", "threshold", "paper_value", "value_mean", "ci_low",
-                             "ci_high", "per_seed", "verdict")}
+                             "ci_high", "per_seed", "verdict", "reason", "control")}
         table["paper_value"] = [str(v) for v in table["paper_value"]]
     payload = {"method": method, "scale": scale, "invocation": inv.get("id"), "metrics": metrics or {},
                "tags": tags or {}, "params": flatten(params or {}), "claims_table": table,
