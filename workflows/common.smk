@@ -13,7 +13,7 @@ from reprozoo import registry as rz_registry
 from reprozoo.data import registry as rz_data
 
 rz_config.validate(config)
-PLAN = rz_config.plan(config)  # checks names and hyper-parameter overrides before any job runs
+PLAN = rz_config.plan(config, check_specs=workflow.is_main_process)  # names, overrides, claim metrics: before any job runs
 SCALE = PLAN.scale
 RESULTS = "results"
 # one results tree per scale: a ci run never touches smoke results (data is per scale already)
@@ -39,6 +39,7 @@ wildcard_constraints:
     seed=r"\d+",
     variant=r"[A-Za-z0-9][A-Za-z0-9_]*",
     selection=r"(partial/[^/]+/)?",
+    cells=r"(partial/params-[0-9a-f]+/)?",
 
 
 def env_file(name):
@@ -87,18 +88,24 @@ def dataset_env(wildcards):
 
 def shared_input(wildcards):
     if rz_registry.get(wildcards.method).train_shared:
-        return [f"{RS}/{wildcards.method}/_shared/seed{wildcards.seed}/done.json"]
+        return [f"{RS}/{wildcards.method}/{wildcards.cells}_shared/seed{wildcards.seed}/done.json"]
     return []
 
 
 def shared_dir(wildcards):
     if rz_registry.get(wildcards.method).train_shared:
-        return f"{RS}/{wildcards.method}/_shared/seed{wildcards.seed}"
+        return f"{RS}/{wildcards.method}/{wildcards.cells}_shared/seed{wildcards.seed}"
     return None
 
 
+def cells_dir(method):
+    """Where a method's variant x seed cells live: results/<scale>/<method>/, or its
+    partial/params-<hash>/ folder when its hyper-parameters are overridden."""
+    return f"{RS}/{method}/{PLAN.cell_root(method)}"
+
+
 def cell_outputs(method):
-    return [f"{RS}/{method}/{v}/seed{s}/metrics.json" for v in PLAN.variants[method] for s in PLAN.seeds[method]]
+    return [f"{cells_dir(method)}{v}/seed{s}/metrics.json" for v in PLAN.variants[method] for s in PLAN.seeds[method]]
 
 
 def train_outputs(wildcards):
