@@ -139,8 +139,12 @@ def evaluate_expr(expr: str, table: pd.DataFrame, seed: int) -> float:
             raise ClaimError(f"expression '{expr}': curves share no x values")
         for key, s in series.items():
             values[key] = s.loc[common].to_numpy(dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        result = eval(code, {"__builtins__": {}}, {**FUNCS, **values})  # noqa: S307 - AST checked above
+    try:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            result = eval(code, {"__builtins__": {}}, {**FUNCS, **values})  # noqa: S307 - AST checked above
+    except (ZeroDivisionError, OverflowError, ValueError, TypeError) as exc:
+        raise ClaimError(f"expression '{expr}' at seed {seed}: {type(exc).__name__}: {exc} (a division by "
+                         "zero?): a pipeline bug, not a measurement") from None
     result = np.asarray(result, dtype=float)
     if result.size != 1:
         raise ClaimError(f"expression '{expr}' gives {result.size} values; reduce it with min/max/mean")

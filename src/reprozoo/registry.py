@@ -196,8 +196,10 @@ def _metric_patterns(folder: Path) -> list[re.Pattern]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 80:
                 pats.add(re.escape(node.value))
             elif isinstance(node, ast.JoinedStr):
-                parts = [re.escape(v.value) if isinstance(v, ast.Constant) else r"[\w.]+" for v in node.values]
-                pats.add("".join(parts))
+                literal = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+                if literal.strip():  # f"{name}" alone would match any metric
+                    parts = [re.escape(v.value) if isinstance(v, ast.Constant) else r"[\w.]+" for v in node.values]
+                    pats.add("".join(parts))
     return [re.compile(p) for p in pats]
 
 
