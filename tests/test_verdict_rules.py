@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from reprozoo.claims import ClaimError, convergence, measure, verify
+from reprozoo.planted import unit_table
 from reprozoo.registry import Claim, Condition, Convergence, RegistryError
 
 NAN = float("nan")
@@ -207,20 +208,6 @@ def test_every_registered_spec_loads_strictly_and_reads_recorded_metrics():
 
 
 # --- unit-level intervals ----------------------------------------------------------------------
-
-def unit_table(rng, delta, S=3, U=200, seed_sd=0.06, noise=0.5):
-    """Paired test units: the same items for both variants (a per-item difficulty both see),
-    a per-seed training effect, and per-item noise."""
-    difficulty = rng.normal(0, 1, U)
-    rows = []
-    for s in range(S):
-        for v, mu in (("a", delta), ("b", 0.0)):
-            y = mu + difficulty + rng.normal(0, seed_sd) + rng.normal(0, noise, U)
-            rows.append(dict(method="m", variant=v, seed=s, metric="acc", x=NAN, value=y.mean()))
-            rows += [dict(method="m", variant=v, seed=s, metric="acc#unit", x=float(i), value=val)
-                     for i, val in enumerate(y)]
-    return pd.DataFrame(rows)
-
 
 def test_unit_bootstrap_decides_where_the_seed_interval_cannot():
     """One planted table (3 seeds x 200 paired items, effect 0.1, per-seed spread 0.01) where the

@@ -1,0 +1,74 @@
+"""Method pages are written only from results a rerun of a named commit reproduces."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from reprozoo import docs
+from reprozoo.codehash import provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+METHOD = "ftrl_regret"
+
+
+@pytest.fixture()
+def project(tmp_path):
+    page = tmp_path / "src" / "reprozoo" / "methods" / METHOD / "README.md"
+    page.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "src" / "reprozoo" / "methods" / METHOD / "README.md", page)
+    return tmp_path
+
+
+def _claims(project, **over):
+    prov = provenance(METHOD)
+    data = {"method": METHOD, "title": "t", "paper": "p", "scale": "smoke", "variants": ["x"], "complete": True,
+            "seeds": [0, 1, 2], "git_commit": prov["git_commit"], "code_hash": prov["code_hash"], "dirty_files": [],
+            "convergence": {"x": {"converged": False, "reason": "val_loss: seed 0: still improving by 9.0 %"}},
+            "claims": [{"id": "c1", "text": "a claim", "expr": "v@x", "op": ">", "threshold": 0.0,
+                        "paper_value": "1", "value_mean": 0.5, "value_std": 0.1, "n_seeds": 3, "ci_low": 0.3,
+                        "ci_high": 0.7, "per_seed": {"0": 0.4, "1": 0.5, "2": 0.6}, "verdict": "not converged",
+                        "reason": "variant 'x' did not converge",
+                        "control": {"kind": "A/A", "condition": "v@b > 0", "value_mean": 0.0, "verdict": "fails"}}]}
+    data.update(over)
+    f = project / "results" / "smoke" / METHOD / "claims.json"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(data))
+    return data
+
+
+def test_a_clean_measurement_becomes_the_table_naming_its_commit(project):
+    data = _claims(project)
+    page = docs.method_page(METHOD, project / "results", "smoke", project)
+    assert f"commit `{data['git_commit'][:12]}` (clean" in page
+    assert "**not converged**" in page and "control (A/A) v@b > 0" in page
+    assert "uncommitted" not in page
+
+
+@pytest.mark.parametrize("over, why", [
+    ({"dirty_files": ["src/reprozoo/methods/ftrl_regret/method.py"]}, "uncommitted changes to src/reprozoo"),
+    ({"code_hash": "0000000000000000"}, "the code changed since it was measured"),
+    ({"code_hash": None}, "no code hash"),
+])
+def test_results_a_rerun_would_not_reproduce_are_refused(project, over, why):
+    data = _claims(project, **over)
+    if over.get("code_hash", 1) is None:
+        data.pop("code_hash")
+        (project / "results" / "smoke" / METHOD / "claims.json").write_text(json.dumps(data))
+    with pytest.raises(docs.StaleResults, match=why):
+        docs.method_page(METHOD, project / "results", "smoke", project)
+    refused = []
+    before = (project / "src" / "reprozoo" / "methods" / METHOD / "README.md").read_text()
+    docs.write_all(project, "smoke", refused=refused)
+    assert any(METHOD in r for r in refused)
+    assert (project / "src" / "reprozoo" / "methods" / METHOD / "README.md").read_text() == before
+
+
+def test_check_lists_pages_that_differ_and_writes_nothing(project):
+    _claims(project)
+    page = project / "src" / "reprozoo" / "methods" / METHOD / "README.md"
+    before = page.read_text()
+    changed = docs.write_all(project, "smoke", check=True)
+    assert page in changed and page.read_text() == before
+    docs.write_all(project, "smoke")
+    assert page not in docs.write_all(project, "smoke", check=True)
