@@ -108,7 +108,14 @@ rule evaluate:
         metrics=train_outputs,
     output:
         table=f"{RS}/{{method}}/{{selection}}metrics.parquet",
-        plots=directory(f"{RS}/{{method}}/{{selection}}plots"),
+        plots=report(  # Snakemake's report: every figure, by wave and method (workflows/report.smk)
+            directory(f"{RS}/{{method}}/{{selection}}plots"),
+            patterns=["{name}.png"],
+            caption="report/plots.rst",
+            category=lambda w: rz_registry.get(w.method).wave,
+            subcategory="{method}",
+            labels={"method": "{method}", "figure": "{name}"},
+        ),
     params:
         hp=hp,
         code=code,

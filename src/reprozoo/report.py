@@ -176,19 +176,25 @@ def _datasets_html(data: dict, claims_file: Path) -> list[str]:
     return out
 
 
+STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
+         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px}"
+         ".holds{background:#d9f2d9}.fails{background:#f8d7d7}.inconclusive{background:#fff3cd}"
+         ".not.converged,.non-discriminative,.untestable{background:#e8dcf5}.error{background:#f5b7b7}"
+         ".banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px}"
+         "figure{display:inline-block;margin:6px}img{max-width:520px;border:1px solid #eee}")
+
+
+def _head(title: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+            f"{STYLE}</style></head><body>")
+
+
 def html_page(df: pd.DataFrame, claims_files: list[Path], links: dict[str, str] | None = None) -> str:
     """The report; ``links`` maps a method (its MLflow experiment) to its runs in the MLflow UI."""
     import json as _json
 
     prov = _provenance(claims_files)
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>reprozoo report</title><style>",
-             "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
-             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px}"
-             ".holds{background:#d9f2d9}.fails{background:#f8d7d7}.inconclusive{background:#fff3cd}"
-             ".not.converged,.non-discriminative,.untestable{background:#e8dcf5}.error{background:#f5b7b7}"
-             ".banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px}"
-             "figure{display:inline-block;margin:6px}img{max-width:520px;border:1px solid #eee}",
-             "</style></head><body><h1>reprozoo report</h1>"]
+    parts = [_head("reprozoo report"), "<h1>reprozoo report</h1>"]
     scales = sorted(set(df.scale)) if not df.empty else []
     parts.append(f"<p>scale <b>{', '.join(scales) or '-'}</b>; generated {prov['date']}; git commit "
                  f"{', '.join(f'<code>{html.escape(c)}</code>' for c in prov['commits'])}. Runs: "
@@ -207,31 +213,39 @@ def html_page(df: pd.DataFrame, claims_files: list[Path], links: dict[str, str] 
         f"<li><a href='#{html.escape(d['method'])}'>{html.escape(d['method'])}</a>: "
         f"{html.escape(counts(c['verdict'] for c in d['claims']))}</li>" for _, d in datas) + "</ul>")
     for f, data in datas:
-        parts.append(f"<h2 id='{html.escape(data['method'])}'>{html.escape(data['method'])}: {html.escape(data['title'])}</h2>")
-        parts.append(f"<p>{html.escape(data['paper'])}; scale <code>{data['scale']}</code>; "
-                     f"seeds {data['seeds']}; variants {', '.join(data['variants'])}; "
-                     + _runs_link(data["method"], (links or {}).get(data["method"])) + "</p>")
-        conv = data.get("convergence") or {}
-        if conv:
-            parts.append("<p>convergence of the trained variants (validation curve over the last 30 % of "
-                         "training): " + ", ".join(
-                             f"<code>{html.escape(v)}</code> " + ("flat" if c["converged"] else
-                                                                 f"<b>not converged</b> ({html.escape(str(c.get('reason')))})")
-                             for v, c in sorted(conv.items())) + "</p>")
-        parts.append("<table><tr><th>claim</th><th>measured</th><th>threshold</th><th>paper</th>"
-                     "<th>verdict</th><th>control, reason</th></tr>")
-        for c in data["claims"]:
-            parts.append(
-                f"<tr class='{c['verdict']}'><td>{html.escape(c['text'])}<br><code>{html.escape(c['expr'])}</code>"
-                f"</td><td>{html.escape(measured(c))}</td>"
-                f"<td>{c['op']} {fmt(c['threshold'])}</td><td>{html.escape(str(c.get('paper_value')))}</td>"
-                f"<td><b>{c['verdict']}</b></td><td>{html.escape(why(c))}</td></tr>")
-        parts.append("</table>")
-        parts += _datasets_html(data, f)
-        plots = sorted((f.parent / "plots").glob("*.png"))
-        parts += [_img(p) for p in plots]
+        parts += method_html(f, data, links)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def method_html(f: Path, data: dict, links: dict[str, str] | None = None, plots: bool = True) -> list[str]:
+    """One method's section of the report: header, convergence, claims table, datasets and (with
+    ``plots``) its figures."""
+    parts = []
+    parts.append(f"<h2 id='{html.escape(data['method'])}'>{html.escape(data['method'])}: {html.escape(data['title'])}</h2>")
+    parts.append(f"<p>{html.escape(data['paper'])}; scale <code>{data['scale']}</code>; "
+                 f"seeds {data['seeds']}; variants {', '.join(data['variants'])}; "
+                 + _runs_link(data["method"], (links or {}).get(data["method"])) + "</p>")
+    conv = data.get("convergence") or {}
+    if conv:
+        parts.append("<p>convergence of the trained variants (validation curve over the last 30 % of "
+                     "training): " + ", ".join(
+                         f"<code>{html.escape(v)}</code> " + ("flat" if c["converged"] else
+                                                             f"<b>not converged</b> ({html.escape(str(c.get('reason')))})")
+                         for v, c in sorted(conv.items())) + "</p>")
+    parts.append("<table><tr><th>claim</th><th>measured</th><th>threshold</th><th>paper</th>"
+                 "<th>verdict</th><th>control, reason</th></tr>")
+    for c in data["claims"]:
+        parts.append(
+            f"<tr class='{c['verdict']}'><td>{html.escape(c['text'])}<br><code>{html.escape(c['expr'])}</code>"
+            f"</td><td>{html.escape(measured(c))}</td>"
+            f"<td>{c['op']} {fmt(c['threshold'])}</td><td>{html.escape(str(c.get('paper_value')))}</td>"
+            f"<td><b>{c['verdict']}</b></td><td>{html.escape(why(c))}</td></tr>")
+    parts.append("</table>")
+    parts += _datasets_html(data, f)
+    if plots:
+        parts += [_img(p) for p in sorted((f.parent / "plots").glob("*.png"))]
+    return parts
 
 
 def _runs_link(method: str, url: str | None) -> str:
@@ -253,3 +267,38 @@ def build_report(claims_files: list[Path], tables: list[Path], summary_md: Path,
     atomic_write_text(summary_md, markdown(df))
     atomic_write_text(html_path, html_page(df, claims_files, links))
     return df
+
+
+def write_claims_pages(claims_files: list[Path], pages: list[Path], summary_html: Path) -> None:
+    """Pages for Snakemake's own report (``snakemake --report``), which shows HTML and images but
+    not JSON: each method's claims (``pages[i]`` from ``claims_files[i]``: the section of our
+    report.html without its figures, which the report lists as files of their own) and the
+    cross-method verdict table (``summary_html``, the table of summary.md)."""
+    datas = []
+    for f, page in zip(claims_files, pages, strict=True):
+        f = Path(f)
+        data = read_json(f)
+        datas.append(data)
+        body = method_html(f, data, plots=False)
+        banner = (["<p class='banner'><b>ci scale: plumbing only.</b> These verdicts test that the pipeline "
+                   "runs; the claims are tested at <code>smoke</code>.</p>"] if data["scale"] == "ci" else [])
+        atomic_write_text(Path(page), "\n".join([_head(f"{data['method']}: claims"), *banner, *body,
+                                                 "</body></html>"]) + "\n")
+    rows = []
+    for data in sorted(datas, key=lambda d: d["method"]):
+        for c in data["claims"]:
+            rows.append(f"<tr class='{c['verdict']}'><td>{html.escape(data['method'])}</td>"
+                        f"<td>{html.escape(c['id'])}: {html.escape(c['text'])}</td><td>{html.escape(measured(c))}</td>"
+                        f"<td>{c['op']} {fmt(c['threshold'])}</td><td>{html.escape(str(c.get('paper_value')))}</td>"
+                        f"<td><b>{c['verdict']}</b></td><td>{html.escape(why(c))}</td></tr>")
+    verdicts = [c["verdict"] for d in datas for c in d["claims"]]
+    scales = sorted({d["scale"] for d in datas})
+    parts = [_head("reprozoo summary"), "<h1>reprozoo summary</h1>",
+             f"<p>{len(verdicts)} claims over {len(datas)} method(s) at scale <code>{', '.join(scales)}</code>: "
+             f"{html.escape(counts(verdicts, zeros=True))}. Verdict classes: <code>docs/verdicts.md</code>.</p>"]
+    if "ci" in scales:
+        parts.append("<p class='banner'><b>ci scale: plumbing only.</b> These numbers test that the pipeline "
+                     "runs; the claims are tested at <code>smoke</code>.</p>")
+    parts += ["<table><tr><th>method</th><th>claim</th><th>measured</th><th>threshold</th><th>paper</th>"
+              "<th>verdict</th><th>control, reason</th></tr>", *rows, "</table></body></html>"]
+    atomic_write_text(Path(summary_html), "\n".join(parts) + "\n")
