@@ -2,6 +2,8 @@
 import json
 import os
 import multiprocessing as mp
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -298,3 +300,192 @@ def test_experiment_links_ask_a_tracking_server_by_name():
         server.shutdown()
         server.server_close()
     assert links == {"rex": f"{base}/#/experiments/7?workflowType=machine_learning"}
+
+
+# --- a killed invocation in the store: reaping, `reprozoo sync`, `reprozoo run` -----------------
+
+DEAD_PID = 2 ** 22 + 12345  # a pid that is not alive: Snakemake was killed
+
+
+def _set_record(results, inv_id, **fields):
+    path = tracking._inv_path(results, inv_id)
+    st = json.loads(path.read_text())
+    st.update(fields)
+    path.write_text(json.dumps(st))
+    return st
+
+
+def _payload(results, inv_id, name, finished):
+    """A deferred job's run payload, as a job of invocation ``inv_id`` leaves it (RUNNING: killed)."""
+    d = results / "ci" / "m" / name / "seed0"
+    d.mkdir(parents=True, exist_ok=True)
+    run = tracking.JobRun(method="m", run_name=name, results=results, tags={"rule": "train", "invocation": inv_id},
+                          pending_path=d / tracking.PENDING, deferred=True)
+    run.__enter__()
+    run.log_metrics({"x": 1.0})
+    if finished:
+        run.__exit__(None, None, None)
+
+
+def _runs(client, inv_id):
+    exp = client.get_experiment_by_name("m").experiment_id
+    parents = client.search_runs([exp], f"tags.role = 'pipeline' and tags.invocation = '{inv_id}'")
+    assert len(parents) == 1, [p.info.run_name for p in parents]
+    kids = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
+    return parents[0], {r.info.run_name: r for r in kids}
+
+
+def test_a_killed_deferred_invocation_ends_its_parent_killed(tmp_path):
+    """Deferred tracking (ci, smoke): the dead invocation's jobs never reached MLflow, so its parent
+    is first created when the next invocation reaps it; it must end KILLED, not stay RUNNING."""
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    dead = tracking.start_invocation(uri, results, "ci", {})
+    _payload(results, dead["id"], "done", finished=True)
+    _payload(results, dead["id"], "killed", finished=False)
+    _set_record(results, dead["id"], pid=DEAD_PID)
+    assert [i["id"] for i in tracking.interrupted_invocations(results)] == [dead["id"]]
+    tracking.start_invocation(uri, results, "ci", {})  # the next invocation reaps it
+    parent, kids = _runs(tracking._client(uri), dead["id"])
+    assert parent.info.status == "KILLED" and parent.info.end_time
+    assert kids["done"].info.status == "FINISHED" and kids["done"].data.metrics["x"] == 1.0
+    assert kids["killed"].info.status == "FAILED" and "killed" in kids["killed"].data.tags["error"]
+    record = tracking.read_invocation(results, dead["id"])
+    assert record["status"] == "KILLED" and record["parents"] == {"m": parent.info.run_id}
+    assert tracking.interrupted_invocations(results) == []
+
+
+def test_sync_repairs_runs_an_earlier_version_left_running(tmp_path, monkeypatch, capsys):
+    """A store written the old way: the reaped invocation's record says KILLED but its parent is
+    RUNNING (with a child its killed job left RUNNING); another invocation died and was never
+    reaped. `reprozoo sync` ends both parents KILLED and their unfinished children FAILED, keeps
+    the finished children, and leaves alone a live invocation's parent and a parent with no record."""
+    from reprozoo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "Snakefile").write_text("")
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    client = tracking._client(uri)
+    exp = tracking.get_or_create_experiment(client, "m", results)
+
+    old = tracking.start_invocation(uri, results, "ci", {})  # reaped by the old code
+    _set_record(results, old["id"], pid=DEAD_PID, finished=1.0, status="KILLED", parents={})
+    planted = client.create_run(exp, run_name=f"pipeline-ci-{old['id']}",
+                                tags={"role": "pipeline", "invocation": old["id"], "replayed": "true"}).info.run_id
+    child = {}
+    for name, status in (("done", "FINISHED"), ("left", "RUNNING")):
+        child[name] = client.create_run(exp, run_name=name, tags={"mlflow.parentRunId": planted}).info.run_id
+        if status != "RUNNING":
+            client.set_terminated(child[name], status)
+    never = tracking.start_invocation(uri, results, "ci", {})  # dies below; no later invocation reaps it
+    _payload(results, never["id"], "cut", finished=False)
+    live = tracking.start_invocation(uri, results, "ci", {})  # this process: alive
+    live_parent = tracking.parent_run_id(client, "m", results)
+    _set_record(results, never["id"], pid=DEAD_PID)
+    stray = client.create_run(exp, run_name="pipeline-ci-elsewhere",
+                              tags={"role": "pipeline", "invocation": "elsewhere"}).info.run_id
+    monkeypatch.delenv("REPROZOO_INVOCATION")
+
+    assert main(["sync"]) == 0
+    out = capsys.readouterr().out
+    assert "closed 1 parent run(s)" in out and "1 unfinished child run(s)" in out, out
+    assert f"invocation {never['id']}" in out and "reaped" in out
+    assert client.get_run(planted).info.status == "KILLED"
+    assert client.get_run(child["left"]).info.status == "FAILED"
+    assert client.get_run(child["done"]).info.status == "FINISHED"
+    parent, kids = _runs(client, never["id"])
+    assert parent.info.status == "KILLED" and kids["cut"].info.status == "FAILED"
+    assert client.get_run(live_parent).info.status == "RUNNING"
+    assert client.get_run(stray).info.status == "RUNNING"
+    assert tracking.read_invocation(results, live["id"]).get("finished") is None
+    assert main(["sync"]) == 0 and "closed" not in capsys.readouterr().out  # nothing left to repair
+
+
+@pytest.fixture
+def dead_checkout(tmp_path, monkeypatch):
+    """A project whose last invocation died: its record (pid gone) and Snakemake's stale lock.
+    Snakemake itself is replaced by a recorder: these tests check what `reprozoo run` decides."""
+    from reprozoo import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Snakefile").write_text("")
+    results = tmp_path / "results"
+    dead = tracking.start_invocation("sqlite:///unused.db", results, "ci", {})
+    monkeypatch.delenv("REPROZOO_INVOCATION")
+    _set_record(results, dead["id"], pid=DEAD_PID)
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.output.lock").write_text("results/ci/ftrl_regret/claims.json\n")
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        if "--unlock" in cmd:
+            import shutil
+            shutil.rmtree(locks)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+    return tmp_path, dead, calls
+
+
+def _fake_snakemake(cwd, inv_id=None):
+    """A process that /proc shows as a Snakemake working in ``cwd`` (a job of ``inv_id``)."""
+    env = {k: v for k, v in os.environ.items() if k != "REPROZOO_INVOCATION"}
+    if inv_id:
+        env["REPROZOO_INVOCATION"] = inv_id
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "snakemake"],
+                            cwd=cwd, env=env)
+
+
+def test_run_after_a_killed_invocation_removes_the_stale_lock_and_says_so(dead_checkout, capsys):
+    from reprozoo.cli import main
+
+    work, dead, calls = dead_checkout
+    assert main(["run", "ftrl_regret", "--scale", "ci"]) == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if "died" in l)
+    assert f"previous invocation {dead['id']}" in line and "removed its stale Snakemake lock" in line
+    assert "KILLED" in line
+    assert "--unlock" in calls[0] and "--unlock" not in calls[1]  # unlocked, then the run itself
+    assert not (work / ".snakemake" / "locks").exists()
+
+
+def test_run_waits_for_jobs_of_the_killed_invocation_that_still_run(dead_checkout, capsys):
+    """kill -9 of Snakemake alone leaves its jobs running: resuming now would run two writers on
+    the same outputs, and --unlock would drop the lock under them. Say so and stop."""
+    from reprozoo.cli import main
+
+    work, dead, calls = dead_checkout
+    orphan = _fake_snakemake(work, dead["id"])
+    try:
+        assert main(["run", "ftrl_regret", "--scale", "ci"]) == 1
+        err = capsys.readouterr().err
+        assert f"pid {orphan.pid}" in err and "still run" in err and "reprozoo run ftrl_regret" in err
+        assert calls == [] and (work / ".snakemake" / "locks" / "0.output.lock").exists()
+        assert main(["run", "ftrl_regret", "--scale", "ci", "--unlock"]) == 1  # never under a live job
+        assert calls == []
+        assert tracking.reap_orphans(work / "results") == []  # not while its job runs on
+    finally:
+        orphan.kill()
+        orphan.wait(10)
+    assert main(["run", "ftrl_regret", "--scale", "ci"]) == 0
+    assert "--unlock" in calls[0]
+
+
+def test_run_keeps_the_lock_while_another_snakemake_works_here(dead_checkout, capsys):
+    from reprozoo.cli import main
+
+    work, dead, calls = dead_checkout
+    other = _fake_snakemake(work)
+    try:
+        assert main(["run", "ftrl_regret", "--scale", "ci"]) == 0  # Snakemake itself decides (stand-in: 0)
+        out = capsys.readouterr().out
+        assert "lock is kept" in out and str(other.pid) in out and "run this again" in out
+        assert all("--unlock" not in c for c in calls)
+    finally:
+        other.kill()
+        other.wait(10)

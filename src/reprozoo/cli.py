@@ -59,6 +59,111 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _snakemake_locked(root: Path) -> bool:
+    """Whether Snakemake's (file) lock is held on ``root``: lock files under .snakemake/locks."""
+    return any((root / ".snakemake" / "locks").glob("*.lock"))
+
+
+def _resume_command(args, unlock: bool = False) -> str:
+    import shlex
+
+    words = ["reprozoo", "run", *args.methods, "--scale", args.scale]
+    if args.seeds:
+        words += ["--seeds", *map(str, args.seeds)]
+    if args.variants:
+        words += ["--variants", *args.variants]
+    if args.cores:
+        words += ["-j", str(args.cores)]
+    if unlock:
+        words.append("--unlock")
+    if args.snakemake_args:
+        words += ["--", *args.snakemake_args]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _prepare_resume(args, targets: list[str], config: dict) -> int | None:
+    """Before Snakemake starts, after an interrupted run: say in one line that the previous
+    invocation died and how this run resumes, and remove Snakemake's stale lock when that is safe.
+
+    Safe means: an invocation of this checkout on this host died (its record says unfinished and
+    its Snakemake pid is gone), no other invocation may still run (none unfinished with a live pid
+    or on another host), and /proc shows no Snakemake process working in this directory (neither
+    a main process nor an orphaned job of the dead one). ``--unlock`` removes the lock without a
+    dead invocation's record (a Snakemake killed before it started any job, or not through
+    reprozoo), but never while a Snakemake process works here. Snakemake's ``--unlock`` removes
+    every lock of the directory, a live run's too: hence these checks. Returns an exit status
+    to stop with, or None to go on."""
+    import time
+
+    from .tracking import interrupted_invocations, reap_orphans, running_invocations, snakemake_processes
+
+    results = ROOT / "results"
+    args.unlock = getattr(args, "unlock", False)
+    dead = interrupted_invocations(results)
+    locked = _snakemake_locked(ROOT)
+    if not dead and not args.unlock:
+        return None
+    procs = snakemake_processes(ROOT)
+    running = running_invocations(results)
+    what = ""
+    if dead:
+        last = max(dead, key=lambda d: d.get("started", 0))
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(last.get("started", 0)))
+        what = (f"the previous invocation {last['id']} (pid {last.get('pid')}, started {started}) "
+                f"died without finishing")
+        if len(dead) > 1:
+            what += f" (and {len(dead) - 1} earlier one(s))"
+    orphans = sorted(pid for pid, inv in (procs or {}).items() if inv in {d["id"] for d in dead})
+    if orphans:
+        print(f"reprozoo: {what}, but {len(orphans)} of its job(s) still run (pid "
+              f"{', '.join(map(str, orphans))}): wait for them to end or stop them (kill PID), then run "
+              f"`{_resume_command(args)}` again", file=sys.stderr, flush=True)
+        return 1
+    blocker = None
+    if procs is None:
+        blocker = "this system has no /proc to tell whether a Snakemake still works here"
+    elif procs:
+        blocker = f"Snakemake process(es) {', '.join(map(str, sorted(procs)))} work in {ROOT}"
+    elif running and not args.unlock:
+        other = running[-1]
+        blocker = (f"invocation {other['id']} (pid {other.get('pid')} on {other.get('host')}) has not "
+                   "finished and may still run")
+    if args.unlock and procs:
+        print(f"reprozoo: not removing Snakemake's lock: {blocker}; wait for them to end",
+              file=sys.stderr, flush=True)
+        return 1
+    unlocked = False
+    if (locked or args.unlock) and (blocker is None or args.unlock):
+        proc = subprocess.run(_snakemake_cmd(targets, config, None, ["--unlock"]), cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:] + proc.stderr[-3000:], file=sys.stderr)
+            print(f"reprozoo: `snakemake --unlock` failed (exit {proc.returncode})", file=sys.stderr, flush=True)
+            return proc.returncode
+        unlocked = True
+    if not dead:
+        if unlocked:
+            print(f"reprozoo: removed Snakemake's lock on {ROOT} (--unlock); no Snakemake process works here",
+                  flush=True)
+        return None
+    # reaped here, not left to the onstart hook: Snakemake runs no hook when nothing is left to do
+    reaped = set(reap_orphans(results, say=False))
+    runs = ("its MLflow runs are closed (parents KILLED, unfinished children FAILED)"
+            if {d["id"] for d in dead} <= reaped else
+            "its MLflow runs could not be closed now (see the warning): the run's start or `reprozoo sync` will")
+    if unlocked:
+        how = "removed its stale Snakemake lock and resuming: finished jobs are kept, unfinished ones rerun"
+    elif locked and procs:
+        how = f"its Snakemake lock is kept while {blocker}: run this again once they have ended"
+    elif locked:
+        how = (f"its Snakemake lock is kept ({blocker}); if no Snakemake runs on {ROOT} any more, "
+               f"resume with `{_resume_command(args, unlock=True)}`")
+    else:
+        how = "resuming: finished jobs are kept, unfinished ones rerun"
+    print(f"reprozoo: {what}; {runs}; {how}", flush=True)
+    return None
+
+
 def cmd_run(args) -> int:
     from . import config as rz_config
 
@@ -79,9 +184,24 @@ def cmd_run(args) -> int:
         return 2
     plan = rz_config.plan(rz_config.load(config))
     targets = [f"results/{args.scale}/{m}/{plan.selection(m)}claims.json" for m in args.methods] if args.methods else []
+    stop = _prepare_resume(args, targets, config)  # after an interrupted run: say so, unlock if safe
+    if stop is not None:
+        return stop
     cmd = _snakemake_cmd(targets, config, args.cores, args.snakemake_args)
     print("+", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, cwd=ROOT)
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc != 0 and _snakemake_locked(ROOT):  # refused by a lock (a normal end removes the locks)
+        from .tracking import snakemake_processes
+
+        procs = snakemake_processes(ROOT)
+        if procs:
+            print(f"reprozoo: another Snakemake works in {ROOT} (pid {', '.join(map(str, sorted(procs)))}) "
+                  "and holds its lock: wait for it to end, then run this again", file=sys.stderr, flush=True)
+        elif procs is not None:
+            print(f"reprozoo: no Snakemake process works in {ROOT}: its lock is stale (a killed run?); if none "
+                  f"runs on this directory from another machine either, resume with "
+                  f"`{_resume_command(args, unlock=True)}`", file=sys.stderr, flush=True)
+    return rc
 
 
 def cmd_datasets(args) -> int:
@@ -191,7 +311,7 @@ def cmd_server(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from .tracking import PARENT_PENDING, PENDING, rebuild, replay_pending
+    from .tracking import PARENT_PENDING, PENDING, reap_orphans, rebuild, repair_runs, replay_pending
 
     results = ROOT / "results"
     if args.rebuild:
@@ -205,10 +325,19 @@ def cmd_sync(args) -> int:
     def pending():
         return len(list(results.rglob(PENDING))) + len(list(results.rglob(PARENT_PENDING)))
 
+    reap_orphans(results)  # invocations that died and no later one reaped: KILLED, as a rerun would
     left_before = pending()
     n = replay_pending(results)
     left = pending()
     print(f"replayed {n} of {left_before} pending tracking payload(s)")
+    try:  # runs an earlier version (or an unreachable store) left RUNNING after their invocation ended
+        parents, children = repair_runs(results)
+    except Exception as exc:  # noqa: BLE001
+        print(f"error: could not close the runs of ended invocations: {exc}", file=sys.stderr)
+        return 1
+    if parents:
+        print(f"closed {parents} parent run(s) left RUNNING by invocations that had ended (KILLED where "
+              f"the invocation died) and {children} unfinished child run(s) as FAILED")
     if left:
         print(f"error: {left} payload(s) could not be replayed; they are kept for the next `reprozoo sync`",
               file=sys.stderr)
@@ -252,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the method's own for the scale)")
     run.add_argument("--variants", nargs="+", help="a subset of variants (one method only); results go to partial/")
     run.add_argument("-j", "--cores", type=int, help="cores Snakemake may use (default: the profile's)")
+    run.add_argument("--unlock", action="store_true",
+                     help="remove a stale Snakemake lock (a killed run) first, unless a Snakemake works here; "
+                          "after an invocation died on this host, run does so by itself")
     run.set_defaults(fn=cmd_run)
 
     ds = sub.add_parser("datasets", help="list datasets, fetch one, show its card")

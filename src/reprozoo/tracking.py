@@ -15,7 +15,10 @@ Design (see docs/tracking.md):
   FAILED at the end), and the invocation's end hook replays every payload in one process,
   parents, children, dataset inputs and artifacts, exactly as live jobs would have logged them.
   A job killed before it could write its status stays RUNNING in its payload and is logged
-  FAILED. Tracking calls are retried; if they still fail, the job
+  FAILED. An invocation whose Snakemake died (kill -9) is reaped by the next one, by
+  ``reprozoo run`` or by ``reprozoo sync`` (:func:`reap_orphans`): its parents end KILLED, its
+  unfinished children FAILED; ``reprozoo sync`` also closes runs an earlier version left RUNNING
+  (:func:`repair_runs`). Tracking calls are retried; if they still fail, the job
   warns loudly, records what it could not log in ``tracking_pending.json`` next to its outputs and
   still succeeds: the files under results/ are the source of truth (``reprozoo sync`` replays them).
 """
@@ -262,51 +265,164 @@ def _alive(inv: dict) -> bool:
     return pid_alive(inv.get("pid", -1))
 
 
-def reap_orphans(results: Path, uri: str | None = None) -> list[str]:
-    """Invocations whose Snakemake process is gone without finishing (kill -9): log what their
-    jobs left (finished payloads as they are, unfinished ones FAILED), mark their parent runs
-    KILLED, and record them as finished. Returns their ids."""
-    reaped = []
+def _invocations(results: Path) -> Iterable[dict]:
+    """Every invocation record under ``results`` (unreadable ones skipped), oldest id first."""
     d = Path(results) / STATE_DIR_NAME / "invocations"
-    if not d.exists():
-        return reaped
-    for f in sorted(d.glob("*.json")):
+    for f in sorted(d.glob("*.json")) if d.exists() else []:
         try:
-            inv = json.loads(f.read_text())
+            yield json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(inv):
+
+
+def interrupted_invocations(results: Path) -> list[dict]:
+    """Invocations of this host that died without finishing (their Snakemake process is gone,
+    e.g. kill -9) and are not reaped yet: what the next invocation's start, or ``reprozoo sync``,
+    reaps. Reads the records only (no MLflow)."""
+    return [inv for inv in _invocations(results) if not inv.get("finished") and not _alive(inv)]
+
+
+def running_invocations(results: Path) -> list[dict]:
+    """Invocations not finished that may still run: a live process on this host, or any on
+    another host (which cannot be told from here)."""
+    return [inv for inv in _invocations(results) if _alive(inv)]
+
+
+def snakemake_processes(root: Path) -> dict[int, str | None] | None:
+    """Live processes of a Snakemake run in ``root``, read from /proc: Snakemake itself, and the
+    jobs it started (a local job is a script or shell process of its own; a reprozoo job carries
+    ``REPROZOO_INVOCATION`` in its environment), each with the invocation its environment names.
+    A job whose Snakemake was killed (kill -9 of Snakemake alone) runs on and is found too.
+    ``None`` where there is no /proc: then nothing can be told. Processes of other users, whose
+    directory and environment cannot be read, count only when their command line names ``root``."""
+    root = Path(root).resolve()
+    proc = Path("/proc")
+    if not (proc / "self" / "cmdline").exists():
+        return None
+    me = {os.getpid()}
+    found: dict[int, str | None] = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit() or int(d.name) in me:
             continue
-        if not inv.get("finished"):
-            try:
-                replay_pending(results, uri or inv.get("uri"), invocation=inv["id"], orphaned=True)
-                finish_invocation(results, "KILLED", inv_id=inv["id"])
-            except Exception as exc:  # noqa: BLE001
-                print(f"[reprozoo.tracking] WARNING: could not reap invocation {inv['id']}: {exc}",
-                      file=sys.stderr, flush=True)
-                continue
-            reaped.append(inv["id"])
+        try:
+            argv = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue  # gone meanwhile
+        if not argv:
+            continue  # a zombie (or a kernel thread)
+        inv = None
+        try:
+            for entry in (d / "environ").read_bytes().split(b"\0"):
+                if entry.startswith(INVOCATION_ENV.encode() + b"="):
+                    inv = entry.split(b"=", 1)[1].decode(errors="replace")
+        except OSError:
+            pass
+        is_snakemake = any(os.path.basename(a) == "snakemake" for a in argv[:2]) or any(
+            a == "-m" and argv[i + 1:i + 2] == ["snakemake"] for i, a in enumerate(argv[:4]))
+        if not (is_snakemake or inv or any("/.snakemake/" in a for a in argv)):
+            continue
+        try:
+            cwd = Path(os.readlink(d / "cwd"))
+        except OSError:
+            cwd = None
+        dirs = [cwd] if cwd else []
+        for i, a in enumerate(argv):
+            if a in ("-d", "--directory") and i + 1 < len(argv):
+                dirs.append((cwd or Path("/")) / argv[i + 1])
+            elif a.startswith("--directory="):
+                dirs.append((cwd or Path("/")) / a.split("=", 1)[1])
+            elif "/.snakemake/" in a:  # a job's script: .snakemake/scripts/tmp*.py of its workdir
+                dirs.append((cwd or Path("/")) / a.split("/.snakemake/", 1)[0])
+        if any(Path(os.path.realpath(p)) == root for p in dirs):
+            found[int(d.name)] = inv
+    return found
+
+
+def reap_orphans(results: Path, uri: str | None = None, say: bool = True) -> list[str]:
+    """Invocations whose Snakemake process is gone without finishing (kill -9): log what their
+    jobs left (finished payloads as they are, unfinished ones FAILED), close their parent runs as
+    KILLED (their children still RUNNING as FAILED), and record them as finished with status
+    KILLED. Returns their ids. A store that cannot be reached leaves runs RUNNING that
+    ``reprozoo sync`` closes later (:func:`repair_runs`). One whose jobs still run here (kill -9
+    of Snakemake alone leaves them running) is not reaped until they end: their runs would be
+    logged FAILED while they go on and finish."""
+    reaped = []
+    dead = interrupted_invocations(results)
+    procs = (snakemake_processes(Path(results).resolve().parent) or {}) if dead else {}
+    for inv in dead:
+        jobs = sorted(pid for pid, of in procs.items() if of == inv["id"])
+        if jobs:
+            print(f"[reprozoo.tracking] invocation {inv['id']} died but its job(s) (pid "
+                  f"{', '.join(map(str, jobs))}) still run: reaped once they end", file=sys.stderr, flush=True)
+            continue
+        try:
+            replay_pending(results, uri or inv.get("uri"), invocation=inv["id"], orphaned=True)
+            finish_invocation(results, "KILLED", inv_id=inv["id"])
+        except Exception as exc:  # noqa: BLE001
+            print(f"[reprozoo.tracking] WARNING: could not reap invocation {inv['id']}: {exc}",
+                  file=sys.stderr, flush=True)
+            continue
+        reaped.append(inv["id"])
+        if say:
+            print(f"reprozoo: invocation {inv['id']} (pid {inv.get('pid')}) died without finishing: "
+                  "reaped (its parent runs end KILLED, its unfinished runs FAILED)", flush=True)
     return reaped
 
 
-def parent_run_id(client, method: str, results: Path) -> str | None:
-    """Parent run of ``method`` for the current invocation, created on first use."""
+def _find_parent(client, exp_id: str, inv_id: str) -> str | None:
+    found = client.search_runs([exp_id], f"tags.role = 'pipeline' and tags.invocation = '{inv_id}'",
+                               max_results=1)
+    return found[0].info.run_id if found else None
+
+
+def _same_store(a: str | None, b: str | None) -> bool:
+    return bool(a) and bool(b) and a.rstrip("/") == b.rstrip("/")
+
+
+def parent_run_id(client, method: str, results: Path, inv_id: str | None = None) -> str | None:
+    """Parent run of ``method`` for the invocation ``inv_id`` (default: the current one), created
+    on first use and recorded in the invocation's state, so that the invocation's end (or its
+    reaping) closes it. For an earlier invocation (a replay after it ended or died) a parent
+    already in the store is found by its tag rather than created twice."""
+    current = os.environ.get(INVOCATION_ENV)
     with _locked(results):
-        inv = read_invocation(results)
+        inv = read_invocation(results, inv_id)
         if inv is None:
             return None
         if method in inv["parents"]:
             return inv["parents"][method]
         exp_id = get_or_create_experiment(client, method, results)
-        run = client.create_run(exp_id, run_name=f"pipeline-{inv['scale']}-{inv['id']}",
-                                tags={**(inv.get("tags") or base_tags()), "role": "pipeline",
-                                      "invocation": inv["id"], "scale": inv["scale"],
-                                      # the SLURM job that created it, where one did
-                                      **({"slurm_job_id": os.environ["SLURM_JOB_ID"]}
-                                         if os.environ.get("SLURM_JOB_ID") else {})})
-        inv["parents"][method] = run.info.run_id
+        earlier = inv["id"] != current
+        run_id = _find_parent(client, exp_id, inv["id"]) if earlier else None
+        if run_id is None:
+            run_id = client.create_run(
+                exp_id, run_name=f"pipeline-{inv['scale']}-{inv['id']}",
+                tags={**(inv.get("tags") or base_tags()), "role": "pipeline",
+                      "invocation": inv["id"], "scale": inv["scale"],
+                      **({"replayed": "true"} if earlier else {}),
+                      # the SLURM job that created it, where one did
+                      **({"slurm_job_id": os.environ["SLURM_JOB_ID"]}
+                         if os.environ.get("SLURM_JOB_ID") else {})}).info.run_id
+        inv["parents"][method] = run_id
         _write_invocation(results, inv)
-        return run.info.run_id
+        return run_id
+
+
+UNREPORTED = "job ended without reporting (killed?)"  # the error tag of a run its job never ended
+
+
+def _close_parent(client, run_id: str, status: str, exp_id: str | None = None) -> int:
+    """End a parent run with ``status``; its children still RUNNING (jobs killed with their
+    invocation) end FAILED. Returns how many children it ended."""
+    exp_id = exp_id or client.get_run(run_id).info.experiment_id
+    children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'",
+                                  max_results=1000)
+    for child in children:
+        if "error" not in child.data.tags:
+            client.set_tag(child.info.run_id, "error", UNREPORTED)
+        client.set_terminated(child.info.run_id, "FAILED")
+    client.set_terminated(run_id, status)
+    return len(children)
 
 
 def finish_invocation(results: Path, status: str, inv_id: str | None = None) -> None:
@@ -322,14 +438,49 @@ def finish_invocation(results: Path, status: str, inv_id: str | None = None) -> 
         return
     try:
         client = _client(inv["uri"])
-        for method, run_id in inv["parents"].items():
-            exp_id = client.get_run(run_id).info.experiment_id
-            children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'")
-            for child in children:
-                client.set_terminated(child.info.run_id, "FAILED")
-            client.set_terminated(run_id, status)
+        for run_id in inv["parents"].values():
+            _close_parent(client, run_id, status)
     except Exception as exc:  # noqa: BLE001
-        print(f"[reprozoo.tracking] WARNING: could not close parent runs: {exc}", file=sys.stderr)
+        print(f"[reprozoo.tracking] WARNING: could not close parent runs: {exc}; "
+              "`reprozoo sync` closes them later", file=sys.stderr)
+
+
+def _paged(fetch: Callable) -> list:
+    """Every item of an MLflow paged search (``fetch(page_token)``), page by page."""
+    items, token = [], None
+    for _ in range(10_000):  # bounded: 10 million items
+        page = fetch(token)
+        items.extend(page)
+        token = page.token
+        if not token:
+            break
+    return items
+
+
+def repair_runs(results: Path, uri: str | None = None) -> tuple[int, int]:
+    """Close the parent runs left RUNNING in the store by invocations that are over, as their
+    record says: KILLED for one that died (an earlier version reaped the invocation but left its
+    parent RUNNING), FAILED or FINISHED for one whose store was unreachable when it ended. Their
+    children still RUNNING end FAILED. Parents of invocations that may still run, or with no
+    record under ``results``, are left alone. Returns (parents closed, children ended)."""
+    over = {inv["id"]: inv for inv in _invocations(results) if inv.get("finished")}
+    uri = resolve_uri(uri)
+    if not over or (uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists()):
+        return 0, 0  # nothing ended, or no store yet: never create an empty one
+    client = _client(uri)
+    exp_ids = [e.experiment_id for e in _paged(lambda t: client.search_experiments(max_results=1000, page_token=t))]
+    parents = children = 0
+    for i in range(0, len(exp_ids), 100):
+        running = _paged(lambda t, ids=exp_ids[i:i + 100]: client.search_runs(
+            ids, "tags.role = 'pipeline' and attributes.status = 'RUNNING'", max_results=1000, page_token=t))
+        for run in running:
+            inv = over.get(run.data.tags.get("invocation"))
+            if inv is None:
+                continue
+            children += _close_parent(client, run.info.run_id, inv.get("status") or "FAILED",
+                                      run.info.experiment_id)
+            parents += 1
+    return parents, children
 
 
 # --- per-job runs ----------------------------------------------------------------------------
@@ -495,16 +646,19 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 def _parent_for(client, method: str, results: Path, invocation: str | None) -> str | None:
     """The parent run of ``method`` for ``invocation``: the current invocation's (created on
-    demand), or an earlier one's looked up by tag (created if it never reached MLflow)."""
+    demand), an earlier one's whose record is here and writes to this store (found by tag or
+    created, and recorded so that its end or reaping closes it), else one looked up by tag in
+    this store (a rebuild into another store), created if it never reached MLflow."""
     inv = read_invocation(results)
     if inv is not None and (invocation in (None, "none") or invocation == inv["id"]):
         return parent_run_id(client, method, results)
-    exp_id = get_or_create_experiment(client, method, results)
-    found = client.search_runs([exp_id], f"tags.role = 'pipeline' and tags.invocation = '{invocation}'",
-                               max_results=1)
-    if found:
-        return found[0].info.run_id
     state = read_invocation(results, invocation) if invocation not in (None, "none") else None
+    if state is not None and _same_store(client.tracking_uri, state.get("uri")):
+        return parent_run_id(client, method, results, inv_id=invocation)
+    exp_id = get_or_create_experiment(client, method, results)
+    found = _find_parent(client, exp_id, str(invocation))
+    if found:
+        return found
     scale = (state or {}).get("scale", "?")
     run = client.create_run(exp_id, run_name=f"pipeline-{scale}-{invocation}",
                             tags={**((state or {}).get("tags") or base_tags()), "role": "pipeline",
@@ -526,7 +680,7 @@ def _replay_child(client, data: dict, results: Path, retries: int) -> None:
     status = data.get("status", "FAILED")
     if status == "RUNNING":  # the job was killed before it could say how it ended
         status = "FAILED"
-        data.setdefault("tags", {})["error"] = "job ended without reporting (killed?)"
+        data.setdefault("tags", {})["error"] = UNREPORTED
     run.run_id = client.create_run(exp_id, run_name=data["run_name"], tags=tags,
                                    start_time=data.get("start_time")).info.run_id
     run.payload = {k: data.get(k, {} if k in ("params", "tags") else []) for k in ("params", "metrics", "artifacts", "tags")}
