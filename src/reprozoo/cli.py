@@ -53,9 +53,15 @@ def cmd_list(args) -> int:
         print(f"{spec.id:20s} {spec.title}")
         print(f"{'':20s} variants: {', '.join(v.id + ('*' if v.role == 'method' else '') for v in spec.variants)}")
         print(f"{'':20s} datasets: {', '.join(spec.datasets)}; env: {spec.env}")
+        last = {}
+        f = ROOT / "results" / args.scale / spec.id / "claims.json"
+        if f.exists():
+            last = {c["id"]: c["verdict"] for c in json.loads(f.read_text())["claims"]}
         for c in spec.claims:
-            print(f"{'':20s} claim {c.id}: {c.expr} {c.op} {c.threshold:g}")
-    print("\n(* = the paper's method; the others are baselines)")
+            verdict = f"  [{last[c.id]}]" if c.id in last else ""
+            print(f"{'':20s} claim {c.id}: {c.expr} {c.op} {c.effective_threshold:g}{verdict}")
+    print(f"\n(* = the paper's method; the others are baselines; [verdict] = last complete run at "
+          f"{args.scale}, classes in docs/verdicts.md)")
     return 0
 
 
@@ -353,15 +359,53 @@ def cmd_budget(args) -> int:
     return 0 if ok or not args.strict else 1
 
 
+def cmd_converge(args) -> int:
+    """Rerun a method's training with every step count multiplied by ``--factor`` (into
+    partial/params-<hash>/) and tabulate each claim's verdict at 1x and at the factor."""
+    from . import config as rz_config
+    from . import converge
+    from .io import read_json
+
+    try:
+        override, keys = converge.plan_override(args.method, args.scale, args.factor)
+    except (ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    results = ROOT / "results"
+    runs = [("1x", {}), (f"{args.factor:g}x", {args.method: override})]
+    claims = []
+    for label, params in runs:
+        config = {"scale": args.scale, "methods": [args.method]}
+        if params:
+            config["params"] = params
+        plan = rz_config.plan(rz_config.load(config), check_specs=False)
+        target = f"results/{args.scale}/{args.method}/{plan.selection(args.method)}claims.json"
+        print(f"[converge] {args.method} at {label}: {target}", flush=True)
+        rc = subprocess.call(_snakemake_cmd([target], config, args.cores, list(args.snakemake_args or [])),
+                             cwd=ROOT)
+        if rc != 0:
+            print(f"error: the {label} run failed (exit {rc}); its log is under results/{args.scale}/logs/",
+                  file=sys.stderr)
+            return rc
+        claims.append(read_json(ROOT / target))
+    out = converge.write(results, args.method, args.scale, args.factor, keys, *claims)
+    print(out.read_text())
+    print(f"written to {out.relative_to(ROOT)} (and converge.json); `reprozoo docs` adds it to the method's page")
+    return 0
+
+
 def cmd_docs(args) -> int:
     from .docs import write_all
 
-    changed = write_all(ROOT, args.scale)
+    refused: list[str] = []
+    changed = write_all(ROOT, args.scale, check=args.check, refused=refused)
     for p in changed:
-        print(f"updated {p.relative_to(ROOT)}")
-    if not changed:
-        print("pages already up to date")
-    return 0
+        print(f"{'differs from results' if args.check else 'updated'}: {p.relative_to(ROOT)}")
+    for r in refused:
+        print(f"refused (page kept): {r}", file=sys.stderr)
+    if not changed and not refused:
+        print("pages match results/" if args.check else "pages already up to date")
+    return 1 if (args.check and (changed or refused)) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"reprozoo {__version__}")
     parser.add_argument("-C", "--directory", help="project root (default: the working directory)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="methods, variants, claims").set_defaults(fn=cmd_list)
+    lst = sub.add_parser("list", help="methods, variants, claims (with their last verdicts)")
+    lst.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"])
+    lst.set_defaults(fn=cmd_list)
 
     run = sub.add_parser("run", help="run the workflow (all methods, or the ones named)")
     run.add_argument("methods", nargs="*", help="method ids (default: every method; see `reprozoo list`)")
@@ -424,8 +470,18 @@ def main(argv: list[str] | None = None) -> int:
     bud.add_argument("--strict", action="store_true", help="exit 1 when a method is over budget")
     bud.set_defaults(fn=cmd_budget)
 
+    conv = sub.add_parser("converge", help="budget audit: rerun with every training step count x FACTOR, "
+                                           "tabulate each claim's verdict at 1x and FACTORx")
+    conv.add_argument("method")
+    conv.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"])
+    conv.add_argument("--factor", type=float, default=2.0)
+    conv.add_argument("-j", "--cores", type=int, default=2)
+    conv.add_argument("snakemake_args", nargs="*", help="passed to snakemake (after --)")
+    conv.set_defaults(fn=cmd_converge)
     docs = sub.add_parser("docs", help="rewrite method pages' result tables and the README method index")
     docs.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"], help="results/<scale>/ to read")
+    docs.add_argument("--check", action="store_true",
+                      help="write nothing; list pages that differ from results/ and results refused (exit 1 if any)")
     docs.set_defaults(fn=cmd_docs)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["server"]:  # REMAINDER would reject leading options (--detach): hand them over as is
