@@ -72,8 +72,8 @@ def _schedule_reevalutation(self, delay) -> None:
     if getattr(dag, "queue_input_jobs", None):  # queue inputs: Snakemake's own periodic re-evaluation
         return _schedule_reevalutation.original(self, delay)
     limiter = self.job_rate_limiter
-    if limiter is not None and limiter.get_free_jobs() > 0:
-        return  # the rate limit held nothing back: the next job end wakes the scheduler
+    if limiter is None or limiter.get_free_jobs() > 0:
+        return  # no rate limit, or it held nothing back: the next job end wakes the scheduler
     lock = self.__dict__.setdefault("_reprozoo_timer_lock", threading.Lock())
     with lock:
         pending = self.__dict__.get("_reprozoo_timer")
