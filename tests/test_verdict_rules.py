@@ -74,6 +74,16 @@ def test_a_a_control_that_holds_makes_the_claim_non_discriminative():
     assert out2["verdict"] == "holds" and out2["control"]["verdict"] == "fails"
 
 
+def test_an_a_a_control_the_baseline_cannot_evaluate_is_not_applicable():
+    # the method records a merge time, joint training (the baseline) does not: no A/A control exists
+    t = pd.concat([scalars({"a": [0.1, 0.12, 0.11]}, metric="merge_s"), scalars({"b": [3.0, 3.2, 2.9]}, metric="train_s")])
+    c = Claim("s", "merge 5x faster", "train_s@b / merge_s@a", ">=", 5.0, paper_value="-")
+    out = one(c, t, roles=ROLES)
+    assert out["verdict"] == "holds" and out["control"]["verdict"] == "not applicable"
+    declared = Claim("s", "-", "train_s@b / merge_s@a", ">=", 5.0, paper_value="-", control={"a": "b"})
+    assert one(declared, t, roles=ROLES)["verdict"] == "error"
+
+
 def test_declared_negative_control_must_fail():
     # a quantisation known to be too coarse must be flagged by the same claim
     t = pd.concat([scalars({"a": [0.010, 0.012, 0.011]}), scalars({"c": [0.011, 0.010, 0.012]})])
