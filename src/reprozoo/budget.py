@@ -8,8 +8,11 @@ jobs of the datasets it reads (shared datasets are counted in full for every met
 them: each must fit its budget on its own). Budgets (2 cores):
 
 - ``ci``: the method's whole pipeline under 30 s wall (its jobs back to back);
-- ``smoke``: 2 CPU-minutes on average over methods, no method over 5; the whole suite within 60
-  minutes of wall on the profile's cores (profiles/default ``cores:``).
+- ``smoke``: every method at most 8 CPU-minutes for all its jobs together; the whole suite within
+  60 minutes of wall on the profile's cores (profiles/default ``cores:``).
+
+Jobs of partial selections (a subset of variants or seeds, a hyper-parameter override such as
+``reprozoo converge``'s, under ``partial/``) are not part of the default run and are left out.
 
 Besides the per-method table, :func:`report` states the suite as a whole: its total CPU (every job
 once, a shared dataset once), the wall it projects on the profile's cores, and the measured wall of
@@ -26,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CI_WALL_S = 30.0
-SMOKE_MEAN_CPU_S = 120.0
-SMOKE_MAX_CPU_S = 300.0
+SMOKE_MAX_CPU_S = 480.0  # 8 CPU-minutes per method, all its jobs
 SMOKE_SUITE_WALL_S = 3600.0  # the default run, one invocation, on the profile's cores
 PROFILE = "profiles/default/config.yaml"
 
@@ -66,6 +68,8 @@ def jobs(results: Path, scale: str) -> list[Job]:
     out = []
     for f in sorted(root.rglob("*.tsv")):
         rel = f.relative_to(root)
+        if "partial" in rel.parts:  # not the default run (subset or override selections)
+            continue
         vals = _read(f)
         usage = f.with_suffix(".usage.json")
         if usage.exists():
@@ -124,7 +128,7 @@ def table(results: Path, scale: str):
         df["budget"] = [f"wall <= {CI_WALL_S:g} s"] * len(df)
         df["over"] = df.wall_s > CI_WALL_S
     elif scale == "smoke":
-        df["budget"] = [f"cpu <= {SMOKE_MAX_CPU_S:g} s (mean <= {SMOKE_MEAN_CPU_S:g})"] * len(df)
+        df["budget"] = [f"cpu <= {SMOKE_MAX_CPU_S:g} s"] * len(df)
         df["over"] = df.cpu_s > SMOKE_MAX_CPU_S
     else:
         df["budget"] = ["-"] * len(df)
@@ -263,9 +267,6 @@ def report(results: Path, scale: str) -> tuple[str, bool]:
     mean_cpu = float(df.cpu_s.mean())
     lines.append(f"{len(df)} methods: wall {df.wall_s.sum():.0f} s summed over jobs, CPU {df.cpu_s.sum():.0f} s, "
                  f"mean CPU per method {mean_cpu:.1f} s")
-    if scale == "smoke" and mean_cpu > SMOKE_MEAN_CPU_S:
-        ok = False
-        lines.append(f"OVER: mean CPU per method {mean_cpu:.1f} s > {SMOKE_MEAN_CPU_S:g} s")
     over = list(df.method[df.over])
     lines.append("over budget: " + (", ".join(over) if over else "none"))
     more, suite_ok = suite_lines(results, scale)

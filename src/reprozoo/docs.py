@@ -119,7 +119,7 @@ def budget_block(root: Path) -> str:
     from .budget import table
 
     out = []
-    for scale, col, limit in (("ci", "wall_s", "30 s wall"), ("smoke", "cpu_s", "2 CPU-min mean, 5 max")):
+    for scale, col, limit in (("ci", "wall_s", "30 s wall"), ("smoke", "cpu_s", "8 CPU-min per method")):
         df = table(Path(root) / "results", scale)
         if df.empty:
             out.append(f"`{scale}`: not measured yet (`reprozoo budget --scale {scale}` after a run).")
