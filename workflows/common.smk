@@ -12,6 +12,10 @@ from reprozoo import config as rz_config
 from reprozoo import registry as rz_registry
 from reprozoo.data import registry as rz_data
 
+from reprozoo.strict_yaml import load as _strict_load
+
+for _cf in workflow.configfiles:  # Snakemake's own YAML reader keeps the last of two equal keys silently
+    _strict_load(_cf)
 rz_config.validate(config)
 PLAN = rz_config.plan(config, check_specs=workflow.is_main_process)  # names, overrides, claim metrics: before any job runs
 SCALE = PLAN.scale

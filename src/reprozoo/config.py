@@ -92,7 +92,9 @@ def _ints_where_the_schema_says_integer(value, schema: dict):
 
 
 def load(overrides: dict | None = None, path: Path = DEFAULT_CONFIG) -> dict:
-    config = yaml.safe_load(path.read_text())
+    from .strict_yaml import load as strict_load
+
+    config = strict_load(path)  # a duplicate key is an error naming file and line, never a silent override
     _deep_update(config, copy.deepcopy(overrides or {}))
     return validate(config)
 
