@@ -105,7 +105,9 @@ def methods_index(results: Path, scale: str) -> str:
     lines = [f"| method | wave | claims at `{scale}` | page |", "|---|---|---|---|"]
     for spec in registry.all_specs():
         f = Path(results) / scale / spec.id / "claims.json"
-        verdicts = counts(c["verdict"] for c in read_json(f)["claims"]) if f.exists() else "not measured"
+        data = read_json(f) if f.exists() else None
+        verdicts = "not measured" if data is None else (
+            "results not reproducible at this commit (rerun)" if refusal(data) else counts(c["verdict"] for c in data["claims"]))
         page = f"src/reprozoo/methods/{spec.id}/README.md"
         lines.append(f"| [{spec.id}]({page}) | {spec.wave} | {verdicts} | {spec.title.replace('|', '/')} |")
     return "\n".join(lines)
