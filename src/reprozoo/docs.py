@@ -113,8 +113,9 @@ def methods_index(results: Path, scale: str) -> str:
     return "\n".join(lines)
 
 
-def budget_block(root: Path) -> str:
-    """The measured budgets: per method at ci and smoke (from the jobs' benchmark files) and the
+def budget_block(root: Path) -> str | None:
+    """None unless every method was measured at ci and smoke here and the overhead benchmark ran
+    (a partial results tree never replaces the block). The measured budgets: per method at ci and smoke (from the jobs' benchmark files) and the
     per-job overhead (benchmarks/results/overhead.json), with where each number comes from."""
     import json
 
@@ -123,15 +124,16 @@ def budget_block(root: Path) -> str:
     out = []
     for scale, col, limit in (("ci", "wall_s", "30 s wall"), ("smoke", "cpu_s", "8 CPU-min per method")):
         df = table(Path(root) / "results", scale)
-        if df.empty:
-            out.append(f"`{scale}`: not measured yet (`reprozoo budget --scale {scale}` after a run).")
-            continue
+        if set(df.method) != set(registry.method_ids()) if not df.empty else True:
+            return None  # not every method measured at this scale here: keep the block as it is
         over = list(df.method[df.over])
         out.append(f"`{scale}` ({len(df)} methods, `reprozoo budget --scale {scale}`; budget {limit}): "
                    f"wall per method {df.wall_s.min():.0f}-{df.wall_s.max():.0f} s, CPU per method "
                    f"{df.cpu_s.min():.0f}-{df.cpu_s.max():.0f} s (mean {df.cpu_s.mean():.0f} s); over budget: "
                    f"{', '.join(over) if over else 'none'}.")
     f = Path(root) / "benchmarks" / "results" / "overhead.json"
+    if not f.exists():
+        return None  # the overhead benchmark has not run here: keep the block as it is
     if f.exists():
         o = json.loads(f.read_text())
         out.append(f"Job overhead (`python -m benchmarks overhead`): {o['overhead_per_job_s']['noop']:.2f} s per job "
@@ -165,8 +167,9 @@ def write_all(root: Path, scale: str = "smoke", check: bool = False,
         new = text
         if MBEGIN in new:
             new = replace_between(new, MBEGIN, MEND, methods_index(results, scale))
-        if BBEGIN in new:
-            new = replace_between(new, BBEGIN, BEND, budget_block(root))
+        block = budget_block(root) if BBEGIN in new else None
+        if block is not None:
+            new = replace_between(new, BBEGIN, BEND, block)
         if new != text:
             if not check:
                 atomic_write_text(top, new)
