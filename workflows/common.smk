@@ -43,7 +43,7 @@ wildcard_constraints:
     seed=r"\d+",
     variant=r"[A-Za-z0-9][A-Za-z0-9_]*",
     selection=r"(partial/[^/]+/)?",
-    cells=r"(partial/params-[0-9a-f]+/)?",
+    tag=r"[0-9a-f]{8}",
 
 
 def env_file(name):
@@ -90,15 +90,20 @@ def dataset_env(wildcards):
     return env_file(rz_data.get(wildcards.dataset).env)
 
 
+def _cells_prefix(wildcards):
+    tag = getattr(wildcards, "tag", None)
+    return f"partial/params-{tag}/" if tag else ""
+
+
 def shared_input(wildcards):
     if rz_registry.get(wildcards.method).train_shared:
-        return [f"{RS}/{wildcards.method}/{wildcards.cells}_shared/seed{wildcards.seed}/done.json"]
+        return [f"{RS}/{wildcards.method}/{_cells_prefix(wildcards)}_shared/seed{wildcards.seed}/done.json"]
     return []
 
 
 def shared_dir(wildcards):
     if rz_registry.get(wildcards.method).train_shared:
-        return f"{RS}/{wildcards.method}/{wildcards.cells}_shared/seed{wildcards.seed}"
+        return f"{RS}/{wildcards.method}/{_cells_prefix(wildcards)}_shared/seed{wildcards.seed}"
     return None
 
 

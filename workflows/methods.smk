@@ -7,60 +7,68 @@
 # runs all of a method's cells in one process, paying job start-up once. Both write the same files.
 
 if FANOUT == "cell":
+    # twice: the default configuration's cells, and those of a hyper-parameter override under
+    # partial/params-<tag>/ (their own rules, so the default jobs carry no empty wildcard: SLURM
+    # names job logs after the wildcards)
+    for _sfx, _pre in (("", ""), ("_override", "partial/params-{tag}/")):
 
-    rule train_shared:
-        input:
-            cards=data_cards,
-        output:
-            done=f"{RS}/{{method}}/{{cells}}_shared/seed{{seed}}/done.json",
-        params:
-            hp=hp,
-            code=code,
-            scale=SCALE,
-            data=lambda w: data_dirs(w.method),
-            tracking=TRACKING,
-        log:
-            f"{RS}/logs/{{method}}/{{cells}}train_shared-seed{{seed}}.log",
-        benchmark:
-            f"{RS}/benchmarks/{{method}}/{{cells}}train_shared-seed{{seed}}.tsv"
-        conda:
-            method_env
-        threads: lambda w: method_res(w, "threads")
-        resources:
-            mem_mb=lambda w, attempt: method_res(w, "mem_mb") * attempt,
-            runtime=lambda w, attempt: method_res(w, "runtime") * attempt,
-            gpu=lambda w: method_res(w, "gpu"),
-            attempt=lambda w, attempt: attempt,
-        script:
-            STAGE
+        rule:
+            name:
+                f"train_shared{_sfx}"
+            input:
+                cards=data_cards,
+            output:
+                done=f"{RS}/{{method}}/{_pre}_shared/seed{{seed}}/done.json",
+            params:
+                hp=hp,
+                code=code,
+                scale=SCALE,
+                data=lambda w: data_dirs(w.method),
+                tracking=TRACKING,
+            log:
+                f"{RS}/logs/{{method}}/{_pre}train_shared-seed{{seed}}.log",
+            benchmark:
+                f"{RS}/benchmarks/{{method}}/{_pre}train_shared-seed{{seed}}.tsv"
+            conda:
+                method_env
+            threads: lambda w: method_res(w, "threads")
+            resources:
+                mem_mb=lambda w, attempt: method_res(w, "mem_mb") * attempt,
+                runtime=lambda w, attempt: method_res(w, "runtime") * attempt,
+                gpu=lambda w: method_res(w, "gpu"),
+                attempt=lambda w, attempt: attempt,
+            script:
+                STAGE
 
-    rule train:
-        input:
-            cards=data_cards,
-            shared=shared_input,
-        output:
-            metrics=f"{RS}/{{method}}/{{cells}}{{variant}}/seed{{seed}}/metrics.json",
-        params:
-            hp=hp,
-            code=code,
-            scale=SCALE,
-            data=lambda w: data_dirs(w.method),
-            shared_dir=shared_dir,
-            tracking=TRACKING,
-        log:
-            f"{RS}/logs/{{method}}/{{cells}}train-{{variant}}-seed{{seed}}.log",
-        benchmark:
-            f"{RS}/benchmarks/{{method}}/{{cells}}train-{{variant}}-seed{{seed}}.tsv"
-        conda:
-            method_env
-        threads: lambda w: method_res(w, "threads")
-        resources:
-            mem_mb=lambda w, attempt: method_res(w, "mem_mb") * attempt,
-            runtime=lambda w, attempt: method_res(w, "runtime") * attempt,
-            gpu=lambda w: method_res(w, "gpu"),
-            attempt=lambda w, attempt: attempt,
-        script:
-            STAGE
+        rule:
+            name:
+                f"train{_sfx}"
+            input:
+                cards=data_cards,
+                shared=shared_input,
+            output:
+                metrics=f"{RS}/{{method}}/{_pre}{{variant}}/seed{{seed}}/metrics.json",
+            params:
+                hp=hp,
+                code=code,
+                scale=SCALE,
+                data=lambda w: data_dirs(w.method),
+                shared_dir=shared_dir,
+                tracking=TRACKING,
+            log:
+                f"{RS}/logs/{{method}}/{_pre}train-{{variant}}-seed{{seed}}.log",
+            benchmark:
+                f"{RS}/benchmarks/{{method}}/{_pre}train-{{variant}}-seed{{seed}}.tsv"
+            conda:
+                method_env
+            threads: lambda w: method_res(w, "threads")
+            resources:
+                mem_mb=lambda w, attempt: method_res(w, "mem_mb") * attempt,
+                runtime=lambda w, attempt: method_res(w, "runtime") * attempt,
+                gpu=lambda w: method_res(w, "gpu"),
+                attempt=lambda w, attempt: attempt,
+            script:
+                STAGE
 
 else:
     for _m in PLAN.methods:

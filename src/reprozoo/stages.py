@@ -482,10 +482,10 @@ def _dispatch(sm: Any, rule: str, w, p, log: str | None, attempt: int) -> None:
             preprocess(w.dataset, w.scale, Path(sm.input.manifest).parent, Path(sm.input.manifest),
                        Path(sm.output.card).parent, Path(sm.output.card), Path(sm.output.preview),
                        dict(p.overrides))
-        elif rule == "train_shared":
+        elif rule in ("train_shared", "train_shared_override"):
             train_shared(w.method, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.done),
                          sm.threads, p.tracking)
-        elif rule == "train":
+        elif rule in ("train", "train_override"):
             train(w.method, w.variant, int(w.seed), p.scale, p.hp, dict(p.data), Path(sm.output.metrics),
                   p.shared_dir, sm.threads, p.tracking, attempt,
                   sm.config.get("inject_failure"), getattr(sm.resources, "mem_mb", None), log)
