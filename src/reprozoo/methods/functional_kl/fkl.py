@@ -12,19 +12,36 @@ For two path measures nu^A, nu^B with velocity fields v^A_s, v^B_s of that inter
 
 (the paper's Eq.; ||.||_{C^{-1}} is the Cameron-Martin norm of C). Equivalently, with the
 denoiser D_s(x) = E[x_1 | x_s = x] (v = (D - x)/(1 - s)) and the signal-to-noise ratio
-SNR = s^2/(1 - s)^2, lambda = log SNR::
+SNR = s^2/(1 - s)^2, lambda = log SNR, and the noise predictor eps_s(x) = E[x_0 | x_s = x]::
 
-    KL = 1/2 int SNR(lambda) E_{mu^A} || D^A - D^B ||^2_{C^{-1}} d lambda.
+    KL = 1/2 int SNR(lambda) E_{mu^A} || D^A - D^B ||^2_{C^{-1}} d lambda
+       = 1/2 int E_{mu^A} || eps^A - eps^B ||^2 d lambda          (whitened coordinates).
 
 Implementation (ours; the paper trains neural-operator velocity fields): whiten paths with the
 Cholesky factor of C (z = L^{-1} x makes the Cameron-Martin norm Euclidean and the noise N(0, I));
-at each Gauss-Legendre node in lambda, regress x_1 on features of x_s by ridge least squares
-(affine + random ReLU features; ``n_noise`` noise draws per path) - we predict the noise x_0,
-an equivalent parametrisation, 1/2 SNR ||D^A - D^B||^2 = 1/2 ||eps^A - eps^B||^2 - once for A and B;
-evaluate the squared difference on fresh interpolants of A. The s-range is truncated to
-[s_min, s_max] = [0.01, 0.99] as in the paper's uniform scheme; the truncation makes the estimate
-the KL between the two path measures smoothed by Gaussian noise of Cameron-Martin scale
-(1 - s_max)/s_max, which stays finite even when one measure is singular (deterministic paths).
+at each Gauss-Legendre node in lambda, regress the noise x_0 on features phi(x_s) by ridge least
+squares (nested sets: affine, + cubic, + neighbour pairs, see :class:`Features`; one map for A and
+B, standardised by the pooled x_s of A and B; ``n_noise`` noise draws per path) for A and for B,
+and average the difference of the two predictors over fresh interpolants of A. Everything the
+estimate needs is a set of second moments per node (:class:`NodeStats`): the Gram matrices and
+noise cross-moments of each half of each measure's training rows, and the feature Gram of the
+evaluation interpolants of A and of B.
+
+Regressor choice (one rule for every estimator, every benchmark case and every TI method): at each
+node, the feature set (``features``, nested) and the ridge strength (``ridges``: alpha added to the
+Gram of the standardised features, intercept unpenalised) minimise the two-fold held-out
+denoising loss, fit on one half of each measure's paths and scored on the other half, summed over A
+and B. The chosen regressor is then used by both estimators:
+
+* ``plain`` (the paper's plug-in estimate): one fit per measure on all its paths,
+  1/2 E || eps^A - eps^B ||^2. Its square adds the variance of both fits (about d p / n per unit
+  lambda: d path dimension, p features, n paths), so it is biased upwards, also at KL = 0.
+* ``crossfit`` (ours, not in the paper): fits on the two halves, 1/2 E <eps^A_1 - eps^B_1,
+  eps^A_2 - eps^B_2>; the halves' regression errors are independent, so that variance term cancels.
+
+The s-range is truncated to [s_min, s_max] = [0.01, 0.99] as in the paper's uniform scheme; the
+truncation makes the estimate the KL between the two path measures smoothed by Gaussian noise of
+Cameron-Martin scale (1 - s_max)/s_max, which stays finite even when one measure is singular.
 """
 from __future__ import annotations
 
@@ -60,15 +77,23 @@ class FKLConfig:
     n_nodes: int = 24          # Gauss-Legendre nodes in lambda = log SNR
     s_min: float = 0.01        # paper's uniform scheme: s in [0.01, 0.99]
     s_max: float = 0.99
-    n_noise: int = 8           # noise draws per path when fitting each denoiser
-    n_features: int = 128      # random ReLU features (0: affine regression only)
-    ridge: float = 1e-3        # ridge penalty, relative to the mean feature second moment
-    feature_seed: int = 12345  # the same random features for A and B
-    estimator: str = "plain"   # "plain": the paper's plug-in ||D^A - D^B||^2; "crossfit": ours, see below
+    n_noise: int = 8           # noise draws per path in each regression
+    n_eval_noise: int = 2      # noise draws per path in the evaluation interpolants
+    features: tuple = ("affine", "cubic", "pairs")  # nested candidate feature sets (see Features)
+    ridges: tuple = (0.1, 1.0, 10.0)  # candidate ridge penalties alpha (absolute, on standardised features)
+    estimator: str = "crossfit"  # "plain": the paper's plug-in square; "crossfit": ours (see module doc)
 
     @classmethod
     def from_params(cls, p: dict | None) -> "FKLConfig":
-        return cls(**{k: v for k, v in (p or {}).items() if k in cls.__dataclass_fields__})
+        kw = {k: v for k, v in (p or {}).items() if k in cls.__dataclass_fields__}
+        for k in ("features", "ridges"):
+            if k in kw:
+                kw[k] = tuple(kw[k]) if isinstance(kw[k], (list, tuple)) else (kw[k],)
+        return cls(**kw)
+
+
+ESTIMATORS = ("plain", "crossfit")
+FAMILIES = ("affine", "cubic", "pairs")
 
 
 def lambda_nodes(cfg: FKLConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -79,34 +104,77 @@ def lambda_nodes(cfg: FKLConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Features:
-    """phi(x) = [1, x, relu(W x / sqrt(d) + b)] on standardised x: one map shared by A and B."""
+    """Nested feature sets of a noisy whitened path x (M times x D coordinates, time-major), one map
+    for A and B, every column standardised by the pooled rows of A and B at the node:
 
-    def __init__(self, dim: int, n_features: int, seed: int):
-        rng = np.random.default_rng(seed)
-        self.W = rng.standard_normal((dim, n_features)) / np.sqrt(dim)
-        self.b = rng.uniform(-1.5, 1.5, n_features)
+    * ``affine``: [1, x] (exact for Gaussian path laws: the denoiser is then affine);
+    * ``cubic``:  + v^2 and v^3 of every value v of the noisy path in its own coordinates, y = L x;
+    * ``pairs``:  + v_k v_{k+1}, products of time neighbours of each coordinate.
 
-    def __call__(self, x: np.ndarray, loc: np.ndarray, scale: np.ndarray) -> np.ndarray:
-        u = (x - loc) / scale
-        parts = [np.ones((len(u), 1)), u]
-        if self.W.shape[1]:
-            parts.append(np.maximum(u @ self.W + self.b, 0.0))
-        return np.concatenate(parts, axis=1)
+    The cubic and pair terms follow the structure of SDE paths: the score of a Markov chain with a
+    polynomial drift is a sum of low-order polynomials of neighbouring values. Candidate q (columns)
+    is a prefix: 1 + d, 1 + 3 d, 1 + 3 d + (M - 1) D, with d = M D."""
 
+    def __init__(self, L: np.ndarray, D: int, families=FAMILIES):
+        families = tuple(families)
+        if families != FAMILIES[:len(families)] or not families:
+            raise ValueError(f"features must be a prefix of {FAMILIES}, got {families}")
+        self.L, self.D, self.M, self.families = np.asarray(L), int(D), len(L), families
+        self.dim = self.M * self.D
+        sizes = {"affine": self.dim, "cubic": 2 * self.dim, "pairs": (self.M - 1) * self.D}
+        self.sizes = [1 + int(np.sum([sizes[f] for f in families[:i + 1]])) for i in range(len(families))]
+        self.p = self.sizes[-1]
+        self._unwhiten_T = np.kron(self.L, np.eye(self.D)).T
 
-@dataclass
-class Denoisers:
-    """Ridge noise predictors eps_s(x) ~ E[x_0 | x_s = x] (whitened) at each lambda node, one measure.
+    def candidates(self, ridges) -> list[tuple[int, float]]:
+        return [(q, float(r)) for q in self.sizes for r in ridges]
 
-    D = (x - (1 - s) eps) / s, so 1/2 SNR ||D^A - D^B||^2 = 1/2 ||eps^A - eps^B||^2: predicting the
-    noise keeps the regression error from being amplified by the weight s/(1 - s) near s = 1."""
-    lambdas: np.ndarray
-    weights: list[np.ndarray]
-    locs: list[np.ndarray]
-    scales: list[np.ndarray]
+    def family_of(self, q: int) -> int:
+        """0 for affine, 1 for + cubic, 2 for + pairs."""
+        return self.sizes.index(q)
 
-    def predict(self, k: int, xs: np.ndarray, feats: Features) -> np.ndarray:
-        return feats(xs, self.locs[k], self.scales[k]) @ self.weights[k]
+    def _path_values(self, x: np.ndarray) -> np.ndarray:
+        """y = (L (x) I_D) x: the noisy path in its own coordinates (time-major)."""
+        return x @ self._unwhiten_T
+
+    def _raw(self, x: np.ndarray, v: np.ndarray | None) -> np.ndarray:
+        """[1, x, v^2, v^3, v_k v_{k+1}] (the sets in ``families``), unstandardised, one array."""
+        n, d = x.shape
+        out = np.empty((n, self.p))
+        out[:, 0] = 1.0
+        out[:, 1:1 + d] = x
+        if v is not None:
+            sq = out[:, 1 + d:1 + 2 * d]
+            np.multiply(v, v, out=sq)
+            np.multiply(sq, v, out=out[:, 1 + 2 * d:1 + 3 * d])
+            if "pairs" in self.families:
+                V = v.reshape(n, self.M, self.D)
+                out[:, 1 + 3 * d:].reshape(n, self.M - 1, self.D)[:] = V[:, :-1] * V[:, 1:]
+        return out
+
+    def transform(self, train: list[np.ndarray], evaluate: list[np.ndarray]):
+        """Feature matrices [1, (raw - mu) / sd] of every block, mu and sd (and the scale of the path
+        values inside the cubic and pair terms) from the pooled training blocks."""
+        blocks = list(train) + list(evaluate)
+        n_train = sum(len(x) for x in train)
+
+        def pooled_scale(arrays):
+            s1 = sum(a.sum(0) for a in arrays[:len(train)])
+            s2 = sum(np.einsum("ij,ij->j", a, a) for a in arrays[:len(train)])
+            mu = s1 / n_train
+            return mu, np.sqrt(np.maximum(s2 / n_train - mu**2, 0.0)) + 1e-12
+
+        vs = [None] * len(blocks)
+        if len(self.families) > 1:
+            ys = [self._path_values(x) for x in blocks]
+            vloc, vscale = pooled_scale(ys)
+            vs = [(y - vloc) / vscale for y in ys]
+        phis = [self._raw(x, v) for x, v in zip(blocks, vs)]
+        mu, sd = pooled_scale([P[:, 1:] for P in phis])
+        for P in phis:
+            P[:, 1:] -= mu
+            P[:, 1:] /= sd
+        return phis[:len(train)], phis[len(train):]
 
 
 def _alpha_sigma(lam: float) -> tuple[float, float]:
@@ -114,90 +182,145 @@ def _alpha_sigma(lam: float) -> tuple[float, float]:
     return s, 1.0 - s
 
 
-def fit_denoisers(z: np.ndarray, cfg: FKLConfig, feats: Features, rng: np.random.Generator) -> Denoisers:
-    """Flow-matching regression of the noise x_0 on x_s at every node, for whitened paths z (n, d)."""
+@dataclass
+class NodeStats:
+    """Second moments at one lambda node for measures m = 0 (A) and 1 (B), halves h = 0, 1.
+
+    G[m, h] = Phi^T Phi and c[m, h] = Phi^T eps over the training rows of that half, e[m, h] =
+    sum eps^2, N[m, h] = rows; M[m] = mean phi phi^T over the evaluation interpolants of measure m."""
+    G: np.ndarray  # (2, 2, p, p)
+    c: np.ndarray  # (2, 2, p, d)
+    e: np.ndarray  # (2, 2)
+    N: np.ndarray  # (2, 2)
+    M: np.ndarray  # (2, p, p)
+
+
+def _rows(z: np.ndarray, a: float, s: float, reps: int, rng: np.random.Generator):
+    zz = np.repeat(z, reps, axis=0)
+    eps = rng.standard_normal(zz.shape)
+    return a * zz + s * eps, eps
+
+
+def pair_stats(za: np.ndarray, zb: np.ndarray, cfg: FKLConfig, feats: Features,
+               rng_a: np.random.Generator, rng_b: np.random.Generator) -> list[NodeStats]:
+    """The moments of every node for whitened paths za (n_a, d) of A and zb (n_b, d) of B.
+
+    Each measure's paths are split into halves (first, second); noise for A comes from rng_a and for
+    B from rng_b, so a fixed A with its own generator sees the same draws against every B."""
     lams, _ = lambda_nodes(cfg)
-    n, d = z.shape
-    zz = np.repeat(z, cfg.n_noise, axis=0)
-    weights, locs, scales = [], [], []
+    halves = [(z[: len(z) // 2], z[len(z) // 2: 2 * (len(z) // 2)]) for z in (za, zb)]
+    rngs = (rng_a, rng_b)
+    out = []
     for lam in lams:
         a, s = _alpha_sigma(lam)
-        eps = rng.standard_normal(zz.shape)
-        xs = a * zz + s * eps
-        loc, scale = xs.mean(0), xs.std(0) + 1e-12
-        Phi = feats(xs, loc, scale)
-        G = Phi.T @ Phi
-        reg = cfg.ridge * np.trace(G) / G.shape[0]
-        W = np.linalg.solve(G + reg * np.eye(G.shape[0]), Phi.T @ eps)
-        weights.append(W)
-        locs.append(loc)
-        scales.append(scale)
-    return Denoisers(lams, weights, locs, scales)
+        train = [_rows(halves[m][h], a, s, cfg.n_noise, rngs[m]) for m in (0, 1) for h in (0, 1)]
+        ev = [_rows(z, a, s, cfg.n_eval_noise, rngs[m])[0] for m, z in enumerate((za, zb))]
+        phis, phis_ev = feats.transform([x for x, _ in train], ev)
+        p, d = phis[0].shape[1], za.shape[1]
+        G, c = np.empty((2, 2, p, p)), np.empty((2, 2, p, d))
+        e, N = np.empty((2, 2)), np.empty((2, 2))
+        for i, (Phi, (_, eps)) in enumerate(zip(phis, train)):
+            m, h = divmod(i, 2)
+            G[m, h], c[m, h] = Phi.T @ Phi, Phi.T @ eps
+            e[m, h], N[m, h] = float(np.sum(eps**2)), len(eps)
+        M = np.stack([Phi.T @ Phi / len(Phi) for Phi in phis_ev])
+        out.append(NodeStats(G, c, e, N, M))
+    return out
 
 
-def fkl_from_denoisers(z_eval: np.ndarray, den_p: Denoisers, den_q: Denoisers, cfg: FKLConfig,
-                       feats: Features, rng: np.random.Generator) -> tuple[float, np.ndarray]:
-    """KL(P || Q) = 1/2 sum_k w_k E_P ||eps^P - eps^Q||^2, evaluated on interpolants of z_eval ~ P.
+def _solve(G: np.ndarray, c: np.ndarray, q: int, ridge: float) -> np.ndarray:
+    """Ridge weights on the first q feature columns: (G + alpha I')^{-1} c, intercept unpenalised.
 
-    Returns the estimate and the integrand per node (nats per unit lambda)."""
-    lams, wts = lambda_nodes(cfg)
-    integrand = np.empty(len(lams))
-    for k, lam in enumerate(lams):
-        a, s = _alpha_sigma(lam)
-        xs = a * z_eval + s * rng.standard_normal(z_eval.shape)
-        diff = den_p.predict(k, xs, feats) - den_q.predict(k, xs, feats)
-        integrand[k] = 0.5 * float(np.mean(np.sum(diff**2, axis=1)))
-    return float(np.sum(wts * integrand)), integrand
+    alpha is absolute (a fixed number of pseudo-observations), so the shrinkage, and the downward
+    bias it puts on the KL integrand, vanish as the number of rows grows; a penalty proportional to
+    the rows would keep a fixed shrinkage at any sample size."""
+    pen = np.full(q, float(ridge))
+    pen[0] = 0.0
+    return np.linalg.solve(G[:q, :q] + np.diag(pen), c[:q])
 
 
-def fkl_crossfit(z_eval: np.ndarray, dens_p: tuple[Denoisers, Denoisers], dens_q: tuple[Denoisers, Denoisers],
-                 cfg: FKLConfig, feats: Features, rng: np.random.Generator) -> tuple[float, np.ndarray]:
-    """Cross-fitted FKL (ours, not in the paper): E <eps^P_1 - eps^Q_1, eps^P_2 - eps^Q_2>, fits 1, 2
-    on disjoint halves of the paths. Their regression errors are independent, so the positive bias of
-    the plug-in square (the variance of the fitted denoisers, ~ d p / n per unit lambda) cancels."""
-    lams, wts = lambda_nodes(cfg)
-    integrand = np.empty(len(lams))
-    for k, lam in enumerate(lams):
-        a, s = _alpha_sigma(lam)
-        xs = a * z_eval + s * rng.standard_normal(z_eval.shape)
-        d1 = dens_p[0].predict(k, xs, feats) - dens_q[0].predict(k, xs, feats)
-        d2 = dens_p[1].predict(k, xs, feats) - dens_q[1].predict(k, xs, feats)
-        integrand[k] = 0.5 * float(np.mean(np.sum(d1 * d2, axis=1)))
-    return float(np.sum(wts * integrand)), integrand
+def heldout_loss(st: NodeStats, q: int, ridge: float) -> float:
+    """Two-fold held-out denoising loss (mean over rows of ||eps - eps_hat||^2), summed over A and B."""
+    total = 0.0
+    for m in (0, 1):
+        for h in (0, 1):
+            W, o = _solve(st.G[m, h], st.c[m, h], q, ridge), 1 - h
+            sse = st.e[m, o] - 2.0 * np.sum(W * st.c[m, o, :q]) + np.sum(W * (st.G[m, o, :q, :q] @ W))
+            total += sse / st.N[m, o]
+    return float(total)
+
+
+def select(st: NodeStats, cands: list[tuple[int, float]]) -> tuple[int, float]:
+    """The candidate (q, ridge) with the lowest two-fold held-out loss at this node."""
+    losses = [heldout_loss(st, q, r) for q, r in cands]
+    return cands[int(np.argmin(losses))]
+
+
+def node_kl(st: NodeStats, q: int, ridge: float, estimator: str) -> tuple[float, float]:
+    """(forward, reverse) integrands 1/2 E ||eps^A - eps^B||^2 under A and under B at one node."""
+    if estimator == "plain":
+        D = (_solve(st.G[0, 0] + st.G[0, 1], st.c[0, 0] + st.c[0, 1], q, ridge)
+             - _solve(st.G[1, 0] + st.G[1, 1], st.c[1, 0] + st.c[1, 1], q, ridge))
+        D1 = D2 = D
+    elif estimator == "crossfit":
+        D1 = _solve(st.G[0, 0], st.c[0, 0], q, ridge) - _solve(st.G[1, 0], st.c[1, 0], q, ridge)
+        D2 = _solve(st.G[0, 1], st.c[0, 1], q, ridge) - _solve(st.G[1, 1], st.c[1, 1], q, ridge)
+    else:
+        raise ValueError(f"unknown estimator '{estimator}' ({' | '.join(ESTIMATORS)})")
+    return tuple(0.5 * float(np.sum(D1 * (st.M[m, :q, :q] @ D2))) for m in (0, 1))
+
+
+def estimate(stats: list[NodeStats], cfg: FKLConfig, sizes: list[int], estimator: str | None = None) -> dict:
+    """KL(A || B) and KL(B || A) from the node moments, with the regressor chosen per node by held-out loss.
+
+    ``sizes``: the candidate column counts (Features.sizes). Returns forward, reverse, their
+    integrands per node (nats per unit lambda), and per node the chosen feature set (index into the
+    nested sets, 0 = affine) and ridge."""
+    estimator = estimator or cfg.estimator
+    _, wts = lambda_nodes(cfg)
+    cands = [(int(q), float(r)) for q in sizes for r in cfg.ridges]
+    fwd, rev, feats, ridges = [], [], [], []
+    for st in stats:
+        q, r = select(st, cands)
+        f, b = node_kl(st, q, r, estimator)
+        fwd.append(f)
+        rev.append(b)
+        feats.append(list(sizes).index(q))
+        ridges.append(r)
+    fwd, rev = np.array(fwd), np.array(rev)
+    return {"forward": float(np.sum(wts * fwd)), "reverse": float(np.sum(wts * rev)),
+            "integrand_forward": fwd, "integrand_reverse": rev,
+            "chosen_family": np.array(feats), "chosen_ridge": np.array(ridges)}
+
+
+def stack_stats(stats: list[NodeStats]) -> dict[str, np.ndarray]:
+    """Arrays (one leading axis over nodes) for saving; :func:`unstack_stats` reverses it."""
+    return {k: np.stack([getattr(s, k) for s in stats]) for k in ("G", "c", "e", "N", "M")}
+
+
+def unstack_stats(arrays: dict[str, np.ndarray]) -> list[NodeStats]:
+    return [NodeStats(*(arrays[k][i] for k in ("G", "c", "e", "N", "M"))) for i in range(len(arrays["G"]))]
 
 
 class FKL:
-    """FKL between a fixed path measure P (fitted once) and any number of measures Q.
+    """FKL between a fixed path measure P and any number of measures Q.
 
-    ``kl(paths_q)`` returns (KL(P || Q), KL(Q || P)) and the integrands; P's denoisers are reused,
-    which is how one reference law is compared with several trajectory-inference methods."""
+    P's noise draws come from one generator seeded once, so every Q is scored against the same
+    interpolants of P (a paired comparison of the Qs); ``kl(paths_q)`` returns KL(P || Q), KL(Q || P),
+    the integrands and the regressor chosen at each node."""
 
     def __init__(self, paths_p: np.ndarray, whiten: Whitener, cfg: FKLConfig, rng: np.random.Generator):
         self.whiten, self.cfg, self.rng = whiten, cfg, rng
         self.zp = whiten(paths_p)
-        self.feats = Features(self.zp.shape[1], cfg.n_features, cfg.feature_seed)
-        self.dp = self._fit(self.zp)
+        self.feats = Features(whiten.L, paths_p.shape[2], cfg.features)
+        self.seed_p = int(rng.integers(2**62))
 
-    def _fit(self, z):
-        if self.cfg.estimator == "plain":
-            return fit_denoisers(z, self.cfg, self.feats, self.rng)
-        if self.cfg.estimator == "crossfit":
-            h = len(z) // 2
-            return (fit_denoisers(z[:h], self.cfg, self.feats, self.rng),
-                    fit_denoisers(z[h:2 * h], self.cfg, self.feats, self.rng))
-        raise ValueError(f"unknown estimator '{self.cfg.estimator}' (plain | crossfit)")
+    def stats(self, paths_q: np.ndarray) -> list[NodeStats]:
+        return pair_stats(self.zp, self.whiten(paths_q), self.cfg, self.feats,
+                          np.random.default_rng(self.seed_p), self.rng)
 
-    def _kl(self, z_eval, d_first, d_second):
-        if self.cfg.estimator == "plain":
-            return fkl_from_denoisers(z_eval, d_first, d_second, self.cfg, self.feats, self.rng)
-        return fkl_crossfit(z_eval, d_first, d_second, self.cfg, self.feats, self.rng)
-
-    def kl(self, paths_q: np.ndarray) -> dict:
-        zq = self.whiten(paths_q)
-        dq = self._fit(zq)
-        fwd, int_fwd = self._kl(self.zp, self.dp, dq)
-        rev, int_rev = self._kl(zq, dq, self.dp)
-        return {"forward": fwd, "reverse": rev, "integrand_forward": int_fwd, "integrand_reverse": int_rev}
+    def kl(self, paths_q: np.ndarray, estimator: str | None = None) -> dict:
+        return estimate(self.stats(paths_q), self.cfg, self.feats.sizes, estimator)
 
 
 def functional_kl(paths_p: np.ndarray, paths_q: np.ndarray, whiten: Whitener, cfg: FKLConfig,

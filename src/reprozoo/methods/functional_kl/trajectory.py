@@ -111,7 +111,11 @@ def train_flow_matching(pairs, cfg: dict, seed: int, progress=print):
     """OT-CFM: x_t = (1 - r) x_k + r x_{k+1}, r = (t - t_k)/(t_{k+1} - t_k), target (x_{k+1} - x_k)/dt.
 
     Segments are drawn in proportion to their duration (t uniform on the observed span).
-    A held-out 10 % of the pairs gives the validation loss curve. Returns (net, steps, train, val)."""
+    A held-out 10 % of the pairs gives the validation loss, every ``eval_every`` steps. The
+    learning rate is constant, and training stops at the first evaluation at or after ``min_steps``
+    where the curve is flat (:func:`plateau`: a Theil-Sen line through the last 30 % of the steps so
+    far improves by at most ``flat_tol`` of the curve's level there), or at ``max_steps``.
+    Returns (net, steps, train, val, lr, plateaued) with the curves at the evaluation steps."""
     import torch
 
     torch.manual_seed(seed)
@@ -148,18 +152,20 @@ def train_flow_matching(pairs, cfg: dict, seed: int, progress=print):
         return torch.cat(xs), torch.cat(ts), torch.cat(targets)
 
     opt = torch.optim.Adam(net.parameters(), lr=float(cfg["lr"]))
-    steps = int(cfg["steps"])
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    steps = int(cfg["steps"])  # the budget: at most this many steps
+    min_steps = int(cfg.get("min_steps", steps))
+    flat_tol = float(cfg.get("flat_tol", 0.0))
     val_batch = batch(2048, "val")
-    every = max(1, steps // 20)
-    log_steps, train_curve, val_curve, running = [], [], [], []
+    every = int(cfg.get("eval_every", max(1, steps // 20)))
+    log_steps, train_curve, val_curve, lr_curve, running = [], [], [], [], []
+    flat = False
     for step in range(1, steps + 1):
+        lr_now = float(opt.param_groups[0]["lr"])
         xb, tb, vb = batch(int(cfg["batch"]), "train")
         loss = ((net(torch.cat([xb, tb], 1)) - vb) ** 2).sum(1).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sched.step()
         running.append(loss.item())
         if step % every == 0 or step == steps:
             with torch.no_grad():
@@ -168,10 +174,30 @@ def train_flow_matching(pairs, cfg: dict, seed: int, progress=print):
             log_steps.append(step)
             train_curve.append(float(np.mean(running)))
             val_curve.append(val)
+            lr_curve.append(lr_now)  # the rate the last step used
             running = []
             if step % (5 * every) == 0:
                 progress(f"flow matching step {step}/{steps} train {train_curve[-1]:.4f} val {val:.4f}")
-    return net, log_steps, train_curve, val_curve
+            if step >= min_steps and plateau(log_steps, val_curve, flat_tol):
+                flat = True
+                break
+    return net, log_steps, train_curve, val_curve, lr_curve, flat
+
+
+def plateau(steps, vals, tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
+    """Is a loss curve flat? A Theil-Sen line through its last ``tail`` of steps (at least
+    ``min_points`` evaluations) improves over that stretch by at most ``tol`` of its median there."""
+    from scipy import stats
+
+    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
+    if len(xs) < 2:
+        return False
+    last = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
+    if last.sum() < min_points:
+        return False
+    slope = stats.theilslopes(ys[last], xs[last])[0]
+    gain = -slope * (xs[last][-1] - xs[last][0])
+    return bool(gain <= tol * abs(np.median(ys[last])))
 
 
 def flow_matching_paths(net, x0: np.ndarray, grid: np.ndarray, steps_per_interval: int) -> np.ndarray:
