@@ -1,12 +1,21 @@
-"""TFMPE numerics: analytic posterior, exact call counting, token masks, equivariance, CFM target, LF recovery."""
+"""TFMPE numerics: analytic posterior, exact call counting, token masks, equivariance, CFM target,
+LF recovery, the stopping rule against the platform's gate, the scores (C2ST, conditional
+coverage, calls read-off) on planted cases, and an end-to-end check of trained posteriors against
+the analytic conjugate posterior."""
 import numpy as np
 import pytest
 import torch
 
 from reprozoo.blocks.gen_metrics import expected_coverage, sbc_ranks
+from reprozoo.methods.tfmpe.evaluation import (c2st_quadratic, calls_to_target, conditional_coverage_error,
+                                               conditional_coverage_floor, coverage_error, site_summaries)
+from reprozoo.methods.tfmpe.pipelines import LikelihoodFactorisation, PriorOnly, train_joint, train_tfmpe
 from reprozoo.methods.tfmpe.simulators import HierarchicalGaussian, HierarchicalSIR
 from reprozoo.methods.tfmpe.tokenised_fm import (SIGMA_MIN, Layout, TokenVelocityField, cfm_loss, fit_cfm,
                                                  sample_cfm)
+
+FIT = dict(lrs=[1e-3, 3e-3], batch=64, val_frac=0.1, eval_every=20, pilot_steps=100, min_steps=200,
+           max_steps=1500, min_delta=0.002, flat_tol=0.01, ema_decay=0.99)
 
 
 def test_analytic_posterior_equals_gaussian_conditioning():
@@ -62,6 +71,64 @@ def test_sbc_coverage_separates_exact_from_overconfident_posterior():
     assert errs[0] < 0.04 < 0.1 < errs[1]
 
 
+def test_conditional_coverage_rejects_the_prior_that_marginal_coverage_accepts():
+    """Prior draws are marginally calibrated (their SBC ranks are uniform), so marginal coverage
+    cannot tell them from a posterior; coverage inside strata of the data can. The exact posterior
+    sits at the finite-sample floor that the claims subtract."""
+    m, rng, n, L, S = HierarchicalGaussian(), np.random.default_rng(7), 300, 20, 10
+    exact_c, prior_c, prior_m = [], [], []
+    for _ in range(4):
+        g, l, x = m.sample_joint(n, S, rng)
+        truth = np.concatenate([g, l[..., 0]], 1)
+        ex = []
+        for xi in x:
+            mean, cov = m.posterior(xi)
+            ex.append(mean + rng.standard_normal((L, S + 1)) @ np.linalg.cholesky(cov).T)
+        prior = PriorOnly(m, rng).sample(x, L)
+        summ = site_summaries(x, m.G, m.Lp)
+        r_ex, r_pr = sbc_ranks(truth, np.array(ex)), sbc_ranks(truth, prior)
+        exact_c.append(conditional_coverage_error(r_ex, L, summ))
+        prior_c.append(conditional_coverage_error(r_pr, L, summ))
+        prior_m.append(coverage_error(r_pr, L))
+    floor = conditional_coverage_floor(n, S + 1, L)
+    assert abs(np.mean(exact_c) - floor) < 0.006            # the floor is what an exact posterior scores
+    assert np.mean(prior_m) < 0.045                         # the prior passes the marginal check ...
+    assert np.mean(prior_c) - floor > 0.08                  # ... and fails the conditional one by far
+    assert max(exact_c) - floor < 0.02                      # the claims' tolerance passes an exact posterior
+
+
+def test_prior_only_ignores_the_data():
+    m = HierarchicalGaussian()
+    x = np.zeros((2, 4, 2))
+    x[1] += 5.0
+    d = PriorOnly(m, np.random.default_rng(0)).sample(x, 4000)
+    assert d.shape == (2, 4000, 5)
+    np.testing.assert_allclose(d[0].mean(0), d[1].mean(0), atol=0.12)
+    np.testing.assert_allclose(d[0, :, 0].std(), m.s_mu, rtol=0.05)
+
+
+def test_c2st_quadratic_is_at_chance_for_one_law_and_detects_planted_errors():
+    rng = np.random.default_rng(0)
+    cov = 0.6 * np.eye(6) + 0.4
+    ref = rng.multivariate_normal(np.zeros(6), cov, 400)
+    same = rng.multivariate_normal(np.zeros(6), cov, 400)
+    wide = rng.multivariate_normal(np.zeros(6), 1.3**2 * cov, 400)
+    shifted = rng.multivariate_normal(np.eye(6)[0], cov, 400)      # Mahalanobis shift 1.2: Bayes accuracy 0.73
+    assert abs(c2st_quadratic(same, ref) - 0.5) < 0.05
+    assert c2st_quadratic(wide, ref) > 0.6
+    assert c2st_quadratic(shifted, ref) > 0.6
+
+
+def test_calls_to_target_interpolates_in_log_calls_and_censors_at_the_ends():
+    calls = [100, 1000, 10000]
+    assert calls_to_target(calls, [0.8, 0.7, 0.6], 0.7) == (1000.0, True)
+    need, ok = calls_to_target(calls, [0.8, 0.7, 0.6], 0.65)       # half way from 1000 to 10000 in log10
+    assert ok and need == pytest.approx(10 ** 3.5)
+    assert calls_to_target(calls, [0.55, 0.5, 0.5], 0.6) == (100.0, True)    # reached at once: upper bound
+    assert calls_to_target(calls, [0.9, 0.8, 0.7], 0.6) == (10000.0, False)  # never: lower bound, flagged
+    assert calls_to_target(calls, [0.8, 0.55, 0.65], 0.6)[0] < 1000           # the first crossing counts
+
+
 def test_layout_masks_and_round_trip():
     lay = Layout(G=2, Lp=1, X=3)
     g, l, x = torch.randn(5, 2), torch.randn(5, 4, 1), torch.randn(5, 4, 3)
@@ -114,8 +181,8 @@ def test_learned_site_likelihood_recovers_the_gaussian_site_model():
     g, l, x = m.sample_joint(800, 1, rng)
     tok = lay.pack(*(torch.as_tensor(a, dtype=torch.float32) for a in (g, l, x)))
     pres, genm = lay.masks(1, "likelihood")
-    net = TokenVelocityField(lay.D, dim=32, depth=1, heads=2)
-    fit_cfm(net, tok, pres, genm, steps=350, batch=64, lr=3e-3, val_frac=0.1, eval_every=50, generator=gen)
+    net, hist = fit_cfm(lambda: (torch.manual_seed(0), TokenVelocityField(lay.D, dim=32, depth=1, heads=2))[1],
+                        tok, pres, genm, generator=gen, **FIT)
     g2, l2 = m.sample_prior(2000, 1, rng)
     ctx = lay.pack(torch.as_tensor(g2).float(), torch.as_tensor(l2).float(), torch.zeros(2000, 1, 2))
     out = sample_cfm(net, ctx, pres, genm, 8, gen)
@@ -125,3 +192,51 @@ def test_learned_site_likelihood_recovers_the_gaussian_site_model():
     resid = xs - l2[:, 0]
     assert abs(slope - 1) < 0.1
     assert np.all(np.abs(resid.std(0) - 0.5) < 0.08) and np.all(np.abs(resid.mean(0)) < 0.1)
+
+
+def test_stopping_rule_keeps_a_constant_lr_and_stops_on_a_curve_the_gate_accepts():
+    """The stopping rule is the convergence gate's own measure with a stricter tolerance: a fit that
+    stops before max_steps must pass the platform's gate (Theil-Sen over the last 30 %, lr floor);
+    the learning rate is the grid value with the best pilot validation loss and never decays."""
+    from reprozoo.claims import _tail_check
+    from reprozoo.registry import Convergence
+
+    m, rng, gen = HierarchicalGaussian(), np.random.default_rng(3), torch.Generator().manual_seed(3)
+    est, hist, calls = train_joint(m, 5, 200, dict(dim=16, depth=1, heads=2), FIT, 4, 11, rng, gen)
+    assert calls == 1000
+    assert hist["lr_chosen"] in FIT["lrs"]
+    assert hist["lr_chosen"] == min(hist["lr_pilot_vals"], key=hist["lr_pilot_vals"].get)
+    assert len(set(hist["lr"])) == 1
+    assert FIT["min_steps"] <= hist["stop_step"] <= FIT["max_steps"]
+    rec = _tail_check(np.array(hist["step"], float), np.array(hist["val"], float), Convergence(curve="v", lr="lr"),
+                      (np.array(hist["step"], float), np.array(hist["lr"], float)))
+    assert hist["plateau"] and rec["converged"], rec
+    assert hist["best_val"] == min(hist["val"])
+
+
+def test_trained_posteriors_match_the_analytic_conjugate_posterior():
+    """End to end: TFMPE (site likelihood from B single-site simulations, B synthetic 3-site data
+    sets, tokenised posterior) and joint FMPE (the same posterior network on real 3-site sets) must
+    reproduce the closed-form posterior of the conjugate model: means within 0.2 posterior sd on
+    average, sds within 20 %, C2ST near chance. TFMPE costs exactly B simulator calls."""
+    m, S, B, n_obs = HierarchicalGaussian(), 3, 2000, 5
+    x_o = m.sample_joint(n_obs, S, np.random.default_rng(100))[2]
+    m.calls = 0                                             # observations are not training cost
+    net = dict(dim=16, depth=1, heads=2)              # the smoke network
+    rng, gen = np.random.default_rng(1), torch.Generator().manual_seed(1)
+    lf = LikelihoodFactorisation(m, B, net, FIT, 4, rng, gen, init_seed=1)
+    tf, _, calls = train_tfmpe(lf, S, B, net, FIT, 2, rng, gen)
+    assert calls == lf.calls == B and m.calls == B
+    jt = train_joint(m, S, B, net, FIT, 4, 2, rng, gen)[0]
+    for est in (tf, jt):
+        q = est.sample(x_o, 1000, gen)
+        z, sd_ratio, c2 = [], [], []
+        for i in range(n_obs):
+            mean, cov = m.posterior(x_o[i])
+            sd = np.sqrt(np.diag(cov))
+            z.append((q[i].mean(0) - mean) / sd)
+            sd_ratio.append(q[i].std(0) / sd)
+            c2.append(c2st_quadratic(q[i, :400], m.sample_posterior(x_o[i], 400, rng)))
+        assert np.abs(z).mean() < 0.2, np.round(z, 2)
+        assert 0.8 < np.min(sd_ratio) and np.max(sd_ratio) < 1.2, np.round(sd_ratio, 2)
+        assert np.mean(c2) < 0.6, c2

@@ -1,33 +1,40 @@
-"""TFMPE in miniature: likelihood-factorised tokenised flow matching vs joint posterior estimation.
+"""TFMPE in miniature: likelihood-factorised tokenised flow matching vs joint posterior estimation,
+over a simulation-budget sweep fixed in advance.
 
-Variants (identical tokenised network, initial weights, optimiser, steps, batch, early stopping,
-ODE sampler; they differ only in where the posterior's training data come from):
+Variants (identical tokenised network, initial weights, learning-rate grid, step limits, batch,
+stopping rule and ODE sampler; they differ only in where the posterior's training data come from):
 
-* ``tfmpe`` (method): B single-site simulations -> tokenised likelihood q(x | g, l) -> B synthetic
-  S-site data sets -> tokenised posterior. Costs exactly B simulator calls for every S.
-* ``joint`` (baseline, equal calls): B / S real S-site data sets (B calls) -> the same posterior.
-* ``npe_flat`` (baseline, equal calls): conventional joint NPE, a masked autoregressive flow (zuko,
-  blocks/flows.py) over the flattened (g, l_1..S) given the flattened x_1..S, B / S data sets; same
-  steps, batch, learning rate, schedule and best-validation rule (maximum likelihood).
-* ``joint_sx`` (baseline, S times the calls): B real S-site data sets (S * B calls): as many data
-  sets as TFMPE's synthetic ones, so TFMPE can at best match it; "TFMPE needs about S times fewer
-  calls" means TFMPE(B) ~ joint_sx(S B).
+* ``tfmpe`` (method), at every budget B of ``budgets``: B single-site simulations -> tokenised
+  likelihood q(x | g, l) -> B synthetic S-site data sets -> tokenised posterior. B simulator calls
+  for every S (one likelihood per B serves every S).
+* ``joint`` (baseline): n / S real S-site data sets for n simulator calls -> the same posterior;
+  n runs over the same budgets and, on the conjugate problem, over ``joint_extra_calls`` too, so
+  that the calls joint needs to reach a C2ST can be read off up to S times TFMPE's largest budget.
+* ``prior`` (negative control, no training): draws from the prior whatever the data. Marginally
+  calibrated by construction; the calibration claims must reject it.
 
 Problems (``problems`` in the config): ``gauss`` = conjugate hierarchical Gaussian (analytic
-posterior: C2ST at one observation x_o per (seed, S) with n_c2st draws each side, pair samples),
-``sir`` = chain-binomial SIR sites (no tractable posterior: calibration and posterior-mean error).
+posterior: C2ST on ``n_obs`` observations per (seed, S), one unit each), ``sir`` = chain-binomial
+SIR sites (no tractable posterior: calibration and posterior-mean error).
 
-Metrics per problem tag and S (``<m>_<tag>_S<S>``):
-* ``c2st`` (gauss): sbi's C2ST accuracy of model vs exact posterior draws at x_o (0.5 = identical);
-* ``coverage_err``: mean over credibility levels (0.05..0.95) and dimensions of |coverage - level|
-  from SBC ranks on n_sets fresh data sets with n_draws posterior draws each; ``coverage`` curve;
-  ``sbc_min_p``: smallest per-dimension KS p-value of rank uniformity;
-* ``rmse``: RMS error of the posterior mean against the true parameters over the SBC sets, in
-  units of the prior sd (gauss: every dimension; sir: the two global parameters);
+Metrics per problem tag, S and simulator calls n (``<m>_<tag>_S<S>_c<n>``):
+* ``c2st`` (gauss, per-observation units): quadratic-classifier C2ST of model vs exact posterior
+  draws (evaluation.c2st_quadratic; 0.5 = indistinguishable); ``c2st_curve_<tag>_S<S>`` its mean
+  over observations against n; ``calls_to_c2st_<tag>_S<S>``: calls at which that curve first
+  reaches ``c2st_target`` (censored at the grid's ends, ``reached_c2st_*`` says whether it did);
+* ``sqerr`` (per-data-set units; sir at every budget, gauss at the largest): squared error of the
+  posterior mean against the true parameters in prior-sd units, mean over dimensions (gauss: every
+  dimension; sir: the two globals), on ``n_rmse_sets`` data sets; ``rmse`` = its root mean;
+* at the largest budget only (``<m>_<tag>_S<S>``): ``coverage_err`` (SBC expected-coverage error),
+  ``cond_coverage_err`` (the same inside tertiles of a statistic of the data: calibration given
+  the data; evaluation.conditional_coverage_error), ``cond_coverage_floor`` (its expected value
+  for an exact posterior with as many sets and draws: a constant),
+  ``coverage`` curve, ``sbc_min_p`` (smallest per-dimension KS p-value of rank uniformity);
 * ``sim_calls``: simulator calls used for training (one call = one site), counted by the simulator;
-* ``val_loss_post`` (curve), ``val_slope_post`` (relative change per 100 steps over the last third
-  of training), ``best_step_frac``; ``val_loss_lik_<tag>`` for TFMPE's likelihood.
-Evaluation data (x_o, SBC sets) depend on (seed, problem, S) only: every variant sees the same.
+* ``val_loss_post`` / ``lr_post`` curves of every posterior fit, ``val_loss_lik`` / ``lr_lik`` of
+  TFMPE's likelihood fits (per tag and budget), with ``stop_step``, ``best_step`` and ``lr_chosen``.
+Evaluation data (observations, SBC sets) depend on (seed, problem, S) only: every variant and every
+budget sees the same, so per-unit values pair across them.
 """
 from __future__ import annotations
 
@@ -38,116 +45,194 @@ import numpy as np
 from reprozoo.figures import save_figure
 
 PROBLEM_IDS = {"gauss": 0, "sir": 1}
-VARIANT_IDS = {"tfmpe": 0, "joint": 1, "joint_sx": 2, "npe_flat": 3}
+VARIANT_IDS = {"tfmpe": 0, "joint": 1, "prior": 3}
 N_PAIR = 200  # posterior draws kept for the pair plot
 
 
-def _val_slope(hist: dict) -> float:
-    """Relative change of the validation loss per 100 steps over the last third of training."""
-    st, va = np.asarray(hist["step"], float), np.asarray(hist["val"], float)
-    k = max(2, len(st) // 3)
-    if len(st) < 2:
-        return float("nan")
-    slope = np.polyfit(st[-k:], va[-k:], 1)[0]
-    return float(100 * slope / abs(np.mean(va[-k:])))
-
-
-def _record_fit(ctx, name: str, hist: dict, steps: int) -> None:
+def _record_fit(ctx, name: str, hist: dict) -> None:
     ctx.metrics.curve(f"val_loss_{name}", hist["step"], hist["val"])
     ctx.metrics.curve(f"train_loss_{name}", hist["step"], hist["train"])
-    ctx.metrics.scalar(f"val_slope_{name}", _val_slope(hist))
-    ctx.metrics.scalar(f"best_step_frac_{name}", hist["best_step"] / steps)
+    ctx.metrics.curve(f"lr_{name}", hist["step"], hist["lr"])
+    ctx.metrics.scalar(f"stop_step_{name}", hist["stop_step"])
+    ctx.metrics.scalar(f"best_step_{name}", hist["best_step"])
+    ctx.metrics.scalar(f"plateau_{name}", float(hist["plateau"]))
+    ctx.metrics.scalar(f"lr_chosen_{name}", hist["lr_chosen"])
 
 
-def evaluate(ctx, est, model, tag: str, n_sites: int, p: dict, generator) -> None:
-    """C2ST (gauss), SBC coverage, posterior-mean error; evaluation data shared by all variants."""
-    from ...blocks.gen_metrics import c2st, expected_coverage, sbc_ranks, sbc_uniformity_pvalue
+class EvalData:
+    """Evaluation data of one (seed, problem, S), shared by every variant and budget."""
 
-    ev = p["eval"]
-    key = f"{tag}_S{n_sites}"
-    rng = np.random.default_rng([ctx.seed, PROBLEM_IDS[tag], n_sites, 99])
-    calls0 = model.calls
-    if tag == "gauss":
-        _, _, x_o = model.sample_joint(1, n_sites, rng)
-        ref = model.sample_posterior(x_o[0], ev["n_c2st"], rng)
-        q = est.sample(x_o, ev["n_c2st"], generator)[0]
-        ctx.metrics.scalar(f"c2st_{key}", c2st(q, ref, seed=ctx.seed))
-        mean, cov = model.posterior(x_o[0])
-        k = min(N_PAIR, len(q))
-        ctx.metrics.curve(f"pair_samples_{key}", range(2 * k), q[:k, :2].ravel())  # (mu, theta_1) interleaved
-        for name, v in (("mu_mean", mean[0]), ("th1_mean", mean[1]), ("mu_sd", np.sqrt(cov[0, 0])),
-                        ("th1_sd", np.sqrt(cov[1, 1])), ("corr", cov[0, 1] / np.sqrt(cov[0, 0] * cov[1, 1]))):
-            ctx.metrics.scalar(f"ref_{name}_{key}", v)
-    g, l, x = model.sample_joint(ev["n_sets"], n_sites, rng)
-    truth = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
-    draws = est.sample(x, ev["n_draws"], generator)
-    ranks = sbc_ranks(truth, draws)
-    levels, cov = expected_coverage(ranks, ev["n_draws"])
-    ctx.metrics.scalar(f"coverage_err_{key}", float(np.abs(cov - levels[:, None]).mean()))
-    ctx.metrics.curve(f"coverage_{key}", levels, cov.mean(axis=1))
-    ctx.metrics.scalar(f"sbc_min_p_{key}", float(sbc_uniformity_pvalue(ranks, ev["n_draws"], seed=ctx.seed).min()))
-    gp, lp = model.sample_prior(4096, n_sites, rng)
-    prior_sd = np.concatenate([gp, lp.reshape(len(lp), -1)], axis=1).std(0)
-    err = (draws.mean(axis=1) - truth) / prior_sd
-    dims = slice(None) if tag == "gauss" else slice(0, model.G)
-    ctx.metrics.scalar(f"rmse_{key}", float(np.sqrt((err[:, dims] ** 2).mean())))
-    model.calls = calls0  # evaluation simulations are not training cost
+    def __init__(self, seed: int, model, tag: str, n_sites: int, ev: dict):
+        rng = np.random.default_rng([seed, PROBLEM_IDS[tag], n_sites, 99])
+        calls0 = model.calls
+        self.x_obs = None
+        if tag == "gauss":
+            _, _, self.x_obs = model.sample_joint(ev["n_obs"], n_sites, rng)
+            self.ref = [model.sample_posterior(x, ev["n_c2st"], rng) for x in self.x_obs]
+        g, l, self.x_rmse = model.sample_joint(ev["n_rmse_sets"], n_sites, rng)
+        self.truth_rmse = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
+        g, l, self.x_sbc = model.sample_joint(ev["n_sets"], n_sites, rng)
+        self.truth_sbc = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
+        gp, lp = model.sample_prior(4096, n_sites, rng)
+        self.prior_sd = np.concatenate([gp, lp.reshape(len(lp), -1)], axis=1).std(0)
+        self.dims = slice(None) if tag == "gauss" else slice(0, model.G)
+        self.G, self.Lp = model.G, model.Lp
+        model.calls = calls0  # evaluation simulations are not training cost
+
+
+def evaluate(ctx, est, data: EvalData, key: str, n_calls: int, top: bool, sbc: bool, generator) -> dict:
+    """Scores of one trained estimator at one budget; ``top``: the largest budget (pair samples,
+    posterior-mean error on the conjugate problem); ``sbc``: SBC calibration too."""
+    from ...blocks.gen_metrics import sbc_ranks, sbc_uniformity_pvalue
+    from .evaluation import (c2st_quadratic, conditional_coverage_error, conditional_coverage_floor, coverage_error,
+                             site_summaries)
+
+    ev = ctx.params["eval"]
+    out = {}
+    ck = f"{key}_c{n_calls}"
+    if data.x_obs is not None:
+        q = est.sample(data.x_obs, ev["n_c2st"], generator)
+        vals = [c2st_quadratic(q[i], data.ref[i], seed=ctx.seed) for i in range(len(q))]
+        ctx.metrics.units(f"c2st_{ck}", vals)
+        out["c2st"] = float(np.mean(vals))
+        if top:
+            k = min(N_PAIR, q.shape[1])
+            ctx.metrics.curve(f"pair_samples_{key}", range(2 * k), q[0, :k, :2].ravel())  # (mu, theta_1) interleaved
+            ref = data.ref[0]
+            ctx.metrics.curve(f"pair_ref_{key}", range(2 * k), ref[:k, :2].ravel())
+    if data.x_obs is None or top:  # posterior-mean error: every budget without an exact posterior
+        draws = est.sample(data.x_rmse, ev["n_rmse_draws"], generator)
+        err = ((draws.mean(axis=1) - data.truth_rmse) / data.prior_sd)[:, data.dims]
+        sq = (err ** 2).mean(axis=1)
+        ctx.metrics.units(f"sqerr_{ck}", sq)
+        ctx.metrics.scalar(f"rmse_{ck}", float(np.sqrt(sq.mean())))
+        out["rmse"] = float(np.sqrt(sq.mean()))
+    if sbc:
+        from ...blocks.gen_metrics import expected_coverage
+
+        draws = est.sample(data.x_sbc, ev["n_draws"], generator)
+        ranks = sbc_ranks(data.truth_sbc, draws)
+        summary = site_summaries(data.x_sbc, data.G, data.Lp)
+        ctx.metrics.scalar(f"coverage_err_{key}", coverage_error(ranks, ev["n_draws"]))
+        ctx.metrics.scalar(f"cond_coverage_err_{key}",
+                           conditional_coverage_error(ranks, ev["n_draws"], summary, ev["strata"]))
+        ctx.metrics.scalar(f"cond_coverage_floor_{key}",
+                           conditional_coverage_floor(len(ranks), ranks.shape[1], ev["n_draws"], ev["strata"]))
+        levels, cov = expected_coverage(ranks, ev["n_draws"])
+        ctx.metrics.curve(f"coverage_{key}", levels, cov.mean(axis=1))
+        ctx.metrics.scalar(f"sbc_min_p_{key}",
+                           float(sbc_uniformity_pvalue(ranks, ev["n_draws"], seed=ctx.seed).min()))
+        out["cond_cov"] = ctx.metrics.scalars[f"cond_coverage_err_{key}"]
+    return out
+
+
+def _calls_grid(p: dict, v: str, prob: dict) -> list[int]:
+    grid = list(prob.get("budgets", p["budgets"]))  # a problem may run a sub-grid (smoke: SIR at the largest B)
+    if v == "joint" and prob.get("extra_calls"):
+        grid += [n for n in p["joint_extra_calls"] if n not in grid]
+    return sorted(grid)
 
 
 def train(ctx) -> None:
     import torch
 
-    from .pipelines import LikelihoodFactorisation, train_flat_npe, train_joint, train_tfmpe
+    from .evaluation import calls_to_target
+    from .pipelines import LikelihoodFactorisation, PriorOnly, train_joint, train_tfmpe
     from .simulators import make_model
 
     torch.set_num_threads(max(1, ctx.threads))
     p, v = ctx.params, ctx.variant
     if v not in VARIANT_IDS:
         raise ValueError(f"unknown variant {v!r}; one of {sorted(VARIANT_IDS)}")
-    budget, net_cfg, ode_steps = p["budget_site_calls"], p["net"], p["ode_steps"]
-    fit_post = {**p["fit"], **p["fit_post"]}
-    fit_lik = {**p["fit"], **p["fit_lik"]}
+    net_cfg, fit, ode_steps = p["net"], p["fit"], p["ode_steps"]
+    b_max = max(p["budgets"])
     t_all = time.perf_counter()
     for tag, prob in p["problems"].items():
         model = make_model(prob["model"], prob.get("config"))
         pid = PROBLEM_IDS[tag]
         rng = np.random.default_rng([ctx.seed, pid, VARIANT_IDS[v]])
         gen = torch.Generator().manual_seed(int(ctx.seed * 1000 + pid * 10 + VARIANT_IDS[v]))
-        lf = None
-        if v == "tfmpe":  # one site likelihood, trained once, serves every S
-            t0 = time.perf_counter()
-            lf = LikelihoodFactorisation(model, budget, net_cfg, fit_lik, ode_steps, rng, gen,
-                                         init_seed=ctx.seed * 100 + pid)
-            _record_fit(ctx, f"lik_{tag}", lf.hist, fit_lik["steps"])
-            ctx.metrics.scalar(f"train_seconds_lik_{tag}", time.perf_counter() - t0)
-            ctx.progress(f"{tag}: likelihood from {lf.calls} single-site calls, best val {lf.hist['best_val']:.3f}")
-        for n_sites in prob["sites"]:
-            key = f"{tag}_S{n_sites}"
-            t0 = time.perf_counter()
-            init = ctx.seed * 100 + pid * 10 + n_sites  # same initial posterior weights for all variants
-            if v == "tfmpe":
-                est, hist, calls = train_tfmpe(lf, n_sites, budget, net_cfg, fit_post, init, rng, gen)
-            elif v == "npe_flat":
-                est, hist, calls = train_flat_npe(model, n_sites, budget // n_sites, p["flat_flow"], fit_post,
-                                                  init, rng, gen)
-            else:
-                n_sets = budget // n_sites if v == "joint" else budget
-                est, hist, calls = train_joint(model, n_sites, n_sets, net_cfg, fit_post, ode_steps, init, rng, gen)
-            ctx.metrics.scalar(f"train_seconds_{key}", time.perf_counter() - t0)
-            ctx.metrics.scalar(f"sim_calls_{key}", calls)
-            _record_fit(ctx, f"post_{key}", hist, fit_post["steps"])
-            evaluate(ctx, est, model, tag, n_sites, p, gen)
-            ctx.progress(f"{key}: {calls} calls, " + ", ".join(
-                f"{m} {ctx.metrics.scalars[f'{m}_{key}']:.3f}" for m in ("c2st", "coverage_err", "rmse")
-                if f"{m}_{key}" in ctx.metrics.scalars))
+        data = {s: EvalData(ctx.seed, model, tag, s, p["eval"]) for s in prob["sites"]}
+        if v == "prior":  # the negative control: no training, no simulator calls
+            est = PriorOnly(model, rng)
+            for s in prob["sites"]:
+                res = evaluate(ctx, est, data[s], f"{tag}_S{s}", b_max, True, True, gen)
+                ctx.progress(f"{tag}_S{s} prior: " + ", ".join(f"{k} {val:.3f}" for k, val in res.items()))
+            continue
+        c2st_curve: dict[int, dict[int, float]] = {s: {} for s in prob["sites"]}
+        for n in _calls_grid(p, v, prob):
+            lf = None
+            if v == "tfmpe":  # one site likelihood per budget serves every S
+                t0 = time.perf_counter()
+                lf = LikelihoodFactorisation(model, n, net_cfg, fit, ode_steps, rng, gen, init_seed=ctx.seed * 100 + pid)
+                _record_fit(ctx, f"lik_{tag}_c{n}", lf.hist)
+                ctx.metrics.scalar(f"train_seconds_lik_{tag}_c{n}", time.perf_counter() - t0)
+                ctx.progress(f"{tag} B={n}: likelihood from {lf.calls} single-site calls, best val "
+                             f"{lf.hist['best_val']:.3f}, lr {lf.hist['lr_chosen']:g}, stop {lf.hist['stop_step']}")
+            for s in prob["sites"]:
+                key = f"{tag}_S{s}"
+                t0 = time.perf_counter()
+                init = ctx.seed * 100 + pid * 10 + s  # same initial posterior weights for every variant and budget
+                if v == "tfmpe":
+                    est, hist, calls = train_tfmpe(lf, s, n, net_cfg, fit, init, rng, gen)
+                else:
+                    est, hist, calls = train_joint(model, s, n // s, net_cfg, fit, ode_steps, init, rng, gen)
+                ctx.metrics.scalar(f"train_seconds_{key}_c{n}", time.perf_counter() - t0)
+                ctx.metrics.scalar(f"sim_calls_{key}_c{n}", calls)
+                _record_fit(ctx, f"post_{key}_c{n}", hist)
+                res = evaluate(ctx, est, data[s], key, n, n == b_max, n == b_max and v == "tfmpe", gen)
+                if "c2st" in res:
+                    c2st_curve[s][n] = res["c2st"]
+                ctx.progress(f"{key} n={n}: {calls} calls, lr {hist['lr_chosen']:g}, stop {hist['stop_step']}, "
+                             + ", ".join(f"{k} {val:.3f}" for k, val in res.items()))
+        for s, curve in c2st_curve.items():
+            if not curve:
+                continue
+            ns = sorted(curve)
+            ctx.metrics.curve(f"c2st_curve_{tag}_S{s}", ns, [curve[n] for n in ns])
+            needed, reached = calls_to_target(ns, [curve[n] for n in ns], p["c2st_target"])
+            ctx.metrics.scalar(f"calls_to_c2st_{tag}_S{s}", needed)
+            ctx.metrics.scalar(f"reached_c2st_{tag}_S{s}", float(reached))
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t_all)
 
 
 # --- plots ---------------------------------------------------------------------------------------
 
-def _keys(table, prefix: str) -> list[str]:
-    ks = {m[len(prefix):] for m in table.metric.unique() if m.startswith(prefix)}
-    return sorted(ks, key=lambda k: (k.split("_S")[0], int(k.split("_S")[1])))
+COLOURS = {"tfmpe": "tab:red", "joint": "tab:blue", "prior": "tab:gray"}
+GENERIC_CURVES: list[str] = []  # every curve is drawn below (training curves in one figure per problem)
+
+
+def _training_curves(table, plots_dir: Path, p, seed0) -> None:
+    """Validation curves of every fit (seed 0): one panel per posterior / likelihood, one line per budget."""
+    names = sorted(m for m in table.metric.unique() if m.startswith("val_loss_"))
+    groups: dict[str, list[str]] = {}
+    for m in names:
+        groups.setdefault(m.rsplit("_c", 1)[0], []).append(m)
+    if not groups:
+        return
+    fig, axes = p.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
+    for ax, (group, ms) in zip(axes[0], sorted(groups.items())):
+        for m in sorted(ms, key=lambda m: int(m.rsplit("_c", 1)[1])):
+            for v in VARIANT_IDS:
+                sub = table[(table.metric == m) & (table.variant == v) & (table.seed == seed0)].sort_values("x")
+                if sub.empty:
+                    continue
+                calls = int(m.rsplit("_c", 1)[1])
+                alpha = 0.35 + 0.65 * (np.log10(calls) - 2) / 2
+                ax.plot(sub.x, sub.value, color=COLOURS[v], alpha=float(np.clip(alpha, 0.3, 1)), lw=1,
+                        label=f"{v}, {calls} calls")
+        ax.set_title(group.replace("val_loss_", "").replace("_", ", "), fontsize=9)
+        ax.set_xlabel("training step (constant lr; stops when flat)")
+        ax.set_ylabel("validation flow-matching loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=5)
+    fig.suptitle(f"Did every fit train to a plateau? Validation curves, seed {seed0}", fontsize=10)
+    save_figure(fig, plots_dir / "training_curves.png", dpi=100)
+
+
+def _per_seed(table, metric: str, variant: str):
+    sub = table[(table.metric == metric) & (table.variant == variant)]
+    return sub.groupby("seed").value.first() if sub.x.isna().all() else None
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:
@@ -155,74 +240,97 @@ def plot(table, plots_dir: Path, params: dict) -> None:
 
     p = plt()
     variants = [v for v in VARIANT_IDS if v in set(table.variant)]
-    colours = dict(zip(VARIANT_IDS, ("tab:red", "tab:blue", "tab:green", "tab:purple")))
     seed0 = table.seed.min()
-    # pair plots (mu, theta_1) against the analytic posterior, seed 0
-    for key in _keys(table, "pair_samples_"):
-        fig, axes = p.subplots(1, len(variants), figsize=(3.3 * len(variants), 3.3), sharex=True, sharey=True,
-                               squeeze=False)
-        sc = table[(table.seed == seed0) & table.x.isna()].set_index(["variant", "metric"]).value
-        for ax, v in zip(axes[0], variants):
-            sub = table[(table.metric == f"pair_samples_{key}") & (table.variant == v) & (table.seed == seed0)]
-            xy = sub.sort_values("x").value.to_numpy().reshape(-1, 2)
-            ax.scatter(xy[:, 0], xy[:, 1], s=4, alpha=0.5, color=colours[v], label=f"{v} draws")
-            try:
-                m = np.array([sc[(v, f"ref_mu_mean_{key}")], sc[(v, f"ref_th1_mean_{key}")]])
-                sd = np.array([sc[(v, f"ref_mu_sd_{key}")], sc[(v, f"ref_th1_sd_{key}")]])
-                r = sc[(v, f"ref_corr_{key}")]
-                cov = np.array([[sd[0] ** 2, r * sd[0] * sd[1]], [r * sd[0] * sd[1], sd[1] ** 2]])
-                ang = np.linspace(0, 2 * np.pi, 200)
-                circ = np.stack([np.cos(ang), np.sin(ang)])
-                for k in (1, 2):
-                    e = m[:, None] + k * np.linalg.cholesky(cov) @ circ
-                    ax.plot(e[0], e[1], "k-" if k == 1 else "k--", lw=1, label=f"analytic {k}σ" if v == variants[0] else None)
-                c2 = sc.get((v, f"c2st_{key}"))
-                ax.set_title(f"{v}" + (f"  C2ST {c2:.2f}" if c2 is not None else ""), fontsize=9)
-            except KeyError:
-                ax.set_title(v, fontsize=9)
-            ax.set_xlabel("μ (global mean, model units)")
-            ax.grid(alpha=0.3)
-        axes[0, 0].set_ylabel("θ₁ (site 1 parameter, model units)")
-        axes[0, 0].legend(fontsize=6, loc="best")
-        fig.suptitle(f"Does the posterior match the analytic one? ({key.replace('_', ', ')}, seed {seed0})", fontsize=10)
-        save_figure(fig, plots_dir / f"curve_pair_samples_{key}.png", dpi=110)
-    # coverage curves, mean +- sd over seeds
-    for key in _keys(table, "coverage_err_"):
-        fig, ax = p.subplots(figsize=(4.5, 4.2))
-        ax.plot([0, 1], [0, 1], "k:", lw=1, label="calibrated")
+    target = params.get("c2st_target")
+    b_max = max(params.get("budgets", [0]))
+    _training_curves(table, plots_dir, p, seed0)
+    # C2ST against simulator calls, with the calls each variant needs to reach the target
+    for metric in sorted(m for m in table.metric.unique() if m.startswith("c2st_curve_")):
+        key = metric[len("c2st_curve_"):]
+        fig, ax = p.subplots(figsize=(5.5, 4.2))
         for v in variants:
-            g = table[(table.metric == f"coverage_{key}") & (table.variant == v)].groupby("x").value
+            g = table[(table.metric == metric) & (table.variant == v)].groupby("x").value
             mean, sd = g.mean(), g.std().fillna(0.0)
             if mean.empty:
                 continue
-            ax.plot(mean.index, mean.values, marker="o", ms=3, color=colours[v], label=v)
-            ax.fill_between(mean.index, mean - sd, mean + sd, color=colours[v], alpha=0.15)
+            ax.errorbar(mean.index, mean.values, yerr=sd.values, marker="o", ms=4, capsize=3, color=COLOURS[v], label=v)
+            need = _per_seed(table, f"calls_to_c2st_{key}", v)
+            if need is not None and target is not None:
+                ax.axvline(10 ** np.log10(need).mean(), color=COLOURS[v], ls="--", lw=1,
+                           label=f"{v}: calls to C2ST {target:g} (geo. mean over seeds)")
+        prior = _per_seed(table, f"c2st_{key}_c{b_max}", "prior")
+        if prior is not None:
+            ax.axhline(prior.mean(), color=COLOURS["prior"], ls=":", lw=1, label="prior draws (control)")
+        if target is not None:
+            ax.axhline(target, color="k", ls="-.", lw=1, label=f"target C2ST {target:g}")
+        ax.axhline(0.5, color="k", ls=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("simulator calls for training (sites simulated)")
+        ax.set_ylabel("C2ST vs exact posterior (0.5 = same law)")
+        ax.set_title(f"How many calls buy how accurate a posterior? ({key.replace('_', ', ')})\n"
+                     "C2ST: mean over the observations; bars: sd over seeds", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+        save_figure(fig, plots_dir / f"c2st_vs_calls_{key}.png", dpi=110)
+    # posterior-mean error against calls (SIR: no exact posterior)
+    for metric in sorted({m.rsplit("_c", 1)[0] for m in table.metric.unique() if m.startswith("rmse_sir")}):
+        key = metric[len("rmse_"):]
+        fig, ax = p.subplots(figsize=(5.2, 4))
+        for v in variants:
+            rows = table[table.metric.str.startswith(f"rmse_{key}_c") & (table.variant == v) & table.x.isna()]
+            if rows.empty:
+                continue
+            rows = rows.assign(calls=rows.metric.str.rsplit("_c", n=1).str[1].astype(float))
+            g = rows.groupby("calls").value
+            if v == "prior":
+                ax.axhline(g.mean().mean(), color=COLOURS[v], ls=":", label="prior draws (control)")
+                continue
+            ax.errorbar(g.mean().index, g.mean().values, yerr=g.std().fillna(0).values, marker="o", capsize=3,
+                        color=COLOURS[v], label=v)
+        ax.set_xscale("log")
+        ax.set_xlabel("simulator calls for training")
+        ax.set_ylabel("RMSE of the posterior mean, global parameters (prior sd units)")
+        ax.set_title(f"Posterior-mean error, {key.replace('_', ', ')} (mean ± sd over seeds)", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+        save_figure(fig, plots_dir / f"rmse_vs_calls_{key}.png", dpi=110)
+    # coverage curves at the largest budget, mean +- sd over seeds
+    for metric in sorted(m for m in table.metric.unique() if m.startswith("coverage_") and not m.startswith("coverage_err")):
+        key = metric[len("coverage_"):]
+        fig, ax = p.subplots(figsize=(4.5, 4.2))
+        ax.plot([0, 1], [0, 1], "k:", lw=1, label="calibrated")
+        for v in variants:
+            g = table[(table.metric == metric) & (table.variant == v)].groupby("x").value
+            mean, sd = g.mean(), g.std().fillna(0.0)
+            if mean.empty:
+                continue
+            cc = _per_seed(table, f"cond_coverage_err_{key}", v)
+            ax.plot(mean.index, mean.values, marker="o", ms=3, color=COLOURS[v],
+                    label=v + (f" (conditional error {cc.mean():.3f})" if cc is not None else ""))
+            ax.fill_between(mean.index, mean - sd, mean + sd, color=COLOURS[v], alpha=0.15)
         ax.set_xlabel("credibility level α")
         ax.set_ylabel("empirical coverage (fraction of true θ inside)")
-        ax.set_title(f"Are the posteriors calibrated? SBC coverage, {key.replace('_', ', ')}", fontsize=9)
+        ax.set_title(f"Marginal SBC coverage at B = {b_max}, {key.replace('_', ', ')}\n(prior draws are marginally "
+                     "calibrated too: the claims read coverage given the data)", fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
         save_figure(fig, plots_dir / f"curve_coverage_{key}.png", dpi=110)
-    # C2ST against simulator calls: the "S times fewer calls" picture
-    keys = _keys(table, "c2st_")
-    if keys:
-        fig, axes = p.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), squeeze=False)
-        for ax, key in zip(axes[0], keys):
-            for i, v in enumerate(variants):
-                c = table[(table.metric == f"c2st_{key}") & (table.variant == v)].set_index("seed").value
-                n = table[(table.metric == f"sim_calls_{key}") & (table.variant == v)].set_index("seed").value
-                if c.empty:
-                    continue
-                n = n * 1.05 ** i  # small offset so variants at the same budget do not hide each other
-                ax.errorbar(n.mean(), c.mean(), yerr=c.std() if len(c) > 1 else 0, fmt="o", color=colours[v],
-                            capsize=3, label=v)
-                ax.scatter(n.reindex(c.index), c, s=8, color=colours[v], alpha=0.4)
-            ax.axhline(0.5, color="k", ls=":", lw=1)
-            ax.set_xscale("log")
-            ax.set_xlabel("simulator calls for training (sites simulated)")
-            ax.set_ylabel("C2ST vs analytic posterior (0.5 = exact)")
-            ax.set_title(key.replace("_", ", "), fontsize=9)
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
-        fig.suptitle("How many simulator calls buy how accurate a posterior?", fontsize=10)
-        save_figure(fig, plots_dir / "c2st_vs_calls.png", dpi=110)
+    # pair plots (mu, theta_1) against exact posterior draws, first observation, seed 0, largest budget
+    for metric in sorted(m for m in table.metric.unique() if m.startswith("pair_samples_")):
+        key = metric[len("pair_samples_"):]
+        shown = [v for v in variants if not table[(table.metric == metric) & (table.variant == v)].empty]
+        fig, axes = p.subplots(1, len(shown), figsize=(3.3 * len(shown), 3.3), sharex=True, sharey=True, squeeze=False)
+        for ax, v in zip(axes[0], shown):
+            for name, colour, lab in ((f"pair_ref_{key}", "k", "exact posterior"), (metric, COLOURS[v], f"{v} draws")):
+                sub = table[(table.metric == name) & (table.variant == v) & (table.seed == seed0)]
+                xy = sub.sort_values("x").value.to_numpy().reshape(-1, 2)
+                ax.scatter(xy[:, 0], xy[:, 1], s=4, alpha=0.4, color=colour, label=lab)
+            c2 = table[(table.metric == f"c2st_{key}_c{b_max}") & (table.variant == v) & (table.seed == seed0)]
+            ax.set_title(v + (f"  mean C2ST {c2.value.iloc[0]:.2f}" if len(c2) else ""), fontsize=9)
+            ax.set_xlabel("μ (global mean)")
+            ax.grid(alpha=0.3)
+        axes[0, 0].set_ylabel("θ₁ (site 1 parameter)")
+        axes[0, 0].legend(fontsize=6, loc="best")
+        fig.suptitle(f"Posterior draws against exact ones (first observation, {key.replace('_', ', ')}, "
+                     f"B = {b_max}, seed {seed0})", fontsize=9)
+        save_figure(fig, plots_dir / f"curve_pair_samples_{key}.png", dpi=110)

@@ -9,7 +9,11 @@
   The likelihood of step 2 does not depend on S, so one likelihood serves every S (step 3-4 per S).
   The posterior's validation split is synthetic too: the whole method costs exactly B calls.
 * :func:`train_joint` (baseline): simulate n_sets full S-site data sets (n_sets * S calls) and fit
-  the SAME tokenised posterior network, same steps, batch, optimiser and early stopping, on them.
+  the SAME tokenised posterior network, same initial weights, learning-rate grid, step limits,
+  batch and stopping rule, on them.
+* :class:`PriorOnly` (negative control): draws from the prior whatever the data; marginally
+  calibrated by construction, so a calibration check that it passes cannot tell a posterior from
+  the prior.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import numpy as np
 import torch
 
 from .simulators import Simulator
-from .tokenised_fm import Layout, Standardizer, TokenVelocityField, fit_best_val, fit_cfm, sample_cfm
+from .tokenised_fm import Layout, Standardizer, TokenVelocityField, fit_cfm, sample_cfm
 
 
 def _t(a) -> torch.Tensor:
@@ -44,9 +48,13 @@ class PosteriorEstimator:
         return np.concatenate([g, l], axis=1).reshape(n_sets, n_draws, -1)
 
 
-def _new_net(layout: Layout, net_cfg: dict, init_seed: int) -> TokenVelocityField:
-    torch.manual_seed(init_seed)  # same initial weights for every variant's posterior network
-    return TokenVelocityField(layout.D, **net_cfg)
+def _net_factory(layout: Layout, net_cfg: dict, init_seed: int):
+    """A constructor of fresh networks with fixed initial weights (the same for every variant and
+    every learning rate of the grid)."""
+    def make():
+        torch.manual_seed(init_seed)
+        return TokenVelocityField(layout.D, **net_cfg)
+    return make
 
 
 def fit_posterior(g, l, x, layout: Layout, std: Standardizer, net_cfg: dict, fit_cfg: dict,
@@ -54,8 +62,7 @@ def fit_posterior(g, l, x, layout: Layout, std: Standardizer, net_cfg: dict, fit
     s = l.shape[1]
     tok = layout.pack(_t(std.fwd("g", g)), _t(std.fwd("l", l)), _t(std.fwd("x", x)))
     present, gen = layout.masks(s, "posterior")
-    net = _new_net(layout, net_cfg, init_seed)
-    hist = fit_cfm(net, tok, present, gen, generator=generator, **fit_cfg)
+    net, hist = fit_cfm(_net_factory(layout, net_cfg, init_seed), tok, present, gen, generator=generator, **fit_cfg)
     return PosteriorEstimator(net, layout, std, ode_steps), hist
 
 
@@ -74,8 +81,8 @@ class LikelihoodFactorisation:
         self.std = Standardizer(gp, lp, x)
         tok = self.layout.pack(_t(self.std.fwd("g", g)), _t(self.std.fwd("l", l)), _t(self.std.fwd("x", x)))
         self.present, self.gen = self.layout.masks(1, "likelihood")
-        self.net = _new_net(self.layout, net_cfg, init_seed + 7)
-        self.hist = fit_cfm(self.net, tok, self.present, self.gen, generator=generator, **fit_cfg)
+        self.net, self.hist = fit_cfm(_net_factory(self.layout, net_cfg, init_seed + 7), tok, self.present, self.gen,
+                                      generator=generator, **fit_cfg)
 
     def synthesise(self, n_sets: int, n_sites: int, rng: np.random.Generator):
         """Step 3: (g, l, x~) with x~_s ~ q(x | g, l_s): n_sets synthetic data sets of n_sites sites."""
@@ -110,49 +117,13 @@ def train_joint(model: Simulator, n_sites: int, n_sets: int, net_cfg: dict, fit_
     return est, hist, calls
 
 
-class FlatNPE:
-    """Conventional (non-tokenised) joint NPE: a zuko flow q(g, l_1..S | flatten(x_1..S)), fixed S."""
+class PriorOnly:
+    """The negative control: posterior draws that ignore the data (draws from the prior)."""
 
-    def __init__(self, flow, std: Standardizer, G: int, Lp: int):
-        self.flow, self.std, self.G, self.Lp = flow, std, G, Lp
+    def __init__(self, model: Simulator, rng: np.random.Generator):
+        self.model, self.rng = model, rng
 
-    def sample(self, x: np.ndarray, n_draws: int, generator: torch.Generator) -> np.ndarray:
+    def sample(self, x: np.ndarray, n_draws: int, generator=None) -> np.ndarray:
         n_sets, s = x.shape[:2]
-        ctx = _t(self.std.fwd("x", x).reshape(n_sets, -1))
-        out = self.flow.sample(n_draws, ctx).transpose(0, 1).double().numpy()   # (n_sets, n_draws, d)
-        g = self.std.inv("g", out[..., :self.G])
-        l = self.std.inv("l", out[..., self.G:].reshape(n_sets, n_draws, s, self.Lp))
-        return np.concatenate([g, l.reshape(n_sets, n_draws, -1)], axis=-1)
-
-
-def _fit_flow_best_val(flow, theta, ctx, fit_cfg: dict, generator: torch.Generator) -> dict:
-    """NLL of the flow with the FM posteriors' schedule (fit_best_val: Adam, cosine decay, best
-    validation weights; sbi's NPE also stops on a 10 % validation split): only the loss differs."""
-    n_val = max(1, int(round(fit_cfg["val_frac"] * len(theta))))
-    perm = torch.randperm(len(theta), generator=generator)
-    vi = perm[:n_val]
-    return fit_best_val(flow, perm[n_val:], lambda idx: -flow.log_prob(theta[idx], ctx[idx]).mean(),
-                        lambda: -flow.log_prob(theta[vi], ctx[vi]).mean(), steps=fit_cfg["steps"],
-                        batch=fit_cfg["batch"], lr=fit_cfg["lr"], eval_every=fit_cfg["eval_every"],
-                        generator=generator)
-
-
-def train_flat_npe(model: Simulator, n_sites: int, n_sets: int, flow_cfg: dict, fit_cfg: dict,
-                   init_seed: int, rng: np.random.Generator, generator: torch.Generator):
-    """sbi-style NPE baseline on n_sets real S-site data sets (n_sets * S calls): maximum likelihood
-    of a masked autoregressive flow (blocks/flows.py, zuko) over the flattened parameters given the
-    flattened observations; same steps, batch, learning rate and best-validation rule as the FM posteriors."""
-    from ...blocks.flows import make_flow
-
-    calls0 = model.calls
-    g, l, x = model.sample_joint(n_sets, n_sites, rng)
-    calls = model.calls - calls0
-    gp, lp = model.sample_prior(4096, 1, rng)
-    std = Standardizer(gp, lp, x)
-    theta = _t(np.concatenate([std.fwd("g", g), std.fwd("l", l).reshape(n_sets, -1)], axis=1))
-    ctx = _t(std.fwd("x", x).reshape(n_sets, -1))
-    torch.manual_seed(init_seed)
-    flow = make_flow(flow_cfg.get("kind", "maf"), theta.shape[1], context=ctx.shape[1],
-                     hidden=tuple(flow_cfg.get("hidden", (64, 64))), transforms=flow_cfg.get("transforms", 3))
-    hist = _fit_flow_best_val(flow, theta, ctx, fit_cfg, generator)
-    return FlatNPE(flow.eval(), std, model.G, model.Lp), hist, calls
+        g, l = self.model.sample_prior(n_sets * n_draws, s, self.rng)
+        return np.concatenate([g, l.reshape(len(g), -1)], axis=1).reshape(n_sets, n_draws, -1)

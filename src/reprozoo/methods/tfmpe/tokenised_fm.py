@@ -138,60 +138,142 @@ def cfm_loss(net: TokenVelocityField, x1: torch.Tensor, present: torch.Tensor, g
     return err.sum() / (gen.sum() * len(x1))
 
 
-def fit_best_val(module: nn.Module, train_idx: torch.Tensor, batch_loss, val_loss, *, steps: int, batch: int,
-                 lr: float, eval_every: int, generator: torch.Generator) -> dict:
-    """Adam + cosine decay on ``batch_loss(indices)``; every ``eval_every`` steps ``val_loss()`` is
-    evaluated and the weights of the best value are kept (loaded back at the end). Shared by the
-    flow-matching networks and the flat NPE baseline, so every variant follows one schedule.
-    Returns curves (step, train loss averaged over the window, val loss), best_val, best_step."""
-    opt = torch.optim.Adam(module.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    best, best_state, hist, window = float("inf"), None, {"step": [], "train": [], "val": []}, []
-    for step in range(1, steps + 1):
-        idx = train_idx[torch.randint(len(train_idx), (min(batch, len(train_idx)),), generator=generator)]
-        loss = batch_loss(idx)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        window.append(float(loss.detach()))
-        if step % eval_every == 0 or step == steps:
+class _Run:
+    """One training run at a constant learning rate that can be advanced in stages (see
+    :func:`fit_lr_grid`). ``module`` is trained; ``ema`` (an exponential moving average of its
+    weights, decay ``ema_decay`` with the usual warm-up min(decay, (1 + t) / (10 + t))) is what
+    the validation loss reads and what is kept."""
+
+    def __init__(self, module: nn.Module, ema: nn.Module, train_idx, batch_loss, val_loss, lr: float, batch: int,
+                 eval_every: int, ema_decay: float, generator: torch.Generator):
+        self.module, self.ema, self.train_idx, self.batch_loss, self.val_loss = module, ema, train_idx, batch_loss, val_loss
+        self.opt = torch.optim.Adam(module.parameters(), lr=lr)
+        self.params, self.ema_params = list(module.parameters()), list(ema.parameters())
+        self.lr, self.batch, self.eval_every, self.ema_decay, self.generator = lr, batch, eval_every, ema_decay, generator
+        self.step, self.window = 0, []
+        self.best, self.best_step, self.best_state = float("inf"), 0, None
+        self.hist = {"step": [], "train": [], "val": [], "lr": []}
+
+    def flat(self, min_delta: float, flat_tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
+        """The validation curve is flat over the last ``tail`` of training (at least ``min_points``
+        evaluations there): no new best by more than ``min_delta`` (relative), and a Theil-Sen line
+        through the tail improves by at most ``flat_tol`` of the tail's median level over it (the
+        platform's convergence gate, which allows 2 %)."""
+        from scipy.stats import theilslopes
+
+        xs, ys = np.asarray(self.hist["step"], float), np.asarray(self.hist["val"], float)
+        start = xs[0] + (1 - tail) * (xs[-1] - xs[0])
+        m = xs >= start
+        if m.sum() < min_points or self.best_step >= start:
+            return False
+        gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
+        return gain <= flat_tol * abs(float(np.median(ys[m])))
+
+    def advance(self, until: int, min_steps: int | None = None, min_delta: float = 0.0, flat_tol: float = 0.0) -> bool:
+        """Train up to step ``until``; with ``min_steps`` stop early (returning True) once the
+        validation curve is flat (:meth:`flat`) at or after ``min_steps``."""
+        while self.step < until:
+            self.step += 1
+            idx = self.train_idx[torch.randint(len(self.train_idx), (min(self.batch, len(self.train_idx)),),
+                                               generator=self.generator)]
+            loss = self.batch_loss(idx)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
             with torch.no_grad():
-                vl = float(val_loss())
-            hist["step"].append(step)
-            hist["train"].append(float(np.mean(window)))
-            hist["val"].append(vl)
-            window = []
-            if vl < best:
-                best, best_state = vl, copy.deepcopy(module.state_dict())
-    module.load_state_dict(best_state)
-    hist["best_val"] = best
-    hist["best_step"] = hist["step"][int(np.argmin(hist["val"]))]
-    return hist
+                decay = min(self.ema_decay, (1 + self.step) / (10 + self.step))
+                torch._foreach_lerp_(self.ema_params, self.params, 1 - decay)
+            self.window.append(float(loss.detach()))
+            if self.step % self.eval_every == 0 or self.step == until:
+                with torch.no_grad():
+                    vl = float(self.val_loss())
+                for k, val in (("step", self.step), ("train", float(np.mean(self.window))), ("val", vl),
+                               ("lr", float(self.opt.param_groups[0]["lr"]))):
+                    self.hist[k].append(val)
+                self.window = []
+                if vl < self.best - min_delta * abs(self.best):
+                    self.best_step = self.step
+                if vl < self.best:
+                    self.best, self.best_state = vl, copy.deepcopy(self.ema.state_dict())
+                if min_steps is not None and self.step >= min_steps and self.flat(min_delta, flat_tol):
+                    return True
+        return False
 
 
-def fit_cfm(net: TokenVelocityField, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tensor, *,
-            steps: int, batch: int, lr: float, val_frac: float, eval_every: int,
-            generator: torch.Generator, val_reps: int = 8) -> dict:
-    """CFM training with :func:`fit_best_val` on a random (1 - val_frac) / val_frac split.
+def fit_lr_grid(make_module, train_idx: torch.Tensor, batch_loss_for, val_loss_for, *, lrs, pilot_steps: int,
+                min_steps: int, max_steps: int, batch: int, eval_every: int, min_delta: float, flat_tol: float,
+                ema_decay: float, generator: torch.Generator) -> tuple[nn.Module, dict]:
+    """Constant-learning-rate Adam with the learning rate chosen on validation, then training until
+    the validation curve is flat. Shared by every network of every variant, so all follow one rule.
 
-    The validation loss uses ``val_reps`` fixed draws of (z, t) per validation item (a low-variance,
-    common-random-numbers comparison between evaluations: with one draw per item the selection of
-    the best step is driven by noise).
+    1. Each learning rate of ``lrs`` trains ``pilot_steps`` steps from the same initial weights
+       (``make_module()``) on the same split and validation draws; the one with the lowest
+       validation loss so far is kept (the others are dropped).
+    2. The kept run continues until, at or after ``min_steps``, no validation value improved on the
+       best by more than ``min_delta`` (relative) over the last 30 % of its steps (at least 5
+       evaluations there) and a Theil-Sen line through them improves by at most ``flat_tol``
+       (:meth:`_Run.flat`), or to ``max_steps``. The learning rate stays constant, so a flat curve
+       is a plateau and not a schedule that ran out.
+
+    Validation reads an exponential moving average of the weights (``ema_decay``), which damps the
+    weight noise a constant learning rate leaves; the average with the best validation value is
+    returned.
+
+    ``batch_loss_for(module)`` / ``val_loss_for(module)`` build the losses. Returns the module and
+    its history: curves (step, train, val, lr), best_val, best_step, stop_step, plateau (stopped
+    flat before max_steps), lr_chosen and every learning rate's validation value after step 1."""
+    runs = []
+    for lr in lrs:
+        module = make_module()
+        ema = copy.deepcopy(module)
+        for q in ema.parameters():
+            q.requires_grad_(False)
+        run = _Run(module, ema, train_idx, batch_loss_for(module), val_loss_for(ema), float(lr), batch, eval_every,
+                   ema_decay, generator)
+        run.advance(pilot_steps)
+        runs.append(run)
+    run = min(runs, key=lambda r: r.best)
+    plateau = (run.advance(max_steps, min_steps=min_steps, min_delta=min_delta, flat_tol=flat_tol)
+               or run.flat(min_delta, flat_tol))
+    run.ema.load_state_dict(run.best_state)
+    hist = dict(run.hist)
+    hist.update(best_val=run.best, best_step=hist["step"][int(np.argmin(hist["val"]))], stop_step=run.step,
+                plateau=bool(plateau), lr_chosen=run.lr, lr_pilot_vals={r.lr: r.best for r in runs})
+    return run.ema, hist
+
+
+def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tensor, *, lrs, max_steps: int,
+            pilot_steps: int, min_steps: int, batch: int, val_frac: float, eval_every: int, min_delta: float,
+            flat_tol: float, ema_decay: float, generator: torch.Generator,
+            val_items: int = 384) -> tuple[TokenVelocityField, dict]:
+    """CFM training of ``make_net()`` with :func:`fit_lr_grid` on a random (1 - val_frac) / val_frac
+    split (at least one item each way).
+
+    The validation loss uses fixed draws of (z, t), repeated so that about ``val_items`` (item, z, t)
+    triples enter it (at least 2 and at most 32 per item): a low-variance, common-random-numbers
+    comparison between evaluations and between learning rates, also for the tiny validation splits
+    of small simulation budgets.
     """
-    n_val = max(1, int(round(val_frac * len(tok))))
+    n_val = min(len(tok) - 1, max(1, int(round(val_frac * len(tok)))))
     perm = torch.randperm(len(tok), generator=generator)
-    val = tok[perm[:n_val]].repeat(val_reps, 1, 1)
+    reps = int(np.clip(val_items // n_val, 2, 32))
+    val = tok[perm[:n_val]].repeat(reps, 1, 1)
     zv = torch.randn(val.shape, generator=generator)
     tv = torch.rand(len(val), generator=generator)
 
-    def batch_loss(idx):
-        xb = tok[idx]
-        return cfm_loss(net, xb, present, gen, torch.randn(xb.shape, generator=generator),
-                        torch.rand(len(xb), generator=generator))
+    def batch_loss_for(net):
+        def batch_loss(idx):
+            xb = tok[idx]
+            return cfm_loss(net, xb, present, gen, torch.randn(xb.shape, generator=generator),
+                            torch.rand(len(xb), generator=generator))
+        return batch_loss
 
-    return fit_best_val(net, perm[n_val:], batch_loss, lambda: cfm_loss(net, val, present, gen, zv, tv),
-                        steps=steps, batch=batch, lr=lr, eval_every=eval_every, generator=generator)
+    def val_loss_for(net):
+        return lambda: cfm_loss(net, val, present, gen, zv, tv)
+
+    return fit_lr_grid(make_net, perm[n_val:], batch_loss_for, val_loss_for, lrs=lrs, generator=generator,
+                       pilot_steps=pilot_steps, min_steps=min_steps, max_steps=max_steps, batch=batch,
+                       eval_every=eval_every, min_delta=min_delta, flat_tol=flat_tol, ema_decay=ema_decay)
 
 
 def sample_cfm(net: TokenVelocityField, context: torch.Tensor, present: torch.Tensor, gen: torch.Tensor,
