@@ -1,6 +1,9 @@
-"""LDR numerics: the COM-free chart, the log-dispersion measures (closed forms, shift invariance,
-gradients), off-policy recovery of a target by LDR alone, the sample-efficiency read-off, and the
-sign conventions of the ESS evaluation (an exact model has ESS 1)."""
+"""LDR numerics: the COM-free and rotation-free charts (isometry, Jacobian, exact densities), the
+log-dispersion measures (closed forms, shift invariance, gradients), off-policy recovery of a
+target by LDR alone, the training loop (like-for-like seeding, early stop on a planted
+over-fit, best parameters kept), the reference data (symmetries keep the energy), the
+sample-efficiency read-off at a fixed level, and the sign conventions of the ESS evaluation (an
+exact model has ESS 1, in both charts)."""
 import math
 
 import numpy as np
@@ -8,10 +11,11 @@ import pytest
 import torch
 
 from reprozoo.blocks.boltzmann import make_target, pair_distances, remove_com
-from reprozoo.methods.ldr.coords import ComFreeChart, helmert
-from reprozoo.methods.ldr.dispersion import CachedLogProb, Objective, log_dispersion
-from reprozoo.methods.ldr.efficiency import sample_efficiency, samples_to_reach
-from reprozoo.methods.ldr.method import evaluate
+from reprozoo.methods.ldr.coords import ComFreeChart, RotFreeChart, helmert, make_chart
+from reprozoo.methods.ldr.data import annealed_mala, random_symmetry
+from reprozoo.methods.ldr.dispersion import log_dispersion, objective
+from reprozoo.methods.ldr.efficiency import n_to_reach, samples_to_reach
+from reprozoo.methods.ldr.method import evaluate, train_flow
 
 
 # --- chart ---------------------------------------------------------------------------------------
@@ -41,6 +45,41 @@ def test_chart_is_identity_without_particles():
     chart = ComFreeChart.for_target(make_target("gmm"))
     x = torch.randn(7, 2)
     assert chart.dim == 2 and torch.equal(chart.to_internal(x), x) and torch.equal(chart.to_cartesian(x), x)
+    assert torch.equal(chart.log_det(x), torch.zeros(7))
+
+
+def test_rotfree_chart_round_trip_and_invariance():
+    t = make_target("dw4")
+    chart = make_chart("rotfree", t)
+    assert chart.dim == 5
+    g = torch.Generator().manual_seed(0)
+    x = remove_com(torch.randn(50, 8, generator=g, dtype=torch.float64) * 2, 4, 2)
+    u = chart.to_internal(x)
+    y = ComFreeChart(4, 2).to_internal(x).reshape(50, 3, 2)
+    phi = torch.atan2(y[:, 0, 1], y[:, 0, 0])
+    torch.testing.assert_close(chart.to_cartesian(u, phi), x)  # the angle is all that is dropped
+    x2 = chart.from_flow(u, torch.Generator().manual_seed(1))  # another angle: a rotated copy
+    torch.testing.assert_close(t.energy(x2), t.energy(x))
+    torch.testing.assert_close(chart.to_internal(x2), u)
+
+
+def test_rotfree_jacobian_is_r_squared():
+    """|det d y / d(log r, phi, z)| = r^2, which is what log_det = -log 2 pi - 2 log r encodes."""
+    chart = RotFreeChart(4, 2)
+    com = ComFreeChart(4, 2)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        v = torch.randn(6, generator=g, dtype=torch.float64)  # (log r, phi, z_2, z_3)
+
+        def y_of(w):
+            u = torch.cat([w[:1], w[2:]])
+            return com.to_internal(chart.to_cartesian(u, w[1]))
+
+        jac = torch.autograd.functional.jacobian(y_of, v)
+        logdet = torch.linalg.slogdet(jac)[1]
+        assert float(logdet) == pytest.approx(2 * float(v[0]), abs=1e-10)
+        u = torch.cat([v[:1], v[2:]])
+        assert float(chart.log_det(u)) == pytest.approx(-math.log(2 * math.pi) - float(logdet), abs=1e-10)
 
 
 # --- dispersion measures ---------------------------------------------------------------------------
@@ -128,44 +167,125 @@ def test_ldr_alone_recovers_the_target_from_off_policy_samples(measure):
     assert torch.all(torch.exp(model.log_s.detach()) > 2.7)
 
 
-def test_cached_log_prob_reuses_the_ml_graph_and_objective_adds_lambda_d():
-    from reprozoo.blocks.flows import make_flow
+def test_objective_is_nll_plus_lambda_d():
+    g = torch.Generator().manual_seed(0)
+    lq, off = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    loss, nll = objective(lq, off, None, 1.0)
+    assert float(loss) == float(nll) == pytest.approx(float(-lq.mean()))
+    loss, nll = objective(lq, off, "variance", 0.5)
+    assert float(loss) == pytest.approx(float(-lq.mean() + 0.5 * (lq + off).var(unbiased=False)), rel=1e-6)
+    with pytest.raises(ValueError):
+        objective(lq, off, "kurtosis", 1.0)
 
-    torch.manual_seed(0)
-    flow = make_flow("maf", 2, hidden=(8,), transforms=1)
-    wrapped = CachedLogProb(flow)
-    xb = torch.randn(16, 2)
-    lq = wrapped.log_prob(xb)
-    assert wrapped.pop(xb.clone()) is lq  # same values: the very same graph node
-    assert wrapped.pop(xb) is not lq  # consumed once: a fresh evaluation afterwards
 
-    def energy(x):
-        return 0.5 * x.pow(2).sum(-1)
+# --- training loop ----------------------------------------------------------------------------------
 
-    obj = Objective(energy, "variance", 0.5, 1.0, xb, val_every=1)
-    lq = wrapped.log_prob(xb)
-    term = obj(wrapped, xb, None)
-    torch.testing.assert_close(term, 0.5 * log_dispersion(lq, energy(xb), "variance"))
-    assert obj.val_steps == [1] and len(obj.train_nll) == 1
-    base = Objective(energy, None, 1.0, 1.0, xb, val_every=10)
-    wrapped.log_prob(xb)
-    assert float(base(wrapped, xb, None)) == 0.0 and base.train_dispersion[0] > 0  # monitored only
+def _bench(**train):
+    tc = {"lr": 1e-2, "batch_size": 16, "val_every": 5, "patience": 4, "min_delta": 1e-3, "min_steps": 20,
+          "max_steps": 400}
+    tc.update(train)
+    return {"flow": {"kind": "maf", "hidden": [32, 32], "transforms": 2}, "train": tc}
+
+
+def _toy(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    xv = torch.randn(400, 2, generator=g)
+    return x, 0.5 * x.pow(2).sum(-1), xv, 0.5 * xv.pow(2).sum(-1)
+
+
+def test_every_variant_starts_from_the_same_flow_and_minibatches():
+    """With λ = 0 the LDR objective is ML: the same seed must then give the same run exactly."""
+    x, c, xv, cv = _toy()
+    b = _bench(max_steps=30, min_steps=30)
+    _, r_ml = train_flow(None, 0.0, x, c, xv, cv, 2, b, seed=3, n=16, bench="toy")
+    _, r_ldr = train_flow("variance", 0.0, x, c, xv, cv, 2, b, seed=3, n=16, bench="toy")
+    assert r_ml["val_loss"] == r_ldr["val_loss"]
+    _, r_other = train_flow(None, 0.0, x, c, xv, cv, 2, b, seed=4, n=16, bench="toy")
+    assert r_other["val_loss"] != r_ml["val_loss"]
+
+
+def test_early_stop_on_a_planted_overfit_keeps_the_best_parameters():
+    """16 training points, a flow that can memorise them: the validation NLL turns up, training
+    stops at least `patience` evaluations after its minimum, once the curve is no longer falling
+    (long before max_steps), and the returned flow is the one at the minimum, not the last one."""
+    x, c, xv, cv = _toy()
+    b = _bench(lr=3e-3)
+    flow, rec = train_flow(None, 0.0, x, c, xv, cv, 2, b, seed=0, n=16, bench="toy")
+    assert rec["capped"] == 0 and rec["stop_step"] < 400
+    assert rec["best_step"] > 5  # the minimum lies inside the run
+    assert rec["stop_step"] >= rec["best_step"] + 5 * 4  # patience: 4 evaluations without a new best
+    assert rec["val_loss"][-1] > min(rec["val_loss"]) + 1e-3  # it did turn up
+    with torch.no_grad():
+        v = float(-flow.log_prob(xv).mean())
+    assert v == pytest.approx(rec["val_loss"][rec["val_steps"].index(rec["best_step"])], abs=1e-5)
+    assert rec["lr"] == [3e-3] * len(rec["lr"])  # constant lr: the convergence gate's lr check
+
+
+def test_the_stop_rule_measures_flatness_as_the_convergence_gate_does():
+    """tail_improvement is the gate's relative improvement (scale: range): the same number on
+    falling, flat and rising curves, so a run stops exactly when the gate would call it flat."""
+    from reprozoo.claims import _tail_check
+    from reprozoo.methods.ldr.method import tail_improvement
+    from reprozoo.registry import Convergence
+
+    conv = Convergence(curve="v", mode="min", scale="range")
+    steps = np.arange(10, 810, 10, dtype=float)
+    rng = np.random.default_rng(0)
+    for curve in (3 * np.exp(-steps / 100), 3 * np.exp(-steps / 1000), 1 + 1e-4 * steps,
+                  2 + 0.01 * rng.standard_normal(len(steps))):
+        ours = tail_improvement(steps, curve)
+        gate = _tail_check(steps, curve, conv, None)["tail_improvement"]
+        assert ours == pytest.approx(gate, rel=1e-9, abs=1e-12)
+    assert tail_improvement(steps[:4], steps[:4]) == math.inf  # too few points to call it flat
+
+
+# --- reference data ---------------------------------------------------------------------------------
+
+def test_random_symmetries_keep_the_energy_and_the_centre_of_mass():
+    t = make_target("dw4")
+    g = torch.Generator().manual_seed(0)
+    x = remove_com(2 * torch.randn(64, 8, generator=g, dtype=torch.float64), 4, 2)
+    y = random_symmetry(x, 4, 2, g)
+    torch.testing.assert_close(t.energy(y), t.energy(x))
+    torch.testing.assert_close(remove_com(y, 4, 2), y)
+    assert (y - x).abs().max() > 0.1  # it did move them
+    lj = make_target("lj13")
+    x = lj.sample_reference(4, g, n_chains=4, burn_in=5, thin=1)
+    torch.testing.assert_close(lj.energy(random_symmetry(x, 13, 3, g)), lj.energy(x))
+
+
+def test_annealed_mala_returns_zero_com_samples_near_the_wells():
+    t = make_target("dw4")
+    x = annealed_mala(t, 96, torch.Generator().manual_seed(0),
+                      {"per_chain": 4, "burn_in": 150, "thin": 5, "step": 1e-3, "anneal": [3.0, 1.5]})
+    assert x.shape == (96, 8)
+    torch.testing.assert_close(remove_com(x, 4, 2), x)
+    e = t.energy(x)
+    # each of the 6 pairs has its minimum at -4.44 kT; equilibrium configurations sit well below 0
+    assert torch.isfinite(e).all() and float(e.mean()) < -15
 
 
 # --- sample-efficiency read-off -------------------------------------------------------------------
 
-def test_sample_efficiency_recovers_a_planted_shift_in_log_n():
+def test_n_to_reach_recovers_a_planted_shift_in_log_n_at_a_fixed_level():
     ns = [64, 128, 256, 512, 1024, 2048, 4096]
-    base = [0.1 * math.log2(n / 32) for n in ns]  # linear in log N, best at 4096
+    base = [0.1 * math.log2(n / 32) for n in ns]  # linear in log N
     method = [0.1 * math.log2(4 * n / 32) for n in ns]  # the same curve with 4x the data
-    ratio, censored = sample_efficiency(ns, base, method)
-    assert ratio == pytest.approx(4.0, rel=1e-12) and not censored
-    assert sample_efficiency(ns, base, base) == (1.0, False)
-    assert sample_efficiency(ns, base, [0.0] * len(ns))[0] == 0.0  # never reaches ESS*
-    ratio, censored = sample_efficiency(ns, base, [1.0] * len(ns))
-    assert ratio == pytest.approx(4096 / 64) and censored  # only a lower bound
+    level = 0.45
+    n_b, c_b = n_to_reach(ns, base, level)
+    n_m, c_m = n_to_reach(ns, method, level)
+    assert n_b / n_m == pytest.approx(4.0, rel=1e-12) and c_b == c_m == 0
+    assert n_b == pytest.approx(32 * 2**4.5)
+    # the level is fixed: noise on the baseline's plateau cannot move where it is crossed
+    noisy = base[:5] + [0.43, 0.6]  # a noisy plateau after the crossing, dipping below the level
+    assert n_to_reach(ns, noisy, level)[0] == pytest.approx(n_b)
+    assert n_to_reach(ns, [0.0] * len(ns), level) == (2 * 4096, 1)  # never reached: > the largest N
+    assert n_to_reach(ns, [1.0] * len(ns), level) == (64, -1)  # reached at once: at most the smallest N
     assert samples_to_reach(ns, base, 0.25) == pytest.approx(32 * 2**2.5)
     assert math.isinf(samples_to_reach(ns, base, 2.0))
+    with pytest.raises(ValueError):
+        samples_to_reach([64, 32], [0.1, 0.2], 0.15)
 
 
 # --- evaluation conventions -------------------------------------------------------------------------
@@ -194,8 +314,49 @@ def test_exact_model_has_unit_ess_and_the_entropy_as_nll():
     e_test = t.energy(test)
     res = evaluate(ExactModel(t), t, chart, test, e_test, 2000, seed=0)
     assert res["ess"] == pytest.approx(1.0, abs=1e-9)
-    assert res["nll"] == pytest.approx(float(e_test.mean()), abs=1e-9)  # energy = -log p exactly
-    assert res["ew2"] < 0.15
+    assert float(np.mean(res["nll_units"])) == pytest.approx(float(e_test.mean()), abs=1e-9)  # E = -log p
+    assert res["ew2"] < 0.15 and res["test_logvar"] == pytest.approx(0.0, abs=1e-18)
     worse = evaluate(ExactModel(t, widen=1.3), t, chart, test, e_test, 2000, seed=0)
-    assert worse["ess"] < 0.9 and worse["nll"] > res["nll"]
+    assert worse["ess"] < 0.9 and np.mean(worse["nll_units"]) > np.mean(res["nll_units"])
     assert np.isfinite(worse["energies"]).all()
+
+
+class IsotropicTarget:
+    """E(x) = |x - centre of mass|^2 / 2 for 4 particles in 2-D: rotation invariant, and on the
+    COM-free subspace exactly N(0, I_6) in Helmert coordinates (log Z = 3 log 2 pi)."""
+
+    n_particles, spatial_dim, dim, temperature = 4, 2, 8, 1.0
+
+    def energy(self, x):
+        return 0.5 * remove_com(x, 4, 2).pow(2).sum(-1)
+
+
+class ExactRotFreeModel:
+    """The exact density of IsotropicTarget in rotation-free coordinates: q_u(u) = N_6(y(u)) 2 pi r^2."""
+
+    def __init__(self, chart):
+        self.chart, self.com = chart, ComFreeChart(4, 2)
+
+    def _log_q(self, u):
+        y = self.com.to_internal(self.chart.from_flow(u.double(), torch.Generator().manual_seed(9)))
+        return -0.5 * y.pow(2).sum(-1) - 3 * math.log(2 * math.pi) - self.chart.log_det(u.double())
+
+    def rsample_and_log_prob(self, n):
+        y = torch.randn(n, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        u = self.chart.to_internal(self.com.to_cartesian(y))
+        return u, self._log_q(u)
+
+    def log_prob(self, u):
+        return self._log_q(u)
+
+
+def test_exact_model_has_unit_ess_in_the_rotation_free_chart():
+    """Sign and size of the chart's log-density correction: the exact density, pushed through the
+    chart, gives constant importance weights (ESS 1) and the Gaussian entropy as test NLL."""
+    t, chart = IsotropicTarget(), RotFreeChart(4, 2)
+    y = torch.randn(3000, 6, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    x_test = ComFreeChart(4, 2).to_cartesian(y)
+    u_test = chart.to_internal(x_test)
+    res = evaluate(ExactRotFreeModel(chart), t, chart, u_test, t.energy(x_test), 3000, seed=0)
+    assert res["ess"] == pytest.approx(1.0, abs=1e-9)
+    assert float(np.mean(res["nll_units"])) == pytest.approx(3 * (1 + math.log(2 * math.pi)), abs=0.1)

@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch import nn
 
 Tensor = torch.Tensor
 
@@ -53,67 +52,15 @@ def log_dispersion(log_q: Tensor, energy: Tensor, measure: str, temperature: flo
     return MEASURES[measure](log_ratio(log_q, energy, temperature))
 
 
-class CachedLogProb(nn.Module):
-    """Wraps a flow so the regulariser reuses the log q that the ML term just computed.
+def objective(log_q: Tensor, offset: Tensor, measure: str | None, weight: float) -> tuple[Tensor, Tensor]:
+    """(loss, nll) on one batch: -mean log q, plus λ D(ℓ) with ℓ = log q + offset when ``measure``.
 
-    ``fit_ml`` evaluates log q(x_batch) for the NLL and then calls ``extra_loss(flow, x_batch, c)``;
-    ``pop(x)`` hands back that same graph node (if x is the batch it was computed on, else a
-    fresh evaluation), so LDR costs no second forward pass and both terms share one backward.
+    ``offset`` = E(x)/T + (the chart's log-density correction at x): everything in ℓ that does
+    not depend on the flow, computed once per data point (the energy labels of the data).
     """
-
-    def __init__(self, flow: nn.Module):
-        super().__init__()
-        self.flow = flow
-        self._cache: tuple[Tensor, Tensor] | None = None
-
-    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        lq = self.flow.log_prob(x, context)
-        self._cache = (x, lq)
-        return lq
-
-    def pop(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        cache, self._cache = self._cache, None
-        if cache is not None and cache[0].shape == x.shape and torch.equal(cache[0], x):
-            return cache[1]
-        return self.flow.log_prob(x, context)
-
-
-class Objective:
-    """``extra_loss`` for ``fit_ml``: λ D(ℓ) (or nothing for the ML baseline), plus monitors.
-
-    Every step it records the batch NLL and the batch log-dispersion (under no_grad for the
-    baseline, so the baseline's dispersion is reported too), and every ``val_every`` steps the
-    NLL of the held-out validation set: the convergence curves of every variant.
-    """
-
-    def __init__(self, energy_fn: Callable[[Tensor], Tensor], measure: str | None, weight: float,
-                 temperature: float, x_val: Tensor, val_every: int, monitor_measure: str = "variance"):
-        self.energy_fn, self.measure, self.weight, self.temperature = energy_fn, measure, weight, temperature
-        self.x_val, self.val_every = x_val, max(1, int(val_every))
-        self.monitor_measure = measure or monitor_measure
-        self.step = 0
-        self.train_nll: list[float] = []
-        self.train_dispersion: list[float] = []
-        self.val_steps: list[int] = []
-        self.val_nll: list[float] = []
-
-    def validate(self, flow) -> None:
-        with torch.no_grad():
-            self.val_nll.append(float(-flow.log_prob(self.x_val).mean()))
-        self.val_steps.append(self.step)
-
-    def __call__(self, flow: CachedLogProb, xb: Tensor, cb: Tensor | None):
-        lq = flow.pop(xb, cb)
-        self.step += 1
-        self.train_nll.append(float(-lq.detach().mean()))
-        if self.step % self.val_every == 0:
-            self.validate(flow.flow)
-        energy = self.energy_fn(xb)
-        if self.measure is None:
-            with torch.no_grad():
-                d = log_dispersion(lq, energy, self.monitor_measure, self.temperature)
-            self.train_dispersion.append(float(d))
-            return lq.new_zeros(())
-        d = log_dispersion(lq, energy, self.measure, self.temperature)
-        self.train_dispersion.append(float(d.detach()))
-        return self.weight * d
+    nll = -log_q.mean()
+    if measure is None:
+        return nll, nll
+    if measure not in MEASURES:
+        raise ValueError(f"unknown dispersion measure {measure!r}; one of {sorted(MEASURES)}")
+    return nll + weight * MEASURES[measure](log_q + offset), nll

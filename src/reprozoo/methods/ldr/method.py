@@ -1,95 +1,168 @@
 """LDR in miniature: ESS-vs-N curves of a flow Boltzmann generator, with and without LDR.
 
-Variants (one per training objective; same data, flow, initialisation, minibatches, steps, lr):
+Variants (one per training objective; same data, flow, initialisation, minibatches, optimiser,
+learning rate, stopping rule and step cap at every N):
 * ``ml``      (baseline) maximum likelihood, -mean log q(x) over the MCMC training set;
 * ``ldr_var`` (method)   ML + λ Var(log q(x) + E(x)/T) over each minibatch (off-policy log-variance);
 * ``ldr_mad`` (method)   ML + λ mean |ℓ - median ℓ|, ℓ = log q(x) + E(x)/T (another dispersion).
 
-Stages:
-* train_shared (per seed): MCMC reference data (training pool, nested subsets of size N, and an
-  independent test set, with energy labels), then the ML baseline swept over N: its ESS-vs-N curve
-  is what every LDR cell reads its sample-efficiency ratio against (blocks/flows.fit_ml).
-* train (variant x seed): the variant swept over the same N grid; ``ml`` reports the shared sweep.
+Benchmarks (config ``benchmarks:``, each with its own target, chart, N grid, flow, training and
+evaluation settings, and the variants that run on it): at smoke the 2-D Gaussian mixture
+(``gmm``) and DW4 (``dw4``, 4 particles in 2-D, in COM- and rotation-free coordinates).
 
-Per N, measured on the trained flow: Kish ESS (normalised, in [1/n, 1]) of n_eval flow samples
-against the exact target energy; NLL of the held-out test set (nats, in the internal coordinates);
-E-W2 between energies of flow samples and of test samples (units of kT). Curves over N are the
-claims' inputs; ``sample_efficiency`` = N_ml(ESS*) / N_variant(ESS*) at the baseline's best ESS
-(efficiency.py). Convergence: validation NLL every ``val_every`` steps at the smallest and
-largest N, and its final slope.
+Stages:
+* train_shared (per seed): the reference data of every benchmark (training pool, nested subsets
+  of size N, an independent validation set and test set, all with energy labels).
+* train (variant x seed): the variant swept over every benchmark's N grid.
+
+Training (train_flow): Adam at a constant learning rate (chosen on validation, the same for every
+variant: calibrate.py). Every ``val_every`` steps the variant's own objective is evaluated on the
+validation set (the NLL for ML; NLL + λ D for LDR); training stops when it has not improved by
+``min_delta`` for ``patience`` evaluations AND its last 30 % improves by at most ``flat_tol``
+(2 %) of its whole improvement (the convergence gate's measure and tolerance: a run stops when
+its curve is flat by the gate's own rule, however long that takes), not before ``min_steps``, at
+most ``max_steps``; the parameters with the best validation objective are kept. The validation curve and the
+learning-rate curve at the smallest and the largest N are the convergence gate's inputs.
+
+Per N, on the trained flow: Kish ESS (normalised, in [1/n, 1]) of n flow samples against the
+exact target energy; test NLL per test point (nats, density on the COM-free subspace); E-W2
+between the energies of flow samples and of test samples (kT); Var(log q + E/T) on the test set.
+From the ESS curve: N(ESS*) at the benchmark's fixed level ESS* (efficiency.py).
 """
 from __future__ import annotations
 
-import json
+import math
 import time
+import zlib
 
 import numpy as np
 from reprozoo.figures import save_figure
 
 VARIANT_MEASURE = {"ml": None, "ldr_var": "variance", "ldr_mad": "mad"}
+ORDER = ["ml", "ldr_var", "ldr_mad"]
+# plot() draws the main figures; of the other curves only these two get a generic figure
+GENERIC_CURVES = {f"{k}_{b}": ("training samples N (MCMC)", label) for b in ("gmm", "dw4")
+                  for k, label in (("test_logvar", "Var(log q + E/T) on the test set"),
+                                   ("stop_step", "optimiser steps until the plateau stop"))}
 
 
-def _setup(p: dict):
+def _setup(b: dict):
     from ...blocks.boltzmann import make_target
-    from .coords import ComFreeChart
+    from .coords import make_chart
 
-    target = make_target(p["target"], **p.get("target_kwargs", {}))
-    return target, ComFreeChart.for_target(target)
-
-
-def _seed(seed: int, n: int, stream: int) -> int:
-    """One integer per (seed, N, stream): the same for every variant, so variants differ only in
-    their objective (same initial flow, same minibatch sequence, same evaluation noise)."""
-    return (seed * 1_000_003 + n * 101 + stream) % (2**31)
+    target = make_target(b["target"], **b.get("target_kwargs", {}))
+    return target, make_chart(b.get("chart", "comfree"), target)
 
 
-def train_flow(measure: str | None, x_train, x_val, target, chart, p: dict, seed: int, n: int):
-    """Fit one flow on x_train (internal coordinates) by ML (+ λ D(ℓ) if ``measure``)."""
+def _stream(name: str) -> int:
+    return zlib.crc32(name.encode()) % 997
+
+
+def _seed(seed: int, n: int, stream: int, bench: str = "") -> int:
+    """One integer per (seed, benchmark, N, stream): the same for every variant, so variants differ
+    only in their objective (same initial flow, same minibatch sequence, same evaluation noise)."""
+    return (seed * 1_000_003 + _stream(bench) * 7_919 + n * 101 + stream) % (2**31)
+
+
+def benchmarks_for(p: dict, variant: str | None = None) -> dict[str, dict]:
+    """The config's benchmarks (name -> settings), those that run ``variant`` if given."""
+    out = {}
+    for name, b in p["benchmarks"].items():
+        if variant is None or variant in b.get("variants", ORDER):
+            out[name] = b
+    return out
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def tail_improvement(steps, values, tail: float = 0.3) -> float:
+    """How much a validation curve still improves over its last ``tail`` of training, relative to
+    its whole improvement so far: -(Theil-Sen slope) x (tail length) / (first value - best value).
+    The platform's convergence gate uses this measure (``scale: range``) with a 2 % tolerance."""
+    from scipy import stats
+
+    x, y = np.asarray(steps, float), np.asarray(values, float)
+    keep = x >= x[0] + (1 - tail) * (x[-1] - x[0])
+    if keep.sum() < 5:
+        return math.inf
+    slope = stats.theilslopes(y[keep], x[keep])[0]
+    level = abs(y[0] - y.min())
+    gain = -slope * (x[keep][-1] - x[keep][0])
+    return gain / level if level > 0 else (0.0 if gain <= 0 else math.inf)
+
+
+def train_flow(measure: str | None, weight: float, u, c, u_val, c_val, dim: int, b: dict, seed: int, n: int,
+               bench: str = ""):
+    """Fit one flow on u (flow coordinates; ``c`` = E/T + log_det, per point) by ML (+ λ D(ℓ)).
+
+    Returns the flow (best validation objective restored) and a record of the run."""
     import torch
 
-    from ...blocks.flows import fit_ml, make_flow
-    from .dispersion import CachedLogProb, Objective
+    from ...blocks.flows import make_flow
+    from .dispersion import objective
 
-    fc, tc = p["flow"], p["train"]
-    torch.manual_seed(_seed(seed, n, 0))
-    flow = make_flow(fc["kind"], chart.dim, hidden=tuple(fc["hidden"]), transforms=int(fc["transforms"]),
-                     **fc.get("kwargs", {})).to(x_train.device)
-    flow.set_standardization(x_train)
+    fc, tc = b["flow"], b["train"]
+    torch.manual_seed(_seed(seed, n, 0, bench))
+    flow = make_flow(fc["kind"], dim, hidden=tuple(fc["hidden"]), transforms=int(fc["transforms"]),
+                     **fc.get("kwargs", {})).to(u.device)
+    flow.set_standardization(u)
+    lr = float(tc["lr"])
+    opt = torch.optim.Adam(flow.parameters(), lr=lr, weight_decay=float(tc.get("weight_decay", 0.0)))
+    gen = torch.Generator().manual_seed(_seed(seed, n, 1, bench))
+    bs = min(int(tc["batch_size"]), n)
+    every, patience = int(tc["val_every"]), int(tc["patience"])
+    min_steps, max_steps, min_delta = int(tc["min_steps"]), int(tc["max_steps"]), float(tc["min_delta"])
+    flat_tol = float(tc.get("flat_tol", 0.02))
+    best, best_state, best_step, since = math.inf, None, 0, 0
+    rec = {"val_steps": [], "val_loss": [], "val_nll": [], "lr": []}
+    step, stopped = 0, False
+    for step in range(1, max_steps + 1):
+        idx = torch.randint(0, n, (bs,), generator=gen)
+        loss, _ = objective(flow.log_prob(u[idx]), c[idx], measure, weight)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % every == 0:
+            with torch.no_grad():
+                v_loss, v_nll = objective(flow.log_prob(u_val), c_val, measure, weight)
+            v = float(v_loss)
+            rec["val_steps"].append(step)
+            rec["val_loss"].append(v)
+            rec["val_nll"].append(float(v_nll))
+            rec["lr"].append(opt.param_groups[0]["lr"])
+            if v < best - min_delta or best_state is None:
+                best, best_step, since = v, step, 0
+                best_state = {k: t.detach().clone() for k, t in flow.state_dict().items()}
+            else:
+                since += 1
+            if step >= min_steps and since >= patience and \
+                    tail_improvement(rec["val_steps"], rec["val_loss"]) <= flat_tol:
+                stopped = True
+                break
+    if best_state is not None:
+        flow.load_state_dict(best_state)
+    rec.update(stop_step=step, best_step=best_step, capped=int(not stopped))
+    return flow, rec
 
-    def energy_fn(y):
-        return target.energy(chart.to_cartesian(y))
 
-    weight = float(p["ldr"]["weight"][measure]) if measure else 0.0
-    objective = Objective(energy_fn, measure, weight, target.temperature, x_val, int(tc["val_every"]))
-    gen = torch.Generator().manual_seed(_seed(seed, n, 1))
-    losses = fit_ml(CachedLogProb(flow), x_train, steps=int(tc["steps"]), batch_size=int(tc["batch_size"]),
-                    lr=float(tc["lr"]), weight_decay=float(tc.get("weight_decay", 0.0)), generator=gen,
-                    extra_loss=objective)
-    return flow, objective, losses
-
-
-def evaluate(flow, target, chart, x_test, e_test, n_samples: int, seed: int) -> dict:
-    """ESS, test NLL, E-W2 of a trained flow; also the energies of its samples (for histograms)."""
+def evaluate(flow, target, chart, u_test, e_test, n_samples: int, seed: int) -> dict:
+    """ESS, per-point test NLL, E-W2, Var(ℓ) on the test set; and the flow samples' energies."""
     import torch
 
-    from ...blocks.gen_metrics import energy_w2, kish_ess, log_importance_weights, nll
+    from ...blocks.gen_metrics import energy_w2, kish_ess, log_importance_weights
 
     torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        y, log_q = flow.rsample_and_log_prob(n_samples)
-        energy = target.energy(chart.to_cartesian(y.double()))
-    log_w = log_importance_weights(-energy / target.temperature, log_q.double())
-    return {"ess": kish_ess(log_w), "nll": nll(flow.log_prob, x_test), "ew2": energy_w2(energy, e_test),
-            "energies": energy.cpu().numpy()}
-
-
-def _slope_per_100(steps, values, tail: float = 0.3) -> float:
-    """Least-squares slope of the last ``tail`` fraction of a curve, per 100 steps."""
-    steps, values = np.asarray(steps, float), np.asarray(values, float)
-    keep = steps >= steps[-1] * (1 - tail)
-    if keep.sum() < 2:
-        return float("nan")
-    return float(100 * np.polyfit(steps[keep], values[keep], 1)[0])
+        u, log_qu = flow.rsample_and_log_prob(n_samples)
+        u = u.double()
+        log_q = log_qu.double() + chart.log_det(u)
+        energy = target.energy(chart.from_flow(u, gen))
+        test_lq = flow.log_prob(u_test).double() + chart.log_det(u_test.double())
+    log_w = log_importance_weights(-energy / target.temperature, log_q)
+    ell = (test_lq + e_test.double() / target.temperature).cpu().numpy()
+    return {"ess": kish_ess(log_w), "nll_units": (-test_lq).cpu().numpy(), "ew2": energy_w2(energy, e_test),
+            "test_logvar": float(np.var(ell)), "energies": energy.cpu().numpy()}
 
 
 def _histogram(energies, ev: dict) -> list[float]:
@@ -101,156 +174,217 @@ def _histogram(energies, ev: dict) -> list[float]:
     return (counts / max(len(e), 1) / np.diff(edges)).tolist()
 
 
-def sweep(measure: str | None, data: dict, p: dict, seed: int, progress=print) -> dict:
-    """Train and evaluate the variant at every N of the grid; a JSON-able dict of curves."""
+def sweep(measure: str | None, data: dict, b: dict, p: dict, seed: int, bench: str = "", progress=print) -> dict:
+    """Train and evaluate one variant at every N of a benchmark's grid; a JSON-able dict of curves."""
     import torch
 
-    target, chart = _setup(p)
+    target, chart = _setup(b)
     device = p.get("device", "cpu")
-    pool = chart.to_internal(data["pool"]).float().to(device)
-    test = chart.to_internal(data["test"]).float().to(device)
-    ns = [int(n) for n in p["n_grid"]]
-    ev = p["eval"]
-    out = {"n": ns, "ess": [], "nll": [], "ew2": [], "seconds": [], "final_dispersion": []}
+    temp = target.temperature
+
+    def flow_coords(x, e):
+        u = chart.to_internal(x.double())
+        return u.float().to(device), (e.double() / temp + chart.log_det(u)).float().to(device)
+
+    u_pool, c_pool = flow_coords(data["pool"], data["e_pool"])
+    u_val, c_val = flow_coords(data["val"], data["e_val"])
+    u_test, _ = flow_coords(data["test"], data["e_test"])
+    weight = float(p["ldr"]["weight"][measure]) if measure else 0.0
+    ns, ev = [int(n) for n in b["n_grid"]], b["eval"]
+    keys = ("ess", "nll", "ew2", "test_logvar", "train_logvar", "stop_step", "best_step", "capped", "seconds")
+    out = {"n": ns, **{k: [] for k in keys}, "nll_units": {}}
     for n in ns:
         t0 = time.perf_counter()
-        flow, obj, losses = train_flow(measure, pool[:n], test, target, chart, p, seed, n)
+        flow, rec = train_flow(measure, weight, u_pool[:n], c_pool[:n], u_val, c_val, chart.dim, b, seed, n, bench)
         flow.eval()
-        res = evaluate(flow, target, chart, test, data["e_test"], int(ev["n_samples"]), _seed(seed, n, 2))
+        res = evaluate(flow, target, chart, u_test, data["e_test"], int(ev["n_samples"]), _seed(seed, n, 2, bench))
+        with torch.no_grad():
+            ell = flow.log_prob(u_pool[:n]).double() + c_pool[:n].double()
         out["seconds"].append(time.perf_counter() - t0)
-        for k in ("ess", "nll", "ew2"):
-            out[k].append(res[k])
-        tail = max(1, len(obj.train_dispersion) // 10)
-        out["final_dispersion"].append(float(np.mean(obj.train_dispersion[-tail:])))
+        out["ess"].append(res["ess"])
+        out["nll"].append(float(np.mean(res["nll_units"])))
+        out["ew2"].append(res["ew2"])
+        out["test_logvar"].append(res["test_logvar"])
+        out["train_logvar"].append(float(ell.var(unbiased=False)))
+        for k in ("stop_step", "best_step", "capped"):
+            out[k].append(rec[k])
+        out["nll_units"][str(n)] = res["nll_units"].tolist()
         for tag, n_tag in (("nmin", ns[0]), ("nmax", ns[-1])):
             if n == n_tag:
-                out[f"val_steps_{tag}"], out[f"val_nll_{tag}"] = obj.val_steps, obj.val_nll
-                out[f"train_nll_{tag}"] = obj.train_nll
+                out[f"val_{tag}"] = {k: rec[k] for k in ("val_steps", "val_loss", "val_nll", "lr")}
                 out[f"energy_hist_{tag}"] = _histogram(res["energies"], ev)
-        progress(f"{measure or 'ml'} N={n}: ESS {res['ess']:.3f} NLL {res['nll']:.3f} E-W2 {res['ew2']:.3f} "
-                 f"({out['seconds'][-1]:.1f}s)")
-    with torch.no_grad():
-        out["energy_hist_ref"] = _histogram(data["e_test"].cpu().numpy(), ev)
+        progress(f"{bench} {measure or 'ml'} N={n}: ESS {res['ess']:.3f} NLL {out['nll'][-1]:.3f} "
+                 f"E-W2 {res['ew2']:.3f} (stop {rec['stop_step']}, best {rec['best_step']}, "
+                 f"{out['seconds'][-1]:.1f}s)")
+    out["energy_hist_ref"] = _histogram(data["e_test"].cpu().numpy(), ev)
     return out
 
 
-def _load_data(shared_dir):
-    import torch
+# --- stages --------------------------------------------------------------------------------------
 
-    return torch.load(shared_dir / "data.pt", weights_only=True)
+def datasets(name: str, b: dict, seed: int) -> dict:
+    """The reference data of one benchmark for one seed (data.py)."""
+    from .data import make_datasets
+
+    target, _ = _setup(b)
+    return make_datasets(target, max(int(n) for n in b["n_grid"]), int(b["n_val"]), int(b["n_test"]), seed,
+                         b.get("mcmc", {}), stream=_stream(name))
 
 
 def train_shared(ctx) -> None:
     import torch
 
-    from .data import make_datasets
-
-    p = ctx.params
-    target, _ = _setup(p)
-    t0 = time.perf_counter()
-    data = make_datasets(target, max(p["n_grid"]), int(p["n_test"]), ctx.seed, p["mcmc"])
-    ctx.metrics.scalar("data_seconds", time.perf_counter() - t0)
-    torch.save(data, ctx.outdir / "data.pt")
-    ctx.progress(f"data: pool {tuple(data['pool'].shape)}, test {tuple(data['test'].shape)} "
-                 f"({time.perf_counter() - t0:.1f}s)")
-    res = sweep(None, data, p, ctx.seed, ctx.progress)
-    (ctx.outdir / "ml_sweep.json").write_text(json.dumps(res))
+    for name, b in benchmarks_for(ctx.params).items():
+        t0 = time.perf_counter()
+        data = datasets(name, b, ctx.seed)
+        torch.save(data, ctx.outdir / f"data_{name}.pt")
+        ctx.progress(f"{name}: pool {tuple(data['pool'].shape)}, val {tuple(data['val'].shape)}, "
+                     f"test {tuple(data['test'].shape)}, mean test energy {float(data['e_test'].mean()):.3f} "
+                     f"({time.perf_counter() - t0:.1f}s)")
 
 
-def record(ctx, res: dict, p: dict) -> None:
-    """Curves over N, scalars at the largest N, convergence curves and energy histograms."""
+def record(ctx, name: str, res: dict, b: dict) -> None:
+    """Curves over N, scalars at the largest N and at the control N, N(ESS*), convergence curves."""
+    from .efficiency import n_to_reach
+
     m, ns = ctx.metrics, res["n"]
-    for k in ("ess", "nll", "ew2", "final_dispersion"):
-        m.curve(k, ns, res[k])
-    m.scalar("ess_nmax", res["ess"][-1])
-    m.scalar("nll_nmax", res["nll"][-1])
-    m.scalar("ew2_nmax", res["ew2"][-1])
-    m.scalar("ess_best", max(res["ess"]))
-    m.scalar("train_seconds", sum(res["seconds"]))
-    ev = p["eval"]
+    for k in ("ess", "nll", "ew2", "test_logvar", "train_logvar", "stop_step", "best_step", "capped"):
+        m.curve(f"{k}_{name}", ns, res[k])
+    n_ctl = int(b["n_control"])
+    if n_ctl not in ns:
+        raise ValueError(f"{name}: n_control {n_ctl} is not on the N grid {ns}")
+    i_ctl = ns.index(n_ctl)
+    m.scalar(f"ess_nmax_{name}", res["ess"][-1])
+    m.scalar(f"ess_nctl_{name}", res["ess"][i_ctl])
+    m.scalar(f"ew2_nmax_{name}", res["ew2"][-1])
+    m.scalar(f"ew2_nctl_{name}", res["ew2"][i_ctl])
+    m.units(f"nll_nmax_{name}", res["nll_units"][str(ns[-1])])
+    m.units(f"nll_nctl_{name}", res["nll_units"][str(n_ctl)])
+    m.scalar(f"ess_best_{name}", max(res["ess"]))
+    star = float(b["ess_star"])
+    n_star, censored = n_to_reach(ns, res["ess"], star)
+    m.scalar(f"n_reach_{name}", n_star)
+    m.scalar(f"n_reach_censored_{name}", censored)
+    m.scalar(f"ess_reach_margin_{name}", max(res["ess"]) - star)  # > 0: the curve reaches ESS*
+    m.scalar(f"ess_gap_nmin_{name}", star - res["ess"][0])  # > 0: room to save samples below the grid
+    m.scalar(f"capped_runs_{name}", float(sum(res["capped"])))
+    m.scalar(f"train_seconds_{name}", sum(res["seconds"]))
+    ev = b["eval"]
     edges = np.linspace(ev["energy_lo"], ev["energy_hi"], int(ev["energy_bins"]) + 1)
     centres = 0.5 * (edges[1:] + edges[:-1])
-    m.curve("energy_hist_ref", centres, res["energy_hist_ref"])
+    m.curve(f"energy_hist_ref_{name}", centres, res["energy_hist_ref"])
     for tag in ("nmin", "nmax"):
-        m.curve(f"val_nll_{tag}", res[f"val_steps_{tag}"], res[f"val_nll_{tag}"])
-        m.scalar(f"val_nll_slope_{tag}", _slope_per_100(res[f"val_steps_{tag}"], res[f"val_nll_{tag}"]))
-        tr = res[f"train_nll_{tag}"]
-        stride = max(1, len(tr) // 50)
-        m.curve(f"train_nll_{tag}", range(1, len(tr) + 1, stride), tr[::stride])
-        m.curve(f"energy_hist_{tag}", centres, res[f"energy_hist_{tag}"])
+        v = res[f"val_{tag}"]
+        m.curve(f"val_loss_{name}_{tag}", v["val_steps"], v["val_loss"])
+        m.curve(f"val_nll_{name}_{tag}", v["val_steps"], v["val_nll"])
+        m.curve(f"lr_{name}_{tag}", v["val_steps"], v["lr"])
+        m.curve(f"energy_hist_{name}_{tag}", centres, res[f"energy_hist_{tag}"])
+    ctx.progress(f"{name}: N(ESS*={star:g}) = {n_star:.0f}" + {0: "", -1: " (reached at the smallest N)",
+                                                               1: " (never reached)"}[censored])
+
+
+def _load_data(shared_dir, name: str):
+    import torch
+
+    return torch.load(shared_dir / f"data_{name}.pt", weights_only=True)
 
 
 def train(ctx) -> None:
-    from .efficiency import sample_efficiency
-
     p = ctx.params
     if ctx.variant not in VARIANT_MEASURE:
         raise ValueError(f"unknown variant {ctx.variant!r}; one of {sorted(VARIANT_MEASURE)}")
-    baseline = json.loads((ctx.shared_dir / "ml_sweep.json").read_text())
     measure = VARIANT_MEASURE[ctx.variant]
-    if measure is None:  # the baseline was swept once per seed in train_shared
-        res = baseline
-    else:
-        res = sweep(measure, _load_data(ctx.shared_dir), p, ctx.seed, ctx.progress)
-        if res["n"] != baseline["n"]:
-            raise ValueError("the variant and the baseline were swept over different N grids")
-    record(ctx, res, p)
-    ratio, censored = sample_efficiency(res["n"], baseline["ess"], res["ess"])
-    ctx.metrics.scalar("sample_efficiency", ratio)
-    ctx.metrics.scalar("sample_efficiency_censored", float(censored))
-    ctx.metrics.curve("ess_gain", res["n"], np.asarray(res["ess"]) / np.maximum(baseline["ess"], 1e-12))
-    ctx.progress(f"sample efficiency vs ML at ESS*={max(baseline['ess']):.3f}: {ratio:.2f}x"
-                 + (" (lower bound)" if censored else ""))
+    for name, b in benchmarks_for(p, ctx.variant).items():
+        res = sweep(measure, _load_data(ctx.shared_dir, name), b, p, ctx.seed, name, ctx.progress)
+        record(ctx, name, res, b)
 
 
 # --- plots ---------------------------------------------------------------------------------------
 
 def plot(table, plots_dir, params: dict) -> None:
-    from ...plotting import curve_plot, plt
+    """Per benchmark: ESS vs N with ESS*, NLL and E-W2 vs N, validation curves, energy histograms."""
+    from ...plotting import plt
 
-    order = ["ml", "ldr_var", "ldr_mad"]
-    variants = [v for v in order if v in set(table.variant)]
-    target = params.get("target", "dw4").upper()
-    curve_plot(table, "ess", plots_dir / "curve_ess.png", logx=True, variants=variants,
-               xlabel="training samples N (MCMC)", ylabel="Kish ESS / n (normalised)",
-               title=f"{target}: does LDR reach ML's ESS with fewer samples?")
-    curve_plot(table, "nll", plots_dir / "curve_nll.png", logx=True, variants=variants,
-               xlabel="training samples N (MCMC)", ylabel="test NLL (nats)",
-               title=f"{target}: held-out NLL vs training-set size")
-    curve_plot(table, "ew2", plots_dir / "curve_ew2.png", logx=True, logy=True, variants=variants,
-               xlabel="training samples N (MCMC)", ylabel="E-W2 (kT)",
-               title=f"{target}: energy W2 of flow samples vs training-set size")
-    curve_plot(table, "final_dispersion", plots_dir / "curve_final_dispersion.png", logx=True, logy=True,
-               variants=variants, xlabel="training samples N (MCMC)",
-               ylabel="log-dispersion of log q + E/T on training batches",
-               title=f"{target}: how constant is log q + E/T on the data?")
-    for tag, what in (("nmin", "smallest"), ("nmax", "largest")):
-        curve_plot(table, f"val_nll_{tag}", plots_dir / f"curve_val_nll_{tag}.png", variants=variants,
-                   xlabel="optimiser step", ylabel="validation NLL (nats)",
-                   title=f"{target}: has training flattened at the {what} N?")
-    _energy_histograms(table, plots_dir, variants, target, plt())
+    for name, b in params["benchmarks"].items():
+        variants = [v for v in ORDER if v in set(table[table.metric == f"ess_{name}"].variant)]
+        if not variants:
+            continue
+        p = plt()
+        _ess_plot(plots_dir / f"curve_ess_{name}.png", table, name, variants, float(b["ess_star"]), p)
+        _panels(plots_dir / f"curve_nll_ew2_{name}.png", table, variants, p, logx=True,
+                panels=[(f"nll_{name}", "test NLL (nats)", False), (f"ew2_{name}", "E-W2 (kT)", True)],
+                xlabel="training samples N (MCMC)", title=f"{name.upper()}: held-out NLL and energy W2 vs N")
+        _panels(plots_dir / f"curve_val_loss_{name}.png", table, variants, p, logx=False,
+                panels=[(f"val_loss_{name}_nmin", "validation objective, smallest N", False),
+                        (f"val_loss_{name}_nmax", "validation objective, largest N", False)],
+                xlabel="optimiser step", title=f"{name.upper()}: has training flattened (and where did it stop)?")
+        _energy_histograms(table, plots_dir, name, variants, name.upper(), p)
 
 
-def _energy_histograms(table, plots_dir, variants, target, p) -> None:
-    ref = table[table.metric == "energy_hist_ref"].groupby("x").value.mean()
+def _panels(path, table, variants, p, panels, xlabel, title, logx) -> None:
+    fig, axes = p.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (metric, ylabel, logy) in zip(axes[0], panels):
+        sub = table[table.metric == metric]
+        for v in variants:
+            g = sub[sub.variant == v].groupby("x").value
+            mean, std = g.mean(), g.std().fillna(0.0)
+            if mean.empty:
+                continue
+            ax.plot(mean.index, mean.values, marker="o" if logx else None, ms=3, label=v)
+            ax.fill_between(mean.index, np.maximum(mean - std, mean * 1e-3) if logy else mean - std, mean + std,
+                            alpha=0.2)
+        if logx:
+            ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title + " (mean ± std over seeds)")
+    save_figure(fig, path, dpi=100)
+
+
+def _ess_plot(path, table, name, variants, level, p) -> None:
+    """ESS vs N, mean ± std over seeds, with the fixed level ESS* that N(ESS*) is read at."""
+    fig, ax = p.subplots(figsize=(5.5, 4))
+    sub = table[table.metric == f"ess_{name}"]
+    for v in variants:
+        g = sub[sub.variant == v].groupby("x").value
+        mean, std = g.mean(), g.std().fillna(0.0)
+        ax.plot(mean.index, mean.values, marker="o", ms=3, label=v)
+        ax.fill_between(mean.index, mean - std, mean + std, alpha=0.2)
+    ax.axhline(level, color="k", ls=":", lw=1, label=f"ESS* = {level:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training samples N (MCMC)")
+    ax.set_ylabel("Kish ESS / n (normalised; mean ± std over seeds)")
+    ax.set_title(f"{name.upper()}: ESS vs N at the fixed level ESS*")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path, dpi=110)
+
+
+def _energy_histograms(table, plots_dir, name, variants, label, p) -> None:
+    ref = table[table.metric == f"energy_hist_ref_{name}"].groupby("x").value.mean()
     if ref.empty:
         return
     fig, axes = p.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.6), squeeze=False, sharey=True)
+    ns = table[(table.metric == f"ess_{name}")].x
     for ax, v in zip(axes[0], variants):
         ax.plot(ref.index, ref.values, "k-", lw=2, label="MCMC test set")
-        for tag, style in (("nmin", "--"), ("nmax", "-")):
-            sub = table[(table.metric == f"energy_hist_{tag}") & (table.variant == v)]
+        for tag, style, n in (("nmin", "--", ns.min()), ("nmax", "-", ns.max())):
+            sub = table[(table.metric == f"energy_hist_{name}_{tag}") & (table.variant == v)]
             g = sub.groupby("x").value
             mean, std = g.mean(), g.std().fillna(0.0)
             if mean.empty:
                 continue
-            n = int(table[(table.metric == "ess") & (table.variant == v)].x.agg("min" if tag == "nmin" else "max"))
-            ax.plot(mean.index, mean.values, style, label=f"flow, N={n}")
+            ax.plot(mean.index, mean.values, style, label=f"flow, N={int(n)}")
             ax.fill_between(mean.index, np.maximum(mean - std, 0), mean + std, alpha=0.2)
         ax.set_title(v)
         ax.set_xlabel("energy E (kT)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0, 0].set_ylabel("density (1/kT)")
-    fig.suptitle(f"{target}: do flow samples have the target's energies? (mean ± std over seeds)")
-    save_figure(fig, plots_dir / "energy_hist.png", dpi=110)
+    fig.suptitle(f"{label}: do flow samples have the target's energies? (mean ± std over seeds)")
+    save_figure(fig, plots_dir / f"energy_hist_{name}.png", dpi=110)
+
