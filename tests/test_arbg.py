@@ -160,3 +160,152 @@ def test_arbg_conditional_sampling_keeps_the_prefix_bins_and_its_density_normali
         p2 = torch.softmax(m.net.logits(m.discretize(grid[:1])[0])[0, 1], dim=-1)
     freq = torch.bincount(m.discretize(y)[0][:, 1], minlength=4).double() / 2000
     assert float((freq - p2.double()).abs().max()) < 0.04
+
+
+# --- training schedule, learning-rate choice, evaluation metrics -------------------------------
+
+from reprozoo.methods.arbg.data import make_dataset
+from reprozoo.methods.arbg.method import (cropped_energy_w2, evaluate, fit, lr_factor,
+                                          trim_top_log_weights)
+
+
+def test_lr_schedule_warms_up_holds_anneals_and_keeps_its_floor_in_the_tail():
+    sched = {"warmup": 0.02, "hold": 0.35, "anneal_end": 0.6, "floor": 0.2}
+    f = np.array([lr_factor(s, 1000, sched) for s in range(1, 1001)])
+    assert abs(f[0] - 1 / 20) < 1e-12 and abs(f[19] - 1) < 1e-12       # linear warm-up over 20 steps
+    assert np.all(f[19:350] == 1.0)                                       # hold at the peak
+    assert np.all(np.diff(f[350:600]) <= 1e-12)                           # monotone anneal
+    assert np.allclose(f[600:], 0.2)                                      # floor from 60 % on
+    assert f[700:].min() >= 0.1                                           # the gate's rule in the last 30 %
+
+
+class _Quadratic(torch.nn.Module):
+    """loss = |θ - 3|^2 with a per-batch jitter; its validation loss is |θ - 3|^2."""
+
+    def __init__(self):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.zeros(4))
+
+    def loss(self, y):
+        return ((self.theta - 3.0) ** 2).sum() + 0.0 * y.sum()
+
+
+def test_fit_halves_the_lr_grid_on_validation_and_continues_the_best():
+    y = torch.zeros(64, 4)
+    sched = {"warmup": 0.0, "hold": 0.35, "anneal_end": 0.6, "floor": 0.2}
+    grid = [1e-4, 0.3, 50.0]  # far too small, right, far too large (Adam: steps ~ lr, oscillates)
+    model, rec = fit(_Quadratic(), y, y, 200, 16, grid, sched, 10, [0.1, 0.2], torch.Generator().manual_seed(0),
+                     lambda m, yv: float(((m.theta - 3.0) ** 2).sum()), progress=lambda m: None)
+    # rung 1 (step 20) drops the worst of three (lr 50), rung 2 (step 40) keeps the best of two
+    assert rec["lr_peak"] == 0.3 and rec["pilot_steps"] == [20, 40]
+    pv = dict(rec["pilot_val"])
+    assert pv[0.3] < pv[1e-4] and pv[0.3] < pv[50.0]
+    assert [s for s, _ in rec["val"]] == list(range(10, 201, 10))         # the winner's whole curve
+    assert rec["val"][-1][1] < 1e-3                                       # and it went on training
+    lrs = np.array([v for _, v in rec["lr"]])
+    assert abs(lrs.max() - 0.3) < 1e-12 and abs(lrs[-1] - 0.06) < 1e-12  # peak x schedule, floor 0.2
+    assert torch.allclose(model.theta, torch.full((4,), 3.0), atol=0.05)
+
+
+def test_trimming_drops_exactly_the_top_fraction_of_log_weights():
+    lw = np.arange(1000, dtype=float)
+    lw[5] = np.nan
+    out = trim_top_log_weights(lw, 0.002)
+    assert np.isneginf(out[5]) and np.isneginf(out[-2:]).all()
+    assert np.isfinite(out).sum() == 1000 - 1 - 2
+    assert np.array_equal(trim_top_log_weights(np.arange(10.0), 0.0), np.arange(10.0))
+
+
+def test_cropped_energy_w2_counts_a_far_tail_at_the_crop():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(-20, 2, 20000)
+    model = np.sort(rng.normal(-20, 2, 20000))
+    model[-200:] = 1e6  # 1 % of the samples far out
+    from reprozoo.blocks.gen_metrics import energy_w2
+
+    assert energy_w2(model, ref) > 9e4                      # uncropped: set by the 1 % tail
+    c = cropped_energy_w2(model, ref, 1000.0)
+    # the tail moves mass 0.01 from the top of the reference (~ -15) to 1000: W2^2 ~ 0.01 * 1015^2
+    assert abs(c - 0.1 * 1015) < 6, c
+    assert cropped_energy_w2(ref[::-1], ref, 1000.0) < 1e-9
+
+
+class _GaussTarget:
+    """Two particles on a line, x2 = -x1: E = (x1^2 + x2^2) / 2 = y^2, so p(y) = N(0, 1/2)."""
+    n_particles, spatial_dim, temperature = 2, 1, 1.0
+
+    def energy(self, x):
+        return 0.5 * (x ** 2).sum(-1)
+
+
+class _GaussModel(torch.nn.Module):
+    def __init__(self, var):
+        super().__init__()
+        self.var = var
+
+    def log_prob(self, y):
+        return (-0.5 * y ** 2 / self.var - 0.5 * math.log(2 * math.pi * self.var)).sum(-1)
+
+    def sample_and_log_prob(self, n, generator=None):
+        y = torch.randn(n, 1, generator=generator, dtype=torch.float64) * math.sqrt(self.var)
+        return y, self.log_prob(y)
+
+
+def test_evaluate_recovers_the_closed_form_ess_and_reweighting_corrects_a_wide_proposal():
+    tgt = _GaussTarget()
+    y_ref = torch.randn(20000, 1, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * math.sqrt(0.5)
+    exact, _ = evaluate(_GaussModel(0.5), tgt, y_ref, 20000, torch.Generator().manual_seed(2), (0, 5, 10), trim=0.0)
+    assert abs(exact["ess"] - 1) < 1e-9 and exact["ew2"] < 0.08  # sampling noise of W2 on a chi^2 tail ~0.03
+    assert abs(exact["nll"] - 0.5 * (1 + math.log(2 * math.pi * 0.5))) < 0.02  # the entropy of N(0, 1/2)
+    wide, _ = evaluate(_GaussModel(1.0), tgt, y_ref, 40000, torch.Generator().manual_seed(3), (0, 5, 10))
+    # p = N(0, 1/2), q = N(0, 1): E_q[w^2] / E_q[w]^2 = 1 / sqrt(0.5 * 1.5), ESS = sqrt(0.75)
+    assert abs(wide["ess"] - math.sqrt(0.75)) < 0.01, wide["ess"]
+    # E = y^2: 0.5 chi^2_1 under p, chi^2_1 under q, so E-W2 = 0.5 sqrt(E[chi^4]) = 0.87; weights undo it
+    assert abs(wide["ew2"] - 0.5 * math.sqrt(3)) < 0.1 and wide["ew2_rw"] < 0.1, (wide["ew2"], wide["ew2_rw"])
+    assert wide["ew2_crop"] == wide["ew2"] and abs(wide["n_eff"] - 40000 * wide["ess"]) < 1e-6
+
+
+def test_make_dataset_draws_three_disjoint_splits_of_the_requested_sizes():
+    t = make_target("dw4")
+    d = make_dataset(t, 64, 24, 32, 2, torch.Generator().manual_seed(0),
+                     {"n_chains": {"train": 8, "val": 4, "test": 8}, "burn_in": 20, "thin": 2})
+    assert d["y_train"].shape == (128, 6) and d["y_val"].shape == (24, 6) and d["y_test"].shape == (32, 6)
+    # no configuration is shared between splits (different chains, continuous state)
+    for a, b in (("y_val", "y_test"), ("y_val", "y_train"), ("y_test", "y_train")):
+        assert torch.cdist(d[a], d[b]).min() > 1e-6
+
+
+def test_cnf_forward_mode_divergence_equals_the_reverse_mode_jacobian_trace():
+    from torch.func import jacrev, vmap
+
+    torch.manual_seed(0)
+    m = CNF(6, 1.0, hidden=24, depth=2)
+    z = torch.randn(32, 6, dtype=torch.float32)
+    out = m._augmented(torch.cat([z, torch.zeros(32, 1)], dim=-1), 0.3)
+    ref = torch.diagonal(vmap(jacrev(lambda zi: m.velocity(zi, 0.3)))(z), dim1=-2, dim2=-1).sum(-1)
+    torch.testing.assert_close(out[:, 6], ref.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[:, :6], m.velocity(z, 0.3).detach())
+
+
+def test_the_smoke_learning_rates_are_the_sweeps_choice_on_validation():
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from reprozoo.methods.arbg.lr_sweep import N_LAST, choose, end_loss
+    from reprozoo.methods.arbg.method import peak_lrs
+
+    folder = Path(__file__).resolve().parents[1] / "src/reprozoo/methods/arbg"
+    sweep = json.loads((folder / "lr_sweep_smoke.json").read_text())
+    cfg = yaml.safe_load((folder / "configs/smoke.yaml").read_text())["train"]
+    assert sweep["grid"] == cfg["lr_grid"] and sweep["steps"] == cfg["steps"]
+    assert choose(sweep["end_val_loss"]) == sweep["chosen"]
+    for v, lr in sweep["chosen"].items():
+        assert peak_lrs(cfg, v) == [lr]
+        assert sweep["end_val_loss"][v][str(lr)] == min(sweep["end_val_loss"][v].values())
+    # the criterion: mean of the last N_LAST validation points, a diverged run never wins
+    assert end_loss([(i, float(i)) for i in range(10)]) == np.mean(range(10 - N_LAST, 10))
+    assert end_loss([(0, 1.0), (1, float("nan"))]) == float("inf")
+    assert choose({"a": {"0.1": 2.0, "0.3": 1.0, "1.0": float("inf")}}) == {"a": 0.3}
+    assert peak_lrs({"lr_grid": [0.1, 0.3]}, "a") == [0.1, 0.3]

@@ -53,21 +53,24 @@ def augment(x: torch.Tensor, n_particles: int, spatial_dim: int, copies: int,
     return torch.einsum("bnd,bed->bne", xs, rot).reshape(len(xs), -1)
 
 
-def make_dataset(target, n_train: int, n_test: int, copies: int, generator: torch.Generator,
+def make_dataset(target, n_train: int, n_val: int, n_test: int, copies: int, generator: torch.Generator,
                  mala_kw: dict) -> dict[str, torch.Tensor]:
-    """MALA samples of ``target`` (float64), split into train (augmented) and test (as sampled).
+    """MALA samples of ``target`` (float64): train (augmented), validation and test (as sampled).
 
-    Train and test come from disjoint chains, so test samples are not correlated with training ones.
+    The three splits come from disjoint chains (``mala_kw["n_chains"]``: ``{train, val, test}``
+    chain counts), so held-out samples are not correlated with training ones. The validation split
+    chooses the learning rate and draws the convergence curve; the test split is only read after
+    training (NLL and the E-W2 reference).
     """
-    n_chains = int(mala_kw.get("n_chains", 256))
+    chains = mala_kw.get("n_chains", {"train": 128, "val": 64, "test": 128})
     kw = {k: v for k, v in mala_kw.items() if k != "n_chains"}
-    half = max(n_chains // 2, 1)
-    x_tr, acc_tr = target.sample_reference(n_train, generator, n_chains=max(n_chains - half, 1),
-                                           return_accept=True, **kw)
-    x_te, acc_te = target.sample_reference(n_test, generator, n_chains=half, return_accept=True, **kw)
+    out, acc = {}, []
+    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+        x, a = target.sample_reference(n, generator, n_chains=max(int(chains[split]), 1), return_accept=True, **kw)
+        out[split] = x
+        acc.append(a)
     n, d = target.n_particles, target.spatial_dim
-    x_aug = augment(x_tr, n, d, copies, generator) if copies > 1 else x_tr
+    x_aug = augment(out["train"], n, d, copies, generator) if copies > 1 else out["train"]
     y_tr = to_free(x_aug, n, d)
-    y_te = to_free(x_te, n, d)
-    return {"y_train": y_tr, "y_test": y_te, "scale": y_tr.std().reshape(()),
-            "accept": torch.tensor([acc_tr, acc_te])}
+    return {"y_train": y_tr, "y_val": to_free(out["val"], n, d), "y_test": to_free(out["test"], n, d),
+            "scale": y_tr.std().reshape(()), "accept": torch.tensor(acc)}

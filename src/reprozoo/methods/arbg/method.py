@@ -1,27 +1,39 @@
 """ArBG in miniature: an autoregressive Boltzmann generator against a spline flow and a CNF.
 
-Variants (same data, same optimiser, same steps and batch, comparable parameter counts):
+Variants (same data, same optimiser, learning-rate grid, schedule, steps and batch; comparable
+parameter counts):
   arbg  - discretised coordinates, causal transformer, uniform dequantisation (the paper's method)
   flow  - neural spline flow over all coordinates (discrete-time BG baseline)
   cnf   - flow-matching continuous normalizing flow, exact-divergence likelihood (continuous-time BG)
 
 Stages.
   train_shared (per seed): for every target in ``targets`` (dw4 at smoke; dw4 and lj13 at paper),
-    MALA samples of the exact Boltzmann density (shared block), split into disjoint train/test
-    chains, training set augmented by symmetry images (data.py), saved as ``<target>.pt``.
-  train (per variant x seed): maximum likelihood (flow matching for the CNF) with Adam and a cosine
-    schedule; a validation curve every ``eval_every`` steps; then ``n_samples`` proposal samples
-    with their exact log q, log importance weights log w = -E(x)/T - log q(y), and the metrics:
-      ess_<t>     normalised Kish ESS of the weights (1 = perfect proposal, 1/n = one sample counts)
-      frac_above_ref_max_<t>  share of proposal samples with energy above the highest test energy
-      ew2_<t>     E-W2 (energy units of the target, k_B T = 1) between proposal energies and test
-                  reference energies; ew2_rw_<t> the same with the importance weights
-      nll_<t>     -mean log q(y) of held-out reference samples (nats, free coordinates)
-      ehist_*_<t> energy histograms (density per energy unit) on a fixed grid, for the plots.
+    MALA samples of the exact Boltzmann density (shared block) from three disjoint sets of chains
+    (train / validation / test), training set augmented by symmetry images (data.py), saved as
+    ``<target>.pt``.
+  train (per variant x seed): maximum likelihood (flow matching for the CNF) with Adam; the peak
+    learning rate is the one ``lr_sweep.py`` chose on the validation split from ``train.lr_grid``
+    (``train.lr``; without it, the grid is halved on validation inside the cell, :func:`fit`); the
+    schedule warms up, holds, anneals to a floor (0.15 x peak at smoke) and stays there
+    (:func:`lr_factor`); validation and learning-rate curves every ``eval_every`` steps (the
+    convergence gate reads both). Then ``n_samples`` proposal samples with their exact log q, log
+    importance weights log w = -E(x)/T - log q(y), and the metrics:
+      ess_<t>      normalised Kish ESS of all n weights (1 = perfect proposal, 1/n = one sample counts);
+                   n_eff_<t> = n x ESS
+      ew2_crop_<t> E-W2 (energy units of the target, k_B T = 1) between proposal and test reference
+                   energies, both clipped to [-crop, crop] (AutoBG's cropped E-W2, crop 1000)
+      ew2_rw_<t>   E-W2 of the importance-weighted proposal (top 0.2 % of log weights dropped first,
+                   AutoBG's clip_reweighting_logits), weights used exactly instead of resampling
+      ew2_<t>      E-W2 of the proposal with no crop (a diagnostic: a handful of tail samples set it)
+      frac_above_ref_max_<t>, frac_above_crop_<t>  share of proposal samples above the highest
+                   test energy / above the crop
+      nll_<t>      -mean log q(y) of held-out test samples (nats, free coordinates)
+      ehist_*_<t>  energy histograms (density per energy unit) on a fixed grid, for the plots.
 Energies are the target's exact energies, evaluated in float64 on the full COM-free configuration.
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -49,44 +61,124 @@ def train_shared(ctx) -> None:
         tgt = _target(name)
         gen = torch.Generator().manual_seed(ctx.seed * 1_000_003 + 17 + k)
         t0 = time.process_time()
-        data = make_dataset(tgt, p["data"]["n_train"], p["data"]["n_test"], p["data"]["augment"], gen,
-                            p["data"]["mala"])
+        data = make_dataset(tgt, p["data"]["n_train"], p["data"]["n_val"], p["data"]["n_test"], p["data"]["augment"],
+                            gen, p["data"]["mala"])
         ctx.metrics.scalar(f"mala_seconds_{name}", time.process_time() - t0)
         ctx.metrics.scalar(f"mala_accept_{name}", float(data["accept"].mean()))
-        ctx.progress(f"{name}: {len(data['y_train'])} train (augmented), {len(data['y_test'])} test samples, "
+        ctx.progress(f"{name}: {len(data['y_train'])} train (augmented), {len(data['y_val'])} validation, "
+                     f"{len(data['y_test'])} test samples, "
                      f"MALA acceptance {float(data['accept'].mean()):.3f}")
         torch.save(data, ctx.outdir / f"{name}.pt")
 
 
 # --- per variant -------------------------------------------------------------------------------
 
-def fit(model, y_train, y_val, steps: int, batch: int, lr: float, eval_every: int, generator, val_fn,
-        progress=print):
-    """Adam with a cosine learning-rate schedule on the model's own loss; returns the train-loss
-    curve (mean over each window of ``eval_every`` steps) and the validation curve."""
+def lr_factor(step: int, steps: int, sched: dict) -> float:
+    """Learning-rate multiplier at ``step`` of ``steps``: linear warm-up over the first ``warmup``
+    fraction, constant 1 until ``hold``, a cosine from 1 down to ``floor`` between ``hold`` and
+    ``anneal_end``, then constant at ``floor``. The floor (0.15 at smoke) keeps the rate above a
+    tenth of its peak in the last 30 % of training, so a flat validation curve there is a plateau
+    at a live learning rate, not a schedule that ran out."""
+    u = step / steps
+    w, hold, end, floor = (float(sched.get(k, d)) for k, d in
+                           (("warmup", 0.02), ("hold", 0.35), ("anneal_end", 0.6), ("floor", 0.15)))
+    if w > 0 and u < w:
+        return min(1.0, step / (w * steps))
+    if u <= hold:
+        return 1.0
+    if u < end:
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (u - hold) / (end - hold)))
+    return floor
+
+
+def fit(model, y_train, y_val, steps: int, batch: int, lr_grid, sched: dict, eval_every: int, pilot_rungs,
+        generator, val_fn, progress=print):
+    """Adam on the model's own loss with the schedule of :func:`lr_factor`, the peak learning rate
+    chosen on the VALIDATION split from ``lr_grid`` by successive halving: every grid value trains
+    a copy of the same initial model on the same batches; at each rung (fractions of ``steps`` in
+    ``pilot_rungs``) the better half of the surviving copies (by validation loss, mean of the last
+    three evaluations) goes on, and after the last rung only the best one, which continues to
+    ``steps``. Every variant gets the same grid, rungs and schedule.
+
+    Returns ``(model, record)``: the trained copy and its train-loss curve (mean over each window of
+    ``eval_every`` steps), validation curve, learning-rate curve (at the evaluation steps), the
+    chosen peak rate and, per grid value, its validation loss at the last rung it reached."""
+    import copy
+
     import torch
 
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    n, window, tr, va = len(y_train), [], [], []
-    for step in range(1, steps + 1):
-        idx = torch.randint(0, n, (min(batch, n),), generator=generator, device=y_train.device)
-        loss = model.loss(y_train[idx], generator) if _takes_generator(model) else model.loss(y_train[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        window.append(float(loss.detach()))
-        if step % eval_every == 0 or step == steps:
-            model.eval()
-            with torch.no_grad():
-                v = float(val_fn(model, y_val))
-            model.train()
-            tr.append((step, float(np.mean(window))))
-            va.append((step, v))
-            window = []
-            progress(f"step {step}/{steps}: train {tr[-1][1]:.4f} val {v:.4f}")
-    return tr, va
+    lr_grid = [float(v) for v in (lr_grid if isinstance(lr_grid, (list, tuple)) else [lr_grid])]
+    rungs = [pilot_rungs] if isinstance(pilot_rungs, (int, float)) else list(pilot_rungs)
+    rung_steps = sorted({max(eval_every, int(round(float(f) * steps / eval_every)) * eval_every) for f in rungs})
+    state0 = generator.get_state()
+
+    def make(lr):
+        m = copy.deepcopy(model)
+        g = torch.Generator(device=generator.device)
+        g.set_state(state0.clone())
+        return {"model": m, "lr": lr, "opt": _adam(m.parameters(), lr), "gen": g, "step": 0,
+                "window": [], "tr": [], "va": [], "lr_curve": [], "score": float("nan")}
+
+    def advance(r, until):
+        m, opt, g, n = r["model"], r["opt"], r["gen"], len(y_train)
+        m.train()
+        while r["step"] < until:
+            r["step"] += 1
+            step = r["step"]
+            cur = r["lr"] * lr_factor(step, steps, sched)
+            for group in opt.param_groups:
+                group["lr"] = cur
+            idx = torch.randint(0, n, (min(batch, n),), generator=g, device=y_train.device)
+            loss = m.loss(y_train[idx], g) if _takes_generator(m) else m.loss(y_train[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            r["window"].append(float(loss.detach()))
+            if step % eval_every == 0 or step == steps:
+                m.eval()
+                with torch.no_grad():
+                    v = float(val_fn(m, y_val))
+                m.train()
+                r["tr"].append((step, float(np.mean(r["window"]))))
+                r["va"].append((step, v))
+                r["lr_curve"].append((step, cur))
+                r["window"] = []
+                if step % (10 * eval_every) == 0 or step == steps:
+                    progress(f"lr {r['lr']:g} step {step}/{steps}: train {r['tr'][-1][1]:.4f} val {v:.4f}")
+
+    def score(r):
+        tail = [v for _, v in r["va"][-3:]]
+        return float(np.mean(tail)) if tail and all(math.isfinite(v) for v in tail) else float("inf")
+
+    runs = [make(lr) for lr in lr_grid]
+    alive = list(runs)
+    for k, until in enumerate(rung_steps):
+        if len(alive) == 1:
+            break
+        for r in alive:
+            advance(r, until)
+            r["score"] = score(r)
+        alive.sort(key=lambda r: r["score"])
+        keep = 1 if k == len(rung_steps) - 1 else max(1, math.ceil(len(alive) / 2))
+        progress(f"rung {k + 1} (step {until}) validation loss per peak lr: "
+                 + ", ".join(f"{r['lr']:g}: {r['score']:.4f}" for r in alive) + f" -> keep {keep}")
+        alive = alive[:keep]
+    best = alive[0]
+    advance(best, steps)
+    return best["model"], {"train": best["tr"], "val": best["va"], "lr": best["lr_curve"], "lr_peak": best["lr"],
+                           "pilot_steps": rung_steps, "pilot_val": [(r["lr"], r["score"]) for r in runs]}
+
+
+def _adam(params, lr: float):
+    """Adam (torch defaults) with the fused kernel where torch has one: the same update in fewer
+    kernel launches, which matters for models this small on a CPU. Every variant uses it."""
+    import torch
+
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(params, lr=lr)
 
 
 def _takes_generator(model) -> bool:
@@ -130,7 +222,31 @@ def energy_histogram(e, lo: float, hi: float, bins: int, weights=None):
     return 0.5 * (edges[1:] + edges[:-1]), h / (edges[1] - edges[0])
 
 
-def evaluate(model, target, y_test, n_samples: int, generator, hist_range, chunk: int = 8192):
+def trim_top_log_weights(log_w, frac: float) -> np.ndarray:
+    """The authors' guard against a few runaway weights before reweighting (AutoBG's
+    ``clip_reweighting_logits``, 0.002 in their configs): log weights above the (1 - frac) quantile
+    are dropped (set to -inf); non-finite ones count as -inf. ``frac = 0`` keeps all."""
+    lw = np.asarray(log_w, dtype=float)
+    lw = np.where(np.isfinite(lw), lw, -np.inf)
+    fin = np.isfinite(lw)
+    if frac > 0 and fin.sum() > 1:
+        thr = np.quantile(lw[fin], 1.0 - frac)
+        lw = np.where(lw > thr, -np.inf, lw)
+    return lw
+
+
+def cropped_energy_w2(e_model, e_ref, crop: float) -> float:
+    """E-W2 on energies clipped to [-crop, crop], both sets (AutoBG's ``cropped_energy_w2``, crop
+    1000): a sample far up the proposal's tail then counts at the crop, not at its own energy."""
+    from ...blocks import gen_metrics as M
+
+    em = np.asarray(e_model, dtype=float)
+    em = np.clip(em[np.isfinite(em)], -crop, crop)
+    return M.energy_w2(em, np.clip(np.asarray(e_ref, dtype=float), -crop, crop))
+
+
+def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop: float = 1000.0,
+             trim: float = 0.002, chunk: int = 8192):
     """Sample the proposal (in chunks), weight it against the exact Boltzmann density, compute
     the metrics (energies and weights in float64 on the CPU)."""
     import torch
@@ -150,21 +266,25 @@ def evaluate(model, target, y_test, n_samples: int, generator, hist_range, chunk
         e_model = target.energy(to_full(y.double(), n, d))
         e_ref = target.energy(to_full(y_test.cpu().double(), n, d))
         log_w = M.log_importance_weights(-e_model / target.temperature, log_q.double())
-        lw = np.where(np.isfinite(log_w), log_w, -np.inf)
+        lw = trim_top_log_weights(log_w, trim)
         w = np.exp(lw - lw.max())
         lq_test = torch.cat([model.log_prob(y_test[i:i + chunk].float()).double().cpu()
                              for i in range(0, len(y_test), chunk)])
+    ess = M.kish_ess(log_w)
     out = {
-        "ess": M.kish_ess(log_w),
-        "ew2": M.energy_w2(e_model, e_ref),
-        "ew2_rw": M.energy_w2(e_model, e_ref, weights=w),
+        "ess": ess,                       # all n weights, untrimmed
+        "n_eff": ess * len(log_w),        # effective number of samples behind the reweighted metrics
+        "ew2": M.energy_w2(e_model, e_ref),                   # proposal, no crop (tail-dominated)
+        "ew2_crop": cropped_energy_w2(e_model, e_ref, crop),  # proposal, energies clipped (authors)
+        "ew2_rw": M.energy_w2(e_model, e_ref, weights=w),     # reweighted (top log weights trimmed)
         "nll": M.nll(lq_test),
         "test_outside_support": float((~torch.isfinite(lq_test)).double().mean()),
         "mean_energy": float(e_model[torch.isfinite(e_model)].mean()),
         "mean_energy_rw": float(np.sum(w * np.nan_to_num(e_model.numpy())) / w.sum()),
         "ref_mean_energy": float(e_ref.mean()),
-        # share of proposal samples above every reference energy: the tail that dominates E-W2
+        # share of proposal samples above every reference energy, and above the crop
         "frac_above_ref_max": float((~(e_model <= e_ref.max())).double().mean()),
+        "frac_above_crop": float((~(e_model <= crop)).double().mean()),
         "sample_seconds": sample_s,
     }
     lo, hi, nb = hist_range
@@ -172,6 +292,19 @@ def evaluate(model, target, y_test, n_samples: int, generator, hist_range, chunk
              "ehist_rw": energy_histogram(e_model.numpy(), lo, hi, nb, weights=w),
              "ehist_ref": energy_histogram(e_ref.numpy(), lo, hi, nb)}
     return out, hists
+
+
+def cnf_ode_error(model, y) -> float:
+    """Discretisation error of the CNF's log-likelihood: mean |log q(y)| difference between the
+    configured number of RK4 steps and twice as many, on the given points (nats)."""
+    import copy
+
+    import torch
+
+    fine = copy.deepcopy(model)
+    fine.ode_steps = 2 * model.ode_steps
+    with torch.no_grad():
+        return float((model.log_prob(y) - fine.log_prob(y)).abs().mean())
 
 
 def intervention(model, target, y_test, n_prefixes: int, n_per_prefix: int, generator):
@@ -203,6 +336,21 @@ def intervention(model, target, y_test, n_prefixes: int, n_per_prefix: int, gene
             "intervention_ess": float(np.mean(ess))}
 
 
+def peak_lrs(tp: dict, variant: str) -> list[float]:
+    """The peak learning rate(s) a variant trains with: ``train.lr[variant]`` where the scale's
+    config fixes it (the choice of ``lr_sweep.py``: full-length runs of every ``lr_grid`` value on
+    seed 0's validation split), else the whole ``train.lr_grid``, halved on validation inside the
+    cell (:func:`fit`)."""
+    lr = tp.get("lr")
+    if isinstance(lr, dict):
+        if variant not in lr:
+            raise KeyError(f"train.lr has no rate for variant {variant!r}")
+        return [float(lr[variant])]
+    if lr is not None:
+        return [float(lr)]
+    return [float(x) for x in tp["lr_grid"]]
+
+
 def train(ctx) -> None:
     import torch
 
@@ -211,7 +359,7 @@ def train(ctx) -> None:
     p, v = ctx.params, ctx.variant
     if v not in VARIANTS:
         raise ValueError(f"unknown variant {v!r}; this method has {VARIANTS}")
-    tp = p["train"]
+    tp, ep = p["train"], p["eval"]
     device = torch.device(p.get("device", "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("config asks for device 'cuda' but torch sees no GPU; run the paper scale on a GPU "
@@ -219,25 +367,35 @@ def train(ctx) -> None:
     for k, name in enumerate(p["targets"]):
         data = torch.load(ctx.shared_dir / f"{name}.pt", weights_only=True)
         tgt = _target(name)
-        y_tr, y_te = data["y_train"].float().to(device), data["y_test"].float().to(device)
+        y_tr, y_va, y_te = (data[key].float().to(device) for key in ("y_train", "y_val", "y_test"))
         torch.manual_seed(ctx.seed * 7919 + k)
         model = build(v, y_tr.shape[1], float(data["scale"]), p).to(device)
         ctx.metrics.scalar(f"n_params_{name}", n_params(model))
         gen = torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 101 + k)
         t0 = time.process_time()
-        tr, va = fit(model, y_tr, y_te, tp["steps"], tp["batch"], tp["lr"], tp["eval_every"], gen, _val_loss,
-                     progress=lambda m: ctx.progress(f"{name} {m}"))
+        model, rec = fit(model, y_tr, y_va, tp["steps"], tp["batch"], peak_lrs(tp, v), tp.get("schedule", {}),
+                         tp["eval_every"], tp.get("pilot_rungs", [0.05, 0.15]), gen, _val_loss,
+                         progress=lambda m: ctx.progress(f"{name} {m}"))
         ctx.metrics.scalar(f"train_seconds_{name}", time.process_time() - t0)
-        ctx.metrics.curve(f"train_loss_{name}", *zip(*tr))
-        ctx.metrics.curve(f"val_loss_{name}", *zip(*va))
-        ctx.metrics.scalar(f"val_slope_per_1k_{name}", final_slope(va))
-        out, hists = evaluate(model, tgt, y_te, p["eval"]["n_samples"],
+        ctx.metrics.curve(f"train_loss_{name}", *zip(*rec["train"]))
+        ctx.metrics.curve(f"val_loss_{name}", *zip(*rec["val"]))
+        ctx.metrics.curve(f"lr_{name}", *zip(*rec["lr"]))
+        finite = [(lr, val) for lr, val in rec["pilot_val"] if math.isfinite(val)]
+        if finite:
+            ctx.metrics.curve(f"pilot_val_{name}", *zip(*finite))
+        ctx.metrics.scalar(f"pilot_diverged_{name}", sum(math.isinf(val) for _, val in rec["pilot_val"]))
+        ctx.metrics.scalar(f"lr_peak_{name}", rec["lr_peak"])
+        ctx.metrics.scalar(f"val_slope_per_1k_{name}", final_slope(rec["val"]))
+        out, hists = evaluate(model, tgt, y_te, ep["n_samples"],
                               torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 202 + k),
-                              p["energy_hist"][name])
+                              p["energy_hist"][name], crop=float(ep.get("energy_crop", 1000.0)),
+                              trim=float(ep.get("trim_log_weights", 0.002)))
         for key, val in out.items():
             ctx.metrics.scalar(f"{key}_{name}", val)
         for key, (xs, ys) in hists.items():
             ctx.metrics.curve(f"{key}_{name}", xs, ys)
+        if v == "cnf":
+            ctx.metrics.scalar(f"ode_logq_err_{name}", cnf_ode_error(model, y_te[:256]))
         if v == "arbg":
             iv = p.get("intervention", {})
             iout = intervention(model, tgt, y_te, int(iv.get("n_prefixes", 4)), int(iv.get("n_per_prefix", 256)),
@@ -247,8 +405,8 @@ def train(ctx) -> None:
                 ctx.metrics.scalar(f"{key}_{name}", val)
             ctx.progress(f"{name}: intervention (first particle fixed) prefix err {iout['intervention_prefix_err']:.3g} "
                          f"<= {iout['intervention_half_bin']:.3g}, ESS {iout['intervention_ess']:.4f}")
-        ctx.progress(f"{name}: ESS {out['ess']:.4f}, E-W2 {out['ew2']:.3f} (reweighted {out['ew2_rw']:.3f}), "
-                     f"NLL {out['nll']:.3f}")
+        ctx.progress(f"{name}: ESS {out['ess']:.4f} (n_eff {out['n_eff']:.0f}), E-W2 {out['ew2']:.3f} "
+                     f"(cropped {out['ew2_crop']:.3f}, reweighted {out['ew2_rw']:.3f}), NLL {out['nll']:.3f}")
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -283,10 +441,11 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         fig.suptitle(f"{t.upper()}: do proposal and reweighted energies match the reference? (mean ± std over seeds)")
         save_figure(fig, plots_dir / f"energy_hist_{t}.png", dpi=110)
 
-        # ESS / E-W2 / NLL per variant, one dot per seed
-        fig, axes = pl.subplots(1, 3, figsize=(12, 3.8))
+        # ESS / E-W2 (cropped, reweighted) / NLL per variant, one dot per seed
+        fig, axes = pl.subplots(1, 4, figsize=(16, 3.8))
         panels = ((f"ess_{t}", "normalised Kish ESS (fraction of n)", "ESS (higher is better)"),
-                  (f"ew2_{t}", "E-W2 of the proposal (k_B T, log scale)", "E-W2 (lower is better)"),
+                  (f"ew2_crop_{t}", "E-W2 of the proposal, energies cropped (k_B T, log)", "cropped E-W2 (lower is better)"),
+                  (f"ew2_rw_{t}", "E-W2 after reweighting (k_B T, log)", "reweighted E-W2 (lower is better)"),
                   (f"nll_{t}", "test NLL (nats, free coordinates)", "held-out NLL (lower is better)"))
         n_eval = params.get("eval", {}).get("n_samples")
         for ax, (metric, ylabel, title) in zip(axes, panels):
@@ -315,4 +474,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
 
         curve_plot(table, f"val_loss_{t}", plots_dir / f"curve_val_loss_{t}.png", xlabel="training step",
                    ylabel="validation loss (NLL nats for arbg/flow; FM loss for cnf)",
-                   title=f"{t.upper()}: has every model finished training?", variants=variants)
+                   title=f"{t.upper()}: has every model finished training? (validation split)", variants=variants)
+        curve_plot(table, f"lr_{t}", plots_dir / f"curve_lr_{t}.png", xlabel="training step", logy=True,
+                   ylabel="learning rate (peak chosen on validation)",
+                   title=f"{t.upper()}: learning rate per variant (constant floor in the tail)", variants=variants)
