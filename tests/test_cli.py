@@ -46,14 +46,9 @@ def test_version_and_exit_codes(tmp_path, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def project_copy(tmp_path_factory):
-    import shutil
-    from pathlib import Path
+    from workcopy import copy_workflow
 
-    root = Path(__file__).resolve().parents[1]
-    work = tmp_path_factory.mktemp("cli")
-    for name in ("Snakefile", "workflows", "envs", "config", "profiles", "src"):
-        (shutil.copytree if (root / name).is_dir() else shutil.copy)(root / name, work / name)
-    return work
+    return copy_workflow(tmp_path_factory.mktemp("cli"))
 
 
 def _cli(work, *args):

@@ -3,12 +3,12 @@ is quick, `make` targets with `make -n`. The README cannot drift from the code."
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from workcopy import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
@@ -34,12 +34,8 @@ def test_the_readme_shows_commands():
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    w = tmp_path_factory.mktemp("readme")
-    for name in ("Snakefile", "workflows", "envs", "config", "profiles", "src", "Makefile", "README.md",
-                 "requirements.txt", "constraints.txt", "pyproject.toml", "benchmarks", "tools"):
-        src = ROOT / name
-        if src.exists():
-            (shutil.copytree if src.is_dir() else shutil.copy)(src, w / name)
+    w = copy_workflow(tmp_path_factory.mktemp("readme"), extra=(
+        "Makefile", "README.md", "requirements.txt", "constraints.txt", "pyproject.toml", "benchmarks", "tools"))
     (w / ".venv").symlink_to(Path(sys.executable).resolve().parents[1]) if not (w / ".venv").exists() else None
     return w
 

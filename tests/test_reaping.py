@@ -11,7 +11,6 @@ recorded) and ``reprozoo sync`` repairs it. Every wait is bounded.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workcopy import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
@@ -79,9 +79,7 @@ def _runs(client, inv_id):
 
 @pytest.fixture
 def work(tmp_path):
-    for name in ("Snakefile", "workflows", "envs", "config", "profiles", "src"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    copy_workflow(tmp_path)
     method = tmp_path / "src" / "reprozoo" / "methods" / METHOD / "method.py"
     method.write_text(method.read_text() + HOLD)
     return tmp_path

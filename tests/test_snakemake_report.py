@@ -4,14 +4,14 @@ figures, filed by wave (category) and method (subcategory), and the verdict tabl
 import base64
 from html import escape
 import json
-import shutil
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from reprozoo import registry
-from test_workflow import ROOT, snakemake
+from test_workflow import snakemake
+from workcopy import copy_workflow
 
 pytestmark = pytest.mark.integration
 # quick at ci (no torch import), from different waves
@@ -26,10 +26,7 @@ def _methods() -> list[str]:
 
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("wf_report")
-    for name in ("Snakefile", "workflows", "envs", "config", "profiles", "src"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    work = copy_workflow(tmp_path_factory.mktemp("wf_report"))
     methods = _methods()
     config = ["--config", "scale=ci", f"methods=[{','.join(methods)}]"]
     snakemake(work, *config)

@@ -1,7 +1,6 @@
 """Integration: the whole workflow at the `ci` scale for every registered method, in a temp copy."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +9,10 @@ import pandas as pd
 import pytest
 
 from reprozoo import registry
+from reprozoo.claims import VERDICTS
+from workcopy import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
-from reprozoo.claims import VERDICTS
 
 pytestmark = pytest.mark.integration
 CLAIM_KEYS = {"id", "text", "expr", "op", "threshold", "paper_value", "value_mean", "value_std", "n_seeds",
@@ -32,10 +32,7 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
 
 @pytest.fixture(scope="module")
 def workflow_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("wf")
-    for name in ("Snakefile", "workflows", "envs", "config", "profiles", "src"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    work = copy_workflow(tmp_path_factory.mktemp("wf"))
     proc = snakemake(work, "--config", "scale=ci")
     return work, proc
 
