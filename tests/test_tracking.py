@@ -4,6 +4,7 @@ import os
 import multiprocessing as mp
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -489,3 +490,34 @@ def test_run_keeps_the_lock_while_another_snakemake_works_here(dead_checkout, ca
     finally:
         other.kill()
         other.wait(10)
+
+
+def test_finished_jobs_are_logged_while_the_run_goes_on(tmp_path, monkeypatch):
+    """Deferred mode: the background thread logs a finished job's payload during the run, leaves a
+    running job's alone (the end hook logs it FAILED if it never ends), and the end hook logs the
+    rest once. The store is put in WAL mode (commits without a wait for fsync)."""
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+    uri = tracking.resolve_uri("sqlite:///results/mlflow.db", tmp_path)
+    inv = tracking.start_invocation(uri, results, "ci", {})
+    bg = tracking.start_background_replay(results, {"uri": uri}, interval_s=0.05)
+    try:
+        _payload(results, inv["id"], "done", finished=True)
+        _payload(results, inv["id"], "busy", finished=False)
+        done = results / "ci" / "m" / "done" / "seed0"
+        for _ in range(400):  # bounded: 20 s at most
+            if (done / "tracking_logged.json").exists():
+                break
+            time.sleep(0.05)
+        assert (done / "tracking_logged.json").exists() and not (done / tracking.PENDING).exists()
+        assert (results / "ci" / "m" / "busy" / "seed0" / tracking.PENDING).exists()
+    finally:
+        n_end = tracking.replay_or_warn(results, {"uri": uri})  # stops the thread first
+    assert bg.logged >= 1 and bg.cpu_s > 0 and not bg._thread.is_alive()
+    assert n_end == 1  # only the job that never ended, logged FAILED
+    parent, kids = _runs(tracking._client(uri), inv["id"])
+    assert kids["done"].info.status == "FINISHED" and kids["busy"].info.status == "FAILED"
+    db = uri[len("sqlite:///"):]
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"

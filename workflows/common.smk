@@ -136,8 +136,10 @@ onstart:
     _uri = rz_tracking.resolve_uri(config["tracking"]["uri"])
     print(f"reprozoo: tracking to {_uri}; scale={SCALE}; methods={PLAN.methods}; results in {RS}/")
     rz_tracking.start_invocation(_uri, Path(RESULTS), SCALE, dict(config))
-    if TRACKING["mode"] == "live":  # deferred: the store is touched once, at the end
+    if TRACKING["mode"] == "live":  # deferred: one thread of this process logs finished jobs
         rz_tracking.init_store_or_warn(_uri, PLAN.methods, Path(RESULTS))
+    else:
+        rz_tracking.start_background_replay(Path(RESULTS), TRACKING)
 
 
 onsuccess:
