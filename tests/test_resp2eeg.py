@@ -1,5 +1,6 @@
-"""resp2eeg: the simulator plants the physiology it claims, the spectral pipeline measures it, and
-the breathing transformer learns a planted mapping."""
+"""resp2eeg: the simulator plants the physiology it claims, the spectral pipeline measures it, the
+breathing transformer learns a planted mapping under the one training rule (lr grid on validation,
+constant rate, plateau stop), and the downstream learners score per night and read only signal."""
 from __future__ import annotations
 
 import numpy as np
@@ -104,27 +105,115 @@ def test_context_features_shift():
     assert np.array_equal(c[0, :-1, 2], f[0, 1:, 0]) and c[0, -1, 2] == f[0, -1, 0]
 
 
-def test_transformer_learns_planted_patch_mapping():
+FIT = {"dropout": 0.0, "batch": 16, "lrs": [3e-3], "eval_every": 10, "pilot_steps": 20, "min_steps": 150,
+       "max_steps": 400, "min_delta": 0.002, "flat_tol": 0.01}
+
+
+def _planted_depth_task(s=24, t=36, m=40, seed=0):
     """Target of a patch = its breathing depth tercile (phase random: the amplitude must be read
     from the waveform whatever the breath's timing in the patch)."""
-    torch = pytest.importorskip("torch")
-    from reprozoo.methods.resp2eeg.model import predict, train_encoder
-
-    rng = np.random.default_rng(0)
-    s, t, m = 24, 36, 40
+    rng = np.random.default_rng(seed)
     depth = rng.uniform(0.3, 2.0, (s, t))
     phase = rng.uniform(0, 2 * np.pi, (s, t, 1))
     patches = (depth[..., None] * np.sin(2 * np.pi * np.arange(m) / 20 + phase)).astype(np.float32)
-    terc = np.digitize(depth, [0.87, 1.43])
-    target = terc
-    p = {"seq_len": t, "dim": 32, "depth": 2, "heads": 4, "dropout": 0.0, "steps": 200, "batch": 16, "lr": 3e-3}
-    model, curves = train_encoder(patches, target, 3, p, seed=0, val_frac=0.2)
+    return patches, np.digitize(depth, [0.87, 1.43])
+
+
+def test_transformer_learns_planted_patch_mapping():
+    torch = pytest.importorskip("torch")
+    from reprozoo.methods.resp2eeg.model import predict, train_encoder
+
+    patches, target = _planted_depth_task()
+    t = patches.shape[1]
+    p = {"seq_len": t, "dim": 32, "depth": 2, "heads": 4, **FIT}
+    model, hist = train_encoder(patches, target, 3, p, seed=0, val_frac=0.2)
     logits, h = predict(model, patches[-5:], t)
     acc = (logits.argmax(-1) == target[-5:]).mean()
     assert acc > 0.85  # chance about 1/3
-    assert curves["val_loss"][1][-1] < 0.6 * curves["val_loss"][1][0]
+    steps, val = hist["curves"]["val_loss"]
+    assert min(val) < 0.6 * val[0]
     assert h.shape == (5, t, 32)
     torch.set_num_threads(1)
+
+
+def test_lr_grid_chosen_on_validation_constant_rate_best_weights_kept():
+    """Of a useless rate (1e-6) and a working one, the pilot keeps the working one; the rate stays
+    constant (the convergence gate's lr floor); the returned weights score the curve's best value."""
+    pytest.importorskip("torch")
+    import torch
+
+    from reprozoo.methods.resp2eeg.model import patch_inputs, train_encoder, windows
+
+    patches, target = _planted_depth_task(s=16)
+    p = {"seq_len": 36, "dim": 16, "depth": 1, "heads": 2, **FIT, "lrs": [1e-6, 3e-3], "max_steps": 200}
+    model, hist = train_encoder(patches, target, 3, p, seed=1, val_frac=0.25)
+    assert hist["lr_chosen"] == 3e-3
+    assert hist["lr_pilot_val"]["1e-06"] > hist["lr_pilot_val"]["0.003"]
+    steps, lr = hist["curves"]["lr"]
+    assert set(lr) == {3e-3} and steps == hist["curves"]["val_loss"][0]
+    x = torch.tensor(windows(patch_inputs(patches[-4:]), 36))
+    y = torch.tensor(windows(target[-4:], 36))
+    with torch.no_grad():
+        ce = float(torch.nn.functional.cross_entropy(model(x).reshape(-1, 3), y.reshape(-1)))
+    assert ce == pytest.approx(min(hist["curves"]["val_loss"][1]), rel=1e-5)
+
+
+def test_plateau_rule():
+    from reprozoo.methods.resp2eeg.model import plateau
+
+    steps = np.arange(1, 41) * 10
+    falling = 2.0 * np.exp(-steps / 150.0) + 1.0  # still improving by > 1 % over the last 30 %
+    assert not plateau(steps, falling, 0.002, 0.01)
+    rng = np.random.default_rng(0)
+    flat = np.r_[np.linspace(3, 1, 20), 1 + 0.001 * rng.standard_normal(20)]
+    assert plateau(steps, flat, 0.002, 0.01)
+    late_best = flat.copy()
+    late_best[-1] = 0.9  # a new best by 10 % in the tail: not flat
+    assert not plateau(steps, late_best, 0.002, 0.01)
+    assert not plateau(steps[:6], flat[:6], 0.002, 0.01)  # too few points in the tail
+
+
+def test_subject_folds_never_split_a_subject():
+    folds = F._subject_folds(10, 7, 4)
+    assert len(folds) == 4
+    test_sets = [set(te // 7) for _, te in folds]  # subjects of each held-out fold
+    assert set().union(*test_sets) == set(range(10))
+    for (tr, te), subj in zip(folds, test_sets):
+        assert not (set(tr // 7) & subj)
+        assert len(te) == 7 * len(subj)
+
+
+def test_downstream_scores_per_night():
+    models = {"stage_majority": 2, "age_mean": 50.0}
+    stage = np.array([[2, 2, 3, 0], [1, 1, 1, 1]])
+    pred = np.array([[2, 2, 2, 0], [1, 0, 1, 1]])
+    r = F.score_subjects(models, pred, stage, np.array([40.0, 70.0]), np.array([45.0, 60.0]),
+                         np.array([0.2, 0.9]), np.array([0, 1]))
+    assert r["stage_acc"] == pytest.approx([0.75, 0.75])
+    assert r["stage_acc_const"] == pytest.approx([0.5, 0.0])
+    assert r["age_mae"] == pytest.approx([5.0, 10.0]) and r["age_mae_const"] == pytest.approx([5.0, 10.0])
+    assert r["sex_auroc"] == 1.0
+
+
+def test_downstream_learners_recover_planted_signal_and_ignore_noise():
+    """Same learners and tuning for every source: features that carry stage, age and sex score
+    high; pure-noise features score at chance (no leak of labels through the tuning)."""
+    rng = np.random.default_rng(0)
+    s, e = 40, 30
+    stage = rng.integers(0, 5, (s, e))
+    age = rng.uniform(20, 80, s)
+    sex = rng.integers(0, 2, s)
+    sig = np.concatenate([np.eye(5)[stage] + 0.3 * rng.standard_normal((s, e, 5)),
+                          np.repeat(((age - 50) / 17)[:, None, None], e, 1) + 0.3 * rng.standard_normal((s, e, 1)),
+                          np.repeat((2.0 * sex - 1)[:, None, None], e, 1) + 0.5 * rng.standard_normal((s, e, 1))], -1)
+    noise = rng.standard_normal(sig.shape)
+    tr, te = slice(0, 24), slice(24, 40)
+    good = F.evaluate_downstream(F.fit_downstream(sig[tr], stage[tr], age[tr], sex[tr]), sig[te], stage[te], age[te], sex[te])
+    bad = F.evaluate_downstream(F.fit_downstream(noise[tr], stage[tr], age[tr], sex[tr]), noise[te], stage[te], age[te], sex[te])
+    assert good["stage_acc"].mean() > 0.9 and bad["stage_acc"].mean() < 0.35
+    assert good["age_mae"].mean() < 0.5 * good["age_mae_const"].mean()
+    assert bad["age_mae"].mean() > 0.8 * bad["age_mae_const"].mean()
+    assert good["sex_auroc"] > 0.9
 
 
 def test_codebook_floor_below_marginal():

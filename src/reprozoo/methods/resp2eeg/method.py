@@ -1,17 +1,32 @@
 """resp2eeg: synthesise sleep-EEG spectrogram tokens from breathing, then use them downstream.
 
-Pipeline per seed (``train_shared``): simulate nights (``data.py``), multitaper spectrograms of
-the EEG in 5-s frames, a k-means codebook (the discrete EEG target space), the breathing ->
-token transformer (``model.py``) trained on the training subjects, and the synthetic
-spectrogram (codebook centroid of each predicted token) of every test subject.
+Three disjoint sets of simulated nights per seed (``data.py``), in this order:
 
-Variants (``train``): the same downstream learners (``features.py``) read
-* resp2eeg: models fit on the training subjects' real EEG, applied to the test subjects'
-  synthetic EEG (the paper's use: an EEG model on EEG synthesised from breathing);
-* real_eeg: the same models on the test subjects' real EEG (the ceiling);
-* breathing_features: the same learners fit and tested on multitaper breathing features;
-* breathing_transformer: the resp2eeg transformer (same size, steps, optimiser), trained on the
-  stage of each patch directly; age and sex from its night-averaged hidden states.
+* the **pool** (``n_pool``): paired breathing + EEG, no labels. It alone fixes the spectrogram
+  scaling, the k-means codebook (the discrete EEG target space) and trains the breathing ->
+  token translator (``model.py``; its last 15 % of nights are the translator's validation set).
+  The paper's translator learns from 28 000 nights, far more than any labelled set, so the pool
+  is about ten times the labelled set.
+* the **labelled** nights (``n_labelled``): stages, age and sex. Every downstream model and the
+  breathing-only baselines are fitted here. The translator never saw them, so their synthetic EEG
+  is out of sample (cross-fitted) like the test nights'.
+* the **test** nights (``n_test``): every score, per test night (the claims' units).
+
+``train_shared`` (per seed) simulates, scales, tokenises, trains the translator and synthesises the
+EEG of the labelled and test nights (the centroid of each frame's most likely token, and, for the
+ablation, the expected spectrogram under the predicted token distribution).
+
+Variants (``train``): the same downstream learners and tuning (``features.py``) on
+* resp2eeg: fitted on the labelled nights' synthetic EEG, applied to the test nights' synthetic EEG;
+* resp2eeg_mean: the same with mean decoding;
+* real_eeg: fitted and tested on real EEG (the ceiling);
+* breathing_features: fitted and tested on multitaper breathing features;
+* breathing_transformer: the translator's network and training rule, trained on the labelled
+  nights' stages from the breathing waveform; age and sex from its night-averaged hidden states.
+
+Units: spectrogram MAE and token accuracy are means over a test night's frames; stage accuracy
+over its epochs; age error in years. The negative control (``*_shuffled``): the resp2eeg models
+applied to the synthetic EEG of another test night (night i scored against night i + 1's EEG).
 """
 from __future__ import annotations
 
@@ -22,17 +37,29 @@ import numpy as np
 
 from .data import EEG_SFREQ, RESP_SFREQ, simulate
 from .features import (FRAME_S, Scale, eeg_epoch_features, evaluate_downstream, fit_codebook, fit_downstream,
-                       multitaper_frames, night_summary, resp_epoch_features)
+                       fit_subject_models, multitaper_frames, night_summary, resp_epoch_features, score_subjects)
 from reprozoo.figures import save_figure
 
 STAGE_NAMES = ["W", "N1", "N2", "N3", "REM"]
 VARIANTS = ["resp2eeg", "resp2eeg_mean", "real_eeg", "breathing_features", "breathing_transformer"]
 GENERIC_CURVES = ["val_loss"]
 SHARED = "resp2eeg_shared.npz"
+UNIT_METRICS = ("stage_acc", "age_mae", "stage_acc_const", "age_mae_const")
 
 
 def _split(p):
-    return int(p["n_train"]), int(p["n_test"])
+    return int(p["n_pool"]), int(p["n_labelled"]), int(p["n_test"])
+
+
+def _load_nights(ctx, n: int) -> dict:
+    p = ctx.params
+    if p.get("source", "simulator") == "simulator":
+        return simulate(n, int(p["epochs_per_subject"]), ctx.rng())
+    from .real_data import load_nights  # paper scale: real PSG from the project's reader, shuffled per seed
+
+    d = load_nights(Path(ctx.data[p["source"]]), p)
+    order = ctx.rng().permutation(len(d["eeg"]))[:n]
+    return {k: (v[order] if isinstance(v, np.ndarray) else v) for k, v in d.items()}
 
 
 def train_shared(ctx) -> None:
@@ -42,122 +69,133 @@ def train_shared(ctx) -> None:
 
     torch.set_num_threads(max(1, ctx.threads))
     p = ctx.params
-    n_train, n_test = _split(p)
-    if p.get("source", "simulator") == "simulator":
-        d = simulate(n_train + n_test, int(p["epochs_per_subject"]), ctx.rng())
-    else:  # paper scale: real PSG from the project's reader, nights shuffled per seed
-        from .real_data import load_nights
-
-        d = load_nights(Path(ctx.data[p["source"]]), p)
-        order = ctx.rng().permutation(len(d["eeg"]))[: n_train + n_test]
-        d = {k: (v[order] if isinstance(v, np.ndarray) else v) for k, v in d.items()}
+    n_pool, n_lab, n_test = _split(p)
+    d = _load_nights(ctx, n_pool + n_lab + n_test)
     eeg_sfreq = float(d.get("eeg_sfreq", EEG_SFREQ))
     s, e, _ = d["eeg"].shape
     fpe = int(round(30.0 / FRAME_S))  # frames per 30-s epoch
     logp, freqs = multitaper_frames(d["eeg"].reshape(s, -1), eeg_sfreq)  # (S, T, F)
-    scale = Scale(logp[:n_train])
-    spec = scale(logp)
-    ctx.progress(f"simulated {s} nights x {e} epochs; spectrogram {spec.shape}")
+    spec = Scale(logp[:n_pool])(logp)
+    ctx.progress(f"{s} nights ({n_pool} pool, {n_lab} labelled, {n_test} test) x {e} epochs; spectrogram {spec.shape}")
     k = int(p["codebook"])
-    km = fit_codebook(spec[:n_train].reshape(-1, spec.shape[-1]), k, ctx.seed)
+    km = fit_codebook(spec[:n_pool].reshape(-1, spec.shape[-1]), k, ctx.seed)
     tokens = km.predict(spec.reshape(-1, spec.shape[-1]).astype(np.float64)).reshape(s, -1)
     centers = km.cluster_centers_.astype(np.float32)
     patch = int(FRAME_S * RESP_SFREQ)
     resp = d["resp"].reshape(s, -1)
-    mu, sd = resp[:n_train].mean(), resp[:n_train].std()
+    mu, sd = resp[:n_pool].mean(), resp[:n_pool].std()
     patches = ((resp - mu) / sd).reshape(s, -1, patch).astype(np.float32)
     tp = dict(p["transformer"])
-    model, curves = train_encoder(patches[:n_train], tokens[:n_train], k, tp, ctx.seed, log=ctx.progress)
-    logits, _ = predict(model, patches[n_train:], int(tp["seq_len"]))
-    tok_hat = logits.argmax(-1)
-    syn = centers[tok_hat]  # (S_test, T, F) synthetic scaled spectrogram: the most likely token's centroid
+    model, hist = train_encoder(patches[:n_pool], tokens[:n_pool], k, tp, ctx.seed, log=ctx.progress)
+    logits, _ = predict(model, patches[n_pool:], int(tp["seq_len"]))  # labelled + test nights, unseen
+    syn = centers[logits.argmax(-1)]  # (S, T, F): the most likely token's centroid
     prob = np.exp(logits - logits.max(-1, keepdims=True))
     prob /= prob.sum(-1, keepdims=True)
     syn_mean = prob @ centers  # ablation: expected spectrogram under the predicted token distribution
-    real = spec[n_train:]
-    metrics = {"spec_mae": float(np.abs(syn - real).mean()),
-               "spec_mae_mean_decoding": float(np.abs(syn_mean - real).mean()),
-               "token_floor_mae": float(np.abs(centers[tokens[n_train:]] - real).mean()),
-               "marginal_mae": float(np.abs(spec[:n_train].mean((0, 1)) - real).mean()),
-               "token_acc": float((tok_hat == tokens[n_train:]).mean()),
-               "token_acc_chance": float(np.bincount(tokens[:n_train].ravel(), minlength=k).max()
-                                         / tokens[:n_train].size)}
-    ctx.progress(f"spectrogram MAE {metrics['spec_mae']:.4f} (token floor {metrics['token_floor_mae']:.4f}, "
-                 f"marginal {metrics['marginal_mae']:.4f})")
+    te = slice(n_lab, n_lab + n_test)  # test nights within the unseen ones
+    real, tok_te = spec[n_pool + n_lab:], tokens[n_pool + n_lab:]
+    majority = int(np.bincount(tokens[:n_pool].ravel(), minlength=k).argmax())
+    mean_frame = spec[:n_pool].mean((0, 1))
+    other = np.roll(np.arange(n_test), -1)  # night i against night i + 1's synthetic EEG
+
+    def per_night(x):
+        return x.reshape(n_test, -1).mean(1).tolist()
+
+    units = {"spec_mae": per_night(np.abs(syn[te] - real)),
+             "spec_mae_mean_decoding": per_night(np.abs(syn_mean[te] - real)),
+             "spec_mae_meanframe": per_night(np.abs(mean_frame - real)),
+             "spec_mae_shuffled": per_night(np.abs(syn[te][other] - real)),
+             "token_floor_mae": per_night(np.abs(centers[tok_te] - real)),
+             "token_acc": per_night(logits[te].argmax(-1) == tok_te),
+             "token_acc_majority": per_night(tok_te == majority)}
+    scalars = {"lr_chosen": hist["lr_chosen"], "stop_step": hist["stop_step"],
+               "plateau": float(hist["plateau"])}
+    ctx.progress(f"spectrogram MAE {np.mean(units['spec_mae']):.4f} (mean frame {np.mean(units['spec_mae_meanframe']):.4f}, "
+                 f"token floor {np.mean(units['token_floor_mae']):.4f}); token accuracy {np.mean(units['token_acc']):.3f} "
+                 f"(majority token {np.mean(units['token_acc_majority']):.3f})")
 
     def epochs(x):
         return x.reshape(x.shape[0], e, fpe, x.shape[-1])
 
+    lab_test = slice(n_pool, s)
     np.savez_compressed(
         Path(ctx.shared_dir) / SHARED,
-        eeg_feat=eeg_epoch_features(epochs(spec), freqs).astype(np.float32),
+        eeg_feat=eeg_epoch_features(epochs(spec[lab_test]), freqs).astype(np.float32),
         syn_feat=eeg_epoch_features(epochs(syn), freqs).astype(np.float32),
         syn_mean_feat=eeg_epoch_features(epochs(syn_mean), freqs).astype(np.float32),
-        resp_feat=resp_epoch_features(d["resp"].astype(np.float64), RESP_SFREQ).astype(np.float32),
-        patches=patches, stage=d["stage"], age=d["age"], sex=d["sex"], freqs=freqs,
-        example_real=real[0, : int(p["example_frames"])], example_syn=syn[0, : int(p["example_frames"])])
-    (Path(ctx.shared_dir) / "resp2eeg_shared.json").write_text(json.dumps({"metrics": metrics, "curves": curves}))
+        resp_feat=resp_epoch_features(d["resp"][lab_test].astype(np.float64), RESP_SFREQ).astype(np.float32),
+        patches=patches[lab_test], stage=d["stage"][lab_test], age=d["age"][lab_test], sex=d["sex"][lab_test],
+        freqs=freqs, example_real=real[0, : int(p["example_frames"])],
+        example_syn=syn[te][0, : int(p["example_frames"])])
+    (Path(ctx.shared_dir) / "resp2eeg_shared.json").write_text(
+        json.dumps({"units": units, "scalars": scalars, "curves": hist["curves"]}))
 
 
-def _record_hypnogram(ctx, stage_true, stage_pred) -> None:
-    x = np.arange(stage_true.shape[1]) * 0.5  # minutes
-    ctx.metrics.curve("hypno_true", x, stage_true[0])
-    ctx.metrics.curve("hypno_pred", x, stage_pred[0])
+# metric names of a downstream result, and of the same result in the negative control
+NAMES = {k: k for k in UNIT_METRICS + ("sex_auroc",)}
+SHUFFLED_NAMES = {"stage_acc": "stage_acc_shuffled", "age_mae": "age_mae_shuffled",
+                  "stage_acc_const": "stage_acc_const_shuffled", "age_mae_const": "age_mae_const_shuffled",
+                  "sex_auroc": "sex_auroc_shuffled"}
+
+
+def _record(ctx, res: dict, names: dict = NAMES) -> None:
+    for key in UNIT_METRICS:
+        ctx.metrics.units(names[key], res[key])
+    ctx.metrics.scalar(names["sex_auroc"], res["sex_auroc"])
+
+
+def _record_curves(ctx, curves: dict) -> None:
+    for name, (xs, ys) in curves.items():
+        ctx.metrics.curve(name, xs, ys)
 
 
 def train(ctx) -> None:
     p = ctx.params
-    n_train, n_test = _split(p)
+    _, n_lab, n_test = _split(p)
     z = np.load(Path(ctx.shared_dir) / SHARED)
     stage, age, sex = z["stage"], z["age"], z["sex"]
-    tr, te = slice(0, n_train), slice(n_train, n_train + n_test)
+    lab, te = slice(0, n_lab), slice(n_lab, n_lab + n_test)
     v = ctx.variant
-    if v in ("resp2eeg", "resp2eeg_mean", "real_eeg"):
-        models = fit_downstream(z["eeg_feat"][tr], stage[tr], age[tr], sex[tr])
-        # syn_*: test subjects only
-        f_test = {"resp2eeg": z["syn_feat"], "resp2eeg_mean": z["syn_mean_feat"], "real_eeg": z["eeg_feat"][te]}[v]
-        res = evaluate_downstream(models, f_test, stage[te], age[te], sex[te])
-    elif v == "breathing_features":
-        models = fit_downstream(z["resp_feat"][tr], stage[tr], age[tr], sex[tr])
-        res = evaluate_downstream(models, z["resp_feat"][te], stage[te], age[te], sex[te])
+    feats = {"resp2eeg": z["syn_feat"], "resp2eeg_mean": z["syn_mean_feat"], "real_eeg": z["eeg_feat"],
+             "breathing_features": z["resp_feat"]}
+    if v in feats:
+        f = feats[v]
+        models = fit_downstream(f[lab], stage[lab], age[lab], sex[lab])
+        res = evaluate_downstream(models, f[te], stage[te], age[te], sex[te])
+        if v == "resp2eeg":  # negative control: night i scored on night i + 1's synthetic EEG
+            other = np.roll(np.arange(n_test), -1)
+            ctl = evaluate_downstream(models, f[te][other], stage[te], age[te], sex[te])
+            _record(ctx, ctl, SHUFFLED_NAMES)
     elif v == "breathing_transformer":
-        res = _breathing_transformer(ctx, z, tr, te)
+        res = _breathing_transformer(ctx, z, lab, te)
     else:
         raise ValueError(f"unknown variant {v}")
-    _record_hypnogram(ctx, stage[te], res.pop("stage_pred"))
-    for name, val in res.items():
-        ctx.metrics.scalar(name, val)
-    if v == "resp2eeg":
+    x = np.arange(stage.shape[1]) * 0.5  # minutes
+    ctx.metrics.curve("hypno_true", x, stage[te][0])
+    ctx.metrics.curve("hypno_pred", x, res.pop("stage_pred")[0])
+    _record(ctx, res)
+    if v in ("resp2eeg", "resp2eeg_mean"):  # the shared translator: its scores, curves and examples
         shared = json.loads((Path(ctx.shared_dir) / "resp2eeg_shared.json").read_text())
-        for name, val in shared["metrics"].items():
+        for name, vals in shared["units"].items():
+            ctx.metrics.units(name, vals)
+        for name, val in shared["scalars"].items():
             ctx.metrics.scalar(name, val)
-        for name, (xs, ys) in shared["curves"].items():
-            ctx.metrics.curve(name, xs, ys)
-        _record_slope(ctx, *shared["curves"]["val_loss"])
-        fr = np.arange(z["example_real"].shape[0])
-        nf = z["example_real"].shape[1]
-        idx = (fr[:, None] * nf + np.arange(nf)[None]).ravel()
-        ctx.metrics.curve("spec_example_real", idx, z["example_real"].ravel())
-        ctx.metrics.curve("spec_example_syn", idx, z["example_syn"].ravel())
-        ctx.metrics.scalar("spec_example_nfreq", nf)
-    ctx.progress(", ".join(f"{k} {val:.3f}" for k, val in res.items()))
+        _record_curves(ctx, shared["curves"])
+        if v == "resp2eeg":
+            fr = np.arange(z["example_real"].shape[0])
+            nf = z["example_real"].shape[1]
+            idx = (fr[:, None] * nf + np.arange(nf)[None]).ravel()
+            ctx.metrics.curve("spec_example_real", idx, z["example_real"].ravel())
+            ctx.metrics.curve("spec_example_syn", idx, z["example_syn"].ravel())
+            ctx.metrics.scalar("spec_example_nfreq", nf)
+    ctx.progress(f"stage acc {np.mean(res['stage_acc']):.3f}, age MAE {np.mean(res['age_mae']):.2f} y, "
+                 f"sex AUROC {res['sex_auroc']:.3f}")
 
 
-def _record_slope(ctx, xs, ys) -> None:
-    """Validation-loss slope over the last quarter of training, per 1000 steps (flattening check)."""
-    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
-    q = xs >= xs[-1] * 0.75
-    if q.sum() >= 2:
-        ctx.metrics.scalar("val_loss_final_slope_per_1k", 1000 * np.polyfit(xs[q], ys[q], 1)[0])
-
-
-def _breathing_transformer(ctx, z, tr, te) -> dict:
-    """Same network and budget as the translator, trained on stages; age/sex from hidden states."""
+def _breathing_transformer(ctx, z, lab, te) -> dict:
+    """The translator's network and training rule, trained on the labelled nights' stages;
+    age/sex from its night-averaged hidden states, with the downstream learners' tuning."""
     import torch
-    from sklearn.linear_model import LogisticRegression, RidgeCV
-    from sklearn.metrics import roc_auc_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
 
     from .model import predict, train_encoder
 
@@ -167,22 +205,18 @@ def _breathing_transformer(ctx, z, tr, te) -> dict:
     e = stage.shape[1]
     fpe = patches.shape[1] // e
     target = np.repeat(stage, fpe, axis=1)
-    model, curves = train_encoder(patches[tr], target[tr], len(STAGE_NAMES), tp, ctx.seed + 7, log=ctx.progress)
-    for name, (xs, ys) in curves.items():
-        ctx.metrics.curve(name, xs, ys)
-    _record_slope(ctx, *curves["val_loss"])
+    model, hist = train_encoder(patches[lab], target[lab], len(STAGE_NAMES), tp, ctx.seed + 7, log=ctx.progress)
+    _record_curves(ctx, hist["curves"])
+    ctx.metrics.scalar("lr_chosen", hist["lr_chosen"])
+    ctx.metrics.scalar("stop_step", hist["stop_step"])
     logits_te, h_te = predict(model, patches[te], int(tp["seq_len"]))
-    _, h_tr = predict(model, patches[tr], int(tp["seq_len"]))
-    s_te = logits_te.shape[0]
-    pred = logits_te.reshape(s_te, e, fpe, -1).mean(2).argmax(-1)
-    xn_tr, xn_te = night_summary(h_tr), night_summary(h_te)
+    _, h_lab = predict(model, patches[lab], int(tp["seq_len"]))
+    pred = logits_te.reshape(logits_te.shape[0], e, fpe, -1).mean(2).argmax(-1)
     age, sex = z["age"], z["sex"]
-    ager = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-2, 3, 12))).fit(xn_tr, age[tr])
-    sexer = make_pipeline(StandardScaler(), LogisticRegression(C=0.3, max_iter=1000)).fit(xn_tr, sex[tr])
-    return {"stage_acc": float((pred == stage[te]).mean()),
-            "age_mae": float(np.abs(ager.predict(xn_te) - age[te]).mean()),
-            "sex_auroc": float(roc_auc_score(sex[te], sexer.predict_proba(xn_te)[:, 1])),
-            "stage_pred": pred}
+    m = fit_subject_models(night_summary(h_lab), age[lab], sex[lab])
+    m["stage_majority"] = int(np.bincount(stage[lab].ravel()).argmax())
+    xn = night_summary(h_te)
+    return score_subjects(m, pred, stage[te], m["age"].predict(xn), age[te], m["sex"].predict_proba(xn)[:, 1], sex[te])
 
 
 # --- plots -----------------------------------------------------------------------------------

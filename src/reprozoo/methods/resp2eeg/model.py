@@ -10,7 +10,14 @@ head gives per-patch logits:
     h = LN(Encoder(W_in p_{1..L} + pos)),   logits_i = W_out h_i,   loss = CE(logits_i, token_i)
 
 The same network with 5 outputs trained on the stage of each patch is the breathing-only
-transformer baseline (same budget). Predictions are the per-patch argmax (the mode of the
+transformer baseline (same size and the same training rule).
+
+Training rule (:func:`train_encoder`, one rule for every network of every variant): AdamW at a
+constant learning rate chosen on the validation subjects from one grid (every grid value trains
+``pilot_steps`` from the same initial weights; the lowest validation cross-entropy is kept), then
+training continues until the validation curve is flat (:func:`plateau`) or ``max_steps``. The rate
+stays constant, so a flat curve is a plateau and not a schedule that ran out; the weights with the
+best validation value are returned. Predictions are the per-patch argmax (the mode of the
 predicted token distribution), i.e. non-autoregressive decoding: an assumption, the paper's
 decoding order is not given in the abstract.
 """
@@ -56,55 +63,109 @@ def windows(a: np.ndarray, seq_len: int) -> np.ndarray:
     return a[:, : n * seq_len].reshape(s * n, seq_len, *a.shape[2:])
 
 
+def plateau(steps, vals, min_delta: float, flat_tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
+    """The validation curve is flat over the last ``tail`` of its steps (at least ``min_points``
+    evaluations there): no value in the tail improves on the best before it by more than
+    ``min_delta`` (relative), and a Theil-Sen line through the tail improves by at most
+    ``flat_tol`` of the tail's median level over the tail (the platform's gate allows 2 %)."""
+    from scipy.stats import theilslopes
+
+    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
+    if len(xs) < 2:
+        return False
+    m = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
+    if m.sum() < min_points or (~m).sum() == 0:
+        return False
+    if ys[m].min() < ys[~m].min() - min_delta * abs(ys[~m].min()):
+        return False
+    gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
+    return gain <= flat_tol * abs(float(np.median(ys[m])))
+
+
 def train_encoder(patches: np.ndarray, target: np.ndarray, n_out: int, p: dict, seed: int,
                   val_frac: float = 0.15, log=None):
     """Train on random windows of (S, T, patch_len) patches with (S, T) integer targets.
 
-    The last ``val_frac`` of the subjects is held out for the validation curve. Returns the model
-    and curves {"train_loss", "val_loss"} as (steps, values)."""
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
+    The last ``val_frac`` of the subjects is held out: it chooses the learning rate from
+    ``p["lrs"]`` (each trains ``pilot_steps`` from the same initial weights) and gives the
+    validation curve, on which training stops once flat (:func:`plateau`, from ``min_steps``) or at
+    ``max_steps``. Returns the model (the weights at the best validation value) and a history:
+    curves {"train_loss", "val_loss", "lr"} as (steps, values), ``lr_chosen``, ``lr_pilot_val``
+    (each rate's best validation CE in its pilot), ``stop_step`` and ``plateau`` (stopped flat)."""
+    import copy
+
     patches = patch_inputs(patches)
     L = int(p["seq_len"])
     n_val = max(1, int(round(val_frac * len(patches))))
     tr_x, tr_y = torch.tensor(patches[:-n_val]), torch.tensor(target[:-n_val].astype(np.int64))
     va_x = torch.tensor(windows(patches[-n_val:], L))
     va_y = torch.tensor(windows(target[-n_val:].astype(np.int64), L))
-    model = BreathEncoder(tr_x.shape[-1], L, n_out, dim=int(p["dim"]), depth=int(p["depth"]),
-                          heads=int(p["heads"]), dropout=float(p.get("dropout", 0.1)))
-    steps, bs = int(p["steps"]), int(p["batch"])
-    opt = torch.optim.AdamW(model.parameters(), lr=float(p["lr"]), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=float(p["lr"]), total_steps=steps, pct_start=0.1)
-    every = max(1, steps // 20)
-    curves = {"train_loss": ([], []), "val_loss": ([], [])}
-    run = 0.0
-    for step in range(1, steps + 1):
-        si = rng.integers(0, len(tr_x), bs)
-        t0 = rng.integers(0, tr_x.shape[1] - L + 1, bs)
-        idx = torch.as_tensor(t0[:, None] + np.arange(L)[None])
-        xb = tr_x[torch.as_tensor(si)[:, None], idx]
-        yb = tr_y[torch.as_tensor(si)[:, None], idx]
-        model.train()
-        loss = nn.functional.cross_entropy(model(xb).reshape(-1, n_out), yb.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        run += float(loss.detach())
-        if step % every == 0 or step == steps:
-            model.eval()
-            with torch.no_grad():
-                vl = float(nn.functional.cross_entropy(model(va_x).reshape(-1, n_out), va_y.reshape(-1)))
-            k = every if step % every == 0 else step % every
-            curves["train_loss"][0].append(step)
-            curves["train_loss"][1].append(run / k)
-            curves["val_loss"][0].append(step)
-            curves["val_loss"][1].append(vl)
-            run = 0.0
-            if log:
-                log(f"step {step}/{steps} val CE {vl:.3f}")
-    model.eval()
-    return model, curves
+    bs, every = int(p["batch"]), int(p["eval_every"])
+    lrs = [float(v) for v in p["lrs"]]
+    pilot, min_steps, max_steps = int(p["pilot_steps"]), int(p["min_steps"]), int(p["max_steps"])
+    min_delta, flat_tol = float(p.get("min_delta", 0.002)), float(p.get("flat_tol", 0.01))
+    torch.manual_seed(seed)
+    init = BreathEncoder(tr_x.shape[-1], L, n_out, dim=int(p["dim"]), depth=int(p["depth"]),
+                         heads=int(p["heads"]), dropout=float(p.get("dropout", 0.1)))
+
+    def val_ce(model):
+        model.eval()
+        with torch.no_grad():
+            return float(nn.functional.cross_entropy(model(va_x).reshape(-1, n_out), va_y.reshape(-1)))
+
+    class Run:
+        def __init__(self, lr):
+            self.model = copy.deepcopy(init)
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
+            self.lr, self.step, self.run = lr, 0, []
+            self.rng = np.random.default_rng(seed)  # the same batches for every rate
+            self.hist = {"step": [], "train": [], "val": []}
+            self.best, self.best_state = float("inf"), None
+
+        def advance(self, until, stop_flat):
+            while self.step < until:
+                self.step += 1
+                si = self.rng.integers(0, len(tr_x), bs)
+                t0 = self.rng.integers(0, tr_x.shape[1] - L + 1, bs)
+                idx = torch.as_tensor(t0[:, None] + np.arange(L)[None])
+                xb = tr_x[torch.as_tensor(si)[:, None], idx]
+                yb = tr_y[torch.as_tensor(si)[:, None], idx]
+                self.model.train()
+                loss = nn.functional.cross_entropy(self.model(xb).reshape(-1, n_out), yb.reshape(-1))
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+                self.run.append(float(loss.detach()))
+                if self.step % every == 0 or self.step == until:
+                    vl = val_ce(self.model)
+                    self.hist["step"].append(self.step)
+                    self.hist["train"].append(float(np.mean(self.run)))
+                    self.hist["val"].append(vl)
+                    self.run = []
+                    if vl < self.best:
+                        self.best, self.best_state = vl, copy.deepcopy(self.model.state_dict())
+                    if log:
+                        log(f"lr {self.lr:.1e} step {self.step}/{max_steps} val CE {vl:.3f}")
+                    if stop_flat and self.step >= min_steps and plateau(self.hist["step"], self.hist["val"],
+                                                                        min_delta, flat_tol):
+                        return True
+            return False
+
+    runs = []
+    for lr in lrs:
+        r = Run(lr)
+        r.advance(pilot, stop_flat=False)
+        runs.append(r)
+    run = min(runs, key=lambda r: r.best)
+    flat = run.advance(max_steps, stop_flat=True) or plateau(run.hist["step"], run.hist["val"], min_delta, flat_tol)
+    run.model.load_state_dict(run.best_state)
+    run.model.eval()
+    st = run.hist["step"]
+    hist = {"curves": {"train_loss": (st, run.hist["train"]), "val_loss": (st, run.hist["val"]),
+                       "lr": (st, [run.lr] * len(st))},
+            "lr_chosen": run.lr, "lr_pilot_val": {str(r.lr): r.best for r in runs},
+            "stop_step": run.step, "plateau": bool(flat)}
+    return run.model, hist
 
 
 @torch.no_grad()
