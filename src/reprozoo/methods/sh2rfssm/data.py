@@ -1,6 +1,7 @@
 """Synthetic long-sequence tasks, generated deterministically from a numpy Generator.
 
-Why these two: they isolate the two things a long-range sequence layer must do.
+Why these three: the first is built for resonators, the other two are not, so a comparison
+averaged over them does not reward a filter bank alone.
 
 * Frequency discrimination (classification, K classes): x_t = A sin(2π f_k t + φ) + σ ε_t,
   t = 0..L-1 (time in steps), class k picks the frequency f_k = f_0 + k Δf (cycles / step), the
@@ -10,9 +11,14 @@ Why these two: they isolate the two things a long-range sequence layer must do.
   of band-pass filters (resonators tuned to different f), which is exactly what heterogeneous
   ω provides and shared ω or a first-order (LIF) kernel do not.
 * Adding problem (regression; Hochreiter & Schmidhuber 1997): two input channels, values
-  u_t ~ U(0, 1) and a marker m_t ∈ {0, 1} that is 1 at one random step in the first half and one in
-  the second; the target is the sum of the two marked values (variance 1/6). The marks are up to
+  u_t ~ U(0, 1) (fed standardised, (u - 1/2) √12) and a marker m_t ∈ {0, 1} that is 1 at one random
+  step in the first half and one in the second; the target is the sum of the two marked values
+  (variance 1/6). The marks are up to
   L steps before the read-out, so memory over the whole sequence is required.
+* Sequential digits (classification, 10 classes): scikit-learn's 1797 handwritten 8 x 8 digits
+  read pixel by pixel (L = 64, row-major; pixel / 16, one channel), the small offline cousin of
+  sequential MNIST. Nothing in it oscillates: the class is in where along the sequence the ink is.
+  Train / validation / test split fixed by the seed (``digits_split``).
 
 Arrays are float32, layout (batch, channels, L) as the FFT path wants.
 """
@@ -45,7 +51,41 @@ def adding_problem(n: int, length: int, rng: np.random.Generator) -> tuple[np.nd
     m[rows, i1] = 1.0
     m[rows, i2] = 1.0
     y = u[rows, i1] + u[rows, i2]
-    return np.stack([u, m], axis=1).astype(np.float32), y.astype(np.float32)
+    # the value channel is fed centred and scaled to unit variance (an affine map, no information
+    # lost; every model sees the same), so a low-pass kernel does not integrate a DC offset of 0.5
+    return np.stack([(u - 0.5) * np.sqrt(12.0), m], axis=1).astype(np.float32), y.astype(np.float32)
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """(x (1797, 1, 64) float32 in [0, 1], y (1797,) int64): the csv scikit-learn ships, read
+    directly (importing sklearn costs seconds of start-up)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(importlib.util.find_spec("sklearn").origin).parent / "datasets" / "data" / "digits.csv.gz"
+    raw = np.loadtxt(path, delimiter=",")
+    return (raw[:, :64] / 16.0).astype(np.float32)[:, None, :], raw[:, 64].astype(np.int64)
+
+
+def standardise_digits(x: np.ndarray) -> np.ndarray:
+    """Pixels centred and scaled by the mean and sd over all pixels of all digits (label-free
+    constants), the same for every model."""
+    return ((x - DIGITS_MEAN) / DIGITS_STD).astype(np.float32)
+
+
+DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3760  # of digits() pixels (tests/test_sh2rfssm.py checks them)
+
+
+def digits_split(seed: int, n_val: int, n_test: int) -> dict[str, np.ndarray]:
+    """Disjoint index sets train / val / test of the 1797 digits, a permutation drawn from the seed."""
+    perm = np.random.default_rng(10_007 * seed + 5).permutation(1797)
+    if n_val + n_test >= len(perm):
+        raise ValueError(f"digits: n_val + n_test = {n_val + n_test} leaves no training items")
+    return {"test": perm[:n_test], "val": perm[n_test:n_test + n_val], "train": perm[n_test + n_val:]}
+
+
+TASKS = ("freq", "adding", "digits")
+N_CLASSES_DIGITS = 10
 
 
 def make(task: str, n: int, length: int, rng: np.random.Generator, options: dict | None = None):
@@ -53,4 +93,4 @@ def make(task: str, n: int, length: int, rng: np.random.Generator, options: dict
         return frequency_discrimination(n, length, rng, **(options or {}))
     if task == "adding":
         return adding_problem(n, length, rng)
-    raise ValueError(f"sh2rfssm: unknown task {task!r}; known: freq, adding")
+    raise ValueError(f"sh2rfssm: unknown generated task {task!r}; known: freq, adding (digits: digits())")

@@ -1,28 +1,40 @@
 """S-H²RF-SSM in miniature: heterogeneous harmonic resonate-and-fire SSM vs its ablations and baselines.
 
-Variants (one cell = one variant x seed; every cell trains one fresh model per (task, L) with the
-same optimiser, steps, batch, learning rate and the same data stream):
+Variants (one cell = one variant x seed; every cell trains one fresh model per (task, L) under one
+training rule, :func:`fit`):
 
     sh2rf          the method: heterogeneous ω_c, b_c per channel, IMEX-discretised kernel, FFT path
     sh2rf_sampled  ablation of the discretisation: same, kernel = sampled continuous impulse response
     hrf_homog      homogeneous RF: one ω, b shared by all channels (IMEX kernel)
     lif_ssm        first-order spiking SSM: leaky-integrator kernel β_c^k, per-channel β_c
-    gru            non-spiking GRU (short L only: sequential in L)
     transformer    small non-spiking transformer (short L only: attention is O(L²))
 
-Stages of a cell: for each task (freq: frequency discrimination, accuracy; adding: adding problem,
-R² = 1 - MSE / Var(y)) and each L of the variant (``lengths`` for spiking SSMs, ``short_lengths``
-for GRU / transformer), Adam on fresh batches drawn from a stream seeded by (seed, task, L), so all
-variants see the same sequences; validation loss every ``eval_every`` steps (curve ``val_loss_<task>_L<L>``);
-test metrics on a fixed test set; spike operations per sequence (blocks.spiking.synaptic_ops).
-``score`` = mean over (task, L) of accuracy / R²; ``score_short`` the same at the short L only.
-The sh2rf cell also (i) evaluates its L_max-trained frequency model on sequences of
-``long_eval.length`` (50k) steps (accuracy, peak resident memory of the process in MB) and (ii) times
-one layer's FFT path against the sequential IMEX recurrence over ``timing.lengths`` (seconds, one
-thread) and fits the log-log slopes.
+Tasks (``data.py``): freq (frequency discrimination, 4 classes; built for resonators), adding (the
+adding problem, regression) and digits (sequential 8 x 8 digits, 10 classes); the last two have
+nothing to resonate with. Per task and L the test metric is accuracy (R² = 1 - MSE / Var(y) for
+adding) and its chance-normalised *skill*: (acc - 1/K) / (1 - 1/K), or R² itself, so that 0 is
+chance (predicting the class prior / the mean) and 1 is perfect on every task. Skill is recorded
+per test item (``ctx.metrics.units``: (correct - 1/K)/(1 - 1/K), or 1 - (ŷ - y)² / Var(y)), in the
+same item order for every variant of a seed, so claims get unit-level intervals. ``score`` = the
+mean skill over the (task, L) a variant trains (its units: those items, task after task);
+``score_short`` the same at the short lengths, which every variant trains; ``skill_<task>`` over
+one task's lengths (the preconditions read them).
+
+Training rule, the same for every model (:func:`fit`): Adam at a constant learning rate chosen on
+validation from one grid (each rate trains ``pilot_steps`` from the same initial weights on the
+same batches; the lowest validation loss continues), then until the validation curve is flat
+(Theil-Sen improvement over the last 30 % of the evaluations at most ``flat_tol`` of the curve's
+whole improvement, at or after ``min_steps``) or ``max_steps``. The curve ``val_loss_<task>_L<L>``
+and the (constant) rate ``lr_<task>_L<L>`` go to the platform's convergence gate; the test set is
+scored with the weights of the best validation loss.
+
+The sh2rf cell also evaluates its L_max-trained frequency model, and the same network untrained
+(the negative control), on sequences of ``long_eval.length`` (50k) steps, and times one layer's FFT
+path against the sequential IMEX recurrence over ``timing.lengths``.
 """
 from __future__ import annotations
 
+import copy
 import resource
 import time
 
@@ -35,26 +47,69 @@ VARIANTS = {
     "sh2rf_sampled": dict(family="ssm", kernel="sampled", shared=False),
     "hrf_homog": dict(family="ssm", kernel="imex", shared=True),
     "lif_ssm": dict(family="ssm", kernel="lif", shared=False),
-    "gru": dict(family="gru"),
     "transformer": dict(family="transformer"),
 }
-TASK_OFFSET = {"freq": 1, "adding": 2}
+TASK_OFFSET = {"freq": 1, "adding": 2, "digits": 3}
 
 GENERIC_CURVES: dict = {}  # plot() draws the loss curves itself (one panel per task and L)
 
 
+def n_classes(task: str, p: dict) -> int:
+    """Classes of a classification task; 0 for the regression (adding)."""
+    return {"freq": int(p["freq"].get("n_classes", 4)), "digits": D.N_CLASSES_DIGITS}.get(task, 0)
+
+
 def _task_io(task: str, p: dict) -> tuple[int, int]:
-    return (1, int(p["freq"].get("n_classes", 4))) if task == "freq" else (2, 1)
+    return (2, 1) if task == "adding" else (1, n_classes(task, p))
 
 
-def _batches(task, n, length, rng, p):
-    return D.make(task, n, length, rng, p["freq"] if task == "freq" else None)
+class TaskData:
+    """Training batches, validation and test sets of one (task, L, seed), the same for every
+    variant: generated tasks draw from streams seeded by (seed, task, L); digits from a split
+    fixed by the seed."""
+
+    def __init__(self, task: str, length: int, p: dict, seed: int):
+        import torch
+
+        self.task, self.length, self.p = task, length, p
+        tr = p["train"]
+        self.base = seed * 1_000_003 + 1000 * TASK_OFFSET[task] + length
+        if task == "digits":
+            x, y = D.digits()
+            x = D.standardise_digits(x)
+            split = D.digits_split(seed, int(tr["n_val"]), int(tr["n_test"]))
+            self.train_x, self.train_y = x[split["train"]], y[split["train"]]
+            xv, yv, xt, yt = x[split["val"]], y[split["val"]], x[split["test"]], y[split["test"]]
+        else:
+            xv, yv = D.make(task, int(tr["n_val"]), length, np.random.default_rng(self.base + 7), p["freq"])
+            xt, yt = D.make(task, int(tr["n_test"]), length, np.random.default_rng(self.base + 11), p["freq"])
+        self.val = (torch.from_numpy(xv), torch.from_numpy(yv))
+        self.test = (torch.from_numpy(xt), torch.from_numpy(yt))
+
+    def stream(self):
+        """A fresh generator of training batches; every call yields the same sequence."""
+        import torch
+
+        rng = np.random.default_rng(self.base)
+        bs = int(self.p["train"]["batch"])
+        while True:
+            if self.task == "digits":
+                idx = rng.integers(0, len(self.train_y), bs)
+                xb, yb = self.train_x[idx], self.train_y[idx]
+            else:
+                xb, yb = D.make(self.task, bs, self.length, rng, self.p["freq"])
+            yield torch.from_numpy(xb), torch.from_numpy(yb)
 
 
-def _evaluate(model, task, x, y, batch):
-    """(loss, metric, spike ops per sequence, spikes of the first sequence's layer 1)."""
-    import torch
+def _loss(out, y, task):
     import torch.nn.functional as F
+
+    return F.mse_loss(out[:, 0], y) if task == "adding" else F.cross_entropy(out, y)
+
+
+def _evaluate(model, task, x, y, batch, k_classes=0):
+    """(loss, metric, per-item skill, spike ops per sequence, spikes of the first sequence's layer 1)."""
+    import torch
 
     outs, sops, raster = [], 0.0, None
     with torch.no_grad():
@@ -64,70 +119,145 @@ def _evaluate(model, task, x, y, batch):
             if spikes:
                 sops += sum(float(s.sum()) * f for s, f in zip(spikes, model.fan_outs))
                 raster = raster if raster is not None else spikes[0][0].numpy()
-    out = torch.cat(outs)
-    if task == "freq":
-        return float(F.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean()), sops / len(x), raster
-    mse = float(((out[:, 0] - y) ** 2).mean())
-    return mse, 1.0 - mse / float(y.var()), sops / len(x), raster
+        out = torch.cat(outs)
+        loss = float(_loss(out, y, task))
+    if task == "adding":
+        se = ((out[:, 0] - y) ** 2).numpy().astype(float)
+        var = float(y.double().var(unbiased=False))
+        skill = 1.0 - se / var  # mean = R²
+        return loss, float(skill.mean()), skill, sops / len(x), raster
+    correct = (out.argmax(1) == y).numpy().astype(float)
+    chance = 1.0 / k_classes
+    return loss, float(correct.mean()), (correct - chance) / (1 - chance), sops / len(x), raster
+
+
+def tail_flat(steps, vals, tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
+    """The platform's plateau test with ``scale: range``: over the last ``tail`` of the steps (at
+    least ``min_points`` evaluations there) the Theil-Sen line improves the loss by at most ``tol``
+    of its whole improvement (first value minus best)."""
+    from scipy.stats import theilslopes
+
+    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
+    if len(xs) < 2:
+        return False
+    m = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
+    if m.sum() < min_points:
+        return False
+    gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
+    level = abs(float(ys[0] - ys.min()))
+    return gain <= tol * level if level > 0 else gain <= 0
+
+
+class _Run:
+    """One model at one constant learning rate, advanced in stages."""
+
+    def __init__(self, model, lr: float, data: TaskData, every: int, eval_batch: int, k_classes: int):
+        import torch
+
+        self.model, self.lr, self.data, self.every = model, lr, data, every
+        self.eval_batch, self.k = eval_batch, k_classes
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
+        self.batches = data.stream()
+        self.step, self.steps, self.vals = 0, [], []
+        self.best, self.best_state = float("inf"), None
+
+    def evaluate(self):
+        self.model.eval()
+        vl = _evaluate(self.model, self.data.task, *self.data.val, self.eval_batch, self.k)[0]
+        self.model.train()
+        self.steps.append(self.step)
+        self.vals.append(vl)
+        if vl < self.best:
+            self.best, self.best_state = vl, copy.deepcopy(self.model.state_dict())
+
+    def advance(self, until: int, min_steps: int | None = None, tol: float = 0.0) -> bool:
+        """Train to step ``until``; with ``min_steps``, stop (True) once :func:`tail_flat` holds."""
+        while self.step < until:
+            xb, yb = next(self.batches)
+            out, _ = self.model(xb)
+            loss = _loss(out, yb, self.data.task)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.step += 1
+            if self.step % self.every == 0:
+                self.evaluate()
+                if min_steps is not None and self.step >= min_steps and tail_flat(self.steps, self.vals, tol):
+                    return True
+        return False
 
 
 def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, progress):
+    """Train one model of ``options`` on (task, L) by the training rule of the module docstring;
+    record its curves and test metrics. Returns (model, per-item skill, metric, SOPs per step, raster)."""
     import torch
-    import torch.nn.functional as F
 
     from .model import build
 
     tr = p["train"]
     d_in, n_out = _task_io(task, p)
-    torch.manual_seed(seed)
-    model = build(options["family"], d_in, n_out, length, options, p["arch"])
-    opt = torch.optim.Adam(model.parameters(), lr=float(tr["lr"]))
-    base = seed * 1_000_003 + 1000 * TASK_OFFSET[task] + length
-    stream = np.random.default_rng(base)  # same training sequences for every variant
-    xv, yv = (torch.from_numpy(a) for a in _batches(task, int(tr["n_val"]), length, np.random.default_rng(base + 7), p))
-    xt, yt = (torch.from_numpy(a) for a in _batches(task, int(tr["n_test"]), length, np.random.default_rng(base + 11), p))
-    steps, every, bs = int(tr["steps"]), int(tr["eval_every"]), int(tr["batch"])
-    xs, vals = [], []
+    data = TaskData(task, length, p, seed)
+    k = n_classes(task, p)
+    every, eval_batch = int(tr["eval_every"]), int(tr["eval_batch"])
     t0 = time.process_time()
-    for step in range(1, steps + 1):
-        xb, yb = (torch.from_numpy(a) for a in _batches(task, bs, length, stream, p))
-        out, _ = model(xb)
-        loss = F.cross_entropy(out, yb) if task == "freq" else F.mse_loss(out[:, 0], yb)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % every == 0 or step == steps:
-            xs.append(step)
-            vals.append(_evaluate(model, task, xv, yv, int(tr["eval_batch"]))[0])
+    runs = []
+    for lr in tr["lr_grid"]:
+        torch.manual_seed(seed * 7919 + TASK_OFFSET[task])  # same initial weights for every rate (and variant family)
+        model = build(options["family"], d_in, n_out, length, options, p["arch"])
+        run = _Run(model, float(lr), data, every, eval_batch, k)
+        run.evaluate()  # step 0
+        run.advance(int(tr["pilot_steps"]))
+        runs.append(run)
+    run = min(runs, key=lambda r: r.best)
+    plateau = run.advance(int(tr["max_steps"]), min_steps=int(tr["min_steps"]), tol=float(tr["flat_tol"]))
+    plateau = plateau or tail_flat(run.steps, run.vals, float(tr["flat_tol"]))
+    run.model.load_state_dict(run.best_state)
+    run.model.eval()
     tag = f"{task}_L{length}"
-    metrics.curve(f"val_loss_{tag}", xs, vals)
-    half = len(vals) // 2  # flatness: relative change of the val loss over the last half of training
-    metrics.scalar(f"rel_change_val_loss_last_half_{tag}", (vals[-1] - vals[half]) / max(abs(vals[half]), 1e-12))
-    _, metric, sops, raster = _evaluate(model, task, xt, yt, int(tr["eval_batch"]))
-    metrics.scalar(f"{'acc' if task == 'freq' else 'r2'}_{tag}", metric)
+    metrics.curve(f"val_loss_{tag}", run.steps, run.vals)
+    metrics.curve(f"lr_{tag}", run.steps, [run.lr] * len(run.steps))
+    metrics.scalar(f"lr_chosen_{tag}", run.lr)
+    metrics.scalar(f"stop_step_{tag}", run.step)
+    metrics.scalar(f"plateau_{tag}", float(plateau))
+    _, metric, skill, sops, raster = _evaluate(run.model, task, *data.test, eval_batch, k)
+    metrics.scalar(f"{'r2' if task == 'adding' else 'acc'}_{tag}", metric)
+    metrics.units(f"skill_{tag}", skill)
     metrics.scalar(f"train_cpu_s_{tag}", time.process_time() - t0)
     if options["family"] == "ssm":
         metrics.scalar(f"sops_per_step_{tag}", sops / length)
-    progress(f"{tag}: {'acc' if task == 'freq' else 'R2'} {metric:.3f}, val loss {vals[-1]:.4f}")
-    return model, metric, sops / length, raster
+    progress(f"{tag}: {'R2' if task == 'adding' else 'acc'} {metric:.3f} at lr {run.lr:g}, "
+             f"{run.step} steps ({'plateau' if plateau else 'max steps'}), val loss {run.best:.4f}")
+    return run.model, skill, metric, sops / length, raster
 
 
-def long_sequence_eval(model, p, seed, metrics):
-    """The L_max-trained frequency model on ``long_eval.length``-step sequences (length transfer:
-    the read-out kernel is in units of L), with the process's peak resident memory afterwards."""
+def _accuracy_at(model, x, y, batch: int) -> float:
     import torch
 
-    le = p["long_eval"]
-    L = int(le["length"])
-    x, y = D.frequency_discrimination(int(le["n"]), L, np.random.default_rng(seed * 1_000_003 + 99), **p["freq"])
-    t0 = time.perf_counter()
     correct = 0
     with torch.no_grad():
-        for i in range(0, len(x), int(le["batch"])):
-            out, _ = model(torch.from_numpy(x[i:i + int(le["batch"])]))
-            correct += int((out.argmax(1) == torch.from_numpy(y[i:i + int(le["batch"])])).sum())
-    metrics.scalar("acc_freq_long", correct / len(x))
+        for i in range(0, len(x), batch):
+            out, _ = model(torch.from_numpy(x[i:i + batch]))
+            correct += int((out.argmax(1) == torch.from_numpy(y[i:i + batch])).sum())
+    return correct / len(x)
+
+
+def long_sequence_eval(model, options, p, seed, metrics):
+    """The L_max-trained frequency model on ``long_eval.length``-step sequences (length transfer:
+    the read-out kernel is in units of L), and the same network untrained (negative control: a
+    random bank with a random head must sit at chance); the process's peak resident memory after."""
+    import torch
+
+    from .model import build
+
+    le = p["long_eval"]
+    L, bs = int(le["length"]), int(le["batch"])
+    x, y = D.frequency_discrimination(int(le["n"]), L, np.random.default_rng(seed * 1_000_003 + 99), **p["freq"])
+    t0 = time.perf_counter()
+    metrics.scalar("acc_freq_long", _accuracy_at(model, x, y, bs))
     metrics.scalar("long_eval_s_per_seq", (time.perf_counter() - t0) / len(x))
+    torch.manual_seed(seed * 7919 + 10_000)
+    untrained = build(options["family"], 1, n_classes("freq", p), L, options, p["arch"]).eval()
+    metrics.scalar("acc_freq_long_untrained", _accuracy_at(untrained, x, y, bs))
     metrics.scalar("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
@@ -164,19 +294,35 @@ def timing(p, metrics):
     metrics.scalar("speedup_at_lmax", t_rec[-1] / t_fft[-1])
 
 
+def _lengths(task: str, p: dict, spiking: bool) -> list[int]:
+    """The lengths a variant trains on ``task``: ``lengths`` (spiking) or ``short_lengths`` (the
+    transformer), each a list or a {task: list} mapping; digits always 64 (8 x 8 pixels)."""
+    if task == "digits":
+        return [64]
+    spec = p["lengths"] if spiking else p["short_lengths"]
+    return [int(v) for v in (spec[task] if isinstance(spec, dict) else spec)]
+
+
+def _short(task: str, p: dict) -> set[int]:
+    return set(_lengths(task, p, spiking=False))
+
+
 def train(ctx) -> None:
+    import torch
+
+    torch.set_num_threads(1)
     p = ctx.params
     options = VARIANTS[ctx.variant]
     spiking = options["family"] == "ssm"
-    lengths = [int(v) for v in (p["lengths"] if spiking else p["short_lengths"])]
-    short = set(int(v) for v in p["short_lengths"])
-    scores, short_scores, sops = [], [], []
+    units, short_units, sops = [], [], []
     for task in p["tasks"]:
+        lengths = _lengths(task, p, spiking)
+        task_units = []
         for L in lengths:
-            model, metric, s, raster = fit(task, L, options, p, ctx.seed, ctx.metrics, ctx.progress)
-            scores.append(metric)
-            if L in short:
-                short_scores.append(metric)
+            model, skill, metric, s, raster = fit(task, L, options, p, ctx.seed, ctx.metrics, ctx.progress)
+            task_units.extend(skill)
+            if L in _short(task, p):
+                short_units.extend(skill)
             if spiking:
                 sops.append(s)
                 if task == "freq" and L == min(lengths):  # raster of one channel, first test sequence
@@ -184,9 +330,11 @@ def train(ctx) -> None:
                     t_sp = np.flatnonzero(raster[ch])
                     ctx.metrics.curve("raster_freq", t_sp, np.full(len(t_sp), ch))
             if task == "freq" and L == max(lengths) and ctx.variant == "sh2rf" and p.get("long_eval"):
-                long_sequence_eval(model, p, ctx.seed, ctx.metrics)
-    ctx.metrics.scalar("score", float(np.mean(scores)))
-    ctx.metrics.scalar("score_short", float(np.mean(short_scores)))
+                long_sequence_eval(model, options, p, ctx.seed, ctx.metrics)
+        ctx.metrics.units(f"skill_{task}", task_units)
+        units.extend(task_units)
+    ctx.metrics.units("score", units)
+    ctx.metrics.units("score_short", short_units)
     if spiking:
         ctx.metrics.scalar("sops_per_step", float(np.mean(sops)))
     if ctx.variant == "sh2rf" and p.get("timing"):

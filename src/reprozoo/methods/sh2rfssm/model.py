@@ -4,8 +4,10 @@ The neuron of S-H²RF-SSM is a damped harmonic oscillator driven by the input cu
 
     u' = -ω² v - 2 b u + x,      v' = u        (v: membrane, u: its velocity; ω, b in rad/step, 1/step)
 
-spiking s_t = H(v_t - θ) (surrogate gradient backward). Heterogeneous: each channel c has its own
-ω_c, b_c (a bank of band-pass filters); homogeneous: one ω, b shared by all channels.
+spiking s_t = H(u_t - θ) on the velocity, as the paper's HRF neuron z = Θ(u - θ) (``spike_on="v"``
+spikes on the membrane instead), surrogate gradient backward. Heterogeneous: each channel c has its
+own ω_c, b_c (a bank of band-pass filters), drawn at random (ω ~ U(omega_range), b/ω log-uniform in
+zeta_range; ``init="logspaced"`` lays them on a grid instead); homogeneous: one ω, b for all channels.
 
 Discretisation (IMEX: damping implicit, restoring force explicit, step Δt):
 
@@ -20,14 +22,17 @@ by Cayley-Hamilton the membrane's impulse response is
 
 so without reset the layer is the causal convolution v = h * x (+ D x, the SSM's skip term),
 computed for the whole sequence by FFT in O(L log L) (``blocks.spiking.causal_fft_conv``) with
-λ^k from ``blocks.spiking.rf_kernel``; the threshold is applied pointwise afterwards. The sequential
+λ^k from ``blocks.spiking.rf_kernel``; the threshold is applied pointwise afterwards. The velocity's
+response is g_k = (h_k - h_{k-1}) / Δt (``velocity_kernel``). The sequential
 recurrence (``imex_recurrence``) is kept as the reference the FFT path is tested against.
 
 Other kernels on the same layer: ``sampled`` = the continuous impulse response
 e^{-bt} sin(ω_d t)/ω_d sampled at t = kΔt (``blocks.spiking.harmonic_rf_kernel``, impulse
 invariance, the ablation of the discretisation) and ``lif`` = the first-order kernel β^k
-(leaky integrator, the first-order spiking SSM baseline). Every kernel is normalised to unit
-ℓ2 norm per channel over the sequence so all variants feed the threshold currents of one scale.
+(leaky integrator, the first-order spiking SSM baseline, spiking on its one state). Every kernel
+is normalised to unit ℓ2 norm per channel over its first ``norm_horizon`` steps (over the sequence
+if None), so all variants feed the threshold currents of one scale and, with a fixed horizon, a
+filter does not depend on the length of the sequence it is applied to.
 
 Network (all spiking variants): pointwise encoder (d_in -> C) -> spiking SSM layer -> pointwise
 mixing of the spikes (C -> C, additions only) -> spiking SSM layer -> kernel-based read-out. The
@@ -37,7 +42,6 @@ last layer's spikes (so, with binary spikes, additions only), then a linear map 
 """
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
@@ -80,26 +84,51 @@ def lif_kernel(beta: torch.Tensor, length: int) -> torch.Tensor:
     return rf_kernel(torch.zeros_like(beta), -torch.log(beta), length).real
 
 
+def velocity_kernel(h: torch.Tensor, dt: float = 1.0) -> torch.Tensor:
+    """The velocity's impulse response from the membrane's: the IMEX update v_t = v_{t-1} + Δt u_t
+    gives u_t = (v_t - v_{t-1}) / Δt, so g_k = (h_k - h_{k-1}) / Δt with h_{-1} = 0."""
+    return torch.diff(h, dim=-1, prepend=torch.zeros_like(h[..., :1])) / dt
+
+
 class SpikingSSMLayer(nn.Module):
-    """v = h * I + D I (FFT), s = H(v - θ). ``kernel``: imex | sampled | lif; ``shared``: one ω, b."""
+    """y = h * I + D I (FFT), s = H(y - θ). ``kernel``: imex | sampled | lif; ``shared``: one ω, b;
+    ``spike_on``: the state that crosses the threshold, ``u`` (the velocity, as in the paper's HRF
+    neuron z = Θ(u - θ)) or ``v`` (the membrane); the first-order kernel has one state only."""
 
     def __init__(self, channels: int, kernel: str = "imex", shared: bool = False, dt: float = 1.0,
                  omega_range: tuple[float, float] = (0.1, 1.0), zeta_range: tuple[float, float] = (0.01, 0.1),
                  tau_range: tuple[float, float] = (2.0, 200.0), threshold: float = 1.0,
-                 surrogate: str = "arctan"):
+                 surrogate: str = "arctan", spike_on: str = "u", init: str = "random",
+                 norm_horizon: int | None = None):
         super().__init__()
+        self.norm_horizon = norm_horizon
         if kernel not in ("imex", "sampled", "lif"):
             raise ValueError(f"kernel must be imex, sampled or lif, got {kernel!r}")
         self.kernel, self.dt, self.threshold = kernel, dt, threshold
         self.surrogate = SURROGATES[surrogate]()
+        if spike_on not in ("u", "v"):
+            raise ValueError(f"spike_on must be 'u' (velocity, the paper) or 'v' (membrane), got {spike_on!r}")
+        if init not in ("random", "logspaced"):
+            raise ValueError(f"init must be 'random' or 'logspaced', got {init!r}")
+        self.spike_on = spike_on
         n = 1 if shared else channels
-        grid = torch.linspace(0, 1, channels)[:n] if n > 1 else torch.tensor([0.5])
+        # random (default): every channel draws its own parameters from torch's generator (seeded
+        # by the caller), ω ~ U(omega_range), ζ and τ log-uniform, so the bank is not tuned to any
+        # task before training; logspaced: the deterministic grid of the earlier miniature
+        if init == "random":
+            grid, grid_z = torch.rand(n), torch.rand(n)
+        else:
+            grid = torch.linspace(0, 1, channels)[:n] if n > 1 else torch.tensor([0.5])
+            grid_z = torch.full((n,), 0.5)
         if kernel == "lif":
             tau = tau_range[0] * (tau_range[1] / tau_range[0]) ** grid  # log-uniform time constants (steps)
             self.raw = nn.Parameter(torch.log(tau))  # β = exp(-1/τ)
         else:
-            omega = omega_range[0] * (omega_range[1] / omega_range[0]) ** grid  # log-spaced bank (rad/step)
-            zeta = torch.full((n,), math.sqrt(zeta_range[0] * zeta_range[1]))  # damping ratio b / ω
+            if init == "random":
+                omega = omega_range[0] + (omega_range[1] - omega_range[0]) * grid  # uniform (rad/step)
+            else:
+                omega = omega_range[0] * (omega_range[1] / omega_range[0]) ** grid  # log-spaced bank
+            zeta = zeta_range[0] * (zeta_range[1] / zeta_range[0]) ** grid_z  # damping ratio b / ω
             self.log_omega = nn.Parameter(torch.log(omega))
             self.logit_zeta = nn.Parameter(torch.log(zeta / (1 - zeta)))
         self.skip = nn.Parameter(torch.zeros(channels))
@@ -110,13 +139,21 @@ class SpikingSSMLayer(nn.Module):
         return omega, omega * torch.sigmoid(self.logit_zeta)
 
     def impulse_response(self, length: int) -> torch.Tensor:
+        """The layer's kernel over ``length`` steps, scaled to unit ℓ2 norm over the first
+        ``norm_horizon`` steps (over the sequence if None): with a fixed horizon the filter does
+        not depend on the length of the sequence it is applied to, so a model trained at one L
+        runs unchanged at another."""
+        n = length if self.norm_horizon is None else max(length, int(self.norm_horizon))
         if self.kernel == "lif":
-            h = lif_kernel(torch.exp(-torch.exp(-self.raw)), length)
+            h = lif_kernel(torch.exp(-torch.exp(-self.raw)), n)
         else:
             omega, b = self.omega_damping()
-            h = (imex_kernel(omega, b, length, self.dt) if self.kernel == "imex"
-                 else harmonic_rf_kernel(omega, b, length, self.dt))
-        h = h / h.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+            h = (imex_kernel(omega, b, n, self.dt) if self.kernel == "imex"
+                 else harmonic_rf_kernel(omega, b, n, self.dt))
+        if self.spike_on == "u" and self.kernel != "lif":
+            h = velocity_kernel(h, self.dt)
+        horizon = length if self.norm_horizon is None else int(self.norm_horizon)
+        h = h[:, :length] / h[:, :horizon].norm(dim=-1, keepdim=True).clamp(min=1e-8)
         return h.expand(self.channels, length)
 
     def forward(self, current: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +221,9 @@ def build(family: str, d_in: int, n_out: int, length: int, options: dict, arch: 
         return SpikingSSM(d_in, n_out, channels=int(arch["channels"]), kernel=options["kernel"],
                           shared=bool(options.get("shared", False)),
                           omega_range=tuple(arch["omega_range"]), zeta_range=tuple(arch["zeta_range"]),
-                          tau_range=tuple(arch["tau_range"]), surrogate=arch.get("surrogate", "arctan"))
+                          tau_range=tuple(arch["tau_range"]), surrogate=arch.get("surrogate", "arctan"),
+                          spike_on=arch.get("spike_on", "u"), init=arch.get("init", "random"),
+                          norm_horizon=arch.get("norm_horizon"))
     if family == "gru":
         return GRUNet(d_in, n_out, hidden=int(arch["hidden"]))
     if family == "transformer":

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-ORDER = ["sh2rf", "sh2rf_sampled", "hrf_homog", "lif_ssm", "gru", "transformer"]
+ORDER = ["sh2rf", "sh2rf_sampled", "hrf_homog", "lif_ssm", "transformer"]
 
 
 def _plt():
@@ -38,7 +38,7 @@ def runtime_vs_length(table, plots_dir: Path) -> None:
         ref = table[(table.metric == "time_fft_s") & (table.x == L[0])].value.median()
         ax.plot(L, ref * L * np.log(L) / (L[0] * np.log(L[0])), "k--", lw=0.8, label="∝ L log L")
     ax.set_xscale("log"), ax.set_yscale("log")
-    ax.set_xlabel("sequence length L (steps)"), ax.set_ylabel("wall time of one layer, C=16 (s)")
+    ax.set_xlabel("sequence length L (steps)"), ax.set_ylabel("wall time of one layer (s)")
     ax.set_title("How does one layer's runtime grow with L?")
     ax.legend(fontsize=8)
     _save(fig, plots_dir / "runtime_vs_length.png")
@@ -46,7 +46,7 @@ def runtime_vs_length(table, plots_dir: Path) -> None:
 
 def accuracy_per_variant(table, plots_dir: Path) -> None:
     plt = _plt()
-    metrics = sorted(m for m in table.metric.unique() if m.startswith(("acc_freq_L", "r2_adding_L")))
+    metrics = sorted(m for m in table.metric.unique() if m.startswith(("acc_freq_L", "r2_adding_L", "acc_digits_L")))
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.6), squeeze=False)
     for ax, m in zip(axes[0], metrics):
         d = table[table.metric == m]
@@ -59,7 +59,7 @@ def accuracy_per_variant(table, plots_dir: Path) -> None:
         ax.set_xticks(range(len(vs)), vs, rotation=60, fontsize=7)
         ax.set_ylabel("test accuracy" if m.startswith("acc") else "test R² (1 - MSE/Var)")
         ax.set_title(m.replace("_", " "), fontsize=9)
-    fig.suptitle("Which layer solves the long-sequence tasks? (mean ± sd over seeds, dots: seeds)", fontsize=9)
+    fig.suptitle("Which model solves which task? (mean ± sd over seeds, dots: seeds)", fontsize=9)
     _save(fig, plots_dir / "accuracy_per_variant.png")
 
 
@@ -76,7 +76,7 @@ def loss_curves(table, plots_dir: Path) -> None:
             ax.plot(g.mean().index, g.mean().values, color=f"C{i}", label=v)
             ax.fill_between(g.min().index, g.min().values, g.max().values, color=f"C{i}", alpha=0.2)
         ax.set_yscale("log")
-        ax.set_xlabel("training step"), ax.set_ylabel("val cross-entropy (nats)" if "freq" in m else "val MSE")
+        ax.set_xlabel("training step"), ax.set_ylabel("val MSE" if "adding" in m else "val cross-entropy (nats)")
         ax.set_title(m.replace("val_loss_", ""), fontsize=9)
     axes[0][0].legend(fontsize=6)
     fig.suptitle("Has every model finished training? (band: min-max over seeds)", fontsize=9)
