@@ -156,3 +156,81 @@ def zero_sum_nash(m: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
 
 def all_deviation_rules(n_actions: int) -> list[tuple[int, ...]]:
     return list(itertools.product(range(n_actions), repeat=n_actions))
+
+
+# --- a receiver that misreads: exact values under the NoisyReader's model (references only) ------
+# The loop never calls these: they give the evaluator the best a sender can do against the receiver
+# it actually faces, which only an oracle that knows the receiver's noise model can compute.
+
+def channel_follow(game: BPGame, belief: np.ndarray, rec: int, noise: float) -> np.ndarray:
+    """P(each action | posterior ``belief`` of recommendation ``rec``) for a receiver whose perceived
+    log-odds of the first state are the true ones plus noise * N(0, 1) (two states; ties obey)."""
+    from scipy.special import ndtr
+
+    ur = game.ur
+    if len(game.states) != 2 or ur.shape[1] != 2:
+        raise ValueError("channel_follow needs a two-state, two-action game")
+    if noise <= 0:
+        p = np.zeros(2)
+        p[receiver_best_action(game, belief, preferred=rec)] = 1.0
+        return p
+    # action 0 is best iff p (ur00 - ur01) + (1 - p)(ur10 - ur11) >= 0, i.e. p >= t (d0 > 0 > d1)
+    d0, d1 = ur[0, 0] - ur[0, 1], ur[1, 0] - ur[1, 1]
+    if not (d0 > 0 > d1):
+        raise ValueError("channel_follow expects action 0 to be best in state 0 only")
+    t = -d1 / (d0 - d1)
+    with np.errstate(divide="ignore"):
+        lq = np.log(belief[0]) - np.log(belief[1])
+    p0 = float(lq > -np.inf) if not np.isfinite(lq) else float(ndtr((lq - np.log(t / (1 - t))) / noise))
+    return np.array([p0, 1.0 - p0])
+
+
+def channel_value(game: BPGame, pi: np.ndarray, noise: float) -> tuple[float, float]:
+    """(sender utility, obedience rate) of committed scheme ``pi`` against the noisy reader, exactly."""
+    j = game.mu0[:, None] * pi
+    u, obey = 0.0, 0.0
+    for a in range(pi.shape[1]):
+        mass = j[:, a].sum()
+        if mass <= 1e-12:
+            continue
+        belief = j[:, a] / mass
+        follow = channel_follow(game, belief, a, noise)
+        u += float(sum(j[:, a] @ game.us[:, b] * follow[b] for b in range(len(follow))))
+        obey += mass * follow[a]
+    return u, obey
+
+
+def channel_oracle(game: BPGame, noise: float, grid: float) -> tuple[float, np.ndarray]:
+    """Best obedient single scheme on the verbal grid against the noisy reader (exhaustive search,
+    vectorised over the grid; ``channel_value`` is the per-scheme reference it must agree with)."""
+    from scipy.special import ndtr
+
+    mu0, us, ur = game.mu0, game.us, game.ur
+    if len(game.states) != 2 or ur.shape[1] != 2:
+        raise ValueError("channel_oracle needs a two-state, two-action game")
+    qs = np.round(np.arange(0.0, 1.0 + 1e-9, grid), 10)
+    x0, x1 = (a.ravel() for a in np.meshgrid(qs, qs, indexing="ij"))
+    pi = np.stack([np.stack([x0, 1 - x0], -1), np.stack([x1, 1 - x1], -1)], axis=1)  # [k, s, a]
+    j = mu0[None, :, None] * pi
+    # exact obedience (max_violation == 0): following each recommendation is a best response
+    eu = np.einsum("ksa,sb->kab", j, ur)  # [k, recommendation a, action b]
+    follow_eu = np.take_along_axis(eu, np.arange(2)[None, :, None].repeat(len(pi), 0), axis=2)[..., 0]
+    viol = np.clip(eu.max(axis=2) - follow_eu, 0, None).sum(axis=1)
+    d0, d1 = ur[0, 0] - ur[0, 1], ur[1, 0] - ur[1, 1]
+    if not (d0 > 0 > d1):
+        raise ValueError("channel_oracle expects action 0 to be best in state 0 only")
+    lt = np.log(-d1 / (d0 - d1)) - np.log(1 + d1 / (d0 - d1))
+    value = np.zeros(len(pi))
+    for a in range(2):
+        mass = j[:, :, a].sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lq = np.log(j[:, 0, a]) - np.log(j[:, 1, a])
+            if noise > 0:
+                p0 = np.where(np.isfinite(lq), ndtr((lq - lt) / noise), (lq > 0).astype(float))
+            else:
+                p0 = np.where(lq >= lt - 1e-9, 1.0, 0.0) if a == 0 else np.where(lq > lt + 1e-9, 1.0, 0.0)
+        p0 = np.where(mass > 1e-12, np.nan_to_num(p0), 0.0)
+        value += (j[:, :, a] * (us[None, :, 0] * p0[:, None] + us[None, :, 1] * (1 - p0[:, None]))).sum(axis=1)
+    value = np.where(viol <= 1e-9, value, -np.inf)
+    k = int(np.argmax(value))
+    return float(value[k]), pi[k]

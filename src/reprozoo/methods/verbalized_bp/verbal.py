@@ -1,17 +1,25 @@
-"""The verbalized game: schemes, commitments and messages as English text, and two offline agents.
+"""The verbalized game: schemes, commitments and messages as English text, and the offline agents.
 
-Both agents implement the ``Backend`` protocol of ``reprozoo.blocks.llm_backend`` (chat messages in,
+Every agent implements the ``Backend`` protocol of ``reprozoo.blocks.llm_backend`` (chat messages in,
 one string out), so an OpenAI-compatible model can replace either through ``backend_from_env``
-without the loop knowing:
+without the loop knowing. No agent reads a machine-readable block: the prompts are prose, and the
+offline agents find their game from the roles the prompt names and read schemes as text.
 
-  TemplateSender   the offline sender "LLM": reads the machine-readable task block of its prompt
-                   (current scheme, grid of verbal probabilities) and writes a new signalling scheme
-                   in English, either a local edit of the current one or a fresh random draw, with
-                   probabilities paraphrased ("always", "in 35% of cases", "7 times out of 20").
-  LexiconReceiver  the offline receiver: reads the sender's committed scheme and one message, both
-                   as text, through a lexicon (state phrases, action stems, probability phrases),
-                   forms the Bayesian posterior of the recommendation the message carries and
-                   answers with the action that maximises its expected utility (ties: obey).
+  TemplateSender   the offline sender "LLM": reads the current committed scheme from the prompt's
+                   text through the lexicon and writes a new signalling scheme in English, either a
+                   local edit of it or a fresh random draw, at the verbal resolution the prompt asks
+                   for ("multiples of 5%"), with probabilities paraphrased ("always", "in 35% of
+                   cases", "7 times out of 20").
+  NoisyReader      the offline receiver, a bounded-rational interpreter of the text: it reads the
+                   committed scheme and one message through the lexicon, forms the posterior of the
+                   recommendation as Bayes' rule on the scheme *as read*, and then misjudges it: its
+                   perceived log-odds of the first state are the true log-odds plus ``noise * z``,
+                   z ~ N(0, 1) drawn afresh in every dialogue (the seed of the call). It takes the
+                   action that is best at the perceived belief (ties: obey). ``noise = 0`` is the
+                   exact Bayesian reader (``LexiconReceiver``), for which the words add nothing
+                   beyond the numbers they state; ``noise > 0`` is a receiver that can misread, so a
+                   scheme whose posterior sits exactly at the receiver's threshold (the BP optimum)
+                   persuades only half of the time and the sender has to leave a margin.
 
 Commitment assumption, verbalized: the receiver is shown the scheme text before the message.
 Obedience, verbalized: messages are recommendations; a rational receiver follows one only if the
@@ -22,16 +30,14 @@ recover the state or the drawn scheme from the wording.
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Sequence
 
 import numpy as np
 
 from .games import GAMES, BPGame
-from .solvers import receiver_best_action
+from .solvers import TIE_TOL, receiver_best_action
 
-TASK_RE = re.compile(r"<<task>>(.*?)<</task>>", re.S)
 ACTION_STEMS = {"hire": r"\bhir(?:e|es|ed|ing)\b"}  # default: r"\b<verb>\w*"
 
 
@@ -147,8 +153,22 @@ def commitment_text(game: BPGame, texts: Sequence[str], weights: np.ndarray) -> 
             f"say which one I drew. {body}")
 
 
+_PARSED: dict = {}
+
+
 def parse_commitment(game: BPGame, text: str) -> np.ndarray | None:
-    """The aggregate scheme sum_k w_k pi_k a (possibly mixed) commitment states."""
+    """The aggregate scheme sum_k w_k pi_k a (possibly mixed) commitment states (memoised per text:
+    the loop reads the same commitment in every dialogue)."""
+    key = (game.name, game.states, game.actions, text)
+    if key not in _PARSED:
+        if len(_PARSED) > 50_000:
+            _PARSED.clear()
+        _PARSED[key] = _parse_commitment(game, text)
+    out = _PARSED[key]
+    return None if out is None else out.copy()
+
+
+def _parse_commitment(game: BPGame, text: str) -> np.ndarray | None:
     odds = re.findall(r"scheme (\d+) with probability (\d*\.?\d+)", text, re.I)
     if not odds:
         return parse_scheme(game, text)
@@ -178,37 +198,42 @@ def classify_message(game: BPGame, text: str) -> int | None:
     return counts.index(best) if best > 0 and counts.count(best) == 1 else None
 
 
-# --- prompts and the two offline agents -----------------------------------------------------------
+# --- prompts and the offline agents ----------------------------------------------------------------
 
-def task_block(payload: dict) -> str:
-    return f"<<task>>{json.dumps(payload)}<</task>>"
+GRID_RE = re.compile(r"multiples of (\d+(?:\.\d+)?)\s*%", re.I)
 
 
-def read_task(messages: Sequence[dict]) -> dict:
-    for msg in reversed(messages):
-        m = TASK_RE.search(msg.get("content", ""))
-        if m:
-            return json.loads(m.group(1))
-    raise ValueError("prompt has no <<task>> block")
+def game_of(messages: Sequence[dict]) -> tuple[BPGame, str]:
+    """The game and role a prompt is about, from the role its system message names ("You are the judge")."""
+    system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")
+    for game in GAMES.values():
+        for role, who in (("sender", game.sender), ("receiver", game.receiver)):
+            if re.search(rf"\bYou are the {re.escape(who)}\b", system):
+                return game, role
+    raise ValueError("the prompt names no known game role ('You are the <sender/receiver>')")
+
+
+def _between(text: str, start: str, end: str | None) -> str:
+    body = text.split(start, 1)[1]
+    return body.split(end, 1)[0] if end else body
 
 
 def _states_line(game: BPGame) -> str:
     return "; ".join(f"{p} (prior probability {q:.3f})" for p, q in zip(game.state_phrases, game.prior))
 
 
-def sender_prompt(game: BPGame, current_text: str, feedback: str, pi: np.ndarray, grid: float) -> list[dict]:
+def sender_prompt(game: BPGame, current_text: str, feedback: str, grid: float) -> list[dict]:
     sys = (f"You are the {game.sender} in a Bayesian persuasion game. Before the case you commit to a "
            f"signalling scheme: for each state, how often you recommend each action to the {game.receiver}. "
            f"The {game.receiver} knows your scheme and follows a recommendation only if it is in their own "
-           f"interest given the scheme (obedience). You want the {game.receiver} to {game.actions[0]} as often "
-           f"as possible. Answer with the scheme only, one sentence per state, in the form 'If <state>, "
-           f"I recommend {game.actions[0]} in X% of cases and {game.actions[1]} in Y% of cases.'")
+           f"interest given the scheme (obedience); they may misjudge close calls. You want the "
+           f"{game.receiver} to {game.actions[0]} as often as possible. Answer with the scheme only, one "
+           f"sentence per state, in the form 'If <state>, I recommend {game.actions[0]} in X% of cases and "
+           f"{game.actions[1]} in Y% of cases.', with probabilities that are multiples of {100 * grid:g}%.")
     states = _states_line(game)
     user = (f"States: {states}.\nThe {game.receiver}'s payoffs [state][action] for actions "
             f"{list(game.actions)}: {game.u_receiver}.\nCurrent scheme: {current_text}\n"
-            f"Feedback from the equilibrium solver: {feedback}\nPropose a better scheme.\n"
-            + task_block({"role": "sender", "game": game.name, "current": np.round(pi, 6).tolist(),
-                          "grid": grid}))
+            f"Feedback from the equilibrium solver: {feedback}\nPropose a better scheme.")
     return [{"role": "system", "content": sys}, {"role": "user", "content": user}]
 
 
@@ -219,13 +244,13 @@ def receiver_prompt(game: BPGame, commitment: str, message: str) -> list[dict]:
            f"word: one of {list(game.actions)}.")
     states = _states_line(game)
     user = (f"States: {states}.\nYour payoffs [state][action] for actions {list(game.actions)}: "
-            f"{game.u_receiver}.\nCOMMITMENT:\n{commitment}\nMESSAGE:\n{message}\n"
-            + task_block({"role": "receiver", "game": game.name}))
+            f"{game.u_receiver}.\nCOMMITMENT:\n{commitment}\nMESSAGE:\n{message}\n")
     return [{"role": "system", "content": sys}, {"role": "user", "content": user}]
 
 
 class TemplateSender:
-    """Offline sender: local edits of the current scheme or fresh draws, rounded to a verbal grid."""
+    """Offline sender: local edits of the current scheme (read from the prompt's text) or fresh draws,
+    rounded to the verbal grid the prompt asks for."""
 
     name = "template-sender"
 
@@ -234,15 +259,19 @@ class TemplateSender:
 
     def complete(self, messages: Sequence[dict], *, temperature: float = 0.0, max_tokens: int = 256,
                  seed: int | None = None) -> str:
-        task = read_task(messages)
-        game, grid = GAMES[task["game"]], float(task["grid"])
+        game, role = game_of(messages)
+        if role != "sender":
+            raise ValueError("TemplateSender got a receiver prompt")
+        system, user = messages[0]["content"], messages[-1]["content"]
+        m = GRID_RE.search(system)
+        grid = float(m.group(1)) / 100.0 if m else 0.05
+        current = parse_commitment(game, _between(user, "Current scheme: ", "\nFeedback from"))
         rng = np.random.default_rng(seed)
-        pi = np.asarray(task["current"], float)
-        n_s, n_a = pi.shape
-        if rng.random() < self.p_fresh:
+        n_s, n_a = len(game.states), len(game.actions)
+        if current is None or rng.random() < self.p_fresh:
             pi = rng.dirichlet(np.ones(n_a), size=n_s)
         else:
-            pi = pi.copy()
+            pi = current.copy()
             s = int(rng.integers(n_s))
             a, b = rng.choice(n_a, 2, replace=False)
             shift = min(self.steps[int(rng.integers(len(self.steps)))], pi[s, b])
@@ -257,25 +286,70 @@ class TemplateSender:
         return verbalize_scheme(game, np.clip(pi, 0, 1), rng)
 
 
-class LexiconReceiver:
-    """Offline Bayesian receiver reading commitment and message through the lexicon."""
+class NoisyReader:
+    """Offline receiver reading commitment and message as text: Bayes on the scheme as read, then a
+    misjudged posterior (log-odds + noise * z, z ~ N(0, 1) per dialogue) and its best response.
 
-    name = "lexicon-bayes-receiver"
+    ``complete`` is the text path (the same prompt an LLM receiver gets; z is drawn from the call's
+    seed, 0 without one). ``act_many`` is the same rule for many dialogues of one (commitment,
+    message) pair, with their z's given: the loop uses it so that 10^4 dialogues cost one reading."""
+
+    def __init__(self, noise: float = 0.0):
+        self.noise = float(noise)
+        self.name = f"noisy-lexicon-reader(noise={self.noise:g})"
+        self._readings: dict = {}
+
+    def reading(self, game: BPGame, commitment: str, message: str) -> tuple[np.ndarray, int] | None:
+        """(posterior of the message's recommendation under the scheme as read, recommendation), or
+        None when the scheme or the message cannot be read (the receiver then acts on its prior)."""
+        key = (game.name, commitment, message)
+        if key not in self._readings:
+            pi, rec = parse_commitment(game, commitment), classify_message(game, message)
+            out = None
+            if pi is not None and rec is not None:
+                joint = game.mu0 * pi[:, rec]
+                out = (joint / joint.sum() if joint.sum() > 1e-12 else game.mu0, rec)
+            self._readings[key] = out
+        return self._readings[key]
+
+    def decide(self, game: BPGame, belief: np.ndarray, rec: int | None, z: np.ndarray) -> np.ndarray:
+        """Actions at the perceived beliefs of dialogues with noise draws ``z`` (ties go to ``rec``)."""
+        z = np.atleast_1d(np.asarray(z, float))
+        if self.noise > 0:
+            if len(game.states) != 2:
+                raise ValueError("NoisyReader with noise > 0 needs a two-state game")
+            with np.errstate(divide="ignore"):
+                logit = np.log(belief[0]) - np.log(belief[1])
+            b0 = 1.0 / (1.0 + np.exp(-(logit + self.noise * z))) if np.isfinite(logit) else \
+                np.full(z.shape, float(logit > 0))
+            beliefs = np.stack([b0, 1.0 - b0], axis=1)
+        else:
+            beliefs = np.broadcast_to(belief, (len(z), len(belief)))
+        eu = beliefs @ game.ur
+        best = eu.argmax(axis=1)
+        if rec is not None:
+            best = np.where(eu[:, rec] >= eu.max(axis=1) - TIE_TOL, rec, best)
+        return best
+
+    def act_many(self, game: BPGame, commitment: str, message: str, z: np.ndarray) -> np.ndarray:
+        r = self.reading(game, commitment, message)
+        if r is None:
+            return np.full(len(np.atleast_1d(z)), receiver_best_action(game, game.mu0))
+        return self.decide(game, r[0], r[1], z)
 
     def complete(self, messages: Sequence[dict], *, temperature: float = 0.0, max_tokens: int = 256,
                  seed: int | None = None) -> str:
-        task = read_task(messages)
-        game = GAMES[task["game"]]
+        game, _ = game_of(messages)
         text = messages[-1]["content"]
-        commitment = text.split("COMMITMENT:\n", 1)[1].split("\nMESSAGE:\n", 1)[0]
-        message = text.split("\nMESSAGE:\n", 1)[1].split("\n<<task>>", 1)[0]
-        pi = parse_commitment(game, commitment)
-        rec = classify_message(game, message)
-        if pi is None or rec is None:
-            return game.actions[receiver_best_action(game, game.mu0)]
-        joint = game.mu0 * pi[:, rec]
-        belief = joint / joint.sum() if joint.sum() > 1e-12 else game.mu0
-        return game.actions[receiver_best_action(game, belief, preferred=rec)]
+        commitment = _between(text, "COMMITMENT:\n", "\nMESSAGE:\n")
+        message = _between(text, "\nMESSAGE:\n", None).rstrip("\n")
+        z = 0.0 if seed is None else float(np.random.default_rng(seed).standard_normal())
+        return game.actions[int(self.act_many(game, commitment, message, np.array([z]))[0])]
+
+
+def LexiconReceiver() -> NoisyReader:
+    """The exact Bayesian reader (noise 0): the words add nothing beyond the numbers they state."""
+    return NoisyReader(0.0)
 
 
 def read_action(game: BPGame, reply: str) -> int | None:
