@@ -15,7 +15,7 @@ from reprozoo.methods.ldr.coords import ComFreeChart, RotFreeChart, helmert, mak
 from reprozoo.methods.ldr.data import annealed_mala, random_symmetry
 from reprozoo.methods.ldr.dispersion import log_dispersion, objective
 from reprozoo.methods.ldr.efficiency import n_to_reach, samples_to_reach
-from reprozoo.methods.ldr.method import evaluate, train_flow
+from reprozoo.methods.ldr.method import evaluate, flow_coords, train_flow
 
 
 # --- chart ---------------------------------------------------------------------------------------
@@ -216,10 +216,24 @@ def test_early_stop_on_a_planted_overfit_keeps_the_best_parameters():
     assert rec["best_step"] > 5  # the minimum lies inside the run
     assert rec["stop_step"] >= rec["best_step"] + 5 * 4  # patience: 4 evaluations without a new best
     assert rec["val_loss"][-1] > min(rec["val_loss"]) + 1e-3  # it did turn up
+    # the lr/10 phase starts from that minimum and can only keep or improve it
+    assert rec["final_step"] > rec["stop_step"] and rec["anneal_gain"] >= 0 and rec["anneal_gain_nll"] >= -1e-9
     with torch.no_grad():
         v = float(-flow.log_prob(xv).mean())
-    assert v == pytest.approx(rec["val_loss"][rec["val_steps"].index(rec["best_step"])], abs=1e-5)
-    assert rec["lr"] == [3e-3] * len(rec["lr"])  # constant lr: the convergence gate's lr check
+    steps, losses = rec["val_steps"] + rec["final_steps"], rec["val_loss"] + rec["final_loss"]
+    assert v == pytest.approx(losses[steps.index(rec["final_best_step"])], abs=1e-5)  # the best state, returned
+    assert v == pytest.approx(rec["val_nll_final"], abs=1e-5)
+    assert v <= min(rec["val_loss"]) + 1e-6
+    assert rec["lr"] == [3e-3] * len(rec["lr"])  # constant lr in the gate's curve: the convergence gate's lr check
+
+
+def test_lr10_phase_recovers_what_a_too_high_rate_leaves_on_the_table():
+    """Planted: a rate so high that the constant-lr phase plateaus in optimiser noise. The lr/10
+    phase must then gain (anneal_gain > 0), which is what the recorded audit is there to show."""
+    x, c, xv, cv = _toy(n=400, seed=1)
+    b = _bench(lr=1e-1, batch_size=16, min_steps=50, max_steps=300)
+    _, rec = train_flow(None, 0.0, x, c, xv, cv, 2, b, seed=0, n=400, bench="toy")
+    assert rec["anneal_gain"] > 1e-3 and rec["anneal_gain_nll"] > 1e-3
 
 
 def test_the_stop_rule_measures_flatness_as_the_convergence_gate_does():
@@ -312,13 +326,20 @@ def test_exact_model_has_unit_ess_and_the_entropy_as_nll():
     chart = ComFreeChart.for_target(t)
     test = t.sample_reference(2000, torch.Generator().manual_seed(4))
     e_test = t.energy(test)
-    res = evaluate(ExactModel(t), t, chart, test, e_test, 2000, seed=0)
+    ev = {"n_samples": 2000, "energy_hi": 10.0}
+    res = evaluate(ExactModel(t), t, chart, test, e_test, ev, seed=0)
     assert res["ess"] == pytest.approx(1.0, abs=1e-9)
     assert float(np.mean(res["nll_units"])) == pytest.approx(float(e_test.mean()), abs=1e-9)  # E = -log p
     assert res["ew2"] < 0.15 and res["test_logvar"] == pytest.approx(0.0, abs=1e-18)
-    worse = evaluate(ExactModel(t, widen=1.3), t, chart, test, e_test, 2000, seed=0)
+    # equal weights: the reweighted E-W2 is the plain one; nothing of the exact model lies above the crop
+    assert res["ew2rw"] == pytest.approx(res["ew2"], rel=1e-9) and res["ew2c"] <= res["ew2"] + 1e-12
+    worse = evaluate(ExactModel(t, widen=1.3), t, chart, test, e_test, ev, seed=0)
     assert worse["ess"] < 0.9 and np.mean(worse["nll_units"]) > np.mean(res["nll_units"])
     assert np.isfinite(worse["energies"]).all()
+    # the planted broadening is seen by both claimed E-W2: the cropped one more than 1.25x the exact
+    # model's (the no-harm margin), and reweighting removes most of it (ESS is still high)
+    assert worse["ew2c"] > 1.25 * res["ew2c"] and worse["crop_frac"] > 0
+    assert worse["ew2rw"] < worse["ew2c"]
 
 
 class IsotropicTarget:
@@ -357,6 +378,25 @@ def test_exact_model_has_unit_ess_in_the_rotation_free_chart():
     y = torch.randn(3000, 6, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     x_test = ComFreeChart(4, 2).to_cartesian(y)
     u_test = chart.to_internal(x_test)
-    res = evaluate(ExactRotFreeModel(chart), t, chart, u_test, t.energy(x_test), 3000, seed=0)
+    res = evaluate(ExactRotFreeModel(chart), t, chart, u_test, t.energy(x_test), {"n_samples": 3000, "energy_hi": 50.0},
+                   seed=0)
     assert res["ess"] == pytest.approx(1.0, abs=1e-9)
     assert float(np.mean(res["nll_units"])) == pytest.approx(3 * (1 + math.log(2 * math.pi)), abs=0.1)
+
+
+def test_training_offset_of_the_rotation_free_chart_makes_an_exact_model_dispersion_free():
+    """The offset c = E/T + log_det that the training loss adds to log q_u (sweep's flow_coords):
+    for the exact model, ℓ = log q_u(u) + c is constant, so every dispersion measure is 0. The
+    planted sign error (c = E/T - log_det) leaves ℓ varying with 2 log_det, and D > 0."""
+    t, chart = IsotropicTarget(), RotFreeChart(4, 2)
+    y = torch.randn(500, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    x = ComFreeChart(4, 2).to_cartesian(y)
+    u, c = flow_coords(chart, x, t.energy(x), t.temperature)
+    log_qu = ExactRotFreeModel(chart).log_prob(u.double())
+    for measure in ("variance", "mad"):
+        assert float(log_dispersion(log_qu, c.double(), measure)) == pytest.approx(0.0, abs=1e-5)  # float32 c
+        wrong = c.double() - 2 * chart.log_det(u.double())
+        assert float(log_dispersion(log_qu, wrong, measure)) > 0.1
+    _, loss_nll = objective(log_qu, c.double(), "variance", 1.0)
+    loss, _ = objective(log_qu, c.double(), "variance", 1.0)
+    assert float(loss) == pytest.approx(float(loss_nll), abs=1e-6)  # D = 0 adds nothing to the NLL

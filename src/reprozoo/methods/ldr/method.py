@@ -1,7 +1,7 @@
 """LDR in miniature: ESS-vs-N curves of a flow Boltzmann generator, with and without LDR.
 
 Variants (one per training objective; same data, flow, initialisation, minibatches, optimiser,
-learning rate, stopping rule and step cap at every N):
+stopping rule and step cap at every N, and the learning rate (and λ) from one grid by one rule):
 * ``ml``      (baseline) maximum likelihood, -mean log q(x) over the MCMC training set;
 * ``ldr_var`` (method)   ML + λ Var(log q(x) + E(x)/T) over each minibatch (off-policy log-variance);
 * ``ldr_mad`` (method)   ML + λ mean |ℓ - median ℓ|, ℓ = log q(x) + E(x)/T (another dispersion).
@@ -15,19 +15,25 @@ Stages:
   of size N, an independent validation set and test set, all with energy labels).
 * train (variant x seed): the variant swept over every benchmark's N grid.
 
-Training (train_flow): Adam at a constant learning rate (chosen on validation, the same for every
-variant: calibrate.py). Every ``val_every`` steps the variant's own objective is evaluated on the
-validation set (the NLL for ML; NLL + λ D for LDR); training stops when it has not improved by
-``min_delta`` for ``patience`` evaluations AND its last 30 % improves by at most ``flat_tol``
-(2 %) of its whole improvement (the convergence gate's measure and tolerance: a run stops when
-its curve is flat by the gate's own rule, however long that takes), not before ``min_steps``, at
-most ``max_steps``; the parameters with the best validation objective are kept. The validation curve and the
-learning-rate curve at the smallest and the largest N are the convergence gate's inputs.
+Training (train_flow): Adam at a constant learning rate (per variant, from one grid chosen on
+validation by one rule: calibrate.py). Every ``val_every`` steps the variant's own objective is
+evaluated on the validation set (the NLL for ML; NLL + λ D for LDR); the constant-lr phase stops
+when it has not improved by ``min_delta`` for ``patience`` evaluations AND its last 30 % improves
+by at most ``flat_tol`` (2 %) of its whole improvement (the convergence gate's measure and
+tolerance), not before ``min_steps``, at most ``max_steps``. Then, from its best parameters, a
+final phase at ``final_lr_factor`` x lr (1/10) runs until ``patience`` evaluations pass without an
+improvement: a plateau that was optimiser noise shows as what this phase still gains
+(``anneal_gain_nll_*``, and at the largest N the ESS before it, ``ess_phase1_nmax_*``). The
+parameters with the best validation objective over both phases are kept. The constant-lr
+validation curve and its lr curve at every N are the convergence gate's inputs.
 
-Per N, on the trained flow: Kish ESS (normalised, in [1/n, 1]) of n flow samples against the
-exact target energy; test NLL per test point (nats, density on the COM-free subspace); E-W2
-between the energies of flow samples and of test samples (kT); Var(log q + E/T) on the test set.
-From the ESS curve: N(ESS*) at the benchmark's fixed level ESS* (efficiency.py).
+Per N, on the trained flow, from 10^4 flow samples: Kish ESS (normalised, in [1/n, 1]) against
+the exact target energy; E-W2 between the energies of flow samples and of test samples (kT):
+uncropped, cropped at the top of the energy window, and importance-reweighted; test NLL per test
+point (nats, density on the COM-free subspace, per unit); Var(log q + E/T) on the test set. From
+the ESS curve: N(ESS*) at the benchmark's fixed level ESS* (efficiency.py). Per benchmark: the
+E-W2 of an independent reference sample (the training pool) against the test set, the metric's
+floor.
 """
 from __future__ import annotations
 
@@ -40,10 +46,11 @@ from reprozoo.figures import save_figure
 
 VARIANT_MEASURE = {"ml": None, "ldr_var": "variance", "ldr_mad": "mad"}
 ORDER = ["ml", "ldr_var", "ldr_mad"]
-# plot() draws the main figures; of the other curves only these two get a generic figure
+# plot() draws the main figures; of the other curves only these get a generic figure
 GENERIC_CURVES = {f"{k}_{b}": ("training samples N (MCMC)", label) for b in ("gmm", "dw4")
                   for k, label in (("test_logvar", "Var(log q + E/T) on the test set"),
-                                   ("stop_step", "optimiser steps until the plateau stop"))}
+                                   ("stop_step", "optimiser steps until the plateau stop"),
+                                   ("anneal_gain_nll", "validation NLL gained by the lr/10 phase (nats)"))}
 
 
 def _setup(b: dict):
@@ -91,11 +98,24 @@ def tail_improvement(steps, values, tail: float = 0.3) -> float:
     return gain / level if level > 0 else (0.0 if gain <= 0 else math.inf)
 
 
+def variant_setting(value, variant: str, what: str):
+    """A per-variant constant of the config (``{ml: .., ldr_var: ..}``) or one value for all."""
+    if isinstance(value, dict):
+        if variant not in value:
+            raise ValueError(f"{what}: no value for variant {variant!r} (have {sorted(value)})")
+        return value[variant]
+    return value
+
+
 def train_flow(measure: str | None, weight: float, u, c, u_val, c_val, dim: int, b: dict, seed: int, n: int,
-               bench: str = ""):
+               bench: str = "", lr: float | None = None, keep_phase1: bool = False):
     """Fit one flow on u (flow coordinates; ``c`` = E/T + log_det, per point) by ML (+ λ D(ℓ)).
 
-    Returns the flow (best validation objective restored) and a record of the run."""
+    Phase 1: Adam at the constant ``lr`` until the plateau rule stops it (the convergence gate's
+    curve). Phase 2: from phase 1's best parameters, ``final_lr_factor`` x lr (default 1/10) until
+    ``patience`` evaluations pass without an improvement of ``min_delta`` (at most ``max_steps``
+    more steps): what a lower rate still gains is recorded (``anneal_gain``, ``anneal_gain_nll``),
+    and the flow with the best validation objective over both phases is returned, with a record."""
     import torch
 
     from ...blocks.flows import make_flow
@@ -106,51 +126,92 @@ def train_flow(measure: str | None, weight: float, u, c, u_val, c_val, dim: int,
     flow = make_flow(fc["kind"], dim, hidden=tuple(fc["hidden"]), transforms=int(fc["transforms"]),
                      **fc.get("kwargs", {})).to(u.device)
     flow.set_standardization(u)
-    lr = float(tc["lr"])
+    lr = float(tc["lr"] if lr is None else lr)
     opt = torch.optim.Adam(flow.parameters(), lr=lr, weight_decay=float(tc.get("weight_decay", 0.0)))
     gen = torch.Generator().manual_seed(_seed(seed, n, 1, bench))
     bs = min(int(tc["batch_size"]), n)
     every, patience = int(tc["val_every"]), int(tc["patience"])
     min_steps, max_steps, min_delta = int(tc["min_steps"]), int(tc["max_steps"]), float(tc["min_delta"])
     flat_tol = float(tc.get("flat_tol", 0.02))
-    best, best_state, best_step, since = math.inf, None, 0, 0
-    rec = {"val_steps": [], "val_loss": [], "val_nll": [], "lr": []}
-    step, stopped = 0, False
-    for step in range(1, max_steps + 1):
+    factor = float(tc.get("final_lr_factor", 0.1))
+    rec = {"val_steps": [], "val_loss": [], "val_nll": [], "lr": [], "final_steps": [], "final_loss": []}
+    state = {"best": math.inf, "nll": math.inf, "params": None, "step": 0, "since": 0}
+
+    def validate(step, phase1: bool) -> None:
+        with torch.no_grad():
+            v_loss, v_nll = objective(flow.log_prob(u_val), c_val, measure, weight)
+        v = float(v_loss)
+        if phase1:
+            rec["val_steps"].append(step)
+            rec["val_loss"].append(v)
+            rec["val_nll"].append(float(v_nll))
+            rec["lr"].append(opt.param_groups[0]["lr"])
+        else:
+            rec["final_steps"].append(step)
+            rec["final_loss"].append(v)
+        if v < state["best"] - min_delta or state["params"] is None:
+            state.update(best=v, nll=float(v_nll), step=step, since=0,
+                         params={k: t.detach().clone() for k, t in flow.state_dict().items()})
+        else:
+            state["since"] += 1
+
+    def one_step() -> None:
         idx = torch.randint(0, n, (bs,), generator=gen)
         loss, _ = objective(flow.log_prob(u[idx]), c[idx], measure, weight)
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+    step, stopped = 0, False
+    for step in range(1, max_steps + 1):
+        one_step()
         if step % every == 0:
-            with torch.no_grad():
-                v_loss, v_nll = objective(flow.log_prob(u_val), c_val, measure, weight)
-            v = float(v_loss)
-            rec["val_steps"].append(step)
-            rec["val_loss"].append(v)
-            rec["val_nll"].append(float(v_nll))
-            rec["lr"].append(opt.param_groups[0]["lr"])
-            if v < best - min_delta or best_state is None:
-                best, best_step, since = v, step, 0
-                best_state = {k: t.detach().clone() for k, t in flow.state_dict().items()}
-            else:
-                since += 1
-            if step >= min_steps and since >= patience and \
+            validate(step, True)
+            if step >= min_steps and state["since"] >= patience and \
                     tail_improvement(rec["val_steps"], rec["val_loss"]) <= flat_tol:
                 stopped = True
                 break
-    if best_state is not None:
-        flow.load_state_dict(best_state)
-    rec.update(stop_step=step, best_step=best_step, capped=int(not stopped))
+    stop1, best1, nll1, best_step1 = step, state["best"], state["nll"], state["step"]
+    flow.load_state_dict(state["params"])
+    phase1 = {k: t.clone() for k, t in state["params"].items()} if keep_phase1 else None
+    # phase 2: the same optimiser (its moment estimates kept) at a lower rate, from the best state
+    for g in opt.param_groups:
+        g["lr"] = lr * factor
+    state["since"] = 0
+    for step2 in range(1, max_steps + 1):
+        one_step()
+        if step2 % every == 0:
+            validate(stop1 + step2, False)
+            if state["since"] >= patience:
+                break
+    flow.load_state_dict(state["params"])
+    rec.update(stop_step=stop1, best_step=best_step1, capped=int(not stopped), final_step=stop1 + step2,
+               final_best_step=state["step"], anneal_gain=best1 - state["best"], anneal_gain_nll=nll1 - state["nll"],
+               val_nll_final=state["nll"], lr_used=lr, phase1_params=phase1)
     return flow, rec
 
 
-def evaluate(flow, target, chart, u_test, e_test, n_samples: int, seed: int) -> dict:
-    """ESS, per-point test NLL, E-W2, Var(ℓ) on the test set; and the flow samples' energies."""
+def flow_coords(chart, x, e, temperature: float, device: str = "cpu"):
+    """Cartesian configurations and their energies -> (u, c): flow coordinates and the part of
+    ℓ = log q(x) + E(x)/T that does not depend on the flow, c = E/T + log_det(u), so that
+    ℓ = log q_u(u) + c with log q(x) = log q_u(u) + log_det(u) on the COM-free subspace."""
+    u = chart.to_internal(x.double())
+    return u.float().to(device), (e.double() / temperature + chart.log_det(u)).float().to(device)
+
+
+def evaluate(flow, target, chart, u_test, e_test, ev: dict, seed: int) -> dict:
+    """ESS, per-point test NLL, the three E-W2, Var(ℓ) on the test set; the flow samples' energies.
+
+    E-W2 (kT) between the energies of ``ev["n_samples"]`` flow samples and of the test set:
+    ``ew2`` uncropped (recorded, not claimed: a few samples in the proposal's tail decide it),
+    ``ew2c`` with both sides cropped at ``ev["energy_hi"]`` (the top of the energy window;
+    ``crop_frac`` = the fraction of flow samples above it), ``ew2rw`` importance-reweighted
+    (self-normalised weights p/q, uncropped: the weights remove the tail)."""
     import torch
 
     from ...blocks.gen_metrics import energy_w2, kish_ess, log_importance_weights
 
+    n_samples, crop = int(ev["n_samples"]), float(ev["energy_hi"])
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -160,9 +221,14 @@ def evaluate(flow, target, chart, u_test, e_test, n_samples: int, seed: int) -> 
         energy = target.energy(chart.from_flow(u, gen))
         test_lq = flow.log_prob(u_test).double() + chart.log_det(u_test.double())
     log_w = log_importance_weights(-energy / target.temperature, log_q)
+    lw = np.where(np.isfinite(log_w), log_w, -np.inf)
+    w = np.exp(lw - lw.max())
+    e_np = energy.cpu().numpy()
     ell = (test_lq + e_test.double() / target.temperature).cpu().numpy()
     return {"ess": kish_ess(log_w), "nll_units": (-test_lq).cpu().numpy(), "ew2": energy_w2(energy, e_test),
-            "test_logvar": float(np.var(ell)), "energies": energy.cpu().numpy()}
+            "ew2c": energy_w2(energy, e_test, max_energy=crop), "ew2rw": energy_w2(energy, e_test, weights=w),
+            "crop_frac": float(np.mean(~(e_np <= crop))),
+            "test_logvar": float(np.var(ell)), "energies": e_np}
 
 
 def _histogram(energies, ev: dict) -> list[float]:
@@ -174,48 +240,66 @@ def _histogram(energies, ev: dict) -> list[float]:
     return (counts / max(len(e), 1) / np.diff(edges)).tolist()
 
 
-def sweep(measure: str | None, data: dict, b: dict, p: dict, seed: int, bench: str = "", progress=print) -> dict:
+def settings(b: dict, p: dict, variant: str) -> tuple[str | None, float, float]:
+    """(dispersion measure, λ, lr) of a variant on a benchmark, from the config."""
+    measure = VARIANT_MEASURE[variant]
+    weight = 0.0
+    if measure:
+        weight = float(variant_setting(b.get("weight", p.get("ldr", {}).get("weight", {}).get(measure)),
+                                       variant, "weight"))
+    return measure, weight, float(variant_setting(b["train"]["lr"], variant, "train.lr"))
+
+
+def sweep(variant: str, data: dict, b: dict, p: dict, seed: int, bench: str = "", progress=print) -> dict:
     """Train and evaluate one variant at every N of a benchmark's grid; a JSON-able dict of curves."""
     import torch
+
+    from ...blocks.gen_metrics import energy_w2
 
     target, chart = _setup(b)
     device = p.get("device", "cpu")
     temp = target.temperature
-
-    def flow_coords(x, e):
-        u = chart.to_internal(x.double())
-        return u.float().to(device), (e.double() / temp + chart.log_det(u)).float().to(device)
-
-    u_pool, c_pool = flow_coords(data["pool"], data["e_pool"])
-    u_val, c_val = flow_coords(data["val"], data["e_val"])
-    u_test, _ = flow_coords(data["test"], data["e_test"])
-    weight = float(p["ldr"]["weight"][measure]) if measure else 0.0
+    measure, weight, lr = settings(b, p, variant)
+    u_pool, c_pool = flow_coords(chart, data["pool"], data["e_pool"], temp, device)
+    u_val, c_val = flow_coords(chart, data["val"], data["e_val"], temp, device)
+    u_test, _ = flow_coords(chart, data["test"], data["e_test"], temp, device)
     ns, ev = [int(n) for n in b["n_grid"]], b["eval"]
-    keys = ("ess", "nll", "ew2", "test_logvar", "train_logvar", "stop_step", "best_step", "capped", "seconds")
-    out = {"n": ns, **{k: [] for k in keys}, "nll_units": {}}
+    keys = ("ess", "nll", "ew2", "ew2c", "ew2rw", "crop_frac", "test_logvar", "train_logvar", "stop_step",
+            "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll", "seconds")
+    out = {"n": ns, **{k: [] for k in keys}, "nll_units": {}, "val": {}, "weight": weight, "lr_used": lr}
+    # the metric's floor: an independent reference sample (the training pool at the largest N, from
+    # chains independent of the test set's) scored against the test set with the same crop
+    out["ew2_ref"] = energy_w2(data["e_pool"], data["e_test"], max_energy=float(ev["energy_hi"]))
     for n in ns:
         t0 = time.perf_counter()
-        flow, rec = train_flow(measure, weight, u_pool[:n], c_pool[:n], u_val, c_val, chart.dim, b, seed, n, bench)
+        flow, rec = train_flow(measure, weight, u_pool[:n], c_pool[:n], u_val, c_val, chart.dim, b, seed, n, bench,
+                               lr=lr, keep_phase1=n == ns[-1])
         flow.eval()
-        res = evaluate(flow, target, chart, u_test, data["e_test"], int(ev["n_samples"]), _seed(seed, n, 2, bench))
+        eval_seed = _seed(seed, n, 2, bench)
+        res = evaluate(flow, target, chart, u_test, data["e_test"], ev, eval_seed)
         with torch.no_grad():
             ell = flow.log_prob(u_pool[:n]).double() + c_pool[:n].double()
+        if n == ns[-1]:  # the audit of phase 2: ESS of phase 1's flow, same evaluation noise
+            final = {k: t.clone() for k, t in flow.state_dict().items()}
+            flow.load_state_dict(rec["phase1_params"])
+            out["ess_phase1_nmax"] = evaluate(flow, target, chart, u_test, data["e_test"], ev, eval_seed)["ess"]
+            flow.load_state_dict(final)
         out["seconds"].append(time.perf_counter() - t0)
-        out["ess"].append(res["ess"])
+        for k in ("ess", "ew2", "ew2c", "ew2rw", "crop_frac", "test_logvar"):
+            out[k].append(res[k])
         out["nll"].append(float(np.mean(res["nll_units"])))
-        out["ew2"].append(res["ew2"])
-        out["test_logvar"].append(res["test_logvar"])
         out["train_logvar"].append(float(ell.var(unbiased=False)))
-        for k in ("stop_step", "best_step", "capped"):
+        for k in ("stop_step", "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll"):
             out[k].append(rec[k])
         out["nll_units"][str(n)] = res["nll_units"].tolist()
+        out["val"][str(n)] = {k: rec[k] for k in ("val_steps", "val_loss", "val_nll", "lr")}
         for tag, n_tag in (("nmin", ns[0]), ("nmax", ns[-1])):
             if n == n_tag:
-                out[f"val_{tag}"] = {k: rec[k] for k in ("val_steps", "val_loss", "val_nll", "lr")}
                 out[f"energy_hist_{tag}"] = _histogram(res["energies"], ev)
-        progress(f"{bench} {measure or 'ml'} N={n}: ESS {res['ess']:.3f} NLL {out['nll'][-1]:.3f} "
-                 f"E-W2 {res['ew2']:.3f} (stop {rec['stop_step']}, best {rec['best_step']}, "
-                 f"{out['seconds'][-1]:.1f}s)")
+        progress(f"{bench} {variant} N={n}: ESS {res['ess']:.3f} NLL {out['nll'][-1]:.3f} "
+                 f"E-W2 {res['ew2']:.3f} / cropped {res['ew2c']:.3f} / reweighted {res['ew2rw']:.3f} "
+                 f"(stop {rec['stop_step']}, best {rec['best_step']}, lr/10 to {rec['final_step']}, "
+                 f"gain {rec['anneal_gain_nll']:.4f} nats, {out['seconds'][-1]:.1f}s)")
     out["energy_hist_ref"] = _histogram(data["e_test"].cpu().numpy(), ev)
     return out
 
@@ -248,16 +332,19 @@ def record(ctx, name: str, res: dict, b: dict) -> None:
     from .efficiency import n_to_reach
 
     m, ns = ctx.metrics, res["n"]
-    for k in ("ess", "nll", "ew2", "test_logvar", "train_logvar", "stop_step", "best_step", "capped"):
+    for k in ("ess", "nll", "ew2", "ew2c", "ew2rw", "crop_frac", "test_logvar", "train_logvar", "stop_step",
+              "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll"):
         m.curve(f"{k}_{name}", ns, res[k])
     n_ctl = int(b["n_control"])
     if n_ctl not in ns:
         raise ValueError(f"{name}: n_control {n_ctl} is not on the N grid {ns}")
     i_ctl = ns.index(n_ctl)
-    m.scalar(f"ess_nmax_{name}", res["ess"][-1])
-    m.scalar(f"ess_nctl_{name}", res["ess"][i_ctl])
-    m.scalar(f"ew2_nmax_{name}", res["ew2"][-1])
-    m.scalar(f"ew2_nctl_{name}", res["ew2"][i_ctl])
+    for k in ("ess", "ew2", "ew2c", "ew2rw"):
+        m.scalar(f"{k}_nmax_{name}", res[k][-1])
+        m.scalar(f"{k}_nctl_{name}", res[k][i_ctl])
+    m.scalar(f"ew2_ref_{name}", res["ew2_ref"])
+    m.scalar(f"ess_phase1_nmax_{name}", res["ess_phase1_nmax"])
+    m.scalar(f"anneal_gain_nll_nmax_{name}", res["anneal_gain_nll"][-1])
     m.units(f"nll_nmax_{name}", res["nll_units"][str(ns[-1])])
     m.units(f"nll_nctl_{name}", res["nll_units"][str(n_ctl)])
     m.scalar(f"ess_best_{name}", max(res["ess"]))
@@ -266,18 +353,24 @@ def record(ctx, name: str, res: dict, b: dict) -> None:
     m.scalar(f"n_reach_{name}", n_star)
     m.scalar(f"n_reach_censored_{name}", censored)
     m.scalar(f"ess_reach_margin_{name}", max(res["ess"]) - star)  # > 0: the curve reaches ESS*
-    m.scalar(f"ess_gap_nmin_{name}", star - res["ess"][0])  # > 0: room to save samples below the grid
+    # > log10 2: N(ESS*) at least twice the smallest N, so a 2x saving is visible on the grid
+    m.scalar(f"n_reach_room_{name}", math.log10(n_star) - math.log10(ns[0]))
     m.scalar(f"capped_runs_{name}", float(sum(res["capped"])))
     m.scalar(f"train_seconds_{name}", sum(res["seconds"]))
+    m.scalar(f"lambda_{name}", res["weight"])
+    m.scalar(f"lr_used_{name}", res["lr_used"])
     ev = b["eval"]
     edges = np.linspace(ev["energy_lo"], ev["energy_hi"], int(ev["energy_bins"]) + 1)
     centres = 0.5 * (edges[1:] + edges[:-1])
     m.curve(f"energy_hist_ref_{name}", centres, res["energy_hist_ref"])
+    for n in ns:  # every run's validation curve and lr (the convergence gate reads each N)
+        v = res["val"][str(n)]
+        tags = [f"n{n}"] + (["nmin"] if n == ns[0] else []) + (["nmax"] if n == ns[-1] else [])
+        for tag in tags:
+            m.curve(f"val_loss_{name}_{tag}", v["val_steps"], v["val_loss"])
+            m.curve(f"val_nll_{name}_{tag}", v["val_steps"], v["val_nll"])
+            m.curve(f"lr_{name}_{tag}", v["val_steps"], v["lr"])
     for tag in ("nmin", "nmax"):
-        v = res[f"val_{tag}"]
-        m.curve(f"val_loss_{name}_{tag}", v["val_steps"], v["val_loss"])
-        m.curve(f"val_nll_{name}_{tag}", v["val_steps"], v["val_nll"])
-        m.curve(f"lr_{name}_{tag}", v["val_steps"], v["lr"])
         m.curve(f"energy_hist_{name}_{tag}", centres, res[f"energy_hist_{tag}"])
     ctx.progress(f"{name}: N(ESS*={star:g}) = {n_star:.0f}" + {0: "", -1: " (reached at the smallest N)",
                                                                1: " (never reached)"}[censored])
@@ -293,9 +386,8 @@ def train(ctx) -> None:
     p = ctx.params
     if ctx.variant not in VARIANT_MEASURE:
         raise ValueError(f"unknown variant {ctx.variant!r}; one of {sorted(VARIANT_MEASURE)}")
-    measure = VARIANT_MEASURE[ctx.variant]
     for name, b in benchmarks_for(p, ctx.variant).items():
-        res = sweep(measure, _load_data(ctx.shared_dir, name), b, p, ctx.seed, name, ctx.progress)
+        res = sweep(ctx.variant, _load_data(ctx.shared_dir, name), b, p, ctx.seed, name, ctx.progress)
         record(ctx, name, res, b)
 
 
@@ -312,12 +404,14 @@ def plot(table, plots_dir, params: dict) -> None:
         p = plt()
         _ess_plot(plots_dir / f"curve_ess_{name}.png", table, name, variants, float(b["ess_star"]), p)
         _panels(plots_dir / f"curve_nll_ew2_{name}.png", table, variants, p, logx=True,
-                panels=[(f"nll_{name}", "test NLL (nats)", False), (f"ew2_{name}", "E-W2 (kT)", True)],
+                panels=[(f"nll_{name}", "test NLL (nats)", False), (f"ew2c_{name}", "E-W2, cropped (kT)", True),
+                        (f"ew2rw_{name}", "E-W2, reweighted (kT)", True), (f"ew2_{name}", "E-W2, uncropped (kT)", True)],
                 xlabel="training samples N (MCMC)", title=f"{name.upper()}: held-out NLL and energy W2 vs N")
         _panels(plots_dir / f"curve_val_loss_{name}.png", table, variants, p, logx=False,
                 panels=[(f"val_loss_{name}_nmin", "validation objective, smallest N", False),
                         (f"val_loss_{name}_nmax", "validation objective, largest N", False)],
-                xlabel="optimiser step", title=f"{name.upper()}: has training flattened (and where did it stop)?")
+                xlabel="optimiser step (constant-lr phase)",
+                title=f"{name.upper()}: has training flattened (and where did it stop)?")
         _energy_histograms(table, plots_dir, name, variants, name.upper(), p)
 
 
