@@ -1,10 +1,13 @@
-"""Numerics of GeoPT's miniature: panel method vs closed form, ray casting, lifted targets, network."""
+"""Numerics of GeoPT's miniature: panel method vs closed form, ray casting, the authors' lifting
+rule, the relative-position network, the training rule's plateau test and the error units."""
 import numpy as np
 import pytest
 
 from reprozoo.methods.geopt.geometry import (inside, lifted_targets, nearest_on_boundary, polygon_area,
-                                              random_shape, ray_cast, sample_outside, sdf)
+                                              random_shape, ray_cast, sample_outside, sdf, walk_positions)
 from reprozoo.methods.geopt.panel import flow_velocity, solve_source_panels
+
+SQUARE = np.array([[-0.5, -0.5], [0.5, -0.5], [0.5, 0.5], [-0.5, 0.5]])
 
 
 def _circle(k, r=0.5):
@@ -46,25 +49,50 @@ def test_panel_method_no_penetration_and_free_stream_far_away():
 
 
 def test_ray_cast_sdf_and_nearest_point_on_a_square():
-    sq = np.array([[-0.5, -0.5], [0.5, -0.5], [0.5, 0.5], [-0.5, 0.5]])
     x = np.array([[-1.0, 0.1], [0.8, 0.0], [0.0, 0.0]])
     d = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    t = ray_cast(sq, x, d)
+    t = ray_cast(SQUARE, x, d)
     assert np.allclose(t[[0, 2]], [0.5, 0.5]) and np.isinf(t[1])
-    assert np.allclose(sdf(sq, x), [0.5, 0.3, -0.5])
-    assert np.allclose(nearest_on_boundary(sq, np.array([[0.9, 0.9]])), [[0.5, 0.5]])
-    assert inside(sq, np.array([[0.1, 0.2]]))[0] and not inside(sq, np.array([[0.6, 0.2]]))[0]
+    assert np.allclose(sdf(SQUARE, x), [0.5, 0.3, -0.5])
+    assert np.allclose(nearest_on_boundary(SQUARE, np.array([[0.9, 0.9]])), [[0.5, 0.5]])
+    assert inside(SQUARE, np.array([[0.1, 0.2]]))[0] and not inside(SQUARE, np.array([[0.6, 0.2]]))[0]
 
 
-def test_lifted_walk_is_stopped_at_the_surface():
-    sq = np.array([[-0.5, -0.5], [0.5, -0.5], [0.5, 0.5], [-0.5, 0.5]])
+def test_lifted_walk_follows_the_authors_collision_rule():
+    """p_0 = x is supervised first; a move longer than the hit distance is cut to 0.99 of it."""
     x, d = np.array([[-1.0, 0.0]]), np.array([[1.0, 0.0]])
-    y = lifted_targets(sq, x, d, np.array([0.3]), steps=3).reshape(3, 2)
-    # walker at -0.7, then stopped at the wall -0.5 (not -0.4 inside): nearest vectors (0.2,0), (0,0), (0,0)
-    assert np.allclose(y, [[0.2, 0.0], [0.0, 0.0], [0.0, 0.0]], atol=1e-9)
-    # walking away from the body: the nearest vector grows by the step
-    y2 = lifted_targets(sq, x, -d, np.array([0.3]), steps=2).reshape(2, 2)
-    assert np.allclose(y2, [[0.8, 0.0], [1.1, 0.0]])
+    y = lifted_targets(SQUARE, x, d, np.array([0.3]), steps=3).reshape(3, 2)
+    # walker at -1, -0.7, then -0.7 + 0.99 * 0.2 = -0.502; targets p - c(p) with c on the wall x = -0.5
+    assert np.allclose(y, [[-0.5, 0.0], [-0.2, 0.0], [-0.002, 0.0]], atol=1e-12)
+    # walking away from the body: the vector grows by the step
+    y2 = lifted_targets(SQUARE, x, -d, np.array([0.3]), steps=3).reshape(3, 2)
+    assert np.allclose(y2, [[-0.5, 0.0], [-0.8, 0.0], [-1.1, 0.0]])
+
+
+def test_walkers_never_enter_the_body_and_the_static_vector_is_the_first_block():
+    rng = np.random.default_rng(4)
+    for _ in range(5):
+        poly = random_shape(rng, 32)
+        x = sample_outside(poly, rng, 200)
+        ang = rng.uniform(0, 2 * np.pi, 200)
+        d = np.stack([np.cos(ang), np.sin(ang)], 1)
+        s = rng.uniform(0.05, 0.4, 200)
+        for p in walk_positions(poly, x, d, s, 4):
+            assert (sdf(poly, p) > 0).all()
+        y = lifted_targets(poly, x, d, s, 4)
+        # block 0 is the static nearest-surface vector, whose length is the distance (the SDF outside)
+        assert np.allclose(np.linalg.norm(y[:, :2], axis=1), sdf(poly, x))
+        # a walker moves at most s per step: consecutive positions differ by <= s
+        ps = walk_positions(poly, x, d, s, 4)
+        assert all((np.linalg.norm(b - a, axis=1) <= s + 1e-12).all() for a, b in zip(ps, ps[1:]))
+
+
+def test_pretrain_set_static_vector_equals_lifted_first_block():
+    from reprozoo.methods.geopt.method import make_pretrain_set
+    pre = make_pretrain_set(np.random.default_rng(0), 3, 16, 10, 3, (0.05, 0.4))
+    assert pre["y_lifted"].shape == (3, 10, 6) and pre["y_static_vec"].shape == (3, 10, 2)
+    assert np.array_equal(pre["y_static_vec"], pre["y_lifted"][..., :2])
+    assert np.allclose(np.linalg.norm(pre["y_static_vec"], axis=-1), pre["y_static"][..., 0])
 
 
 def test_random_shapes_are_ccw_simple_and_inside_the_box():
@@ -76,30 +104,72 @@ def test_random_shapes_are_ccw_simple_and_inside_the_box():
         assert not inside(p, x).any() and (sdf(p, x) > 0).all()
 
 
-def test_network_is_permutation_invariant_in_boundary_points_and_transfers_backbone():
+def test_relative_code_and_permutation_invariance_and_backbone_transfer():
     torch = pytest.importorskip("torch")
-    from reprozoo.methods.geopt.model import GeometrySimulator
-    torch.manual_seed(0)
-    m = GeometrySimulator(dim=16, layers=1, heads=2, slices=4, n_features=4, out_dim=6)
+    from reprozoo.methods.geopt.model import EPS, GeometrySimulator, relative_code
     b, q, c = torch.randn(2, 12, 4), torch.randn(2, 5, 2), torch.randn(2, 5, 3)
+    r = relative_code(b, q)
+    delta = q[1, 3] - b[1, 7, :2]
+    dist = delta.norm()
+    assert torch.allclose(r[1, 3, 7], torch.cat([delta, dist[None], delta / (dist**2 + EPS), torch.log(dist + EPS)[None]]))
+    m = GeometrySimulator(dim=16, pair=8, layers=2, heads=2, slices=4, out_dim=6)
     perm = torch.randperm(12)
     assert torch.allclose(m(b, q, c), m(b[:, perm], q, c), atol=1e-5)
+    # a query's output depends on the other queries not at all (no query-query attention)
+    assert torch.allclose(m(b, q, c)[:, :2], m(b, q[:, :2], c[:, :2]), atol=1e-5)
     before = {k: v.clone() for k, v in m.state_dict().items() if not k.startswith("head")}
     m.new_head(2, seed=1)
     assert m(b, q, c).shape == (2, 5, 2)
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    # the same seed gives the same start: every variant pre-trains / fine-tunes from one set of weights
+    m1, m2 = GeometrySimulator(dim=16, pair=8, seed=3), GeometrySimulator(dim=16, pair=8, seed=3)
+    assert all(torch.equal(v, m2.state_dict()[k]) for k, v in m1.state_dict().items())
 
 
-def test_fit_reduces_rel_l2_on_a_planted_flow():
-    """Fine-tuning on the panel-method flows must learn something: error well below zero-prediction."""
-    pytest.importorskip("torch")
+def test_per_shape_units_recompose_the_pooled_error():
+    torch = pytest.importorskip("torch")
+    from reprozoo.methods.geopt.method import evaluate, per_shape_sq_error
+    from reprozoo.methods.geopt.model import GeometrySimulator
+    m = GeometrySimulator(dim=8, pair=4, layers=1, heads=2, slices=2)
+    g = torch.Generator().manual_seed(0)
+    split = [torch.randn(5, 10, 4, generator=g), torch.randn(5, 7, 2, generator=g),
+             torch.randn(5, 7, 3, generator=g), torch.randn(5, 7, 2, generator=g)]
+    m.y_scale = 2.5
+    units = per_shape_sq_error(m, split)
+    assert units.shape == (5,)
+    assert np.sqrt(units.mean()) == pytest.approx(evaluate(m, split), rel=1e-5)
+
+
+def test_plateau_test_tells_a_falling_curve_from_a_flat_one():
+    from reprozoo.methods.geopt.method import _flat, steps_to
+    steps = np.arange(1, 41) * 25
+    falling = 1.0 / np.sqrt(steps)
+    assert not _flat(steps, falling, best_step=steps[-1], min_points=5, flat_tol=0.01)
+    # the Theil-Sen line alone rejects it too: 1/sqrt(step) still improves ~16 % over its last 30 %
+    assert not _flat(steps, falling, best_step=steps[0], min_points=5, flat_tol=0.01)
+    assert _flat(steps, falling, best_step=steps[0], min_points=5, flat_tol=0.2)
+    noise = 0.1 + 0.001 * np.random.default_rng(0).standard_normal(40)
+    noise[5] = 0.09                                  # best early: the tail holds no new best
+    assert _flat(steps, noise, best_step=steps[5], min_points=5, flat_tol=0.01)
+    # a tail with a recent best is not flat, even if the line through it is
+    assert not _flat(steps, noise, best_step=steps[-1], min_points=5, flat_tol=0.01)
+    assert steps_to({"step": list(steps), "val": list(falling)}, 0.05, 9999) == (400, True)
+    assert steps_to({"step": list(steps), "val": list(falling)}, 0.001, 9999) == (9999, False)
+
+
+def test_fit_learns_a_planted_flow_and_keeps_the_start_untouched():
+    """The training rule must learn: the fitted model's error is well below predicting zero (1.0)."""
+    torch = pytest.importorskip("torch")
     from reprozoo.methods.geopt.method import _tensors, evaluate, fit, make_flow_set
     from reprozoo.methods.geopt.model import GeometrySimulator
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    data = make_flow_set(np.random.default_rng(0), 4, 16, 32, 0.2)
-    m = GeometrySimulator(dim=16, layers=1, heads=2, slices=4, n_features=8)
+    data = make_flow_set(np.random.default_rng(0), 6, 16, 24, 0.2)
+    m0 = GeometrySimulator(dim=16, pair=8, layers=1, heads=2, slices=4)
+    start = {k: v.clone() for k, v in m0.state_dict().items()}
+    cfg = dict(lrs=[1e-3, 3e-3], batch=4, points=16, pilot_steps=20, min_steps=100, max_steps=300,
+               eval_every=10, ema_decay=0.95, min_delta=0.002, flat_tol=0.01)
     split = _tensors(data, np.arange(4), "y")
-    e0 = evaluate(m, split)
-    fit(m, data, np.arange(4), "y", 300, {"lr": 5e-3, "batch": 4}, 0)
-    assert evaluate(m, split) < 0.7 * min(e0, 1.0)
+    m, hist = fit(m0, data, np.arange(4), "y", cfg, 0, split)
+    assert evaluate(m, split) < 0.5 and hist["best_val"] == pytest.approx(evaluate(m, split), rel=1e-5)
+    assert hist["lr_chosen"] in cfg["lrs"] and set(hist["lr_pilot"]) == set(cfg["lrs"])
+    assert all(torch.equal(v, m0.state_dict()[k]) for k, v in start.items())
+    assert len(set(hist["lr"])) == 1 and hist["step"][-1] == hist["stop_step"]

@@ -12,11 +12,15 @@ Geometric queries, all vectorised over (queries × segments):
   (solve x + t d = a + u (b − a), t > 0, 0 ≤ u ≤ 1), +inf if none;
 * ``nearest_on_boundary``: the closest boundary point (projection clamped to each segment);
 * ``sdf``: signed distance, negative inside (inside by the even-odd crossing rule);
-* ``lifted_targets``: GeoPT's lifting. A query point walks T steps of length s along d; a step
-  that would cross the surface stops at the hit point (ray casting). The target at every step k
-  is the vector from the walker p_k = x + min(k s, t_hit) d to its nearest surface point. The
-  target depends on (x, d, s) and on the geometry, so the network has to learn how geometry is
-  seen *along a motion*, not only where the surface is (the static SDF target).
+* ``lifted_targets``: GeoPT's lifting, as in the authors' data generator
+  (``data_generation/GeoPT_PreTraining_Data.py``, ``multi_step_constrained_walk_with_surface``).
+  A query point x gets a direction d and a step length s, both fixed for its whole walk. The
+  supervision at step k = 0 .. T-1 is the vector p_k − c(p_k) from the nearest surface point
+  c(p_k) to the walker p_k (k = 0: the static nearest-surface vector at x itself). Between two
+  supervisions the walker moves by s along d; a move that would cross the surface is shortened to
+  0.99 of the ray-cast hit distance (the walker stops just short of the wall and creeps along d
+  towards it afterwards). The target depends on (x, d, s) and on the geometry, so the network has
+  to learn how geometry is seen *along a motion*, not only where the surface is.
 """
 from __future__ import annotations
 
@@ -125,11 +129,17 @@ def sample_outside(poly: np.ndarray, rng: np.random.Generator, m: int, box: floa
     return out[:m]
 
 
+def walk_positions(poly: np.ndarray, x: np.ndarray, d: np.ndarray, s: np.ndarray, steps: int) -> list[np.ndarray]:
+    """Walker positions p_0 = x, ..., p_{steps-1}: each move is s along d, cut to 0.99 of the
+    distance to the first surface crossing (the authors' collision rule)."""
+    p = [np.array(x, dtype=float)]
+    for _ in range(steps - 1):
+        t_hit = ray_cast(poly, p[-1], d)
+        p.append(p[-1] + np.where(t_hit < s, 0.99 * t_hit, s)[:, None] * d)
+    return p
+
+
 def lifted_targets(poly: np.ndarray, x: np.ndarray, d: np.ndarray, s: np.ndarray, steps: int) -> np.ndarray:
-    """(M, 2*steps): vector from the k-th walker position to its nearest surface point, k = 1..steps."""
-    t_hit = ray_cast(poly, x, d)
-    out = []
-    for k in range(1, steps + 1):
-        p = x + np.minimum(k * s, t_hit)[:, None] * d
-        out.append(nearest_on_boundary(poly, p) - p)
-    return np.concatenate(out, axis=1)
+    """(M, 2*steps): p_k − c(p_k) at the walker positions (``walk_positions``), c the nearest
+    surface point. Column block 0 (p_0 = x) is the static nearest-surface vector."""
+    return np.concatenate([p - nearest_on_boundary(poly, p) for p in walk_positions(poly, x, d, s, steps)], axis=1)

@@ -1,22 +1,38 @@
 """GeoPT in miniature: lifted vs static geometric pre-training vs scratch, fine-tuned on few flows.
 
-Variants (same network, same fine-tune data, steps, optimiser and learning rate):
-  scratch  random initial weights;
-  static   backbone pre-trained to regress the signed distance of random query points
-           (geometry only, "static-geometry supervision");
-  lifted   backbone pre-trained on GeoPT's lifted targets: query points walk T steps of length
-           s along a direction d, stopped at the surface by ray casting; the target at each
-           step is the vector to the nearest surface point (``geometry.lifted_targets``).
-Both pre-trainings see the same unlabelled shapes for the same number of steps.
+Variants (same network, initial weights, fine-tune data, learning-rate grid, stopping rule, batch):
+  lifted      backbone pre-trained on GeoPT's lifted targets (the authors' rule,
+              ``geometry.lifted_targets``): a query point with a direction d and a step s walks
+              T - 1 moves, each cut short at the surface by ray casting; the target is the vector
+              from the nearest surface point to the walker at each of the T positions (2·T outputs);
+  static_vec  the same backbone pre-trained on the static part of that target only: the
+              nearest-surface vector at the query point itself (2 outputs, the lifted target's
+              first block; no dynamics). The ablation that separates the lifting from the target type;
+  static      pre-trained to regress the signed distance (1 output: "static-geometry supervision"
+              as the brief names it);
+  scratch     random initial weights (the same ones every pre-training starts from).
+All pre-trainings see the same unlabelled shapes and query points with the same rule.
+
+One training rule for every fit (``fit``): Adam at a constant learning rate taken from one grid
+(``lrs``) on validation after ``pilot_steps`` from the same start, then training until the
+validation curve of the weight average (EMA) is flat (no new best by ``min_delta`` and a Theil-Sen
+line through the last 30 % improving by at most ``flat_tol``), at or after ``min_steps``, or to
+``max_steps``. The learning rate stays at its value, so a flat curve is a plateau, not a schedule
+that ran out. Targets are divided by their root mean square over the fit's training data.
 
 Stages and units (lengths in units of the domain box [-1, 1]^2, velocities in units of U∞):
   train_shared (per seed): draw labelled shapes, solve potential flow with the source panel
     method (``panel.py``), store the perturbation velocity u − U∞ at query points; draw the
-    unlabelled pre-training shapes with both target sets.
-  train (variant × seed): pre-train (static / lifted), then for each N in ``n_labels``
-    fine-tune a copy on the first N labelled shapes for ``finetune.steps`` steps, recording the
-    validation relative L2 curve and the test relative L2, pooled over the split's shapes
-        rel L2 = ‖û − u‖₂ / ‖u‖₂   (u: perturbation velocity u − U∞ at all query points).
+    unlabelled pre-training shapes with the three target sets.
+  train (variant × seed): pre-train (lifted / static_vec / static; curve ``pretrain_val``: held-out
+    relative L2 of the pre-training target), then for each N in ``n_labels`` fine-tune a copy on
+    the first N labelled shapes (validation curve ``val_rel_l2_n{N}`` on the validation shapes) and
+    score the test shapes:
+        err_n{N}  = ‖û − u‖₂ / ‖u‖₂ pooled over all test shapes and points (u = u − U∞),
+        err2_n{N} = per test shape (units, same shapes for every variant of a seed)
+                    ‖û_i − u_i‖² / mean_j ‖u_j‖²,  so that sqrt(mean_i err2) = err_n{N};
+        steps_to_target_n{N}: first fine-tune step whose validation error is <= ``target_error``
+                    (not reached: censored at twice ``max_steps``; ``reached_target_n{N}`` 0/1).
 """
 from __future__ import annotations
 
@@ -31,6 +47,8 @@ from reprozoo.figures import save_figure
 
 GENERIC_CURVES: dict = {}
 U_INF = np.array([1.0, 0.0])
+PRETRAIN_KEY = {"lifted": "y_lifted", "static_vec": "y_static_vec", "static": "y_static"}
+VARIANTS = ("scratch", "static", "static_vec", "lifted")
 
 
 def _boundary_features(poly: np.ndarray) -> np.ndarray:
@@ -56,6 +74,7 @@ def make_flow_set(rng, n_shapes: int, k: int, m: int, step: float, margin: float
 
 
 def make_pretrain_set(rng, n_shapes: int, k: int, m: int, walk_steps: int, step_range):
+    """Unlabelled shapes with the three pre-training targets of the same query points and walks."""
     bnd, q, cond, y_lift, y_sdf = [], [], [], [], []
     for _ in range(n_shapes):
         poly = random_shape(rng, k)
@@ -68,82 +87,161 @@ def make_pretrain_set(rng, n_shapes: int, k: int, m: int, walk_steps: int, step_
         cond.append(np.concatenate([d, s[:, None]], 1))
         y_lift.append(lifted_targets(poly, x, d, s, walk_steps))
         y_sdf.append(sdf(poly, x)[:, None])
+    y_lift = np.array(y_lift)
     return {"bnd": np.array(bnd), "q": np.array(q), "cond": np.array(cond),
-            "y_lifted": np.array(y_lift), "y_static": np.array(y_sdf)}
+            "y_lifted": y_lift, "y_static_vec": y_lift[..., :2].copy(), "y_static": np.array(y_sdf)}
 
 
 def train_shared(ctx) -> None:
     p = ctx.params
-    rng = ctx.rng(1)
     n_train = max(p["n_labels"])
-    flows = make_flow_set(rng, n_train + p["n_val"] + p["n_test"], p["panels"], p["queries"], p["cond_step"])
+    flows = make_flow_set(ctx.rng(1), n_train + p["n_val"] + p["n_test"], p["panels"], p["queries"], p["cond_step"])
     np.savez(ctx.shared_dir / "flows.npz", **flows)
-    pre = make_pretrain_set(ctx.rng(2), p["pretrain"]["shapes"], p["panels"], p["queries"],
+    pt = p["pretrain"]
+    pre = make_pretrain_set(ctx.rng(2), pt["shapes"] + pt["val_shapes"], p["panels"], pt["queries"],
                             p["walk_steps"], p["step_range"])
     np.savez(ctx.shared_dir / "pretrain.npz", **pre)
 
 
 # --- training --------------------------------------------------------------------------------
 
-def _tensors(d: dict, idx, ykey: str, device: str = "cpu"):
+def _tensors(d: dict, idx, ykey: str, points: int | None = None, device: str = "cpu"):
     import torch
 
-    return [torch.as_tensor(d[k][idx], dtype=torch.float32, device=device) for k in ("bnd", "q", "cond", ykey)]
-
-
-def rel_l2(pred, y):
-    """Mean over shapes of ‖pred − y‖ / ‖y‖ over the shape's query points and components."""
-    import torch
-
-    num = torch.linalg.vector_norm((pred - y).flatten(1), dim=1)
-    return (num / torch.linalg.vector_norm(y.flatten(1), dim=1)).mean()
+    sl = slice(None) if points is None else slice(0, points)
+    return [torch.as_tensor(d[k][idx][:, sl], dtype=torch.float32, device=device) for k in ("bnd", "q", "cond", ykey)]
 
 
 def pooled_rel_l2(pred, y) -> float:
     """‖pred − y‖ / ‖y‖ over all shapes, points and components of a split.
 
-    The evaluation metric. The per-shape mean (``rel_l2``) is dominated by the few shapes that
-    barely disturb the flow (a thin airfoil aligned with U∞ has ‖u − U∞‖ ≈ 0), where any
-    error divides by almost nothing; pooling weighs every point's velocity error equally."""
+    The evaluation metric. The per-shape mean is dominated by the few shapes that barely disturb
+    the flow (a thin airfoil aligned with U∞ has ‖u − U∞‖ ≈ 0), where any error divides by almost
+    nothing; pooling weighs every point's velocity error equally."""
     import torch
 
     return float(torch.linalg.vector_norm(pred - y) / torch.linalg.vector_norm(y))
 
 
-def fit(model, data: dict, idx: np.ndarray, ykey: str, steps: int, cfg: dict, seed: int,
-        val=None, eval_every: int = 0, loss: str = "mse"):
-    """AdamW with warm-up and cosine decay on random minibatches of shapes (all their query points).
-
-    Returns the validation curve [(step, rel L2)] if ``val`` is given. Same routine, batch,
-    learning rate and schedule for every variant and every stage."""
+def predict(model, bnd, q, cond, chunk: int = 64):
+    """Model output in target units (the fit's scale ``model.y_scale`` undone), in shape chunks."""
     import torch
 
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg.get("weight_decay", 0.0))
-    warm = max(1, steps // 10)                  # linear warm-up over 10 %, then cosine decay
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda k: min(1.0, (k + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(k, steps) / steps)))
-    bnd, q, cond, y = _tensors(data, idx, ykey, cfg.get("device", "cpu"))
-    curve = []
-    for step in range(1, steps + 1):
-        b = torch.randint(len(idx), (min(cfg["batch"], len(idx)),), generator=g).to(bnd.device)
-        pred = model(bnd[b], q[b], cond[b])
-        lval = rel_l2(pred, y[b]) if loss == "rel_l2" else ((pred - y[b]) ** 2).mean()
-        opt.zero_grad()
-        lval.backward()
-        opt.step()
-        sched.step()
-        if val is not None and (step % eval_every == 0 or step == steps):
-            curve.append((step, evaluate(model, val)))
-    return curve
+    with torch.no_grad():
+        out = [model(bnd[i:i + chunk], q[i:i + chunk], cond[i:i + chunk]) for i in range(0, len(bnd), chunk)]
+    return torch.cat(out) * getattr(model, "y_scale", 1.0)
 
 
 def evaluate(model, split) -> float:
+    bnd, q, cond, y = split
+    return pooled_rel_l2(predict(model, bnd, q, cond), y)
+
+
+def per_shape_sq_error(model, split) -> np.ndarray:
+    """Units: ‖û_i − u_i‖² / mean_j ‖u_j‖² per shape i (their mean is the pooled rel L2 squared)."""
+    bnd, q, cond, y = split
+    e = (predict(model, bnd, q, cond) - y).flatten(1).pow(2).sum(1)
+    return (e / y.flatten(1).pow(2).sum(1).mean()).cpu().numpy()
+
+
+def _flat(steps, vals, best_step: int, min_points: int, flat_tol: float, tail: float = 0.3) -> bool:
+    """The curve is flat over its last ``tail`` (>= ``min_points`` evaluations there): the best
+    value lies before that stretch (within ``min_delta``, see ``fit``) and a Theil-Sen line through
+    it improves by at most ``flat_tol`` of its median level: the platform's convergence test."""
+    from scipy.stats import theilslopes
+
+    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
+    m = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
+    if m.sum() < min_points or best_step >= xs[m][0]:
+        return False
+    gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
+    return gain <= flat_tol * float(np.median(ys[m]))
+
+
+class _Run:
+    """One constant-learning-rate Adam run with a weight average (EMA) that validation reads."""
+
+    def __init__(self, model, data, lr: float, cfg: dict, generator):
+        import torch
+
+        self.model, self.data, self.lr, self.cfg, self.g = model, data, lr, cfg, generator
+        self.ema = copy.deepcopy(model)
+        for t in self.ema.parameters():
+            t.requires_grad_(False)
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
+        self.step, self.best, self.best_step, self.best_state = 0, float("inf"), 0, None
+        self.hist = {"step": [], "val": [], "lr": []}
+
+    def advance(self, until: int, val, stop_from: int | None = None) -> bool:
+        """Train to step ``until``; from ``stop_from`` on, stop (True) once the curve is flat."""
+        import torch
+
+        bnd, q, cond, y = self.data
+        cfg = self.cfg
+        n, m_all = q.shape[0], q.shape[1]
+        nb, npts = min(cfg["batch"], n), min(cfg["points"], m_all)
+        while self.step < until:
+            self.step += 1
+            b = torch.randint(n, (nb,), generator=self.g).to(q.device)
+            pts = torch.rand(nb, m_all, generator=self.g).argsort(1)[:, :npts].to(q.device)
+            take = lambda t: torch.gather(t[b], 1, pts[..., None].expand(-1, -1, t.shape[-1]))
+            loss = ((self.model(bnd[b], take(q), take(cond)) - take(y)) ** 2).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.get("clip", 1.0))
+            self.opt.step()
+            with torch.no_grad():
+                decay = min(cfg["ema_decay"], (1 + self.step) / (10 + self.step))
+                for pe, pm in zip(self.ema.parameters(), self.model.parameters()):
+                    pe.lerp_(pm, 1 - decay)
+            if self.step % cfg["eval_every"] == 0 or self.step == until:
+                self.ema.y_scale = self.model.y_scale
+                v = evaluate(self.ema, val)
+                self.hist["step"].append(self.step)
+                self.hist["val"].append(v)
+                self.hist["lr"].append(self.lr)
+                if v < self.best * (1 - cfg["min_delta"]):
+                    self.best_step = self.step
+                if v < self.best:
+                    self.best, self.best_state = v, copy.deepcopy(self.ema.state_dict())
+                if stop_from is not None and self.step >= stop_from and _flat(
+                        self.hist["step"], self.hist["val"], self.best_step, 5, cfg["flat_tol"]):
+                    return True
+        return False
+
+
+def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val):
+    """The one training rule of every fit (module docstring). ``model`` is the start (not
+    modified); returns the EMA model with the best validation value and its history (curves
+    step / val / lr, lr_chosen, lr_pilot, stop_step, plateau, best_val)."""
     import torch
 
-    bnd, q, cond, y = split
-    with torch.no_grad():
-        return pooled_rel_l2(model(bnd, q, cond), y)
+    train = _tensors(data, idx, ykey, device=cfg.get("device", "cpu"))
+    y_scale = float(train[3].pow(2).mean().sqrt())
+    train[3] = train[3] / y_scale
+    runs = []
+    for lr in cfg["lrs"]:
+        m = copy.deepcopy(model)
+        m.y_scale = y_scale
+        run = _Run(m, train, float(lr), cfg, torch.Generator().manual_seed(seed))
+        run.advance(cfg["pilot_steps"], val)
+        runs.append(run)
+    run = min(runs, key=lambda r: r.best)
+    plateau = run.advance(cfg["max_steps"], val, stop_from=cfg["min_steps"]) or _flat(
+        run.hist["step"], run.hist["val"], run.best_step, 5, cfg["flat_tol"])
+    run.ema.load_state_dict(run.best_state)
+    run.ema.y_scale = y_scale
+    hist = dict(run.hist, lr_chosen=run.lr, lr_pilot={r.lr: r.best for r in runs}, stop_step=run.step,
+                plateau=bool(plateau), best_val=run.best)
+    return run.ema, hist
+
+
+def steps_to(hist: dict, target: float, censor: int) -> tuple[int, bool]:
+    """First recorded step whose validation value is <= ``target``, else ``censor``."""
+    for s, v in zip(hist["step"], hist["val"]):
+        if v <= target:
+            return int(s), True
+    return int(censor), False
 
 
 def train(ctx) -> None:
@@ -158,38 +256,43 @@ def train(ctx) -> None:
     val_idx = np.arange(n_max, n_max + p["n_val"])
     test_idx = np.arange(n_max + p["n_val"], n_max + p["n_val"] + p["n_test"])
     dev = p.get("device", "cpu")
-    val, test = _tensors(flows, val_idx, "y", dev), _tensors(flows, test_idx, "y", dev)
-    model = GeometrySimulator(**p["network"], out_dim=2, seed=ctx.seed).to(dev)
+    val = _tensors(flows, val_idx, "y", p["val_points"], dev)
+    test = _tensors(flows, test_idx, "y", device=dev)
+    model = GeometrySimulator(**p["network"], out_dim=2, seed=ctx.seed)   # the same start for every variant
 
-    if ctx.variant in ("static", "lifted"):
+    if ctx.variant in PRETRAIN_KEY:
+        pt = p["pretrain"]
         pre = dict(np.load(ctx.shared_dir / "pretrain.npz"))
-        out_dim = pre[f"y_{ctx.variant}"].shape[-1]
-        model.new_head(out_dim, ctx.seed)
-        model.to(dev)
-        fit(model, pre, np.arange(len(pre["q"])), f"y_{ctx.variant}", p["pretrain"]["steps"],
-            {**p["pretrain"], "device": dev}, ctx.seed)
-        held = _tensors(pre, np.arange(min(16, len(pre["q"]))), f"y_{ctx.variant}", dev)
-        ctx.metrics.scalar("pretrain_rel_l2", evaluate(model, held))
-    ctx.progress(f"backbone ready ({ctx.variant})")
+        key = PRETRAIN_KEY[ctx.variant]
+        model.new_head(pre[key].shape[-1], ctx.seed)
+        held = np.arange(pt["shapes"], pt["shapes"] + pt["val_shapes"])
+        model, hist = fit(model.to(dev), pre, np.arange(pt["shapes"]), key, {**pt, "device": dev}, ctx.seed + 7,
+                          _tensors(pre, held, key, p["val_points"], dev))
+        ctx.metrics.curve("pretrain_val", hist["step"], hist["val"])
+        ctx.metrics.curve("pretrain_lr", hist["step"], hist["lr"])
+        ctx.metrics.scalar("pretrain_rel_l2", hist["best_val"])
+        ctx.metrics.scalar("pretrain_lr_chosen", hist["lr_chosen"])
+        ctx.metrics.scalar("pretrain_stop_step", hist["stop_step"])
+        ctx.progress(f"pre-trained ({ctx.variant}): held-out rel L2 {hist['best_val']:.4f}, "
+                     f"lr {hist['lr_chosen']:g}, {hist['stop_step']} steps, plateau {hist['plateau']}")
 
     ft = p["finetune"]
     for n in p["n_labels"]:
         m = copy.deepcopy(model)
-        m.new_head(2, ctx.seed + 1)                 # same fresh head for every variant
-        m.to(dev)
-        curve = fit(m, flows, np.arange(n), "y", ft["steps"], {**ft, "device": dev}, ctx.seed + 2, val=val,
-                    eval_every=ft["eval_every"], loss=ft.get("loss", "mse"))
-        xs, ys = zip(*curve)
-        ctx.metrics.curve(f"val_rel_l2_n{n}", xs, ys)
-        ctx.metrics.scalar(f"err_n{n}", evaluate(m, test))
-        half = [v for s, v in curve if s <= ft["steps"] // 2]
-        ctx.metrics.scalar(f"val_half_n{n}", half[-1])
-        ctx.metrics.scalar(f"val_final_n{n}", ys[-1])
-        # slope of log10(val error) per 10 % of the budget over the last 20 %: flat means trained
-        tail = np.array(ys[-max(2, len(ys) // 5):])
-        ctx.metrics.scalar(f"val_tail_slope_n{n}",
-                           float(np.log10(tail[-1] / tail[0]) / max(len(tail) - 1, 1) * len(ys) / 10))
-        ctx.progress(f"N={n}: test rel L2 {ctx.metrics.scalars[f'err_n{n}']:.4f}")
+        m.new_head(2, ctx.seed + 1)                 # the same fresh head for every variant
+        m, hist = fit(m.to(dev), flows, np.arange(n), "y", {**ft, "device": dev}, ctx.seed + 2, val)
+        ctx.metrics.curve(f"val_rel_l2_n{n}", hist["step"], hist["val"])
+        ctx.metrics.curve(f"lr_n{n}", hist["step"], hist["lr"])
+        ctx.metrics.units(f"err2_n{n}", per_shape_sq_error(m, test))
+        ctx.metrics.scalar(f"err_n{n}", np.sqrt(ctx.metrics.scalars[f"err2_n{n}"]))
+        ctx.metrics.scalar(f"val_best_n{n}", hist["best_val"])
+        ctx.metrics.scalar(f"lr_chosen_n{n}", hist["lr_chosen"])
+        ctx.metrics.scalar(f"stop_step_n{n}", hist["stop_step"])
+        reach, ok = steps_to(hist, p["target_error"], 2 * ft["max_steps"])
+        ctx.metrics.scalar(f"steps_to_target_n{n}", reach)
+        ctx.metrics.scalar(f"reached_target_n{n}", float(ok))
+        ctx.progress(f"N={n}: test rel L2 {ctx.metrics.scalars[f'err_n{n}']:.4f}, lr {hist['lr_chosen']:g}, "
+                     f"{hist['stop_step']} steps, plateau {hist['plateau']}")
         if n == p["field_plot_n"] and ctx.seed == 0:
             _save_field(ctx, m, flows, test_idx[0])
     ctx.metrics.curve("err_vs_labels", p["n_labels"], [ctx.metrics.scalars[f"err_n{n}"] for n in p["n_labels"]])
@@ -209,10 +312,9 @@ def _save_field(ctx, model, flows, i: int) -> None:
     mask = inside(poly, x)
     truth = flow_velocity(poly, solve_source_panels(poly, U_INF), U_INF, x) - U_INF
     cond = np.tile(flows["cond"][i][:1], (len(x), 1))
-    with torch.no_grad():
-        dev = next(model.parameters()).device
-        pred = model(*(torch.as_tensor(a[None], dtype=torch.float32, device=dev)
-                       for a in (flows["bnd"][i], x, cond)))[0].cpu().numpy()
+    dev = next(model.parameters()).device
+    pred = predict(model, *(torch.as_tensor(a[None], dtype=torch.float32, device=dev)
+                            for a in (flows["bnd"][i], x, cond)))[0].cpu().numpy()
     np.savez(ctx.outdir / "field.npz", poly=poly, x=x, mask=mask, truth=truth, pred=pred)
 
 
@@ -226,8 +328,8 @@ def plot(table, plots_dir: Path, params: dict) -> None:
 
     plots_dir = Path(plots_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
-    colors = {"scratch": "tab:gray", "static": "tab:blue", "lifted": "tab:red"}
-    variants = [v for v in ("scratch", "static", "lifted") if v in set(table["variant"])]
+    colors = {"scratch": "tab:gray", "static": "tab:blue", "static_vec": "tab:green", "lifted": "tab:red"}
+    variants = [v for v in VARIANTS if v in set(table["variant"])]
 
     # error vs number of labels, seed bands
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -264,8 +366,23 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.set_xlabel("fine-tune step")
         axes[0][0].set_ylabel("validation relative L2 (–)")
         axes[0][0].legend()
-        fig.suptitle("Does pre-training speed up fine-tuning convergence?")
+        fig.suptitle("Does pre-training speed up fine-tuning convergence? (EMA weights, constant lr)")
         save_figure(fig, plots_dir / "validation_curves.png", dpi=120)
+
+    # pre-training curves: does each pre-training reach a plateau on its own target?
+    pre = [v for v in variants if not table[(table.variant == v) & (table.metric == "pretrain_val")].empty]
+    if pre:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        for v in pre:
+            for s, t in table[(table.variant == v) & (table.metric == "pretrain_val")].groupby("seed"):
+                t = t.sort_values("x")
+                ax.plot(t.x, t.value, color=colors[v], alpha=0.8, label=v if s == min(table.seed) else None)
+        ax.set_yscale("log")
+        ax.set_xlabel("pre-training step")
+        ax.set_ylabel("held-out relative L2 of the pre-training target (–)")
+        ax.set_title("Does each pre-training reach a plateau?")
+        ax.legend()
+        save_figure(fig, plots_dir / "pretrain_curves.png", dpi=120)
 
     _plot_fields(plots_dir, variants, colors)
 
