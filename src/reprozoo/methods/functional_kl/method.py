@@ -50,9 +50,10 @@ from ...io import save_npz
 from .bifurcation import BifurcatingSDE, chain_kl, euler_chain
 from .fkl import FKL, FKLConfig, Features, Whitener, estimate, lambda_nodes, pair_stats, stack_stats, unstack_stats
 from .linear_sde import LinearSDE, gaussian_kl, girsanov_kl
+from .mixture import BranchMixture, mixture_kl
 
 BENCHMARK_VARIANTS = ("fkl_plain", "fkl_crossfit")
-TI_VARIANTS = ("true_sde", "linear_interp", "ot_linear", "ot_bridge", "flow_matching")
+TI_VARIANTS = ("true_sde", "linear_interp", "ot_linear", "indep_bridge", "ot_bridge", "flow_matching")
 
 
 # --- the benchmark suites ----------------------------------------------------------------------
@@ -87,6 +88,17 @@ def nonlinear_suite(p: dict) -> dict[str, tuple[BifurcatingSDE, BifurcatingSDE]]
         "bif_rate": (P, replace(P, a=P.a / 2)),          # half the pitchfork rate
         "bif_onset": (P, replace(P, t_b=P.t_b + 0.2)),   # the fork opens 0.2 later
         "bif_tilt": (P, replace(P, tilt=float(nl.get("tilt", 0.4)))),  # a constant push to one branch
+    }
+
+
+def mixture_suite(p: dict) -> dict[str, tuple[BranchMixture, BranchMixture]]:
+    """Planted two-branch Gaussian-mixture path laws (mixture.py) with the TI SDE's sigma, onset and
+    drift on Y: the adequacy check of the regressor (its denoiser is a branch gate, exactly)."""
+    sde = p["sde"]
+    P = BranchMixture(t_b=float(sde["t_b"]), v=float(sde["v"]), sigma=float(sde["sigma"]), s0=float(sde["s0"]))
+    return {
+        "gm_weights": (P, replace(P, weight=0.9)),  # the branches' weights 0.5/0.5 vs 0.9/0.1 (KL ~ 0.5: above the noise)
+        "gm_split": (P, replace(P, amp=0.6, theta=2.0)),     # narrower, stiffer branches
     }
 
 
@@ -163,6 +175,19 @@ def benchmark_moments(ctx) -> dict[str, np.ndarray]:
         rng = ctx.rng(299)
         add("null_nl", euler_chain(P, ts, n_p, rng), euler_chain(P, ts, n_q, rng), ts, P.sigma, ctx.rng(298),
             coarse=False)
+
+    # planted two-branch Gaussian mixtures on the TI grid, at the TI's path counts (adequacy check)
+    gm = b.get("mixture")
+    if gm:
+        ts = _grid(p)
+        n_p, n_q = int(p["ti"]["n_ref"]), int(p["ti"]["n_particles"])
+        msuite = mixture_suite(p)
+        for k, name in enumerate(gm.get("cases") or list(msuite)):
+            P, Q = msuite[name]
+            rng = ctx.rng(300 + k)
+            add(name, P.sample(ts, n_p, rng), Q.sample(ts, n_q, rng), ts, P.sigma, ctx.rng(3000 + k), coarse=False)
+            kl, se = mixture_kl(P, Q, ts, int(gm["n_mc"]), np.random.default_rng(104729 + k))
+            out[f"{name}/kl_ref"], out[f"{name}/kl_ref_se"] = np.array(kl), np.array(se)
     return out
 
 
@@ -217,6 +242,11 @@ def run_benchmark(ctx, estimator: str) -> None:
         ctx.metrics.scalar(f"kl_grid_{name}", float(arrays[f"{name}/kl_grid"]))
         ctx.metrics.scalar(f"kl_grid_coarse_{name}", float(arrays[f"{name}/kl_grid_coarse"]))
     suite(cases, "", "closed", "kl_closed")
+    # the error against the KL of the grid the estimator sees (discretisation removed): a diagnostic
+    rel_grid = [abs(float(ctx.metrics.scalars[f"kl_est_{n}"]) / float(arrays[f"{n}/kl_grid"]) - 1.0) for n in cases]
+    for name, r in zip(cases, rel_grid):
+        ctx.metrics.scalar(f"rel_err_grid_{name}", r)
+    ctx.metrics.scalar("max_rel_err_grid", max(rel_grid))
     ctx.metrics.scalar("null_kl", est("null")["forward"])
     nl = b.get("nonlinear")
     if nl:
@@ -225,6 +255,22 @@ def run_benchmark(ctx, estimator: str) -> None:
             ctx.metrics.scalar(f"kl_known_se_{name}", float(arrays[f"{name}/kl_ref_se"]))
         suite(ncases, "_nl", "known", "kl_known")
         ctx.metrics.scalar("null_kl_nl", est("null_nl")["forward"])
+    gm = b.get("mixture")
+    if gm:
+        rels = []
+        for name in gm.get("cases") or list(mixture_suite(p)):
+            o = est(name)
+            ref = float(arrays[f"{name}/kl_ref"])
+            rels.append(abs(o["forward"] / ref - 1.0))
+            ctx.metrics.scalar(f"kl_est_{name}", o["forward"])
+            ctx.metrics.scalar(f"kl_known_{name}", ref)
+            ctx.metrics.scalar(f"kl_known_se_{name}", float(arrays[f"{name}/kl_ref_se"]))
+            ctx.metrics.scalar(f"rel_err_{name}", rels[-1])
+            ctx.metrics.scalar(f"gate_nodes_{name}", int(np.sum(o["chosen_family"] == 1)))
+            ctx.metrics.curve(f"chosen_family_{name}", lams, o["chosen_family"])
+            ctx.progress(f"{name}: known {ref:.3f} est {o['forward']:.3f} "
+                         f"gate chosen at {int(np.sum(o['chosen_family'] == 1))}/{len(lams)} nodes")
+        ctx.metrics.scalar("max_rel_err_gm", max(rels))
 
 
 # --- trajectory inference on the bifurcating SDE -------------------------------------------------
@@ -276,7 +322,7 @@ def infer_paths(ctx, variant: str, snaps: dict[float, np.ndarray], grid: np.ndar
     x0 = snaps[observed[0]]
     if variant == "true_sde":
         return sde.simulate(x0, grid, rng)
-    if variant in ("linear_interp", "ot_linear", "ot_bridge"):
+    if variant in ("linear_interp", "ot_linear", "indep_bridge", "ot_bridge"):
         return coupled_paths(snaps, grid, observed, variant, sde.sigma, rng)
     if variant == "flow_matching":
         import torch
@@ -284,8 +330,18 @@ def infer_paths(ctx, variant: str, snaps: dict[float, np.ndarray], grid: np.ndar
         torch.set_num_threads(max(1, ctx.threads))
         fm = p["flow_matching"]
         t0 = time.perf_counter()
-        net, steps, train_curve, val_curve, lrs, flat = train_flow_matching(ot_pairs(snaps, observed), fm, ctx.seed,
-                                                                            ctx.progress)
+        pairs = ot_pairs(snaps, observed)
+        # the learning-rate grid (``lrs``), each rate trained to its plateau, the rate with the lowest
+        # final validation loss kept (its curves are the ones recorded); one rate if no grid
+        grid_lrs = [float(x) for x in fm.get("lrs", [fm["lr"]])]
+        fits = []
+        for k, lr in enumerate(grid_lrs):
+            fit = train_flow_matching(pairs, {**fm, "lr": lr}, ctx.seed, ctx.progress)
+            ctx.metrics.scalar(f"fm_final_val_loss_lr{k}", fit[3][-1])
+            fits.append(fit)
+        best = int(np.argmin([f[3][-1] for f in fits]))
+        net, steps, train_curve, val_curve, lrs, flat = fits[best]
+        ctx.metrics.scalar("fm_lr_chosen", grid_lrs[best])
         ctx.metrics.scalar("fm_train_seconds", time.perf_counter() - t0)
         ctx.metrics.scalar("fm_stop_step", steps[-1])
         ctx.metrics.scalar("fm_plateau", float(flat))
@@ -321,7 +377,8 @@ def run_trajectory_inference(ctx) -> None:
     fkl = FKL(ref, _whitener(grid, _sde(p).sigma, p), cfg, ctx.rng(500))
     out = fkl.kl(paths)
     ctx.metrics.scalar("fkl_seconds", time.perf_counter() - t0)
-    ctx.metrics.scalar("path_kl", out["forward"])
+    # per reference path (paired across methods: P's paths and noise draws are fixed): the units
+    ctx.metrics.units("path_kl", out["units_forward"])
     ctx.metrics.scalar("path_kl_reverse", out["reverse"])
     ctx.metrics.scalar("path_kl_affine_nodes", int(np.sum(out["chosen_family"] == 0)))
     lams, _ = lambda_nodes(cfg)
@@ -331,7 +388,7 @@ def run_trajectory_inference(ctx) -> None:
         # A/A: a second sample of the true law, simulated from a fresh draw of the initial law
         sde, rng = _sde(p), ctx.rng(600)
         null = fkl.kl(sde.simulate(sde.initial(len(paths), rng), grid, rng))
-        ctx.metrics.scalar("path_kl_null", null["forward"])
+        ctx.metrics.units("path_kl_null", null["units_forward"])
     ctx.progress(f"W1(held-out) {ctx.metrics.scalars['w1_heldout']:.4f}  path KL {out['forward']:.3f} "
                  f"reverse {out['reverse']:.3f}")
     # a few trajectories for the figure: x = 2 i + t (path i, time t), and the held-out snapshot

@@ -8,6 +8,8 @@ consecutive OBSERVED times t_k < t_{k+1} (the held-out time lies inside one such
 * ``linear_interp``  independent (random) pairing of consecutive snapshots, straight lines in time.
 * ``ot_linear``      exact optimal-transport pairing (POT's network simplex, squared Euclidean cost,
                      uniform weights: a permutation), straight lines in time = McCann interpolation.
+* ``indep_bridge``   independent (random) pairing of consecutive snapshots, Brownian bridges of the SDE's
+                     sigma in between: absolutely continuous like ``ot_bridge``, without the coupling.
 * ``ot_bridge``      entropic OT pairing with eps = sigma^2 (t_{k+1} - t_k) (POT Sinkhorn on the cost
                      |x - y|^2 / 2): the static Schrodinger bridge w.r.t. Brownian motion of the SDE's
                      sigma; partners are drawn from the plan's rows, the grid times in between are
@@ -64,14 +66,15 @@ def entropic_partner(x: np.ndarray, y: np.ndarray, eps: float, rng: np.random.Ge
 
 def coupled_paths(snaps: dict[float, np.ndarray], grid: np.ndarray, observed: list[float], kind: str,
                   sigma: float, rng: np.random.Generator) -> np.ndarray:
-    """Paths from chained pairwise couplings of snapshots; ``kind`` in linear_interp|ot_linear|ot_bridge."""
+    """Paths from chained pairwise couplings of snapshots; ``kind`` in
+    linear_interp|ot_linear|indep_bridge|ot_bridge."""
     n = len(snaps[observed[0]])
     paths = np.zeros((n, len(grid), 2))
     cur = snaps[observed[0]]
     paths[:, _index(grid, observed[0])] = cur
     for t0, t1, inside in _segments(grid, observed):
         y = snaps[t1]
-        if kind == "linear_interp":
+        if kind in ("linear_interp", "indep_bridge"):
             nxt = y[rng.permutation(len(y))[:n]]
         elif kind == "ot_linear":
             nxt = y[exact_ot_partner(cur, y)]
@@ -79,7 +82,7 @@ def coupled_paths(snaps: dict[float, np.ndarray], grid: np.ndarray, observed: li
             nxt = y[entropic_partner(cur, y, sigma**2 * (t1 - t0), rng)]
         else:
             raise ValueError(f"unknown coupling '{kind}'")
-        if kind == "ot_bridge":  # Brownian bridge from (t0, cur) to (t1, nxt), sequentially
+        if kind in ("ot_bridge", "indep_bridge"):  # Brownian bridge from (t0, cur) to (t1, nxt), sequentially
             x, tp = cur, t0
             for i in inside:
                 t = grid[i]
