@@ -40,7 +40,7 @@ STAGE_SCRIPT = ROOT / "workflows" / "scripts" / "stage.py"
 IMPORT_TO_DIST = {
     "numpy": "numpy", "scipy": "scipy", "pandas": "pandas", "pyarrow": "pyarrow",
     "matplotlib": "matplotlib", "mpl_toolkits": "matplotlib", "yaml": "pyyaml",
-    "jsonschema": "jsonschema", "mlflow": "mlflow", "snakemake": "snakemake",
+    "jsonschema": "jsonschema", "mlflow": "mlflow", "snakemake": "snakemake", "sqlalchemy": "sqlalchemy",
     "torch": "torch", "torchvision": "torchvision", "torchaudio": "torchaudio",
     "torch_geometric": "torch-geometric", "torch_scatter": "torch-scatter",
     "torch_cluster": "torch-cluster", "e3nn": "e3nn", "opt_einsum": "opt-einsum",
