@@ -5,6 +5,9 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 JOBS ?= 2
+# test processes (pytest-xdist); --dist loadfile keeps a file's tests, and its module fixtures
+# (one ci run of all 38 methods, one SLURM run), in one process
+TEST_WORKERS ?= 2
 ARGS ?=
 
 .PHONY: setup run test test-fast lint ui bench clean
@@ -22,10 +25,10 @@ run: setup
 	$(VENV)/bin/snakemake --cores $(JOBS) $(ARGS)
 
 test: setup
-	$(VENV)/bin/pytest -q -rs --durations=15 $(ARGS)
+	$(VENV)/bin/pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --durations=15 $(ARGS)
 
 test-fast: setup
-	$(VENV)/bin/pytest -q -rs -m "not integration and not slurm" $(ARGS)
+	$(VENV)/bin/pytest -q -rs -n $(TEST_WORKERS) --dist loadfile -m "not integration and not slurm" $(ARGS)
 
 lint: setup
 	$(VENV)/bin/snakemake --lint
