@@ -165,8 +165,8 @@ def test_arbg_conditional_sampling_keeps_the_prefix_bins_and_its_density_normali
 # --- training schedule, learning-rate choice, evaluation metrics -------------------------------
 
 from reprozoo.methods.arbg.data import make_dataset
-from reprozoo.methods.arbg.method import (cropped_energy_w2, evaluate, fit, lr_factor,
-                                          trim_top_log_weights)
+from reprozoo.methods.arbg.method import (bulk_energy_w2, cnf_ode_error, cropped_energy_w2, evaluate, fit,
+                                          lr_factor, trim_top_log_weights)
 
 
 def test_lr_schedule_warms_up_holds_anneals_and_keeps_its_floor_in_the_tail():
@@ -263,6 +263,80 @@ def test_evaluate_recovers_the_closed_form_ess_and_reweighting_corrects_a_wide_p
     # E = y^2: 0.5 chi^2_1 under p, chi^2_1 under q, so E-W2 = 0.5 sqrt(E[chi^4]) = 0.87; weights undo it
     assert abs(wide["ew2"] - 0.5 * math.sqrt(3)) < 0.1 and wide["ew2_rw"] < 0.1, (wide["ew2"], wide["ew2_rw"])
     assert wide["ew2_crop"] == wide["ew2"] and abs(wide["n_eff"] - 40000 * wide["ess"]) < 1e-6
+    # the two halves of the samples agree on a light-tailed proposal (the precondition passes)
+    assert 0.5 < wide["ess_a"] / wide["ess_b"] < 2 and abs(wide["ess_a"] - wide["ess"]) < 0.02
+
+
+def test_ess_halves_precondition_flags_a_too_narrow_proposal():
+    # planted defect: q = N(0, 0.02) against p = N(0, 1/2); w = p/q grows like exp(12 y^2), so a few
+    # tail samples carry the weight and the two halves of the samples disagree by more than 2x
+    tgt = _GaussTarget()
+    y_ref = torch.randn(2000, 1, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * math.sqrt(0.5)
+    narrow, _ = evaluate(_GaussModel(0.02), tgt, y_ref, 20000, torch.Generator().manual_seed(4), (0, 5, 10),
+                         with_nll=False)
+    ratio = max(narrow["ess_a"] / narrow["ess_b"], narrow["ess_b"] / narrow["ess_a"])
+    assert ratio > 2, (narrow["ess_a"], narrow["ess_b"])
+
+
+def test_reference_floor_is_small_for_one_law_and_large_for_two():
+    tgt = _GaussTarget()
+    g = torch.Generator().manual_seed(5)
+    y_same = torch.randn(4000, 1, generator=g, dtype=torch.float64) * math.sqrt(0.5)
+    half = (torch.arange(4000) >= 2000).long()
+    same, _ = evaluate(_GaussModel(0.5), tgt, y_same, 2000, g, (0, 5, 10), ref_half=half, with_nll=False)
+    # planted defect: the second half of the "chains" sampled a wider law (unequilibrated reference)
+    y_diff = y_same.clone()
+    y_diff[2000:] *= 2.0
+    diff, _ = evaluate(_GaussModel(0.5), tgt, y_diff, 2000, g, (0, 5, 10), ref_half=half, with_nll=False)
+    # two 2000-sample halves of one chi^2-like energy law differ by sampling noise alone (~0.06)
+    assert same["ew2_ref_floor"] < 0.15 and diff["ew2_ref_floor"] > 0.5, (same["ew2_ref_floor"], diff["ew2_ref_floor"])
+
+
+def test_reference_crop_and_bulk_bound_what_a_far_tail_can_do():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(-20, 2, 20000)
+    model = np.sort(rng.normal(-20, 2, 20000))
+    model[-200:] = 1e6  # 1 % of the samples far out
+    cap = ref.max() + 10.0
+    c = cropped_energy_w2(model, ref, 1000.0, cap=cap)
+    # the tail now moves mass 0.01 from the top of the reference (~ -15) to the cap (~ ref max + 10)
+    assert abs(c - 0.1 * (cap + 15)) < 1.5, c
+    assert c < 0.05 * cropped_energy_w2(model, ref, 1000.0)   # the authors' crop is set by the tail
+    bulk, above = bulk_energy_w2(model, ref)
+    assert abs(above - 0.01) < 1e-12 and bulk < 0.2               # bulk: the 99 % that match, share beside it
+    shifted, _ = bulk_energy_w2(ref + 1.0, ref)                    # planted bulk error of 1 k_BT is seen
+    assert 0.8 < shifted < 1.05
+    empty, above = bulk_energy_w2(np.full(10, 1e6), ref)           # no bulk: finite, as bad as it gets
+    assert above == 1.0 and np.isfinite(empty) and empty > 4
+
+
+def test_fit_returns_the_best_validation_checkpoint_and_the_early_snapshot():
+    # training pulls theta to 5, validation scores |theta - 3|^2: the curve falls, then rises again
+    class Drift(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.theta = torch.nn.Parameter(torch.zeros(1))
+
+        def loss(self, y):
+            return ((self.theta - 5.0) ** 2).sum() + 0.0 * y.sum()
+
+    y = torch.zeros(8, 1)
+    sched = {"warmup": 0.0, "hold": 1.0, "anneal_end": 1.0, "floor": 1.0}
+    model, rec = fit(Drift(), y, y, 200, 4, [0.05], sched, 5, [], torch.Generator().manual_seed(0),
+                     lambda m, yv: float(((m.theta - 3.0) ** 2).sum()), progress=lambda m: None, snapshot_at=20)
+    assert rec["val"][-1][1] > 3.0                                   # the end state is bad
+    assert abs(float(model.theta) - 3.0) < 0.2 and rec["val_rise"] > 3.0
+    assert rec["best_step"] == min(rec["val"], key=lambda sv: sv[1])[0]
+    assert abs(float(rec["snapshot"]["theta"]) - 1.0) < 0.3         # ~20 Adam steps of 0.05 from 0
+
+
+def test_cnf_ode_error_is_measured_on_proposal_samples_and_sees_a_coarse_solver():
+    m = CNF(2, 1.0, hidden=8, depth=1, ode_steps=40, scheme="rk4")
+    m.velocity = lambda z, t: torch.sin(3 * z) * (1 + t)                # nonlinear field: RK4 error visible
+    fine = cnf_ode_error(m, 256, torch.Generator().manual_seed(0))
+    m.ode_steps = 1
+    coarse = cnf_ode_error(m, 256, torch.Generator().manual_seed(0))   # planted defect: one RK4 step
+    assert fine < 1e-4 and coarse > 1e-2, (fine, coarse)
 
 
 def test_make_dataset_draws_three_disjoint_splits_of_the_requested_sizes():
@@ -270,6 +344,8 @@ def test_make_dataset_draws_three_disjoint_splits_of_the_requested_sizes():
     d = make_dataset(t, 64, 24, 32, 2, torch.Generator().manual_seed(0),
                      {"n_chains": {"train": 8, "val": 4, "test": 8}, "burn_in": 20, "thin": 2})
     assert d["y_train"].shape == (128, 6) and d["y_val"].shape == (24, 6) and d["y_test"].shape == (32, 6)
+    # the reference halves are whole chains: 4 chains x 4 states each, chain-major
+    assert d["test_half"].tolist() == [0] * 16 + [1] * 16
     # no configuration is shared between splits (different chains, continuous state)
     for a, b in (("y_val", "y_test"), ("y_val", "y_train"), ("y_test", "y_train")):
         assert torch.cdist(d[a], d[b]).min() > 1e-6

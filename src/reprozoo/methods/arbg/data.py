@@ -57,20 +57,40 @@ def make_dataset(target, n_train: int, n_val: int, n_test: int, copies: int, gen
                  mala_kw: dict) -> dict[str, torch.Tensor]:
     """MALA samples of ``target`` (float64): train (augmented), validation and test (as sampled).
 
-    The three splits come from disjoint chains (``mala_kw["n_chains"]``: ``{train, val, test}``
-    chain counts), so held-out samples are not correlated with training ones. The validation split
-    chooses the learning rate and draws the convergence curve; the test split is only read after
-    training (NLL and the E-W2 reference).
+    One MALA run of independent chains (``mala_kw["n_chains"]``: ``{train, val, test}`` chain
+    counts; all chains share the burn-in, ``burn_in`` adaptive steps, then every ``thin``-th state
+    is kept), split by chain, so held-out samples are not correlated with training ones. The
+    validation split chooses the learning rate and draws the convergence curve; the test split is
+    the E-W2 reference and the NLL set, read only after training. ``test_half`` (0 / 1 per test
+    sample) splits the test CHAINS into two disjoint halves: the E-W2 between them is the
+    reference's own noise floor (``ew2_ref_floor``), and their short-pair shares show whether the
+    chains agree on the balance of metastable states.
     """
+    from ...blocks.boltzmann import mala
+
     chains = mala_kw.get("n_chains", {"train": 128, "val": 64, "test": 128})
-    kw = {k: v for k, v in mala_kw.items() if k != "n_chains"}
-    out, acc = {}, []
-    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
-        x, a = target.sample_reference(n, generator, n_chains=max(int(chains[split]), 1), return_accept=True, **kw)
-        out[split] = x
-        acc.append(a)
+    kw = {k: v for k, v in mala_kw.items() if k not in ("n_chains",)}
+    sizes = {"train": n_train, "val": n_val, "test": n_test}
+    nc = {s: max(int(chains[s]), 1) for s in sizes}
+    per_chain = max(-(-sizes[s] // nc[s]) for s in sizes)
+    total = sum(nc.values())
+    x0 = target.project(target._init(total, generator, torch.float64))
+    res = mala(target.log_prob, x0, float(kw.get("step", 1e-3)), per_chain * int(kw.get("thin", 10)),
+               burn_in=int(kw.get("burn_in", 2000)), thin=int(kw.get("thin", 10)), project=target.project,
+               generator=generator)
+    out, start = {}, 0
+    for s in ("train", "val", "test"):
+        block = res.samples[:, start:start + nc[s]]          # (kept, chains, dim)
+        start += nc[s]
+        k = -(-sizes[s] // nc[s])
+        flat = block[:k].transpose(0, 1).reshape(-1, target.dim)   # chain-major
+        out[s] = flat[: sizes[s]]
+        if s == "test":
+            chain_of = torch.arange(nc[s]).repeat_interleave(k)[: sizes[s]]
+            out["test_half"] = (chain_of >= nc[s] // 2).long()
     n, d = target.n_particles, target.spatial_dim
     x_aug = augment(out["train"], n, d, copies, generator) if copies > 1 else out["train"]
     y_tr = to_free(x_aug, n, d)
     return {"y_train": y_tr, "y_val": to_free(out["val"], n, d), "y_test": to_free(out["test"], n, d),
-            "scale": y_tr.std().reshape(()), "accept": torch.tensor(acc)}
+            "test_half": out["test_half"], "scale": y_tr.std().reshape(()),
+            "accept": torch.tensor([res.accept_rate])}

@@ -20,8 +20,14 @@ Stages.
     importance weights log w = -E(x)/T - log q(y), and the metrics:
       ess_<t>      normalised Kish ESS of all n weights (1 = perfect proposal, 1/n = one sample counts);
                    n_eff_<t> = n x ESS
+      ess_a_<t>, ess_b_<t>  the same ESS on two disjoint halves of the n samples (noise check)
       ew2_crop_<t> E-W2 (energy units of the target, k_B T = 1) between proposal and test reference
                    energies, both clipped to [-crop, crop] (AutoBG's cropped E-W2, crop 1000)
+      ew2_crop_ref_<t>  the same with the upper clip at max(E_ref) + ref_crop_margin (our variant)
+      ew2_bulk_<t> E-W2 of the proposal samples at or below max(E_ref) against the reference
+      ew2_ref_floor_<t>  E-W2 between the two chain-disjoint halves of the reference (its noise)
+      *_early_<t>  ESS and E-W2 of the ArBG early checkpoint (``early_fraction`` of the steps),
+                   the claims' declared controls
       ew2_rw_<t>   E-W2 of the importance-weighted proposal (top 0.2 % of log weights dropped first,
                    AutoBG's clip_reweighting_logits), weights used exactly instead of resampling
       ew2_<t>      E-W2 of the proposal with no crop (a diagnostic: a handful of tail samples set it)
@@ -92,13 +98,20 @@ def lr_factor(step: int, steps: int, sched: dict) -> float:
 
 
 def fit(model, y_train, y_val, steps: int, batch: int, lr_grid, sched: dict, eval_every: int, pilot_rungs,
-        generator, val_fn, progress=print):
+        generator, val_fn, progress=print, snapshot_at: int | None = None):
     """Adam on the model's own loss with the schedule of :func:`lr_factor`, the peak learning rate
     chosen on the VALIDATION split from ``lr_grid`` by successive halving: every grid value trains
     a copy of the same initial model on the same batches; at each rung (fractions of ``steps`` in
     ``pilot_rungs``) the better half of the surviving copies (by validation loss, mean of the last
     three evaluations) goes on, and after the last rung only the best one, which continues to
     ``steps``. Every variant gets the same grid, rungs and schedule.
+
+    The returned model is the BEST VALIDATION CHECKPOINT of the chosen run (the parameters at the
+    evaluation with the lowest validation loss), so a curve that rises again at the end does not
+    hand its worse end state to the evaluation; ``val_rise`` (last minus lowest validation loss)
+    and ``best_step`` record how far the end lies from it. ``snapshot_at`` (a step) keeps a copy of
+    the parameters at that step too (``record["snapshot"]``, a state dict): the early checkpoint of
+    the controls.
 
     Returns ``(model, record)``: the trained copy and its train-loss curve (mean over each window of
     ``eval_every`` steps), validation curve, learning-rate curve (at the evaluation steps), the
@@ -117,7 +130,8 @@ def fit(model, y_train, y_val, steps: int, batch: int, lr_grid, sched: dict, eva
         g = torch.Generator(device=generator.device)
         g.set_state(state0.clone())
         return {"model": m, "lr": lr, "opt": _adam(m.parameters(), lr), "gen": g, "step": 0,
-                "window": [], "tr": [], "va": [], "lr_curve": [], "score": float("nan")}
+                "window": [], "tr": [], "va": [], "lr_curve": [], "score": float("nan"),
+                "best": (float("inf"), 0, None), "snapshot": None}
 
     def advance(r, until):
         m, opt, g, n = r["model"], r["opt"], r["gen"], len(y_train)
@@ -134,6 +148,8 @@ def fit(model, y_train, y_val, steps: int, batch: int, lr_grid, sched: dict, eva
             loss.backward()
             opt.step()
             r["window"].append(float(loss.detach()))
+            if snapshot_at is not None and step == snapshot_at:
+                r["snapshot"] = copy.deepcopy(m.state_dict())
             if step % eval_every == 0 or step == steps:
                 m.eval()
                 with torch.no_grad():
@@ -143,6 +159,8 @@ def fit(model, y_train, y_val, steps: int, batch: int, lr_grid, sched: dict, eva
                 r["va"].append((step, v))
                 r["lr_curve"].append((step, cur))
                 r["window"] = []
+                if math.isfinite(v) and v < r["best"][0]:
+                    r["best"] = (v, step, copy.deepcopy(m.state_dict()))
                 if step % (10 * eval_every) == 0 or step == steps:
                     progress(f"lr {r['lr']:g} step {step}/{steps}: train {r['tr'][-1][1]:.4f} val {v:.4f}")
 
@@ -165,8 +183,14 @@ def fit(model, y_train, y_val, steps: int, batch: int, lr_grid, sched: dict, eva
         alive = alive[:keep]
     best = alive[0]
     advance(best, steps)
+    v_min, step_min, state = best["best"]
+    if state is not None:
+        best["model"].load_state_dict(state)
+    best["model"].eval()
     return best["model"], {"train": best["tr"], "val": best["va"], "lr": best["lr_curve"], "lr_peak": best["lr"],
-                           "pilot_steps": rung_steps, "pilot_val": [(r["lr"], r["score"]) for r in runs]}
+                           "pilot_steps": rung_steps, "pilot_val": [(r["lr"], r["score"]) for r in runs],
+                           "best_step": step_min, "val_rise": float(best["va"][-1][1] - v_min) if best["va"] else 0.0,
+                           "snapshot": best["snapshot"]}
 
 
 def _adam(params, lr: float):
@@ -235,58 +259,115 @@ def trim_top_log_weights(log_w, frac: float) -> np.ndarray:
     return lw
 
 
-def cropped_energy_w2(e_model, e_ref, crop: float) -> float:
+def cropped_energy_w2(e_model, e_ref, crop: float, cap: float | None = None) -> float:
     """E-W2 on energies clipped to [-crop, crop], both sets (AutoBG's ``cropped_energy_w2``, crop
-    1000): a sample far up the proposal's tail then counts at the crop, not at its own energy."""
+    1000): a sample far up the proposal's tail then counts at the crop, not at its own energy.
+    ``cap`` (if given) replaces the upper bound: the reference-relative crop of
+    :func:`evaluate` (highest reference energy + ``ref_crop_margin``), our named variant of the
+    authors' rule."""
     from ...blocks import gen_metrics as M
 
+    hi = crop if cap is None else cap
     em = np.asarray(e_model, dtype=float)
-    em = np.clip(em[np.isfinite(em)], -crop, crop)
-    return M.energy_w2(em, np.clip(np.asarray(e_ref, dtype=float), -crop, crop))
+    em = np.clip(em[np.isfinite(em)], -crop, hi)
+    return M.energy_w2(em, np.clip(np.asarray(e_ref, dtype=float), -crop, hi))
+
+
+def bulk_energy_w2(e_model, e_ref) -> tuple[float, float]:
+    """(E-W2 of the proposal samples at or below the highest reference energy against the
+    reference, share of proposal samples above it): the bulk of the proposal, with the tail's
+    share reported beside it instead of inside it. A proposal with no sample in the reference's
+    range (an untrained model) has no bulk; it then counts as a point mass at the highest
+    reference energy, the worst bulk there is, so the metric stays finite and large."""
+    from ...blocks import gen_metrics as M
+
+    em, er = np.asarray(e_model, dtype=float), np.asarray(e_ref, dtype=float)
+    keep = np.isfinite(em) & (em <= er.max())
+    share_above = float(1.0 - keep.mean())
+    bulk = em[keep] if keep.sum() > 0 else np.array([er.max()])
+    return M.energy_w2(bulk, er), share_above
+
+
+def short_pair_share(x_full: "torch.Tensor", target) -> float:
+    """Share of particle pairs in the inner well of the pair potential (d < d0): the slow,
+    metastable coordinate of DW4, whose balance a reference must get right."""
+    from ...blocks.boltzmann import pair_distances
+
+    d0 = getattr(target, "d0", None)
+    if d0 is None:
+        return float("nan")
+    return float((pair_distances(x_full, target.n_particles, target.spatial_dim) < d0).double().mean())
+
+
+def sample_proposal(model, n_samples: int, generator, chunk: int = 25000):
+    """``n_samples`` proposal samples with their exact log q, drawn in chunks (CPU tensors)."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        ys, lqs = zip(*(model.sample_and_log_prob(min(chunk, n_samples - i), generator)
+                        for i in range(0, n_samples, chunk)))
+    return torch.cat(ys).cpu(), torch.cat(lqs).cpu()
 
 
 def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop: float = 1000.0,
-             trim: float = 0.002, chunk: int = 8192):
+             trim: float = 0.002, chunk: int = 25000, ref_half=None, ref_crop_margin: float = 10.0,
+             with_nll: bool = True):
     """Sample the proposal (in chunks), weight it against the exact Boltzmann density, compute
-    the metrics (energies and weights in float64 on the CPU)."""
+    the metrics (energies and weights in float64 on the CPU). ``ref_half`` (0 / 1 per reference
+    sample, disjoint chains) gives the reference's own E-W2 noise floor."""
     import torch
 
     from ...blocks import gen_metrics as M
     from .data import to_full
 
     n, d = target.n_particles, target.spatial_dim
-    model.eval()
     t0 = time.process_time()
-    with torch.no_grad():
-        ys, lqs = zip(*(model.sample_and_log_prob(min(chunk, n_samples - i), generator)
-                        for i in range(0, n_samples, chunk)))
+    y, log_q = sample_proposal(model, n_samples, generator, chunk)
     sample_s = time.process_time() - t0
-    y, log_q = torch.cat(ys).cpu(), torch.cat(lqs).cpu()
     with torch.no_grad():
         e_model = target.energy(to_full(y.double(), n, d))
-        e_ref = target.energy(to_full(y_test.cpu().double(), n, d))
+        x_ref = to_full(y_test.cpu().double(), n, d)
+        e_ref = target.energy(x_ref)
         log_w = M.log_importance_weights(-e_model / target.temperature, log_q.double())
         lw = trim_top_log_weights(log_w, trim)
         w = np.exp(lw - lw.max())
-        lq_test = torch.cat([model.log_prob(y_test[i:i + chunk].float()).double().cpu()
-                             for i in range(0, len(y_test), chunk)])
+    half = len(log_w) // 2
     ess = M.kish_ess(log_w)
+    cap = float(e_ref.max()) + ref_crop_margin
+    ew2_bulk, above_ref = bulk_energy_w2(e_model.numpy(), e_ref.numpy())
     out = {
         "ess": ess,                       # all n weights, untrimmed
+        "ess_a": M.kish_ess(log_w[:half]),   # two disjoint halves of the same n samples
+        "ess_b": M.kish_ess(log_w[half:]),
         "n_eff": ess * len(log_w),        # effective number of samples behind the reweighted metrics
         "ew2": M.energy_w2(e_model, e_ref),                   # proposal, no crop (tail-dominated)
-        "ew2_crop": cropped_energy_w2(e_model, e_ref, crop),  # proposal, energies clipped (authors)
+        "ew2_crop": cropped_energy_w2(e_model, e_ref, crop),  # proposal, energies clipped (authors, +-1000)
+        "ew2_crop_ref": cropped_energy_w2(e_model, e_ref, crop, cap=cap),  # clipped at max E_ref + margin
+        "ew2_bulk": ew2_bulk,                                 # proposal samples below max E_ref
         "ew2_rw": M.energy_w2(e_model, e_ref, weights=w),     # reweighted (top log weights trimmed)
-        "nll": M.nll(lq_test),
-        "test_outside_support": float((~torch.isfinite(lq_test)).double().mean()),
         "mean_energy": float(e_model[torch.isfinite(e_model)].mean()),
         "mean_energy_rw": float(np.sum(w * np.nan_to_num(e_model.numpy())) / w.sum()),
         "ref_mean_energy": float(e_ref.mean()),
-        # share of proposal samples above every reference energy, and above the crop
-        "frac_above_ref_max": float((~(e_model <= e_ref.max())).double().mean()),
+        "ref_max_energy": float(e_ref.max()),
+        # share of proposal samples above every reference energy, and above the two crops
+        "frac_above_ref_max": above_ref,
         "frac_above_crop": float((~(e_model <= crop)).double().mean()),
+        "frac_above_crop_ref": float((~(e_model <= cap)).double().mean()),
         "sample_seconds": sample_s,
     }
+    if ref_half is not None:
+        h = torch.as_tensor(ref_half).bool()
+        out["ew2_ref_floor"] = M.energy_w2(e_ref[~h], e_ref[h])
+        out["ref_short_pair_a"] = short_pair_share(x_ref[~h], target)
+        out["ref_short_pair_b"] = short_pair_share(x_ref[h], target)
+    out["ref_short_pair"] = short_pair_share(x_ref, target)
+    if with_nll:
+        with torch.no_grad():
+            lq_test = torch.cat([model.log_prob(y_test[i:i + chunk].float()).double().cpu()
+                                 for i in range(0, len(y_test), chunk)])
+        out["nll"] = M.nll(lq_test)
+        out["test_outside_support"] = float((~torch.isfinite(lq_test)).double().mean())
     lo, hi, nb = hist_range
     hists = {"ehist_model": energy_histogram(e_model.numpy(), lo, hi, nb),
              "ehist_rw": energy_histogram(e_model.numpy(), lo, hi, nb, weights=w),
@@ -294,17 +375,23 @@ def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop:
     return out, hists
 
 
-def cnf_ode_error(model, y) -> float:
-    """Discretisation error of the CNF's log-likelihood: mean |log q(y)| difference between the
-    configured number of RK4 steps and twice as many, on the given points (nats)."""
+def cnf_ode_error(model, n: int, generator) -> float:
+    """Discretisation error of the CNF's proposal log-likelihood, where the importance weights use
+    it: the same ``n`` base draws z_0 are integrated noise -> data with the configured number of
+    RK4 steps and with twice as many; mean |log q| difference (nats)."""
     import copy
 
     import torch
 
     fine = copy.deepcopy(model)
     fine.ode_steps = 2 * model.ode_steps
+    state = generator.get_state()
+    g2 = torch.Generator(device=generator.device)
+    g2.set_state(state.clone())
     with torch.no_grad():
-        return float((model.log_prob(y) - fine.log_prob(y)).abs().mean())
+        _, lq = model.sample_and_log_prob(n, generator)
+        _, lq_fine = fine.sample_and_log_prob(n, g2)
+    return float((lq - lq_fine).abs().mean())
 
 
 def intervention(model, target, y_test, n_prefixes: int, n_per_prefix: int, generator):
@@ -373,10 +460,13 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"n_params_{name}", n_params(model))
         gen = torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 101 + k)
         t0 = time.process_time()
+        early = int(round(float(ep.get("early_fraction", 0.1)) * tp["steps"])) if v == "arbg" else None
         model, rec = fit(model, y_tr, y_va, tp["steps"], tp["batch"], peak_lrs(tp, v), tp.get("schedule", {}),
                          tp["eval_every"], tp.get("pilot_rungs", [0.05, 0.15]), gen, _val_loss,
-                         progress=lambda m: ctx.progress(f"{name} {m}"))
+                         progress=lambda m: ctx.progress(f"{name} {m}"), snapshot_at=early)
         ctx.metrics.scalar(f"train_seconds_{name}", time.process_time() - t0)
+        ctx.metrics.scalar(f"best_step_{name}", rec["best_step"])
+        ctx.metrics.scalar(f"val_rise_{name}", rec["val_rise"])
         ctx.metrics.curve(f"train_loss_{name}", *zip(*rec["train"]))
         ctx.metrics.curve(f"val_loss_{name}", *zip(*rec["val"]))
         ctx.metrics.curve(f"lr_{name}", *zip(*rec["lr"]))
@@ -386,16 +476,31 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"pilot_diverged_{name}", sum(math.isinf(val) for _, val in rec["pilot_val"]))
         ctx.metrics.scalar(f"lr_peak_{name}", rec["lr_peak"])
         ctx.metrics.scalar(f"val_slope_per_1k_{name}", final_slope(rec["val"]))
+        eval_kw = dict(crop=float(ep.get("energy_crop", 1000.0)), trim=float(ep.get("trim_log_weights", 0.002)),
+                       ref_crop_margin=float(ep.get("ref_crop_margin", 10.0)))
         out, hists = evaluate(model, tgt, y_te, ep["n_samples"],
                               torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 202 + k),
-                              p["energy_hist"][name], crop=float(ep.get("energy_crop", 1000.0)),
-                              trim=float(ep.get("trim_log_weights", 0.002)))
+                              p["energy_hist"][name], ref_half=data["test_half"], **eval_kw)
         for key, val in out.items():
             ctx.metrics.scalar(f"{key}_{name}", val)
         for key, (xs, ys) in hists.items():
             ctx.metrics.curve(f"{key}_{name}", xs, ys)
         if v == "cnf":
-            ctx.metrics.scalar(f"ode_logq_err_{name}", cnf_ode_error(model, y_te[:256]))
+            ctx.metrics.scalar(f"ode_logq_err_{name}", cnf_ode_error(
+                model, 256, torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 404 + k)))
+        if early is not None and rec["snapshot"] is not None:
+            # the controls' early checkpoint: the same ArBG after ``early_fraction`` of its steps,
+            # evaluated exactly like the trained one (same n, same sampling seed)
+            model_early = build(v, y_tr.shape[1], float(data["scale"]), p).to(device)
+            model_early.load_state_dict(rec["snapshot"])
+            oe, _ = evaluate(model_early, tgt, y_te, ep["n_samples"],
+                             torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 202 + k),
+                             p["energy_hist"][name], with_nll=False, **eval_kw)
+            for key in ("ess", "ess_a", "ess_b", "ew2_crop_ref", "ew2_bulk", "ew2_rw", "frac_above_ref_max"):
+                ctx.metrics.scalar(f"{key}_early_{name}", oe[key])
+            ctx.metrics.scalar(f"early_step_{name}", early)
+            ctx.progress(f"{name}: early checkpoint (step {early}) ESS {oe['ess']:.4f}, E-W2 crop_ref "
+                         f"{oe['ew2_crop_ref']:.3f}, bulk {oe['ew2_bulk']:.3f}, reweighted {oe['ew2_rw']:.3f}")
         if v == "arbg":
             iv = p.get("intervention", {})
             iout = intervention(model, tgt, y_te, int(iv.get("n_prefixes", 4)), int(iv.get("n_per_prefix", 256)),
@@ -405,8 +510,11 @@ def train(ctx) -> None:
                 ctx.metrics.scalar(f"{key}_{name}", val)
             ctx.progress(f"{name}: intervention (first particle fixed) prefix err {iout['intervention_prefix_err']:.3g} "
                          f"<= {iout['intervention_half_bin']:.3g}, ESS {iout['intervention_ess']:.4f}")
-        ctx.progress(f"{name}: ESS {out['ess']:.4f} (n_eff {out['n_eff']:.0f}), E-W2 {out['ew2']:.3f} "
-                     f"(cropped {out['ew2_crop']:.3f}, reweighted {out['ew2_rw']:.3f}), NLL {out['nll']:.3f}")
+        ctx.progress(f"{name}: ESS {out['ess']:.4f} (halves {out['ess_a']:.4f} / {out['ess_b']:.4f}, n_eff "
+                     f"{out['n_eff']:.0f}), E-W2 {out['ew2']:.3f} (cropped {out['ew2_crop']:.3f}, crop at ref max "
+                     f"+ margin {out['ew2_crop_ref']:.3f}, bulk {out['ew2_bulk']:.3f} with "
+                     f"{100 * out['frac_above_ref_max']:.2f} % above, reweighted {out['ew2_rw']:.3f}; reference "
+                     f"floor {out.get('ew2_ref_floor', float('nan')):.3f}), NLL {out['nll']:.3f}")
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -442,9 +550,11 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         save_figure(fig, plots_dir / f"energy_hist_{t}.png", dpi=110)
 
         # ESS / E-W2 (cropped, reweighted) / NLL per variant, one dot per seed
-        fig, axes = pl.subplots(1, 4, figsize=(16, 3.8))
+        fig, axes = pl.subplots(1, 5, figsize=(20, 3.8))
         panels = ((f"ess_{t}", "normalised Kish ESS (fraction of n)", "ESS (higher is better)"),
-                  (f"ew2_crop_{t}", "E-W2 of the proposal, energies cropped (k_B T, log)", "cropped E-W2 (lower is better)"),
+                  (f"ew2_crop_ref_{t}", "E-W2, energies cropped at max E_ref + margin (k_B T, log)",
+                   "reference-cropped E-W2 (lower is better)"),
+                  (f"ew2_bulk_{t}", "E-W2 of the samples below max E_ref (k_B T, log)", "bulk E-W2 (lower is better)"),
                   (f"ew2_rw_{t}", "E-W2 after reweighting (k_B T, log)", "reweighted E-W2 (lower is better)"),
                   (f"nll_{t}", "test NLL (nats, free coordinates)", "held-out NLL (lower is better)"))
         n_eval = params.get("eval", {}).get("n_samples")
