@@ -9,20 +9,24 @@ simulator calls a budget sweep needs to reach a C2ST.
   about 20 times cheaper than sbi's random forest, which lets C2ST be averaged over many
   observations. It is a lower bound on the optimal accuracy, as every C2ST is: differences beyond
   the second moments (skew, multimodality) are seen only through the squared terms.
-* :func:`conditional_coverage_error`: SBC expected-coverage error inside strata of the data.
-  Drawing from the prior is marginally calibrated by construction (the ranks of prior draws are
-  uniform over the prior predictive), so the usual coverage error cannot tell a posterior from the
-  prior. Calibration given the data can: an exact posterior's ranks are uniform conditional on x,
-  hence within any stratum of a statistic of x, while the prior's are not. Each parameter is
-  stratified by the data most directly informative about it (:func:`site_summaries`).
-  :func:`conditional_coverage_floor` is the value an exact posterior gets with the same numbers
-  of data sets and draws (finite-sample scatter); the claims read the excess over it.
+* :func:`conditional_ecdf_excess`: calibration given the data, from SBC ranks. Drawing from the
+  prior is marginally calibrated by construction (the ranks of prior draws are uniform over the
+  prior predictive), so a marginal SBC check cannot tell a posterior from the prior. Calibration
+  given the data can: an exact posterior's ranks are uniform conditional on x, hence within any
+  stratum of a statistic of x, while the prior's are not. Each parameter is stratified by the data
+  most directly informative about it (:func:`site_summaries`). Inside each stratum the empirical
+  CDF of the ranks is compared with the uniform one at every rank, and the squared deviation is
+  corrected for its binomial sampling variance, so an exact posterior scores 0 in expectation
+  whatever the numbers of data sets and draws (no Monte Carlo floor). The ECDF's deviation is of
+  first order in a width error and in a shift (means shrunk toward the prior), where the
+  coverage of central intervals is of second order in a shift; squaring keeps deviations of
+  opposite signs at different ranks from cancelling.
 * :func:`calls_to_target`: the simulator calls at which a C2ST-versus-calls curve first reaches a
-  target (linear in log10 calls between grid points).
+  target (linear in log10 calls between grid points); :func:`calls_to_target_per_unit` reads it
+  off each observation's own curve (log10 calls per observation, the units of the claim).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -63,34 +67,38 @@ def site_summaries(x: np.ndarray, G: int, Lp: int) -> np.ndarray:
     return np.concatenate([np.repeat(site.mean(axis=1, keepdims=True), G, axis=1), np.repeat(site, Lp, axis=1)], axis=1)
 
 
-def conditional_coverage_error(ranks: np.ndarray, n_draws: int, summary: np.ndarray, n_strata: int = 3) -> float:
-    """:func:`coverage_error` inside each of ``n_strata`` equal-count strata of a statistic of the
-    data, averaged over strata and dimensions. ``summary``: (n,) one statistic per data set for
-    every dimension, or (n, d) one per dimension (:func:`site_summaries`)."""
+def conditional_ecdf_excess(ranks: np.ndarray, n_draws: int, summary: np.ndarray, n_strata: int = 3) -> float:
+    """Mean over dimensions, ``n_strata`` equal-count strata of a statistic of the data and ranks
+    m = 1..L of (F^(m) - p_m)^2 - p_m (1 - p_m) / n_k, where F^(m) is the fraction of the n_k
+    ranks of the stratum below m and p_m = m / (L + 1) its value under exact calibration (ranks
+    uniform on {0..L}, independent of the data). Each term has expectation 0 for an exact
+    posterior (the binomial variance of F^ is subtracted), so the mean is 0 up to sampling noise
+    and positive for any miscalibration given the data. ``summary``: (n,) one statistic per data
+    set for every dimension, or (n, d) one per dimension (:func:`site_summaries`)."""
     ranks = np.asarray(ranks)
     ranks = ranks[:, None] if ranks.ndim == 1 else ranks
     summary = np.asarray(summary, float)
     if summary.ndim == 1:
         summary = np.repeat(summary[:, None], ranks.shape[1], axis=1)
-    errs = []
+    m = np.arange(1, n_draws + 1)
+    p = m / (n_draws + 1)
+    terms = []
     for j in range(ranks.shape[1]):
         order = np.argsort(summary[:, j], kind="stable")
-        errs += [coverage_error(ranks[idx, j], n_draws) for idx in np.array_split(order, n_strata)]
-    return float(np.mean(errs))
+        for idx in np.array_split(order, n_strata):
+            ecdf = (ranks[idx, j][:, None] < m[None, :]).mean(axis=0)
+            terms.append(np.mean((ecdf - p) ** 2 - p * (1 - p) / len(idx)))
+    return float(np.mean(terms))
 
 
-@functools.lru_cache(maxsize=None)
-def conditional_coverage_floor(n_sets: int, n_dims: int, n_draws: int, n_strata: int = 3, reps: int = 30,
-                               seed: int = 0) -> float:
-    """The value :func:`conditional_coverage_error` takes on average for an EXACT posterior with
-    this many data sets, dimensions and draws: with finitely many sets the empirical coverage
-    scatters around the level, so the error of a perfect posterior is not zero. Under exact
-    calibration the ranks are independent uniform draws on {0..n_draws}, independent of the data,
-    so the floor is a Monte Carlo average over such ranks (fixed seed: a constant)."""
-    rng = np.random.default_rng(seed)
-    vals = [conditional_coverage_error(rng.integers(0, n_draws + 1, (n_sets, n_dims)), n_draws,
-                                       rng.random((n_sets, n_dims)), n_strata) for _ in range(reps)]
-    return float(np.mean(vals))
+def calls_to_target_per_unit(calls, c2st_units, target: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`calls_to_target` for every unit (observation) on its own C2ST-versus-calls curve:
+    ``c2st_units`` (n_budgets, n_units) in the order of ``calls``. Returns (log10 calls, reached)
+    per unit, in unit order: the read-off averages over observations on a log scale (a geometric
+    mean of the calls), and per-unit values let the platform bootstrap it over observations."""
+    c2st_units = np.asarray(c2st_units, float)
+    out = [calls_to_target(calls, c2st_units[:, i], target) for i in range(c2st_units.shape[1])]
+    return np.log10([c for c, _ in out]), np.array([float(r) for _, r in out])
 
 
 def calls_to_target(calls, c2st, target: float) -> tuple[float, bool]:

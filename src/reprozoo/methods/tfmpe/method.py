@@ -13,6 +13,12 @@ stopping rule and ODE sampler; they differ only in where the posterior's trainin
 * ``prior`` (negative control, no training): draws from the prior whatever the data. Marginally
   calibrated by construction; the calibration claims must reject it.
 
+Control sites (``control_sites`` of a problem, S = 1 on the conjugate problem): both variants are
+trained over the same budgets at S = 1 too, where likelihood factorisation has nothing to exploit
+(one site: TFMPE's synthetic sets are the joint's real ones passed through a learned likelihood,
+so it can at best tie). The comparison claims' controls repeat their test there: a pipeline that
+favoured TFMPE (more training, a better split) would pass it.
+
 Problems (``problems`` in the config): ``gauss`` = conjugate hierarchical Gaussian (analytic
 posterior: C2ST on ``n_obs`` observations per (seed, S), one unit each), ``sir`` = chain-binomial
 SIR sites (no tractable posterior: calibration and posterior-mean error).
@@ -20,15 +26,18 @@ SIR sites (no tractable posterior: calibration and posterior-mean error).
 Metrics per problem tag, S and simulator calls n (``<m>_<tag>_S<S>_c<n>``):
 * ``c2st`` (gauss, per-observation units): quadratic-classifier C2ST of model vs exact posterior
   draws (evaluation.c2st_quadratic; 0.5 = indistinguishable); ``c2st_curve_<tag>_S<S>`` its mean
-  over observations against n; ``calls_to_c2st_<tag>_S<S>``: calls at which that curve first
-  reaches ``c2st_target`` (censored at the grid's ends, ``reached_c2st_*`` says whether it did);
+  over observations against n; ``log10_calls_to_c2st_<tag>_S<S>`` (per-observation units): log10
+  of the calls at which each observation's C2ST curve first reaches ``c2st_target``
+  (evaluation.calls_to_target_per_unit; censored at the grid's ends, ``reached_c2st_*``, units
+  too, says whether it did); ``calls_to_c2st_<tag>_S<S>``: the same read off the mean curve (for
+  the plot);
 * ``sqerr`` (per-data-set units; sir at every budget, gauss at the largest): squared error of the
   posterior mean against the true parameters in prior-sd units, mean over dimensions (gauss: every
   dimension; sir: the two globals), on ``n_rmse_sets`` data sets; ``rmse`` = its root mean;
-* at the largest budget only (``<m>_<tag>_S<S>``): ``coverage_err`` (SBC expected-coverage error),
-  ``cond_coverage_err`` (the same inside tertiles of a statistic of the data: calibration given
-  the data; evaluation.conditional_coverage_error), ``cond_coverage_floor`` (its expected value
-  for an exact posterior with as many sets and draws: a constant),
+* at the largest budget only (``<m>_<tag>_S<S>``, claim sites only): ``coverage_err`` (marginal
+  SBC expected-coverage error), ``cond_ecdf_excess`` (calibration given the data: squared
+  deviation of the SBC ranks' ECDF from uniform inside tertiles of a statistic of the data, less
+  its binomial variance; 0 in expectation for an exact posterior; evaluation.conditional_ecdf_excess),
   ``coverage`` curve, ``sbc_min_p`` (smallest per-dimension KS p-value of rank uniformity);
 * ``sim_calls``: simulator calls used for training (one call = one site), counted by the simulator;
 * ``val_loss_post`` / ``lr_post`` curves of every posterior fit, ``val_loss_lik`` / ``lr_lik`` of
@@ -62,17 +71,19 @@ def _record_fit(ctx, name: str, hist: dict) -> None:
 class EvalData:
     """Evaluation data of one (seed, problem, S), shared by every variant and budget."""
 
-    def __init__(self, seed: int, model, tag: str, n_sites: int, ev: dict):
+    def __init__(self, seed: int, model, tag: str, n_sites: int, ev: dict, full: bool = True):
+        """``full``: also the posterior-mean and SBC sets (claim sites; control sites need C2ST only)."""
         rng = np.random.default_rng([seed, PROBLEM_IDS[tag], n_sites, 99])
         calls0 = model.calls
         self.x_obs = None
         if tag == "gauss":
             _, _, self.x_obs = model.sample_joint(ev["n_obs"], n_sites, rng)
             self.ref = [model.sample_posterior(x, ev["n_c2st"], rng) for x in self.x_obs]
-        g, l, self.x_rmse = model.sample_joint(ev["n_rmse_sets"], n_sites, rng)
-        self.truth_rmse = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
-        g, l, self.x_sbc = model.sample_joint(ev["n_sets"], n_sites, rng)
-        self.truth_sbc = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
+        if full:
+            g, l, self.x_rmse = model.sample_joint(ev["n_rmse_sets"], n_sites, rng)
+            self.truth_rmse = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
+            g, l, self.x_sbc = model.sample_joint(ev["n_sets"], n_sites, rng)
+            self.truth_sbc = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
         gp, lp = model.sample_prior(4096, n_sites, rng)
         self.prior_sd = np.concatenate([gp, lp.reshape(len(lp), -1)], axis=1).std(0)
         self.dims = slice(None) if tag == "gauss" else slice(0, model.G)
@@ -81,11 +92,11 @@ class EvalData:
 
 
 def evaluate(ctx, est, data: EvalData, key: str, n_calls: int, top: bool, sbc: bool, generator) -> dict:
-    """Scores of one trained estimator at one budget; ``top``: the largest budget (pair samples,
-    posterior-mean error on the conjugate problem); ``sbc``: SBC calibration too."""
+    """Scores of one trained estimator at one budget; ``top``: the largest budget at a claim site
+    (pair samples, posterior-mean error on the conjugate problem); ``sbc``: SBC calibration too.
+    Returns the mean scores and, under ``c2st_units``, the per-observation C2ST values."""
     from ...blocks.gen_metrics import sbc_ranks, sbc_uniformity_pvalue
-    from .evaluation import (c2st_quadratic, conditional_coverage_error, conditional_coverage_floor, coverage_error,
-                             site_summaries)
+    from .evaluation import c2st_quadratic, conditional_ecdf_excess, coverage_error, site_summaries
 
     ev = ctx.params["eval"]
     out = {}
@@ -95,12 +106,13 @@ def evaluate(ctx, est, data: EvalData, key: str, n_calls: int, top: bool, sbc: b
         vals = [c2st_quadratic(q[i], data.ref[i], seed=ctx.seed) for i in range(len(q))]
         ctx.metrics.units(f"c2st_{ck}", vals)
         out["c2st"] = float(np.mean(vals))
+        out["c2st_units"] = vals
         if top:
             k = min(N_PAIR, q.shape[1])
             ctx.metrics.curve(f"pair_samples_{key}", range(2 * k), q[0, :k, :2].ravel())  # (mu, theta_1) interleaved
             ref = data.ref[0]
             ctx.metrics.curve(f"pair_ref_{key}", range(2 * k), ref[:k, :2].ravel())
-    if data.x_obs is None or top:  # posterior-mean error: every budget without an exact posterior
+    if (data.x_obs is None or top) and hasattr(data, "x_rmse"):  # posterior-mean error: every budget without an exact posterior
         draws = est.sample(data.x_rmse, ev["n_rmse_draws"], generator)
         err = ((draws.mean(axis=1) - data.truth_rmse) / data.prior_sd)[:, data.dims]
         sq = (err ** 2).mean(axis=1)
@@ -114,21 +126,21 @@ def evaluate(ctx, est, data: EvalData, key: str, n_calls: int, top: bool, sbc: b
         ranks = sbc_ranks(data.truth_sbc, draws)
         summary = site_summaries(data.x_sbc, data.G, data.Lp)
         ctx.metrics.scalar(f"coverage_err_{key}", coverage_error(ranks, ev["n_draws"]))
-        ctx.metrics.scalar(f"cond_coverage_err_{key}",
-                           conditional_coverage_error(ranks, ev["n_draws"], summary, ev["strata"]))
-        ctx.metrics.scalar(f"cond_coverage_floor_{key}",
-                           conditional_coverage_floor(len(ranks), ranks.shape[1], ev["n_draws"], ev["strata"]))
+        ctx.metrics.scalar(f"cond_ecdf_excess_{key}",
+                           conditional_ecdf_excess(ranks, ev["n_draws"], summary, ev["strata"]))
         levels, cov = expected_coverage(ranks, ev["n_draws"])
         ctx.metrics.curve(f"coverage_{key}", levels, cov.mean(axis=1))
         ctx.metrics.scalar(f"sbc_min_p_{key}",
                            float(sbc_uniformity_pvalue(ranks, ev["n_draws"], seed=ctx.seed).min()))
-        out["cond_cov"] = ctx.metrics.scalars[f"cond_coverage_err_{key}"]
+        out["cond_ecdf"] = ctx.metrics.scalars[f"cond_ecdf_excess_{key}"]
     return out
 
 
-def _calls_grid(p: dict, v: str, prob: dict) -> list[int]:
+def _calls_grid(p: dict, v: str, prob: dict, s: int) -> list[int]:
+    """Budgets of variant ``v`` at ``s`` sites: the problem's sweep, and for joint at a claim site
+    of a problem with ``extra_calls`` the joint-only budgets too (control sites: the sweep only)."""
     grid = list(prob.get("budgets", p["budgets"]))  # a problem may run a sub-grid (smoke: SIR at the largest B)
-    if v == "joint" and prob.get("extra_calls"):
+    if v == "joint" and prob.get("extra_calls") and s in prob["sites"]:
         grid += [n for n in p["joint_extra_calls"] if n not in grid]
     return sorted(grid)
 
@@ -136,7 +148,7 @@ def _calls_grid(p: dict, v: str, prob: dict) -> list[int]:
 def train(ctx) -> None:
     import torch
 
-    from .evaluation import calls_to_target
+    from .evaluation import calls_to_target, calls_to_target_per_unit
     from .pipelines import LikelihoodFactorisation, PriorOnly, train_joint, train_tfmpe
     from .simulators import make_model
 
@@ -152,15 +164,18 @@ def train(ctx) -> None:
         pid = PROBLEM_IDS[tag]
         rng = np.random.default_rng([ctx.seed, pid, VARIANT_IDS[v]])
         gen = torch.Generator().manual_seed(int(ctx.seed * 1000 + pid * 10 + VARIANT_IDS[v]))
-        data = {s: EvalData(ctx.seed, model, tag, s, p["eval"]) for s in prob["sites"]}
+        controls = [s for s in prob.get("control_sites", []) if s not in prob["sites"]]
+        data = {s: EvalData(ctx.seed, model, tag, s, p["eval"], full=s in prob["sites"]) for s in prob["sites"] + controls}
         if v == "prior":  # the negative control: no training, no simulator calls
             est = PriorOnly(model, rng)
             for s in prob["sites"]:
                 res = evaluate(ctx, est, data[s], f"{tag}_S{s}", b_max, True, True, gen)
+                res.pop("c2st_units", None)
                 ctx.progress(f"{tag}_S{s} prior: " + ", ".join(f"{k} {val:.3f}" for k, val in res.items()))
             continue
-        c2st_curve: dict[int, dict[int, float]] = {s: {} for s in prob["sites"]}
-        for n in _calls_grid(p, v, prob):
+        c2st_curve: dict[int, dict[int, list[float]]] = {s: {} for s in data}
+        grids = {s: _calls_grid(p, v, prob, s) for s in data}
+        for n in sorted(set().union(*grids.values())):
             lf = None
             if v == "tfmpe":  # one site likelihood per budget serves every S
                 t0 = time.perf_counter()
@@ -169,8 +184,9 @@ def train(ctx) -> None:
                 ctx.metrics.scalar(f"train_seconds_lik_{tag}_c{n}", time.perf_counter() - t0)
                 ctx.progress(f"{tag} B={n}: likelihood from {lf.calls} single-site calls, best val "
                              f"{lf.hist['best_val']:.3f}, lr {lf.hist['lr_chosen']:g}, stop {lf.hist['stop_step']}")
-            for s in prob["sites"]:
+            for s in (s for s in data if n in grids[s]):
                 key = f"{tag}_S{s}"
+                claim_site = s in prob["sites"]
                 t0 = time.perf_counter()
                 init = ctx.seed * 100 + pid * 10 + s  # same initial posterior weights for every variant and budget
                 if v == "tfmpe":
@@ -180,19 +196,23 @@ def train(ctx) -> None:
                 ctx.metrics.scalar(f"train_seconds_{key}_c{n}", time.perf_counter() - t0)
                 ctx.metrics.scalar(f"sim_calls_{key}_c{n}", calls)
                 _record_fit(ctx, f"post_{key}_c{n}", hist)
-                res = evaluate(ctx, est, data[s], key, n, n == b_max, n == b_max and v == "tfmpe", gen)
-                if "c2st" in res:
-                    c2st_curve[s][n] = res["c2st"]
+                top = claim_site and n == b_max
+                res = evaluate(ctx, est, data[s], key, n, top, top and v == "tfmpe", gen)
+                if "c2st_units" in res:
+                    c2st_curve[s][n] = res.pop("c2st_units")
                 ctx.progress(f"{key} n={n}: {calls} calls, lr {hist['lr_chosen']:g}, stop {hist['stop_step']}, "
                              + ", ".join(f"{k} {val:.3f}" for k, val in res.items()))
         for s, curve in c2st_curve.items():
             if not curve:
                 continue
             ns = sorted(curve)
-            ctx.metrics.curve(f"c2st_curve_{tag}_S{s}", ns, [curve[n] for n in ns])
-            needed, reached = calls_to_target(ns, [curve[n] for n in ns], p["c2st_target"])
+            units = np.array([curve[n] for n in ns])  # (budgets, observations)
+            ctx.metrics.curve(f"c2st_curve_{tag}_S{s}", ns, units.mean(axis=1))
+            needed, reached = calls_to_target(ns, units.mean(axis=1), p["c2st_target"])
             ctx.metrics.scalar(f"calls_to_c2st_{tag}_S{s}", needed)
-            ctx.metrics.scalar(f"reached_c2st_{tag}_S{s}", float(reached))
+            log_calls, reached_units = calls_to_target_per_unit(ns, units, p["c2st_target"])
+            ctx.metrics.units(f"log10_calls_to_c2st_{tag}_S{s}", log_calls)  # same observations for every variant
+            ctx.metrics.units(f"reached_c2st_{tag}_S{s}", reached_units)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t_all)
 
 
@@ -304,9 +324,9 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             mean, sd = g.mean(), g.std().fillna(0.0)
             if mean.empty:
                 continue
-            cc = _per_seed(table, f"cond_coverage_err_{key}", v)
+            cc = _per_seed(table, f"cond_ecdf_excess_{key}", v)
             ax.plot(mean.index, mean.values, marker="o", ms=3, color=COLOURS[v],
-                    label=v + (f" (conditional error {cc.mean():.3f})" if cc is not None else ""))
+                    label=v + (f" (ECDF excess given the data {cc.mean():.2g})" if cc is not None else ""))
             ax.fill_between(mean.index, mean - sd, mean + sd, color=COLOURS[v], alpha=0.15)
         ax.set_xlabel("credibility level α")
         ax.set_ylabel("empirical coverage (fraction of true θ inside)")
