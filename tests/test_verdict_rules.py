@@ -146,6 +146,36 @@ def test_too_few_points_in_the_tail_is_not_converged():
     assert not st["a"]["converged"] and "evaluation points" in st["a"]["reason"]
 
 
+def test_early_stopping_rules_and_the_gate_share_one_plateau_test():
+    """Every method's stopping rule calls claims.plateau; on the gate's own curves it must agree
+    with the gate, on both scales, and the methods' wrappers must agree with it."""
+    from reprozoo.claims import plateau, tail_fit
+    from reprozoo.methods.functional_kl.trajectory import plateau as fkl_plateau
+    from reprozoo.methods.ldr.method import tail_improvement
+    from reprozoo.methods.sh2rfssm.method import tail_flat
+
+    for slope, scale in [(0.0, "value"), (0.5, "value"), (0.0, "range"), (0.5, "range"), (0.05, "range")]:
+        t = _loss_table(tail_slope=slope, lr_end=5e-4)
+        st = convergence([Convergence(curve="val_loss", scale=scale)], t)
+        for s in range(3):
+            r = t[(t.metric == "val_loss") & (t.seed == s)]
+            flat = plateau(r.x, r.value, 0.02, scale=scale)
+            assert flat == st["a"]["seeds"][str(s)]["converged"]
+            assert tail_fit(r.x, r.value, scale=scale)["improvement"] == pytest.approx(
+                st["a"]["seeds"][str(s)]["tail_improvement"])
+            if scale == "value":
+                assert fkl_plateau(r.x, r.value, 0.02) == flat
+            else:
+                assert tail_flat(r.x, r.value, 0.02) == flat
+                assert tail_improvement(r.x, r.value) == pytest.approx(st["a"]["seeds"][str(s)]["tail_improvement"])
+        if slope in (0.0, 0.5):  # flat passes on either scale; -0.5 over training fails on either
+            assert st["a"]["converged"] == (slope == 0.0)
+    # too few points is never a plateau, a rising curve is a plateau of a loss, not of an accuracy
+    assert not plateau([0, 1, 2], [3.0, 2.0, 1.0])
+    xs = np.linspace(0, 100, 30)
+    assert plateau(xs, 1 + xs / 100) and not plateau(xs, 1 + xs / 100, mode="max")
+
+
 def test_missing_metric_or_division_by_zero_is_an_error_and_fails_verify(tmp_path, monkeypatch):
     t = scalars({"a": [0.0, 0.0, 0.0], "b": [1.0, 2.0, 3.0]})
     assert one(Claim("e", "-", "nothing@a", "<=", 1.0, paper_value="-"), t)["verdict"] == "error"

@@ -342,33 +342,60 @@ def measure(expr: str, op: str, threshold: float, table: pd.DataFrame, seeds: li
 
 # --- convergence -------------------------------------------------------------------------------
 
-def _tail_check(xs: np.ndarray, ys: np.ndarray, conv: Convergence, lr: tuple | None) -> dict:
-    """Relative improvement over the last 30 % of training (Theil-Sen slope x tail length, over
-    the curve's level, or its whole improvement with ``scale: range``), and the learning rate's
-    floor there."""
+def tail_fit(steps, values, mode: str = "min", scale: str = "value", tail: float = TAIL,
+             min_points: int = MIN_TAIL_POINTS) -> dict:
+    """How much a curve still improves over its last ``tail`` of training: the Theil-Sen slope
+    there times the tail's length, relative to the tail's median level (``scale: value``) or to the
+    curve's whole improvement from its first point to its best (``scale: range``, for losses that
+    cross zero). ``improvement`` is ``inf`` when the tail holds fewer than ``min_points``
+    evaluations (an unknown slope is not a flat one).
+
+    The one definition of a plateau: the convergence gate reads it, and every method's early
+    stopping rule calls :func:`plateau`, so "stopped at a plateau" and "passes the gate" cannot
+    drift apart."""
     from scipy import stats
 
-    order = np.argsort(xs)
+    xs, ys = np.asarray(steps, float), np.asarray(values, float)
+    order = np.argsort(xs, kind="stable")
     xs, ys = xs[order], ys[order]
-    start = xs[0] + (1 - TAIL) * (xs[-1] - xs[0])
-    tail = xs >= start
-    rec = {"tail_points": int(tail.sum()), "tail_start": float(start)}
-    if tail.sum() < MIN_TAIL_POINTS:
-        rec.update(converged=False, reason=f"only {int(tail.sum())} evaluation points in the last 30 % of "
+    if len(xs) == 0:
+        return {"tail_points": 0, "tail_start": math.nan, "improvement": math.inf}
+    start = float(xs[0] + (1 - tail) * (xs[-1] - xs[0]))
+    m = xs >= start
+    rec = {"tail_points": int(m.sum()), "tail_start": start, "improvement": math.inf}
+    if m.sum() < max(2, min_points):
+        return rec
+    slope = float(stats.theilslopes(ys[m], xs[m])[0])
+    gain = (-slope if mode == "min" else slope) * float(xs[m][-1] - xs[m][0])  # > 0: still improving
+    best = ys.min() if mode == "min" else ys.max()
+    level = abs(float(np.median(ys[m]))) if scale == "value" else abs(float(ys[0] - best))
+    rec.update(slope=slope, improvement=float(gain / level) if level > 0 else (0.0 if gain <= 0 else math.inf))
+    return rec
+
+
+def plateau(steps, values, tol: float = 0.02, mode: str = "min", scale: str = "value",
+            tail: float = TAIL, min_points: int = MIN_TAIL_POINTS) -> bool:
+    """Is the curve flat by the convergence gate's own test (:func:`tail_fit`, tolerance ``tol``)?
+    Early-stopping rules call this so that a fit they stop is one the gate accepts."""
+    return bool(tail_fit(steps, values, mode, scale, tail, min_points)["improvement"] <= tol)
+
+
+def _tail_check(xs: np.ndarray, ys: np.ndarray, conv: Convergence, lr: tuple | None) -> dict:
+    """:func:`tail_fit` against the spec's tolerance, and the learning rate's floor in the tail."""
+    fit = tail_fit(xs, ys, conv.mode, conv.scale)
+    start = fit["tail_start"]
+    rec = {"tail_points": fit["tail_points"], "tail_start": start}
+    if fit["tail_points"] < MIN_TAIL_POINTS:
+        rec.update(converged=False, reason=f"only {fit['tail_points']} evaluation points in the last 30 % of "
                                            f"training (need {MIN_TAIL_POINTS})")
         return rec
-    slope = float(stats.theilslopes(ys[tail], xs[tail])[0])
-    span = float(xs[tail][-1] - xs[tail][0])
-    gain = -slope * span if conv.mode == "min" else slope * span  # > 0: still improving
-    best = ys.min() if conv.mode == "min" else ys.max()
-    level = abs(float(np.median(ys[tail]))) if conv.scale == "value" else abs(float(ys[0] - best))
-    rel = gain / level if level > 0 else (0.0 if gain <= 0 else math.inf)
-    rec.update(tail_slope=slope, tail_improvement=float(rel))
+    rel = fit["improvement"]
+    rec.update(tail_slope=fit["slope"], tail_improvement=float(rel))
     ok = rel <= conv.tol
     reasons = [] if ok else [f"still improving by {100 * rel:.1f} % over the last 30 % of training "
                              f"(tolerance {100 * conv.tol:g} %)"]
     if lr is not None:
-        lx, ly = lr
+        lx, ly = np.asarray(lr[0], float), np.asarray(lr[1], float)
         peak = float(np.max(ly))
         floor = float(np.min(ly[lx >= start])) if np.any(lx >= start) else float(ly[-1])
         rec.update(lr_peak=peak, lr_tail_min=floor)

@@ -189,18 +189,11 @@ def train_flow_matching(pairs, cfg: dict, seed: int, progress=print):
 
 def plateau(steps, vals, tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
     """Is a loss curve flat? A Theil-Sen line through its last ``tail`` of steps (at least
-    ``min_points`` evaluations) improves over that stretch by at most ``tol`` of its median there."""
-    from scipy import stats
+    ``min_points`` evaluations) improves over that stretch by at most ``tol`` of its median there:
+    the convergence gate's own test, :func:`reprozoo.claims.plateau`."""
+    from ...claims import plateau as gate_plateau
 
-    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
-    if len(xs) < 2:
-        return False
-    last = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
-    if last.sum() < min_points:
-        return False
-    slope = stats.theilslopes(ys[last], xs[last])[0]
-    gain = -slope * (xs[last][-1] - xs[last][0])
-    return bool(gain <= tol * abs(np.median(ys[last])))
+    return gate_plateau(steps, vals, tol, tail=tail, min_points=min_points)
 
 
 def flow_matching_paths(net, x0: np.ndarray, grid: np.ndarray, steps_per_interval: int) -> np.ndarray:

@@ -85,17 +85,11 @@ def benchmarks_for(p: dict, variant: str | None = None) -> dict[str, dict]:
 def tail_improvement(steps, values, tail: float = 0.3) -> float:
     """How much a validation curve still improves over its last ``tail`` of training, relative to
     its whole improvement so far: -(Theil-Sen slope) x (tail length) / (first value - best value).
-    The platform's convergence gate uses this measure (``scale: range``) with a 2 % tolerance."""
-    from scipy import stats
+    The platform's convergence gate uses this measure (``scale: range``) with a 2 % tolerance:
+    this is :func:`reprozoo.claims.tail_fit` itself."""
+    from ...claims import tail_fit
 
-    x, y = np.asarray(steps, float), np.asarray(values, float)
-    keep = x >= x[0] + (1 - tail) * (x[-1] - x[0])
-    if keep.sum() < 5:
-        return math.inf
-    slope = stats.theilslopes(y[keep], x[keep])[0]
-    level = abs(y[0] - y.min())
-    gain = -slope * (x[keep][-1] - x[keep][0])
-    return gain / level if level > 0 else (0.0 if gain <= 0 else math.inf)
+    return tail_fit(steps, values, scale="range", tail=tail)["improvement"]
 
 
 def variant_setting(value, variant: str, what: str):

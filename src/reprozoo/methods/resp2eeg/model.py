@@ -67,8 +67,9 @@ def plateau(steps, vals, min_delta: float, flat_tol: float, tail: float = 0.3, m
     """The validation curve is flat over the last ``tail`` of its steps (at least ``min_points``
     evaluations there): no value in the tail improves on the best before it by more than
     ``min_delta`` (relative), and a Theil-Sen line through the tail improves by at most
-    ``flat_tol`` of the tail's median level over the tail (the platform's gate allows 2 %)."""
-    from scipy.stats import theilslopes
+    ``flat_tol`` of the tail's median level over the tail: the platform's own plateau test
+    (:func:`reprozoo.claims.plateau`, whose gate allows 2 %)."""
+    from ...claims import plateau as gate_plateau
 
     xs, ys = np.asarray(steps, float), np.asarray(vals, float)
     if len(xs) < 2:
@@ -78,8 +79,7 @@ def plateau(steps, vals, min_delta: float, flat_tol: float, tail: float = 0.3, m
         return False
     if ys[m].min() < ys[~m].min() - min_delta * abs(ys[~m].min()):
         return False
-    gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
-    return gain <= flat_tol * abs(float(np.median(ys[m])))
+    return gate_plateau(xs, ys, flat_tol, tail=tail, min_points=min_points)
 
 
 def train_encoder(patches: np.ndarray, target: np.ndarray, n_out: int, p: dict, seed: int,

@@ -134,18 +134,10 @@ def _evaluate(model, task, x, y, batch, k_classes=0):
 def tail_flat(steps, vals, tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
     """The platform's plateau test with ``scale: range``: over the last ``tail`` of the steps (at
     least ``min_points`` evaluations there) the Theil-Sen line improves the loss by at most ``tol``
-    of its whole improvement (first value minus best)."""
-    from scipy.stats import theilslopes
+    of its whole improvement (first value minus best): :func:`reprozoo.claims.plateau` itself."""
+    from ...claims import plateau
 
-    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
-    if len(xs) < 2:
-        return False
-    m = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
-    if m.sum() < min_points:
-        return False
-    gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
-    level = abs(float(ys[0] - ys.min()))
-    return gain <= tol * level if level > 0 else gain <= 0
+    return plateau(steps, vals, tol, scale="range", tail=tail, min_points=min_points)
 
 
 class _Run:

@@ -158,16 +158,15 @@ class _Run:
         """The validation curve is flat over the last ``tail`` of training (at least ``min_points``
         evaluations there): no new best by more than ``min_delta`` (relative), and a Theil-Sen line
         through the tail improves by at most ``flat_tol`` of the tail's median level over it (the
-        platform's convergence gate, which allows 2 %)."""
-        from scipy.stats import theilslopes
+        platform's convergence gate, :func:`reprozoo.claims.plateau`, which allows 2 %)."""
+        from ...claims import plateau
 
         xs, ys = np.asarray(self.hist["step"], float), np.asarray(self.hist["val"], float)
         start = xs[0] + (1 - tail) * (xs[-1] - xs[0])
         m = xs >= start
         if m.sum() < min_points or self.best_step >= start:
             return False
-        gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
-        return gain <= flat_tol * abs(float(np.median(ys[m])))
+        return plateau(xs, ys, flat_tol, tail=tail, min_points=min_points)
 
     def advance(self, until: int, min_steps: int | None = None, min_delta: float = 0.0, flat_tol: float = 0.0) -> bool:
         """Train up to step ``until``; with ``min_steps`` stop early (returning True) once the
