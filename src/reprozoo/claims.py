@@ -546,7 +546,8 @@ def verify(claims: list[Claim], table: pd.DataFrame, selected_variants: list[str
         stalled = [v for v, s in rec["convergence"].items() if not s["converged"]]
         if unmet:
             rec["verdict"] = "untestable"
-            rec["reason"] = "precondition " + "; ".join(f"'{r['condition']}' is {r['verdict']} "
+            said = {"fails": "does not hold", "inconclusive": "is not shown (inconclusive)"}
+            rec["reason"] = "precondition " + "; ".join(f"'{r['condition']}' {said.get(r['verdict'], 'is ' + r['verdict'])} "
                                                         f"(mean {r['value_mean']:.4g})" for r in unmet)
         elif stalled:
             rec["verdict"] = "not converged"
