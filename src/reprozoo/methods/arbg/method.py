@@ -299,7 +299,7 @@ def short_pair_share(x_full: "torch.Tensor", target) -> float:
     return float((pair_distances(x_full, target.n_particles, target.spatial_dim) < d0).double().mean())
 
 
-def sample_proposal(model, n_samples: int, generator, chunk: int = 25000):
+def sample_proposal(model, n_samples: int, generator, chunk: int = 5000):
     """``n_samples`` proposal samples with their exact log q, drawn in chunks (CPU tensors)."""
     import torch
 
@@ -311,7 +311,7 @@ def sample_proposal(model, n_samples: int, generator, chunk: int = 25000):
 
 
 def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop: float = 1000.0,
-             trim: float = 0.002, chunk: int = 25000, ref_half=None, ref_crop_margin: float = 10.0,
+             trim: float = 0.002, chunk: int = 5000, ref_half=None, ref_crop_margin: float = 10.0,
              with_nll: bool = True):
     """Sample the proposal (in chunks), weight it against the exact Boltzmann density, compute
     the metrics (energies and weights in float64 on the CPU). ``ref_half`` (0 / 1 per reference
