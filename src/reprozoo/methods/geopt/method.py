@@ -168,7 +168,9 @@ class _Run:
         self.ema = copy.deepcopy(model)
         for t in self.ema.parameters():
             t.requires_grad_(False)
-        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True)
+        self.params = [t for t in model.parameters()]
+        self.ema_params = [t for t in self.ema.parameters()]
         self.step, self.best, self.best_step, self.best_state = 0, float("inf"), 0, None
         self.hist = {"step": [], "val": [], "lr": []}
 
@@ -188,12 +190,11 @@ class _Run:
             loss = ((self.model(bnd[b], take(q), take(cond)) - take(y)) ** 2).mean()
             self.opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.get("clip", 1.0))
+            torch.nn.utils.clip_grad_norm_(self.params, cfg.get("clip", 1.0), foreach=True)
             self.opt.step()
             with torch.no_grad():
                 decay = min(cfg["ema_decay"], (1 + self.step) / (10 + self.step))
-                for pe, pm in zip(self.ema.parameters(), self.model.parameters()):
-                    pe.lerp_(pm, 1 - decay)
+                torch._foreach_lerp_(self.ema_params, self.params, 1 - decay)
             if self.step % cfg["eval_every"] == 0 or self.step == until:
                 self.ema.y_scale = self.model.y_scale
                 v = evaluate(self.ema, val)
