@@ -24,6 +24,8 @@ Arrays are float32, layout (batch, channels, L) as the FFT path wants.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -56,15 +58,19 @@ def adding_problem(n: int, length: int, rng: np.random.Generator) -> tuple[np.nd
     return np.stack([(u - 0.5) * np.sqrt(12.0), m], axis=1).astype(np.float32), y.astype(np.float32)
 
 
+@functools.lru_cache(maxsize=1)
 def digits() -> tuple[np.ndarray, np.ndarray]:
     """(x (1797, 1, 64) float32 in [0, 1], y (1797,) int64): the csv scikit-learn ships, read
-    directly (importing sklearn costs seconds of start-up)."""
+    directly (importing sklearn costs seconds of start-up), once per process (every fit of a
+    batch job reads the same arrays; they are returned read-only)."""
     import importlib.util
     from pathlib import Path
 
     path = Path(importlib.util.find_spec("sklearn").origin).parent / "datasets" / "data" / "digits.csv.gz"
     raw = np.loadtxt(path, delimiter=",")
-    return (raw[:, :64] / 16.0).astype(np.float32)[:, None, :], raw[:, 64].astype(np.int64)
+    x, y = (raw[:, :64] / 16.0).astype(np.float32)[:, None, :], raw[:, 64].astype(np.int64)
+    x.flags.writeable = y.flags.writeable = False
+    return x, y
 
 
 def standardise_digits(x: np.ndarray) -> np.ndarray:
