@@ -173,3 +173,22 @@ def test_fit_learns_a_planted_flow_and_keeps_the_start_untouched():
     assert hist["lr_chosen"] in cfg["lrs"] and set(hist["lr_pilot"]) == set(cfg["lrs"])
     assert all(torch.equal(v, m0.state_dict()[k]) for k, v in start.items())
     assert len(set(hist["lr"])) == 1 and hist["step"][-1] == hist["stop_step"]
+
+
+def test_fine_tuning_a_fitted_backbone_trains_the_backbone_not_only_the_head():
+    """A model returned by ``fit`` (its EMA copy) must be fully trainable again: the fine-tune of a
+    pre-trained backbone moves the backbone's weights, as the scratch fine-tune moves its own."""
+    torch = pytest.importorskip("torch")
+    from reprozoo.methods.geopt.method import fit, make_flow_set, _tensors
+    from reprozoo.methods.geopt.model import GeometrySimulator
+    data = make_flow_set(np.random.default_rng(1), 5, 16, 16, 0.2)
+    cfg = dict(lrs=[3e-3], batch=2, points=8, pilot_steps=5, min_steps=10, max_steps=15,
+               eval_every=5, ema_decay=0.9, min_delta=0.002, flat_tol=0.01)
+    split = _tensors(data, np.arange(4, 5), "y")
+    pre, _ = fit(GeometrySimulator(dim=8, pair=4, layers=1, heads=2, slices=2), data, np.arange(4), "y", cfg, 0, split)
+    assert all(t.requires_grad for t in pre.parameters())
+    start = {k: v.clone() for k, v in pre.state_dict().items()}
+    pre.new_head(2, 1)
+    ft, _ = fit(pre, data, np.arange(4), "y", cfg, 1, split)
+    moved = [k for k, v in ft.state_dict().items() if not k.startswith("head") and not torch.equal(v, start[k])]
+    assert len(moved) >= len([k for k in start if not k.startswith("head")]) // 2

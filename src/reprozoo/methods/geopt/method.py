@@ -213,7 +213,8 @@ class _Run:
 
 def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val):
     """The one training rule of every fit (module docstring). ``model`` is the start (not
-    modified); returns the EMA model with the best validation value and its history (curves
+    modified); every one of its parameters is trained (fine-tuning trains the whole backbone, not
+    only the head); returns the EMA model with the best validation value and its history (curves
     step / val / lr, lr_chosen, lr_pilot, stop_step, plateau, best_val)."""
     import torch
 
@@ -222,8 +223,8 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
     train[3] = train[3] / y_scale
     runs = []
     for lr in cfg["lrs"]:
-        m = copy.deepcopy(model)
-        m.y_scale = y_scale
+        m = copy.deepcopy(model).requires_grad_(True)   # every parameter trains (a start that a
+        m.y_scale = y_scale                              # previous fit returned is its frozen EMA)
         run = _Run(m, train, float(lr), cfg, torch.Generator().manual_seed(seed))
         run.advance(cfg["pilot_steps"], val)
         runs.append(run)
@@ -231,6 +232,7 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
     plateau = run.advance(cfg["max_steps"], val, stop_from=cfg["min_steps"]) or _flat(
         run.hist["step"], run.hist["val"], run.best_step, 5, cfg["flat_tol"])
     run.ema.load_state_dict(run.best_state)
+    run.ema.requires_grad_(True)
     run.ema.y_scale = y_scale
     hist = dict(run.hist, lr_chosen=run.lr, lr_pilot={r.lr: r.best for r in runs}, stop_step=run.step,
                 plateau=bool(plateau), best_val=run.best)
