@@ -13,12 +13,12 @@ Three disjoint sets of simulated nights per seed (``data.py``), in this order:
 * the **test** nights (``n_test``): every score, per test night (the claims' units).
 
 ``train_shared`` (per seed) simulates, scales, tokenises, trains the translator and synthesises the
-EEG of the labelled and test nights (the centroid of each frame's most likely token, and, for the
-ablation, the expected spectrogram under the predicted token distribution).
+EEG of the labelled and test nights (the centroid of each frame's most likely token; the
+expected spectrogram under the predicted token distribution is scored as a spectrogram only,
+``spec_mae_mean_decoding``: no claim reads a downstream job of it).
 
 Variants (``train``): the same downstream learners and tuning (``features.py``) on
 * resp2eeg: fitted on the labelled nights' synthetic EEG, applied to the test nights' synthetic EEG;
-* resp2eeg_mean: the same with mean decoding;
 * real_eeg: fitted and tested on real EEG (the ceiling);
 * breathing_features: fitted and tested on multitaper breathing features;
 * breathing_transformer: the translator's network and training rule, trained on the labelled
@@ -41,7 +41,7 @@ from .features import (FRAME_S, Scale, eeg_epoch_features, evaluate_downstream, 
 from reprozoo.figures import save_figure
 
 STAGE_NAMES = ["W", "N1", "N2", "N3", "REM"]
-VARIANTS = ["resp2eeg", "resp2eeg_mean", "real_eeg", "breathing_features", "breathing_transformer"]
+VARIANTS = ["resp2eeg", "real_eeg", "breathing_features", "breathing_transformer"]
 GENERIC_CURVES = ["val_loss"]
 SHARED = "resp2eeg_shared.npz"
 UNIT_METRICS = ("stage_acc", "age_mae", "stage_acc_const", "age_mae_const")
@@ -91,7 +91,7 @@ def train_shared(ctx) -> None:
     syn = centers[logits.argmax(-1)]  # (S, T, F): the most likely token's centroid
     prob = np.exp(logits - logits.max(-1, keepdims=True))
     prob /= prob.sum(-1, keepdims=True)
-    syn_mean = prob @ centers  # ablation: expected spectrogram under the predicted token distribution
+    syn_mean = prob @ centers  # expected spectrogram under the predicted token distribution (scored only)
     te = slice(n_lab, n_lab + n_test)  # test nights within the unseen ones
     real, tok_te = spec[n_pool + n_lab:], tokens[n_pool + n_lab:]
     majority = int(np.bincount(tokens[:n_pool].ravel(), minlength=k).argmax())
@@ -122,7 +122,6 @@ def train_shared(ctx) -> None:
         Path(ctx.shared_dir) / SHARED,
         eeg_feat=eeg_epoch_features(epochs(spec[lab_test]), freqs).astype(np.float32),
         syn_feat=eeg_epoch_features(epochs(syn), freqs).astype(np.float32),
-        syn_mean_feat=eeg_epoch_features(epochs(syn_mean), freqs).astype(np.float32),
         resp_feat=resp_epoch_features(d["resp"][lab_test].astype(np.float64), RESP_SFREQ).astype(np.float32),
         patches=patches[lab_test], stage=d["stage"][lab_test], age=d["age"][lab_test], sex=d["sex"][lab_test],
         freqs=freqs, example_real=real[0, : int(p["example_frames"])],
@@ -156,7 +155,7 @@ def train(ctx) -> None:
     stage, age, sex = z["stage"], z["age"], z["sex"]
     lab, te = slice(0, n_lab), slice(n_lab, n_lab + n_test)
     v = ctx.variant
-    feats = {"resp2eeg": z["syn_feat"], "resp2eeg_mean": z["syn_mean_feat"], "real_eeg": z["eeg_feat"],
+    feats = {"resp2eeg": z["syn_feat"], "real_eeg": z["eeg_feat"],
              "breathing_features": z["resp_feat"]}
     if v in feats:
         f = feats[v]
@@ -174,20 +173,19 @@ def train(ctx) -> None:
     ctx.metrics.curve("hypno_true", x, stage[te][0])
     ctx.metrics.curve("hypno_pred", x, res.pop("stage_pred")[0])
     _record(ctx, res)
-    if v in ("resp2eeg", "resp2eeg_mean"):  # the shared translator: its scores, curves and examples
+    if v == "resp2eeg":  # the shared translator: its scores, curves and examples
         shared = json.loads((Path(ctx.shared_dir) / "resp2eeg_shared.json").read_text())
         for name, vals in shared["units"].items():
             ctx.metrics.units(name, vals)
         for name, val in shared["scalars"].items():
             ctx.metrics.scalar(name, val)
         _record_curves(ctx, shared["curves"])
-        if v == "resp2eeg":
-            fr = np.arange(z["example_real"].shape[0])
-            nf = z["example_real"].shape[1]
-            idx = (fr[:, None] * nf + np.arange(nf)[None]).ravel()
-            ctx.metrics.curve("spec_example_real", idx, z["example_real"].ravel())
-            ctx.metrics.curve("spec_example_syn", idx, z["example_syn"].ravel())
-            ctx.metrics.scalar("spec_example_nfreq", nf)
+        fr = np.arange(z["example_real"].shape[0])
+        nf = z["example_real"].shape[1]
+        idx = (fr[:, None] * nf + np.arange(nf)[None]).ravel()
+        ctx.metrics.curve("spec_example_real", idx, z["example_real"].ravel())
+        ctx.metrics.curve("spec_example_syn", idx, z["example_syn"].ravel())
+        ctx.metrics.scalar("spec_example_nfreq", nf)
     ctx.progress(f"stage acc {np.mean(res['stage_acc']):.3f}, age MAE {np.mean(res['age_mae']):.2f} y, "
                  f"sex AUROC {res['sex_auroc']:.3f}")
 
@@ -246,7 +244,7 @@ def plot(table, plots_dir, params) -> None:
             x, y = curve(v, "hypno_true")
             ax.step(x, y, where="post", color="k", lw=2.0, label="true (hidden) hypnogram")
             break
-        styles = {"resp2eeg": ("C0", "-"), "resp2eeg_mean": ("C4", "-"), "real_eeg": ("C2", "--"), "breathing_features": ("C3", ":"),
+        styles = {"resp2eeg": ("C0", "-"), "real_eeg": ("C2", "--"), "breathing_features": ("C3", ":"),
                   "breathing_transformer": ("C1", "-.")}
         for v in present:
             x, y = curve(v, "hypno_pred")
@@ -291,7 +289,7 @@ def plot(table, plots_dir, params) -> None:
             ax.bar(i, vals.mean(), color=f"C{i}", alpha=0.6)
             ax.errorbar(i, vals.mean(), yerr=vals.std(ddof=1) if len(vals) > 1 else 0, color="k", capsize=4)
             ax.scatter(np.full(len(vals), i), vals, color="k", s=10, zorder=3)
-        ax.set_xticks(range(len(VARIANTS)), ["synthetic\nEEG", "synthetic\n(mean dec.)", "real\nEEG", "breathing\nfeatures",
+        ax.set_xticks(range(len(VARIANTS)), ["synthetic\nEEG", "real\nEEG", "breathing\nfeatures",
                                              "breathing\ntransformer"], fontsize=8)
         ax.set_ylabel(lab)
     fig.suptitle(f"Is synthetic EEG as useful as real EEG, and more than breathing? (bars: mean, "

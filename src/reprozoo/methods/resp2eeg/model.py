@@ -5,7 +5,8 @@ breathing-rate summary) and predicts discrete EEG tokens. Here every 5-s patch o
 breathing (40 samples, globally standardised so that depth differences survive) is embedded
 linearly (together with its log magnitude spectrum, :func:`patch_inputs`), a learned position is added, a bidirectional pre-LN transformer encoder
 (``torch.nn.TransformerEncoder``) mixes a window of L patches (L x 5 s of context), and a linear
-head gives per-patch logits:
+head gives per-patch logits (dropout ``dropout`` on the residual and feed-forward paths and
+``attn_dropout`` on the attention weights; 0.1 and 0 at ci / smoke / paper):
 
     h = LN(Encoder(W_in p_{1..L} + pos)),   logits_i = W_out h_i,   loss = CE(logits_i, token_i)
 
@@ -30,12 +31,15 @@ from torch import nn
 
 class BreathEncoder(nn.Module):
     def __init__(self, patch_len: int, seq_len: int, n_out: int, dim: int = 48, depth: int = 2, heads: int = 4,
-                 dropout: float = 0.1):
+                 dropout: float = 0.1, attn_dropout: float | None = None):
         super().__init__()
         self.embed = nn.Linear(patch_len, dim)
         self.pos = nn.Parameter(torch.zeros(1, seq_len, dim))
         layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout, activation="gelu", batch_first=True,
                                            norm_first=True)
+        # dropout on the attention weights (default: ``dropout``) apart from the residual / feed-forward
+        # one: attention-weight dropout keeps torch's CPU attention off its fused kernel
+        layer.self_attn.dropout = dropout if attn_dropout is None else float(attn_dropout)
         self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, n_out)
@@ -106,7 +110,8 @@ def train_encoder(patches: np.ndarray, target: np.ndarray, n_out: int, p: dict, 
     min_delta, flat_tol = float(p.get("min_delta", 0.002)), float(p.get("flat_tol", 0.01))
     torch.manual_seed(seed)
     init = BreathEncoder(tr_x.shape[-1], L, n_out, dim=int(p["dim"]), depth=int(p["depth"]),
-                         heads=int(p["heads"]), dropout=float(p.get("dropout", 0.1)))
+                         heads=int(p["heads"]), dropout=float(p.get("dropout", 0.1)),
+                         attn_dropout=p.get("attn_dropout"))
 
     def val_ce(model):
         model.eval()
