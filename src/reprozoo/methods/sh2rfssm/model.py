@@ -22,7 +22,7 @@ by Cayley-Hamilton the membrane's impulse response is
 
 so without reset the layer is the causal convolution v = h * x (+ D x, the SSM's skip term),
 computed for the whole sequence by FFT in O(L log L) (``blocks.spiking.causal_fft_conv``) with
-λ^k from ``blocks.spiking.rf_kernel``; the threshold is applied pointwise afterwards. The velocity's
+Im λ^{k+1} = r^{k+1} sin((k+1)ϑ) in real arithmetic; the threshold is applied pointwise afterwards. The velocity's
 response is g_k = (h_k - h_{k-1}) / Δt (``velocity_kernel``). The sequential
 recurrence (``imex_recurrence``) is kept as the reference the FFT path is tested against.
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...blocks.spiking import (SURROGATES, causal_fft_conv, harmonic_rf_kernel, rf_kernel, spike)
+from ...blocks.spiking import SURROGATES, causal_fft_conv, harmonic_rf_kernel, spike
 
 
 def imex_kernel(omega: torch.Tensor, damping: torch.Tensor, length: int, dt: float = 1.0) -> torch.Tensor:
@@ -59,8 +59,11 @@ def imex_kernel(omega: torch.Tensor, damping: torch.Tensor, length: int, dt: flo
     # underdamped (complex pair) when tr² < 4a; clamping sin ϑ keeps the critically damped limit
     cos_t = (tr / (2 * r)).clamp(-1 + 1e-6, 1 - 1e-6)
     theta = torch.acos(cos_t)
-    lam_pow = rf_kernel(theta, -torch.log(r), length + 1)[:, 1:]  # λ^{k+1}, k = 0..L-1
-    return (a * dt ** 2).unsqueeze(-1) * lam_pow.imag / (r * torch.sin(theta)).unsqueeze(-1)
+    # Im λ^{k+1} = r^{k+1} sin((k+1)ϑ), k = 0..L-1, in real arithmetic (the complex power
+    # ``blocks.spiking.rf_kernel`` gives the same numbers; real autograd is cheaper per step)
+    k1 = torch.arange(1, length + 1, dtype=torch.float32)
+    im_pow = torch.exp(k1 * torch.log(r).unsqueeze(-1)) * torch.sin(k1 * theta.unsqueeze(-1))
+    return (a * dt ** 2 / (r * torch.sin(theta))).unsqueeze(-1) * im_pow
 
 
 def imex_recurrence(x: torch.Tensor, omega: torch.Tensor, damping: torch.Tensor, dt: float = 1.0) -> torch.Tensor:
@@ -81,7 +84,7 @@ def imex_recurrence(x: torch.Tensor, omega: torch.Tensor, damping: torch.Tensor,
 def lif_kernel(beta: torch.Tensor, length: int) -> torch.Tensor:
     """First-order kernel β^k (channels, L): a leaky integrator v_t = β v_{t-1} + x_t."""
     beta = torch.as_tensor(beta, dtype=torch.float32).reshape(-1)
-    return rf_kernel(torch.zeros_like(beta), -torch.log(beta), length).real
+    return torch.exp(torch.arange(length, dtype=torch.float32) * torch.log(beta).unsqueeze(-1))
 
 
 def velocity_kernel(h: torch.Tensor, dt: float = 1.0) -> torch.Tensor:
