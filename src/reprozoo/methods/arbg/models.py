@@ -38,7 +38,7 @@ import math
 import torch
 from torch import nn
 
-from ...blocks.causal_transformer import CausalTransformer
+from ...blocks.causal_transformer import CausalTransformer, cached_ancestral, draw_categorical  # noqa: F401 (re-exported)
 from ...blocks.flows import gaussian_log_prob, make_flow, ode_sample
 
 
@@ -122,77 +122,6 @@ class ArBG(nn.Module):
         rest = (self.lo + (b[:, k:] + u) * self.delta) * self.scale
         y = torch.cat([self.bin_centres(pb).expand(n, k), rest], dim=1)
         return y, logp - (self.dim - k) * (math.log(self.delta) + torch.log(self.scale))
-
-
-def _cached_layer_step(layer: nn.TransformerEncoderLayer, h: torch.Tensor, cache: list, i: int) -> torch.Tensor:
-    """Position ``i`` through a pre-LayerNorm ``nn.TransformerEncoderLayer`` (GELU, no dropout at
-    evaluation) with causal self-attention over the cached keys and values of positions <= i: the
-    layer's own weights, the computation of its forward pass for that row. ``h`` (B, E);
-    ``cache`` is [keys, values], each (B, heads, L, E / heads), rows < i filled."""
-    import torch.nn.functional as F
-
-    att = layer.self_attn
-    e, nh = att.embed_dim, att.num_heads
-    a = layer.norm1(h)
-    q, k, v = F.linear(a, att.in_proj_weight, att.in_proj_bias).split(e, dim=-1)
-    keys, vals = cache
-    keys[:, :, i] = k.reshape(len(h), nh, e // nh)
-    vals[:, :, i] = v.reshape(len(h), nh, e // nh)
-    q = q.reshape(len(h), nh, 1, e // nh) * (e // nh) ** -0.5
-    w = torch.softmax(q @ keys[:, :, : i + 1].transpose(-1, -2), dim=-1)     # (B, heads, 1, i + 1)
-    o = (w @ vals[:, :, : i + 1]).reshape(len(h), e)
-    h = h + att.out_proj(o)
-    return h + layer.linear2(layer.activation(layer.linear1(layer.norm2(h))))
-
-
-def draw_categorical(log_p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One exact draw per row from the categorical law exp(log_p) (rows normalised), by inverting
-    its CDF at one uniform per row (float64 cumulative sums): the first index whose cumulative
-    probability exceeds u. Same law as ``torch.multinomial(p, 1)``, which spends one exponential
-    variate per category (256 per coordinate here). Returns (B, 1) indices."""
-    cdf = log_p.double().exp().cumsum(-1)
-    u = torch.rand(len(log_p), 1, generator=generator, dtype=torch.float64, device=log_p.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=log_p.shape[-1] - 1)
-
-
-@torch.no_grad()
-def cached_ancestral(net: CausalTransformer, n: int, n_new: int, generator: torch.Generator | None = None,
-                     prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ancestral sampling from the block's causal transformer with a key/value cache.
-
-    The block's ``sample`` runs the whole prefix through the network again for every new token
-    (L passes over up to L positions); a causal layer's output at position i depends only on
-    positions <= i, so each position's keys and values are computed once and kept. Feeds BOS,
-    then ``prefix`` (n, k) tokens if given (held fixed), then draws ``n_new`` tokens, each from
-    softmax(logits) of the newest position (:func:`draw_categorical`). Returns
-    (tokens (n, k + n_new), log P of the drawn tokens (n,)); ``test_arbg`` checks the cached
-    logits against the block's full forward pass."""
-    if net.training and any(m.p > 0 for m in net.modules() if isinstance(m, nn.Dropout)):
-        raise RuntimeError("cached sampling has no dropout: call it in evaluation mode")
-    if not all(layer.norm_first for layer in net.blocks.layers):
-        raise ValueError("cached sampling implements the pre-LayerNorm layer only")
-    device, dtype = net.pos.device, net.pos.dtype
-    k = 0 if prefix is None else prefix.shape[1]
-    length = k + n_new
-    caches = []
-    for layer in net.blocks.layers:
-        e, nh = layer.self_attn.embed_dim, layer.self_attn.num_heads
-        caches.append([torch.empty(n, nh, length, e // nh, device=device, dtype=dtype) for _ in range(2)])
-    tok = torch.full((n,), net.vocab, dtype=torch.long, device=device)
-    out, logp = [], torch.zeros(n, device=device)
-    for i in range(length):
-        h = net.tok(tok) + net.pos[0, i]
-        for layer, cache in zip(net.blocks.layers, caches):
-            h = _cached_layer_step(layer, h, cache, i)
-        if i < k:                                   # prefix position: its token is given
-            tok = prefix[:, i]
-        else:
-            lp = torch.log_softmax(net.head(net.norm(h)), dim=-1)
-            t = draw_categorical(lp, generator)
-            logp += lp.gather(-1, t).squeeze(-1)
-            tok = t.squeeze(-1)
-        out.append(tok)
-    return torch.stack(out, dim=1), logp
 
 
 class Flow(nn.Module):

@@ -147,15 +147,15 @@ def per_shape_sq_error(model, split) -> np.ndarray:
 def _flat(steps, vals, best_step: int, min_points: int, flat_tol: float, tail: float = 0.3) -> bool:
     """The curve is flat over its last ``tail`` (>= ``min_points`` evaluations there): the best
     value lies before that stretch (within ``min_delta``, see ``fit``) and a Theil-Sen line through
-    it improves by at most ``flat_tol`` of its median level: the platform's convergence test."""
-    from scipy.stats import theilslopes
+    it improves by at most ``flat_tol`` of its median level: the platform's convergence test,
+    :func:`reprozoo.claims.plateau`."""
+    from ...claims import plateau
 
     xs, ys = np.asarray(steps, float), np.asarray(vals, float)
     m = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
     if m.sum() < min_points or best_step >= xs[m][0]:
         return False
-    gain = -float(theilslopes(ys[m], xs[m])[0]) * float(xs[m][-1] - xs[m][0])
-    return gain <= flat_tol * float(np.median(ys[m]))
+    return plateau(xs, ys, flat_tol, tail=tail, min_points=min_points)
 
 
 class _Run:
