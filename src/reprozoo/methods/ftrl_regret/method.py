@@ -17,11 +17,16 @@ Stages:
     * the P sweep at fixed horizon T_fix     -> curve regret_P_<task> (x = P_T, path length)
     and fit log-log slopes (slope_T_<task>, slope_P_<task>). The theorem's rate for the tuned
     discount is R_T = O~(sqrt(d T P_T)): slope 1/2 in T and 1/2 in P_T.
+    The tuned variants (STATIC_VARIANTS) also run the static sweep on the tasks ``static_tasks``,
+    P_T = 0 over the same horizons (-> curve regret_T0_<task>, slope slope_T0_<task>): the curved-loss point of the paper, where
+    FTRL's regret is O(d log T) (log-log slope ~ 1/ln T) and OGD's O(sqrt T) (slope 1/2). Its
+    streams are prefixes of one static stream per (seed, task): common random numbers across T.
 Dynamic regret R_T = sum_t l_t(w_t) - l_t(u_t), in nats (logistic) or squared-loss units (linear),
 u_t the planted comparator of the stream.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +37,8 @@ from reprozoo.figures import save_figure
 
 TASKS = ("linear", "logistic")
 SHORT = {"linear": "lin", "logistic": "logit"}
+# the variants that also run the static (P_T = 0) sweep: the claim's learner and its OGD control
+STATIC_VARIANTS = ("dftrl_tuned", "ogd_tuned")
 
 
 def _streams(p: dict, rng: np.random.Generator):
@@ -43,6 +50,9 @@ def _streams(p: dict, rng: np.random.Generator):
             yield task, "T", T, make_stream(task, T, d, p["P_fix"], cfg, rng)
         for P in p["P_sweep"]:
             yield task, "P", P, make_stream(task, p["T_fix"], d, P, cfg, rng)
+    # drawn after every drifting stream, so those are the same streams as without the static sweep
+    for task in p.get("static_tasks", ()):
+        yield task, "T0", max(p["T_sweep"]), make_stream(task, max(p["T_sweep"]), d, 0.0, p[task], rng)
 
 
 def train_shared(ctx) -> None:
@@ -61,6 +71,16 @@ def _load(shared_dir: Path, p: dict):
         for sweep, vals in (("T", p["T_sweep"]), ("P", p["P_sweep"])):
             for val in vals:
                 yield task, sweep, val, {k: z[f"{task}/{sweep}/{val:g}/{k}"] for k in ("x", "y", "u")}
+
+
+def _load_static(shared_dir: Path, p: dict):
+    """The static (P_T = 0) sweep: the first T rounds of one static stream per task, T in T_sweep."""
+    z = np.load(shared_dir / "streams.npz")
+    top = max(p["T_sweep"])
+    for task in p.get("static_tasks", ()):
+        full = {k: z[f"{task}/T0/{top:g}/{k}"] for k in ("x", "y", "u")}
+        for T in p["T_sweep"]:
+            yield task, "T0", T, {k: a[:T] for k, a in full.items()}
 
 
 def predictions(variant: str, task: str, stream: dict, p: dict) -> tuple[np.ndarray, dict]:
@@ -105,8 +125,11 @@ def train(ctx) -> None:
     p, v = ctx.params, ctx.variant
     if v == "adam_two_discount":
         return train_adam(ctx)
+    static = v in STATIC_VARIANTS
     results = {(t, s): [] for t in TASKS for s in "TP"}
-    for task, sweep, val, stream in _load(ctx.shared_dir, p):
+    results.update({(t, "T0"): [] for t in p.get("static_tasks", ()) if static})
+    sweeps = itertools.chain(_load(ctx.shared_dir, p), _load_static(ctx.shared_dir, p) if static else ())
+    for task, sweep, val, stream in sweeps:
         pred, chosen = predictions(v, task, stream, p)
         cum = dynamic_regret(task, pred, stream)
         results[(task, sweep)].append((val, cum[-1]))
@@ -167,16 +190,27 @@ def _band(ax, sub, v, **kw):
     return mean
 
 
-def _loglog_panel(pyplot, sub, path: Path, xlabel: str, ylabel: str, title: str, theorem: bool) -> None:
+def _through(ax, ref, shape, style: str, label: str) -> None:
+    """Draw shape(x) scaled (least squares in log) through the mean points ``ref``."""
+    if ref is None or not len(ref):
+        return
+    xs = np.asarray(ref.index, float)
+    anchor = float(np.exp(np.mean(np.log(np.maximum(ref.values, 1e-12)) - np.log(shape(xs)))))
+    ax.plot(xs, anchor * shape(xs), style, lw=1.2, label=label)
+
+
+def _loglog_panel(pyplot, sub, path: Path, xlabel: str, ylabel: str, title: str, theorem: bool,
+                  static: bool = False) -> None:
     """One log-log figure: every FTRL/OGD variant (mean +- std over seeds), optionally the
-    theorem's slope 1/2 drawn through the tuned discounted FTRL's points."""
+    theorem's slope 1/2 drawn through the tuned discounted FTRL's points; for the static sweep
+    (P_T = 0) the log T shape through discounted FTRL and sqrt T through OGD."""
     fig, ax = pyplot.subplots(figsize=(6, 4.3))
     means = {v: _band(ax, sub, v) for v in VARIANT_ORDER}
-    ref = means.get("dftrl_tuned")
-    if theorem and ref is not None and len(ref):
-        xs = np.asarray(ref.index, float)
-        anchor = float(np.exp(np.mean(np.log(np.maximum(ref.values, 1e-12)) - 0.5 * np.log(xs))))
-        ax.plot(xs, anchor * np.sqrt(xs), "k--", lw=1.2, label="theorem: slope 1/2 (sqrt(d T P_T))")
+    if static:
+        _through(ax, means.get("dftrl_tuned"), np.log, "k--", "FTRL theory: d log T")
+        _through(ax, means.get("ogd_tuned"), np.sqrt, "k:", "OGD: sqrt T")
+    elif theorem:
+        _through(ax, means.get("dftrl_tuned"), np.sqrt, "k--", "theorem: slope 1/2 (sqrt(d T P_T))")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
@@ -202,6 +236,12 @@ def plot(table, plots_dir: Path, params: dict) -> None:
                 _loglog_panel(pyplot, sub, plots_dir / f"curve_regret_{sweep}_{task}.png", labels[sweep][0], unit,
                               f"Does {name}-regression dynamic regret grow as sqrt({sweep})?\n"
                               f"({labels[sweep][1]}; mean +- std over seeds)", theorem=True)
+        sub = table[table.metric == f"regret_T0_{task}"]
+        if not sub.empty:
+            _loglog_panel(pyplot, sub, plots_dir / f"curve_regret_T0_{task}.png", labels["T"][0], unit,
+                          f"Static comparator (P_T = 0): {name}-regression regret log T (FTRL) or sqrt T (OGD)?\n"
+                          "(prefixes of one static stream per seed; mean +- std over seeds)",
+                          theorem=False, static=True)
         sub = table[table.metric == f"cumregret_{task}"]
         if not sub.empty:
             _loglog_panel(pyplot, sub, plots_dir / f"curve_cumregret_{task}.png", "round t", f"cumulative {unit}",
