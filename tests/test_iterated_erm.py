@@ -9,7 +9,7 @@ from reprozoo.methods.iterated_erm import protocols as P
 from reprozoo.methods.iterated_erm import theory as T
 from reprozoo.methods.iterated_erm.data import sample
 from reprozoo.methods.iterated_erm.erm import logistic, ridge, population_error
-from reprozoo.methods.iterated_erm.method import dd_peak, u_ratio, variance_slope
+from reprozoo.methods.iterated_erm.method import _cand_counts, dd_peak, interior_peak, u_ratio, variance_slope
 
 R, LAM = 1.5, 0.1
 
@@ -124,3 +124,61 @@ def test_helpers_on_planted_curves():
     assert dd_peak(xs, [0.4, 0.3, 0.2, 0.15, 0.1, 0.09, 0.08])[1] == 1.0
     assert dd_peak(xs, [0.2, 0.25, 0.3, 0.35, 0.4, 0.3, 0.15]) == pytest.approx((1.0, 2.0))
     assert u_ratio([0.1, 0.3, 0.5, 1.0], [0.3, 0.2, 0.2, 0.25], [0.2, 0.5]) == pytest.approx(1.25)
+
+
+def test_sample_wise_peak_sits_at_n2_equal_d():
+    """Varying n2 through d with n fixed (the sample-wise sweep) peaks at the stage-2 interpolation
+    threshold n2 = d whatever the rule: ordinary sample-wise double descent, not a selection effect."""
+    grid = [0.5, 0.7, 0.9, 0.95, 1.0, 1.05, 1.1, 1.3, 1.7]
+    for rule in ("margin", "random"):
+        errs = [T.solve(T.reweighting_types(2.0, rule), R**2, LAM, 1e-3, a2).err2 for a2 in grid]
+        assert grid[int(np.argmax(errs))] == 1.0, (rule, errs)
+
+
+def test_selection_strength_endpoints_in_theory():
+    """kappa = 1 keeps every candidate: margin = random selection; random selection is flat in kappa;
+    kappa = n / n2 is margin selection on the whole set (the reweighting protocol)."""
+    n, n2, lam2 = 4.0, 0.7, 1e-3
+    e_rand = [T.solve(T.candidate_types(n, k * n2, "random"), R**2, LAM, lam2, n2).err2 for k in (1.0, 2.0, n / n2)]
+    assert np.ptp(e_rand) < 1e-9
+    e1 = T.solve(T.candidate_types(n, n2, "margin"), R**2, LAM, lam2, n2).err2
+    assert e1 == pytest.approx(e_rand[0], rel=1e-6)
+    full = T.solve(T.candidate_types(n, n, "margin"), R**2, LAM, lam2, n2).err2
+    assert full == pytest.approx(T.solve(T.reweighting_types(n, "margin"), R**2, LAM, lam2, n2).err2, rel=1e-12)
+    mid = T.solve(T.candidate_types(n, 2 * n2, "margin"), R**2, LAM, lam2, n2).err2
+    assert mid < e1 - 0.02  # moderate selection helps at fixed n2 (the curve is not flat)
+
+
+def test_candidate_selection_keeps_n2_from_nested_candidates():
+    rng = np.random.default_rng(5)
+    fs = {"n": 4.0, "n2": 0.7, "kappa": [1.0, 2.0, 5.7143]}
+    n, n2, cands = _cand_counts(fs, 50)
+    assert (n, n2, cands) == (200, 35, [35, 70, 200])
+    X, y = P.pool(n, 50, R, rng)
+    errs = P.candidate_selection(X, y, n2, cands, R, "square", LAM, 1e-3, "margin", rng)
+    assert len(errs) == 3 and all(0 < e < 0.5 for e in errs)
+
+
+def test_theory_matches_simulation_at_fixed_n2():
+    d, n, a2, kappa, lam2 = 300, 4.0, 0.7, 2.0, 1e-3
+    n_, n2 = int(n * d), int(a2 * d)
+
+    def run(rng):
+        X, y = P.pool(n_, d, R, rng)
+        return P.candidate_selection(X, y, n2, [int(kappa * n2)], R, "square", LAM, lam2, "margin", rng)[0]
+
+    sim = _mc(run, 16, 6)
+    types = T.candidate_types(n, kappa * a2, "margin")
+    th = T.solve(types, R**2, LAM, lam2, a2).err2
+    naive = T.solve(types, R**2, LAM, lam2, a2, reuse=False).err2
+    se = sim.std(ddof=1) / np.sqrt(len(sim))
+    assert abs(sim.mean() - th) < 4 * se + 0.004, (sim.mean(), th)
+    assert abs(sim.mean() - naive) > 0.02, (sim.mean(), naive)
+
+
+def test_interior_peak_on_planted_curves():
+    xs = [1, 2, 3, 4, 5, 6]
+    assert interior_peak(xs, [0.3, 0.2, 0.25, 0.3, 0.35, 0.4]) == (pytest.approx(np.nan, nan_ok=True), 1.0)  # U
+    assert interior_peak(xs, [0.5, 0.4, 0.3, 0.2, 0.15, 0.1])[1] == 1.0  # monotone
+    x, prom = interior_peak(xs, [0.3, 0.2, 0.3, 0.24, 0.1, 0.12])  # rise, then a second descent
+    assert x == 3 and prom == pytest.approx(1.5)  # min(0.3 / 0.2, 0.3 / 0.1)

@@ -23,8 +23,15 @@ Experiments per cell (all sizes per d; ``protocols.py``):
    small ridge on the n2 kept of the same points; sweep n2/d. ``dd_err_d<d>`` (``dd_err_sim``: the
    largest d), ``dd_peak_ratio``
    (n2/d at the error peak that follows the first minimum), ``dd_peak_prominence`` (peak / that min).
-Theory (square loss; ``theory.py``): ``split_err_theory``, ``dd_err_theory`` and the sample-splitting
-predictions ``split_err_naive``, ``dd_err_naive`` on the same grids.
+   n2 varies along this sweep, so its peak at n2 = d is the ordinary stage-2 interpolation peak.
+3. selection strength at a fixed stage-2 size (square loss only): n = fs.n d labels, stage 1 on all,
+   stage 2 with small ridge on n2 = fs.n2 d (!= d) of the same points, picked by ``rule`` among
+   kappa n2 random candidates; sweep kappa from 1 (random) to n / n2. ``fs_err_d<d>``,
+   ``fs_err_sim`` (largest d), ``fs_peak_prominence`` / ``fs_peak_kappa`` (the interior peak,
+   ``interior_peak``), ``fs_theory_peak_prominence`` (the same on the theory curve).
+Theory (square loss; ``theory.py``): ``split_err_theory``, ``dd_err_theory``, ``fs_err_theory`` and
+the sample-splitting predictions ``split_err_naive``, ``dd_err_naive``, ``fs_err_naive`` on the same
+grids.
 """
 from __future__ import annotations
 
@@ -78,6 +85,45 @@ def selection_dd(ctx, loss: str, rule: str) -> dict[int, np.ndarray]:
         out[d] = errs
         ctx.progress(f"selection double descent d={d}: {reps} replicates")
     return out
+
+
+def _cand_counts(fs, d):
+    """Candidate-set sizes for the fixed-n2 sweep: kappa n2 candidates per kept point, at most n."""
+    n, n2 = int(round(fs["n"] * d)), int(round(fs["n2"] * d))
+    return n, n2, [min(int(round(k * n2)), n) for k in fs["kappa"]]
+
+
+def selection_strength(ctx, loss: str, rule: str) -> dict[int, np.ndarray]:
+    """errors[d] of shape (replicates, len(kappa)): n labels, stage 1 on all, stage 2 on n2 of them
+    chosen by ``rule`` among kappa n2 random candidates (n2 fixed; kappa = 1 is random selection)."""
+    p = ctx.params
+    fs = p["fs"]
+    out = {}
+    for d, reps in zip(fs["dims"], fs["reps"]):
+        n, n2, cands = _cand_counts(fs, d)
+        errs = np.empty((reps, len(cands)))
+        rng = ctx.rng(20_000 + d)  # same data for every variant of the seed
+        for k in range(reps):
+            X, y = P.pool(n, d, p["r"], rng)
+            sel_rng = np.random.default_rng(rng.integers(2**63))
+            errs[k] = P.candidate_selection(X, y, n2, cands, p["r"], loss, p["lam1"], fs["lam2"], rule, sel_rng)
+        out[d] = errs
+        ctx.progress(f"selection strength at fixed n2 d={d}: {reps} replicates")
+    return out
+
+
+def interior_peak(xs, errs) -> tuple[float, float]:
+    """(x, prominence) of the highest interior local maximum of the curve, the prominence being
+    min(peak / lowest point before it, peak / lowest point after it): > 1 only for a rise AND a
+    second descent (a double descent), = 1 for a monotone or U-shaped curve (x = nan then)."""
+    errs = np.asarray(errs, float)
+    best = (float("nan"), 1.0)
+    for i in range(1, len(errs) - 1):
+        if errs[i] >= errs[i - 1] and errs[i] > errs[i + 1]:
+            prom = min(errs[i] / errs[:i].min(), errs[i] / errs[i + 1:].min())
+            if prom > best[1]:
+                best = (float(xs[i]), float(prom))
+    return best
 
 
 def variance_slope(dims, variances) -> float:
@@ -149,6 +195,24 @@ def train(ctx) -> None:
     ctx.metrics.scalar("dd_peak_ratio", peak_x)
     ctx.metrics.scalar("dd_peak_prominence", prominence)
     ctx.metrics.scalar("sim_seconds_dd", time.perf_counter() - t2)
+
+    t3 = time.perf_counter()
+    fs = p["fs"]
+    fs_theory = {}
+    for reuse, name in ((True, "theory"), (False, "naive")):
+        fs_theory[name] = [T.solve(T.candidate_types(fs["n"], min(k * fs["n2"], fs["n"]), rule), p["r"] ** 2,
+                                   p["lam1"], fs["lam2"], fs["n2"], reuse=reuse).err2 for k in fs["kappa"]]
+        ctx.metrics.curve(f"fs_err_{name}", fs["kappa"], fs_theory[name])
+    ctx.metrics.scalar("fs_theory_peak_prominence", interior_peak(fs["kappa"], fs_theory["theory"])[1])
+    strength = selection_strength(ctx, loss, rule)
+    for d in sorted(strength):
+        ctx.metrics.curve(f"fs_err_d{d}", fs["kappa"], strength[d].mean(axis=0))
+    top = strength[max(strength)].mean(axis=0)
+    ctx.metrics.curve("fs_err_sim", fs["kappa"], top)  # the largest d, read by the claims
+    peak_k, prominence = interior_peak(fs["kappa"], top)
+    ctx.metrics.scalar("fs_peak_kappa", peak_k)
+    ctx.metrics.scalar("fs_peak_prominence", prominence)
+    ctx.metrics.scalar("sim_seconds_fs", time.perf_counter() - t3)
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -222,9 +286,23 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     _line(ax, table, "dd_err_naive", "margin_square", color="k", ls=":", lw=1.5, label="sample-splitting theory")
     _line(ax, table, "dd_err_theory", "random_square", color="grey", lw=1.0, label="theory, random selection")
     ax.axvline(1.0, color="r", lw=0.6, ls="--")
-    _axes(ax, "selected samples per dimension, n2 / d (same n labels)", err_label,
-          "Does selection alone drive a double descent?")
+    _axes(ax, "selected samples per dimension, n2 / d (same n labels; n2 varies)", err_label,
+          "Sample-wise sweep: the peak is the interpolation threshold n2 = d")
     _save(pyplot, fig, plots_dir / "curve_dd_err_sim.png")
+
+    fs = params.get("fs", {})
+    fig, ax = pyplot.subplots(figsize=(6, 4.2))
+    for d in _dims(table, "fs_err_d"):
+        _band(ax, table, f"fs_err_d{d}", "margin_square", marker="o", ms=3, color=colors.get(d),
+              label=f"margin selection, simulation d={d}")
+        _band(ax, table, f"fs_err_d{d}", "random_square", marker="s", ms=3, color="grey",
+              label=f"random selection, simulation d={d}")
+    _line(ax, table, "fs_err_theory", "margin_square", color="k", lw=1.8, label="theory (data reuse)")
+    _line(ax, table, "fs_err_naive", "margin_square", color="k", ls=":", lw=1.5, label="sample-splitting theory")
+    _line(ax, table, "fs_err_theory", "random_square", color="grey", lw=1.0, label="theory, random selection")
+    _axes(ax, "selection strength kappa = candidates per selected point", err_label,
+          f"Fixed n2 = {fs.get('n2', '?')} d, n = {fs.get('n', '?')} d: selection alone")
+    _save(pyplot, fig, plots_dir / "curve_fs_err_sim.png")
 
     fig, ax = pyplot.subplots(figsize=(5.5, 4.2))
     ref = None

@@ -7,6 +7,10 @@ passive) and fits w2 on all n1 + n2 labels (the n1 reused).
 
 reweighting (selection on the same data): n labelled points; stage 1 fits w1 on all; stage 2 fits
 w2 on the n2 of the SAME points that ``rule`` keeps from their in-sample predictions.
+
+candidate_selection (selection strength at fixed n2): as reweighting, but n2 is fixed and the
+rule picks the n2 from a random candidate subset of c of the n points; c sweeps from n2 (random)
+to n (the rule on the whole set).
 """
 from __future__ import annotations
 
@@ -46,6 +50,24 @@ def reweighting(X, y, n2_list, r, loss, lam1, lam2, rule, rng):
     errs = []
     for n2 in n2_list:
         keep = _select(z1, n2, rule, rng)
+        errs.append(population_error(fit(loss, X[keep], y[keep], lam2), r))
+    return errs
+
+
+def candidate_selection(X, y, n2, cand_list, r, loss, lam1, lam2, rule, rng):
+    """Selection strength at a fixed stage-2 size: stage 1 on all n labelled points, then for each
+    c in ``cand_list`` stage 2 keeps n2 of a random candidate subset of c points (nested subsets: the
+    first c of one random permutation, common random numbers along the sweep), chosen by ``rule``
+    from the in-sample predictions. c = n2: random selection; c = n: ``rule`` on the whole set.
+    n, n2, d and w1 stay fixed; only how hard the n2 are selected changes. Returns stage-2 errors."""
+    n, d = X.shape
+    w1 = fit(loss, X, y, lam1)
+    z1 = X @ w1 / np.sqrt(d)
+    order = rng.permutation(n)
+    errs = []
+    for c in cand_list:
+        cand = order[:c]
+        keep = cand[_select(z1[cand], n2, rule, rng)]
         errs.append(population_error(fit(loss, X[keep], y[keep], lam2), r))
     return errs
 

@@ -244,3 +244,12 @@ def reweighting_types(n_over_d, rule="margin"):
     """Iterated ERM on one labelled set: stage 1 on all n, stage 2 on the n2 of the SAME samples
     that ``rule`` keeps (margin: smallest in-sample |z1|)."""
     return [SampleType(n_over_d, True, rule)]
+
+
+def candidate_types(n_over_d, cand_over_d, rule="margin"):
+    """Selection strength at fixed n2: stage 1 on all n; stage 2 keeps n2 of a random candidate
+    subset of c <= n of the SAME samples (``rule`` on the candidates; the others are never kept).
+    The candidates are independent of the fields, so they are a sample type of their own."""
+    if cand_over_d >= n_over_d:
+        return [SampleType(n_over_d, True, rule)]
+    return [SampleType(cand_over_d, True, rule), SampleType(n_over_d - cand_over_d, True, "none")]
