@@ -155,3 +155,70 @@ def test_sliced_w2_matches_pot_and_detects_a_wrong_sampler(gmm):
     good, floor, _ = sample_quality(make_sampler("rex_sde", gmm.denoise, PARAMS), gmm, {**q, "sw_steps": 32}, rng)
     bad, floor_bad, _ = sample_quality(make_sampler("ddim", gmm.denoise, PARAMS), gmm, {**q, "sw_steps": 3}, rng)
     assert good / floor < 1.5 < bad / floor_bad  # the claim's threshold separates them
+
+
+def test_spec_loads_through_the_platform_loader_and_duplicate_keys_are_refused(tmp_path):
+    """rex's spec through the registry's strict loader; the same file with an orphaned key (as the
+    deleted stability claim once left under sde_sample_quality) is refused, not silently merged."""
+    import shutil
+    from pathlib import Path
+
+    from reprozoo.registry import _load_spec, check_metrics
+    from reprozoo.strict_yaml import DuplicateKeyError
+
+    folder = Path(__file__).resolve().parents[1] / "src/reprozoo/methods/rex"
+    spec = _load_spec(folder)
+    check_metrics(spec)
+    claims = {c.id: c for c in spec.claims}
+    assert claims["sde_sample_quality"].op == "<=" and claims["sde_sample_quality"].threshold == 1.5
+    assert "bdia" in spec.variant_ids and spec.roles["bdia"] == "baseline"
+    assert any("@bdia" in c.expr for c in spec.claims)  # a variant that no claim reads is dead weight
+    copy = tmp_path / "rex"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (copy / "spec.yaml").read_text()
+    orphan = '    paper_value: "Rex SDE generates from the data distribution (image generation, Boltzmann sampling)"\n'
+    assert orphan in text
+    (copy / "spec.yaml").write_text(text.replace(orphan, orphan + '    op: ">"\n    threshold: 0.0\n', 1))
+    with pytest.raises(DuplicateKeyError, match="duplicate key 'op'"):
+        _load_spec(copy)
+
+
+def test_evaluations_per_step_are_counted():
+    from reprozoo.methods.rex.method import nfe_per_step
+
+    counts = {v: nfe_per_step(v, lambda y, rho: 0.5 * y, PARAMS, np.ones((1, 2)))
+              for v in ["rex_euler", "rex_midpoint", "rex_rk4", "bdia", "ddim", "edict", "reversible_heun"]}
+    # McCallum-Foster evaluates the base increment twice per step (stages x 2); BDIA and DDIM once
+    assert counts == {"rex_euler": 2, "rex_midpoint": 4, "rex_rk4": 8, "bdia": 1, "ddim": 1, "edict": 2,
+                      "reversible_heun": 2}
+
+
+def test_equal_cost_comparison_separates_rex_from_bdia_and_ddim(gmm):
+    """At equal denoiser evaluations Rex-midpoint and Rex-RK4 sample more accurately than BDIA,
+    and DDIM (Euler in the same Lawson variables) does not: the claim's comparison and its control."""
+    from reprozoo.methods.rex.method import sampling_errors_at_nfe
+
+    rng = np.random.default_rng(5)
+    noise = 80.0 * rng.standard_normal((16, 2))
+    ref = reference_solution(gmm.eps, noise, 80.0, 0.002)
+    q = {**PARAMS, "nfe_budgets": [256, 512, 1024]}
+    errs = {v: np.array(sampling_errors_at_nfe(v, gmm.denoise, noise, ref, q)[1])
+            for v in ["bdia", "rex_midpoint", "rex_rk4", "ddim"]}
+    assert np.all(errs["rex_midpoint"] < errs["bdia"]) and np.all(errs["rex_rk4"] < errs["bdia"]), errs
+    assert np.all(errs["ddim"] > errs["bdia"]), errs
+    # BDIA (gamma = 1) and Rex-RK4 keep their orders on the budget axis: 2 and 4 per doubling
+    slope = lambda e: -np.polyfit(np.log(q["nfe_budgets"]), np.log(e), 1)[0]  # noqa: E731
+    assert abs(slope(errs["bdia"]) - 2) <= 0.25 and abs(slope(errs["rex_rk4"]) - 4) <= 0.5, errs
+    with pytest.raises(ValueError, match="not a multiple"):
+        sampling_errors_at_nfe("rex_rk4", gmm.denoise, noise, ref, {**PARAMS, "nfe_budgets": [100]})
+
+
+def test_one_step_sde_is_flagged_by_the_sample_quality_test(gmm):
+    """The sample-quality claim's negative control: one Euler-Maruyama step over the whole noise
+    range collapses the samples to the mixture's mean, and the same 1.5 x floor test flags it."""
+    from reprozoo.methods.rex.method import sample_quality
+
+    q = {**PARAMS, "n_sw": 1000, "sw_projections": 64, "sw_batches": 2, "sw_steps": 32}
+    s = make_sampler("rex_sde", gmm.denoise, PARAMS)
+    sw, floor, _ = sample_quality(s, gmm, q, np.random.default_rng(0), steps=1)
+    assert sw / floor > 1.5

@@ -203,6 +203,39 @@ def sampling_errors(sampler, noise, y_ref, params, steps_conv=None):
     return steps, errs
 
 
+def nfe_per_step(variant: str, denoise, params: dict, probe: np.ndarray) -> int:
+    """Denoiser evaluations per step of an ODE sampler, counted on a 4-step probe solve."""
+    counted = Counter(denoise)
+    s = make_sampler(variant, counted, params)
+    s.decode(s.init(probe), rho_grid(params["rho_max"], params["rho_min"], 4))
+    if counted.n % 4:
+        raise RuntimeError(f"{variant}: {counted.n} evaluations over 4 steps is not a whole number per step")
+    return counted.n // 4
+
+
+def sampling_errors_at_nfe(variant: str, denoise, noise, y_ref, params, known: dict | None = None) -> tuple[list, list]:
+    """Mean |y - y_ref| at equal cost: for each budget in ``nfe_budgets`` (denoiser evaluations per
+    sample along the whole solve), the sampler takes budget / (its evaluations per step) steps, at
+    the paper's zeta. The cost that matters with a real network is the evaluations, so two
+    samplers are compared at the same count, in the same run, from the same noise. ``known``:
+    errors {steps: error} of the same sampler on the same noise at the paper's zeta, solved
+    already (the step sweeps), which are reused rather than solved again."""
+    known = known or {}
+    per_step = nfe_per_step(variant, denoise, params, noise[:1])
+    s = make_sampler(variant, denoise, params)
+    nfes, errs = [], []
+    for budget in params["nfe_budgets"]:
+        if budget % per_step:
+            raise ValueError(f"nfe budget {budget} is not a multiple of {variant}'s {per_step} evaluations per step")
+        n = budget // per_step
+        if n not in known:
+            y = s.output(s.decode(s.init(noise), rho_grid(params["rho_max"], params["rho_min"], n)))
+            known[n] = float(np.mean(np.linalg.norm(y - y_ref, axis=1)))
+        nfes.append(budget)
+        errs.append(known[n])
+    return nfes, errs
+
+
 def coupling_plateau(ctx, gmm, noise, y_ref, params) -> None:
     """Rex-Euler's coupling bias at N = plateau_steps, for each zeta in plateau_zetas.
 
@@ -243,14 +276,14 @@ def sliced_w2(x: np.ndarray, y: np.ndarray, proj: np.ndarray) -> float:
     return float(np.sqrt(np.mean((px - py) ** 2)))
 
 
-def sample_quality(sampler, gmm, params, rng):
+def sample_quality(sampler, gmm, params, rng, steps: int | None = None):
     """Sliced 2-Wasserstein distance of n_sw samples (sw_steps steps, fresh noise) to n_sw exact
     mixture samples, against the same distance between two independent exact sets (what a perfect
     sampler scores at this sample size); each the mean over sw_batches independent batches, since
     one batch's distance scatters by ~30 % whatever n is. Also the NLL gap of the samples.
     The same projections, reference sets and noise for every variant (common random numbers),
     Brownian increments drawn last."""
-    n, steps = params["n_sw"], params["sw_steps"]
+    n, steps = params["n_sw"], steps or params["sw_steps"]
     rhos = rho_grid(params["rho_max"], params["rho_min"], n=steps)
     angles = np.random.default_rng(12345).uniform(0.0, np.pi, params["sw_projections"])
     proj = np.stack([np.cos(angles), np.sin(angles)])  # (2, P) unit directions
@@ -305,6 +338,7 @@ def train(ctx) -> None:
         if ode_order(v):
             ctx.metrics.scalar("expected_order", ode_order(v))
         ctx.progress(f"sampling errors {['%.2e' % e for e in errs]}")
+        at_paper_zeta = {} if is_rex_ode else dict(zip(steps, errs))  # the baselines have no zeta
     if is_rex_ode:
         # at the paper's zeta: the full sweep for Euler (its plateau), the three coarsest
         # step counts for the higher orders (enough for their slope, a third of the cost)
@@ -312,8 +346,14 @@ def train(ctx) -> None:
         steps, errs = sampling_errors(paper, noise, y_ref, p,
                                       None if v == "rex_euler" else p["steps_conv"][:3])
         ctx.metrics.curve("sample_err_paper_zeta", steps, errs)
+        at_paper_zeta = dict(zip(steps, errs))
         ctx.metrics.scalar("order_paper_zeta", empirical_order(steps, errs, p["error_floor"]))
         ctx.metrics.scalar("stability_interval_theory", paper.stability_theory())
+    if not sampler.stochastic:
+        # at equal cost (denoiser evaluations per sample), the paper's zeta: Rex against BDIA
+        nfes, errs = sampling_errors_at_nfe(v, gmm.denoise, noise, y_ref, p, at_paper_zeta)
+        ctx.metrics.curve("sample_err_nfe", nfes, errs)
+        ctx.progress(f"sampling errors at NFE {nfes}: {['%.2e' % e for e in errs]}")
     if v == "rex_euler":
         coupling_plateau(ctx, gmm, noise, y_ref, p)
 
@@ -329,6 +369,13 @@ def train(ctx) -> None:
     ctx.metrics.scalar("sw_floor", sw_floor)
     ctx.metrics.scalar("nll_gap", nll_gap)
     ctx.progress(f"N={p['sw_steps']}: sliced W2 {sw:.4f} (exact-vs-exact floor {sw_floor:.4f})")
+    if lin.stochastic:
+        # the sample-quality claim's negative control: the same sampler at a step count known to be
+        # too coarse (sw_coarse_steps), which the same 1.5 x floor test must flag
+        sw_c, floor_c, _ = sample_quality(lin, gmm, p, ctx.rng(5), steps=p["sw_coarse_steps"])
+        ctx.metrics.scalar("sw_coarse", sw_c)
+        ctx.metrics.scalar("sw_floor_coarse", floor_c)
+        ctx.progress(f"N={p['sw_coarse_steps']}: sliced W2 {sw_c:.4f} (floor {floor_c:.4f})")
 
     counted = Counter(gmm.denoise)
     timed = make_sampler(v, counted, p)
@@ -369,6 +416,18 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     save_figure(fig, plots_dir / "curve_sample_err.png", dpi=110)
+    p = plt()
+    fig, ax = p.subplots(figsize=(5.5, 4))
+    sub = table[table.metric == "sample_err_nfe"]
+    for v in sorted(sub.variant.unique()):
+        g = sub[sub.variant == v].groupby("x").value.mean()
+        ax.loglog(g.index, g.values, marker="o", ms=3, label=v, lw=2.0 if v in ("bdia", "rex_rk4") else 1.0)
+    ax.set_xlabel("denoiser evaluations per sample (NFE)")
+    ax.set_ylabel("mean |y - y_ref|")
+    ax.set_title(f"At equal cost, zeta = {params.get('zeta')}: Rex against BDIA")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    save_figure(fig, plots_dir / "curve_sample_err_nfe.png", dpi=110)
     curve_plot(table, "sample_err_paper_zeta", plots_dir / "curve_sample_err_paper_zeta.png", logx=True, logy=True,
                xlabel="steps N", ylabel="mean |y_N - y_ref|",
                title="At the paper's zeta = 0.999: where does Rex-Euler plateau?")
