@@ -118,6 +118,68 @@ def bulk_cells(repeats, seed: int, rattle: float = 0.08, element: str = "Cu") ->
     return out
 
 
+def all_pairs_neighbors(positions, cell, cutoff: float, rows: int = 256):
+    """Naive O(N^2) neighbour search of one periodic cell: every pair's distance (chunks of
+    ``rows`` centres), minimum image where every cell width is at least 2 ``cutoff``, else every
+    lattice image that can reach the cutoff. Returns ``(i, j, shifts)`` sorted by (i, j) (ties by
+    image), the same edges as ``neighbors.neighbor_list``. It is the planted worse-scaling control
+    of the scaling claim: the same graph, found by a search whose cost grows as N^2."""
+    import itertools
+
+    pos = np.asarray(positions, float)
+    cell = np.asarray(cell, float).reshape(3, 3)
+    inv = np.linalg.inv(cell)
+    widths = 1.0 / np.linalg.norm(inv, axis=0)  # perpendicular widths of the cell
+    n = len(pos)
+    ii, jj, ss = [], [], []
+    if np.all(widths >= 2.0 * cutoff):  # one image per pair: the nearest
+        for a in range(0, n, rows):
+            d = pos[None, :, :] - pos[a:a + rows, None, :]
+            f = d @ inv
+            img = -np.round(f)
+            d = (f + img) @ cell
+            ci, cj = np.nonzero(np.einsum("abk,abk->ab", d, d) < cutoff**2)
+            ci, cj = ci[ci + a != cj], cj[ci + a != cj]
+            ii.append(ci + a)
+            jj.append(cj)
+            ss.append(img[ci, cj] @ cell)
+        return np.concatenate(ii), np.concatenate(jj), np.concatenate(ss)
+    m = np.ceil(cutoff / widths).astype(int)
+    images = np.array(list(itertools.product(*(range(-k, k + 1) for k in m))), float)
+    for s, S in enumerate(images):
+        d = pos[None, :, :] - pos[:, None, :] + S @ cell
+        ci, cj = np.nonzero(np.einsum("abk,abk->ab", d, d) < cutoff**2)
+        if not S.any():
+            ci, cj = ci[ci != cj], cj[ci != cj]
+        ii.append(ci)
+        jj.append(cj)
+        ss.append(np.full(len(ci), s))
+    i, j, s = np.concatenate(ii), np.concatenate(jj), np.concatenate(ss)
+    order = np.lexsort((s, j, i))
+    return i[order], j[order], images[s[order]] @ cell
+
+
+def all_pairs_data(frames: dict, vcfg: dict, device=None):
+    """A star-graph data object whose candidates come from :func:`all_pairs_neighbors` (the same
+    star selection, the same graph as :func:`build_data`; only the search scales as N^2)."""
+    from ...blocks.atomistic.dilated import StarGraphData, select_star_edges
+
+    class AllPairsStarData(StarGraphData):
+        def graph(self, k: int):
+            if k not in self._graphs:
+                pos = np.asarray(self.frames["positions"][k], float)
+                r_max = max(sh.r_out for sh in self.shells)
+                i, j, shifts = all_pairs_neighbors(pos, self.frames["cells"][k], r_max)
+                vec = pos[j] - pos[i] + shifts
+                keep, sid = select_star_edges(i, j, vec, np.linalg.norm(vec, axis=1), self.shells, self.mode)
+                keep &= sid >= 0
+                self._graphs[k] = (i[keep], j[keep], shifts[keep])
+                self._shell_ids[k] = sid[keep]
+            return self._graphs[k]
+
+    return AllPairsStarData(frames, layer_shells(vcfg), vcfg.get("select", "dilated"), device=device)
+
+
 def is_dense(vcfg: dict) -> bool:
     """All layers on one shell [0, r_c) with every atom: a plain radius graph."""
     sh = layer_shells(vcfg)
@@ -205,8 +267,15 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         m.eval()
         return loss.detach()
 
+    def naive_md_step(v, s):
+        # the planted control: the same star graph and step, candidates from an O(N^2) search
+        return ef(v, all_pairs_data(cells[s], variants[v], device).collate([0], dtype=torch.float32))
+
     kinds = {"graph_ms": lambda v, s: graph(v, s), "time_step_ms": lambda v, s: ef(v, batches[v][s]),
-             "time_md_step_ms": lambda v, s: ef(v, graph(v, s))}
+             "time_md_step_ms": lambda v, s: ef(v, graph(v, s)),
+             "time_md_step_naive_ms": naive_md_step}
+    # the naive search only for the star variants (the control of the scaling claim reads DKMP's)
+    kinds_of = {v: [k for k in kinds if k != "time_md_step_naive_ms" or not is_dense(variants[v])] for v in names}
     for v in names:  # warm-up (allocator, autograd)
         ef(v, batches[v][0])
         train_step(v)
@@ -216,13 +285,13 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         order = names if r % 2 == 0 else names[::-1]
         for s in range(len(sizes)):
             for v in order:
-                for k, fn in kinds.items():
-                    t[k][v][s].append(seconds(lambda: fn(v, s)))
+                for k in kinds_of[v]:
+                    t[k][v][s].append(seconds(lambda: kinds[k](v, s)))
         for v in order:
             ttrain[v].append(seconds(lambda: train_step(v)))
         progress(f"cost repeat {r + 1}/{repeats} done")
     for v in names:
-        for k in kinds:
+        for k in kinds_of[v]:
             out[v][k] = [1e3 * float(np.min(ts)) for ts in t[k][v]]
         out[v]["mem_step_mb"] = [peak_tensor_bytes(lambda: ef(v, batches[v][s]), device)[0] / 2**20
                                  for s in range(len(sizes))]
@@ -249,6 +318,30 @@ def train_shared(ctx) -> None:
 
 # --- per variant -------------------------------------------------------------------------------
 
+class ChunkedEpochs:
+    """The training frames as ``fit`` sees them: each "epoch" of ``fit`` is one of ``chunks``
+    disjoint parts of a fresh permutation of all frames, so ``fit`` validates ``chunks`` times per
+    pass over the data, while the frames, their order over a pass, the steps and the learning-rate
+    schedule stay those of plain epochs. ``fit`` validates only after an epoch; at 10 passes that
+    leaves 3 validation points in the last 30 % of training, fewer than the convergence gate needs
+    to judge a plateau (5)."""
+
+    def __init__(self, data, chunks: int):
+        self.data, self.chunks = data, max(1, int(chunks))
+        self._queue: list = []
+
+    def __len__(self) -> int:
+        return int(np.ceil(len(self.data) / self.chunks))
+
+    def batches(self, batch_size: int, rng=None, dtype=None):
+        if not self._queue:
+            order = np.arange(len(self.data)) if rng is None else rng.permutation(len(self.data))
+            self._queue = [order[c * len(self):(c + 1) * len(self)] for c in range(self.chunks)]
+        part = self._queue.pop(0)
+        for s in range(0, len(part), batch_size):
+            yield self.data.collate(part[s:s + batch_size], dtype=dtype)
+
+
 def train(ctx) -> None:
     import torch
 
@@ -269,15 +362,18 @@ def train(ctx) -> None:
     model.to(device)
     # the same steps, batch size, learning-rate schedule and data for every variant; the validation
     # force MAE after every epoch shows whether the curve has flattened within that budget
-    cfg = TrainConfig.from_dict({**p["train"], "seed": ctx.seed})
-    hist = fit(model, train_data, val_data, cfg, progress=ctx.progress)
+    # validation after every 1/val_chunks of a pass over the training frames (see ChunkedEpochs)
+    chunks = int(p.get("val_chunks", 1))
+    cfg = TrainConfig.from_dict({**p["train"], "epochs": chunks * int(p["train"]["epochs"]), "seed": ctx.seed})
+    fed = ChunkedEpochs(train_data, chunks)
+    hist = fit(model, fed, val_data, cfg, progress=ctx.progress)
     ctx.metrics.scalar("train_seconds", hist["seconds"])
     ctx.metrics.scalar("train_steps", hist["steps"])
     ctx.metrics.scalar("train_ms_per_step", 1e3 * hist["seconds"] / max(hist["steps"], 1))
     losses = np.asarray(hist["step_loss"])
     every = max(1, len(losses) // 20)
     ctx.metrics.curve("train_loss", np.arange(0, len(losses), every) + 1, losses[::every])
-    steps_per_epoch = int(np.ceil(len(train_data) / cfg.batch_size))
+    steps_per_epoch = int(np.ceil(len(fed) / cfg.batch_size))
     val_steps = np.minimum(steps_per_epoch * np.arange(1, len(hist["val_force_mae"]) + 1), hist["steps"])
     val_fmae = 1e3 * np.asarray(hist["val_force_mae"])
     ctx.metrics.curve("val_force_mae", val_steps, val_fmae)
@@ -324,6 +420,9 @@ def train(ctx) -> None:
     for name in ("time_step", "time_md_step", "mem_step", "mem_md_step"):
         ctx.metrics.scalar(f"slope_{name}", loglog_slope(n, cost[f"{name}_{'ms' if name.startswith('time') else 'mb'}"]))
     ctx.metrics.scalar("slope_edges", loglog_slope(n, edges))
+    if "time_md_step_naive_ms" in cost:  # star variants: the step with an O(N^2) neighbour search
+        ctx.metrics.curve("time_md_step_naive_ms", n, cost["time_md_step_naive_ms"])
+        ctx.metrics.scalar("slope_time_md_step_naive", loglog_slope(n, cost["time_md_step_naive_ms"]))
 
 
 # --- plots ---------------------------------------------------------------------------------------
