@@ -18,7 +18,9 @@ train_shared (per seed): cost of one MD step of every variant on periodic bulk f
 surface, so edges per atom are the same at every size and a log-log slope measures the method, not
 the cluster geometry), interleaved in one process: graph construction (neighbour list; for DKMP
 also the star selection), energy + forces with the graph given, and the whole step (graph built
-from the positions, then energy + forces) timed as one call; best CPU time over the repeats (one
+from the positions, then energy + forces) timed as one call, for star variants also that whole step
+with its candidates from a naive O(N^2) all-pairs search (the planted control of the scaling
+claim: the same graph, a cost that grows faster); best CPU time over the repeats (one
 thread: CPU time is compute time, whatever else runs on the cores); peak torch tensor memory
 (allocator events replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors; edges per
 layer; and one training step on a Cu309 frame -> ``cost.json``.
