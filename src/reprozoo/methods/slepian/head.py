@@ -1,7 +1,8 @@
 """The classifier head every encoder gets: the same MLP, optimiser, budget and input scaling.
 
 embedding e (D) -> standardise with train-set mean/std -> Linear(D, w) -> SiLU -> Linear(w, w)
--> SiLU -> Linear(w, C) -> softmax; cross-entropy, Adam with cosine learning-rate decay, fixed
+-> SiLU -> Linear(w, C) -> softmax; cross-entropy (or Linear(w, 1) and squared error for the
+coastal-distance regression), Adam with cosine learning-rate decay, fixed
 number of mini-batch steps, validation loss recorded every ``eval_every`` steps and the weights of
 the lowest validation loss kept (model selection on validation data, the same for every encoder;
 the test points are never seen before the end). Standardising
@@ -25,9 +26,35 @@ class Classifier:
             return torch.softmax(self.net(z), dim=1).double().cpu().numpy()
 
 
+class Regressor(Classifier):
+    """The same head with one linear output, trained on squared error."""
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            z = torch.from_numpy(((X - self.mean) / self.std).astype(np.float32)).to(self.device)
+            return self.net(z)[:, 0].double().cpu().numpy()
+
+
 def fit_classifier(X_tr, y_tr, X_val, y_val, n_classes: int, cfg: dict, seed: int):
     """Train the head; returns (Classifier at the best validation loss, eval steps, val losses, mean
     train losses over each eval interval)."""
+    import torch
+
+    return _fit(X_tr, y_tr, X_val, y_val, n_classes, torch.nn.CrossEntropyLoss(), np.int64, Classifier, cfg, seed)
+
+
+def fit_regressor(X_tr, y_tr, X_val, y_val, cfg: dict, seed: int):
+    """The same head, optimiser and model selection on a real target: one output, mean squared error
+    (the validation curve is the validation MSE)."""
+    import torch
+
+    mse = torch.nn.MSELoss()
+    return _fit(X_tr, y_tr, X_val, y_val, 1, lambda out, y: mse(out[:, 0], y), np.float32, Regressor, cfg, seed)
+
+
+def _fit(X_tr, y_tr, X_val, y_val, n_classes: int, loss_fn, y_dtype, kind, cfg: dict, seed: int):
     import torch
 
     torch.manual_seed(seed)
@@ -43,10 +70,9 @@ def fit_classifier(X_tr, y_tr, X_val, y_val, n_classes: int, cfg: dict, seed: in
     def tensor(a, dtype):
         return torch.from_numpy(np.asarray(a, dtype)).to(dev)
 
-    xt, yt = tensor((X_tr - mean) / std, np.float32), tensor(y_tr, np.int64)
-    xv, yv = tensor((X_val - mean) / std, np.float32), tensor(y_val, np.int64)
+    xt, yt = tensor((X_tr - mean) / std, np.float32), tensor(y_tr, y_dtype)
+    xv, yv = tensor((X_val - mean) / std, np.float32), tensor(y_val, y_dtype)
     gen = torch.Generator().manual_seed(seed)
-    loss_fn = torch.nn.CrossEntropyLoss()
     eval_steps, val_losses, train_losses, running = [], [], [], []
     best = (np.inf, 0, None)
     for step in range(1, steps + 1):
@@ -67,7 +93,7 @@ def fit_classifier(X_tr, y_tr, X_val, y_val, n_classes: int, cfg: dict, seed: in
                 best = (val_losses[-1], step, {k: v.clone() for k, v in net.state_dict().items()})
     net.load_state_dict(best[2])
     net.eval()
-    clf = Classifier(net, mean, std, dev)
+    clf = kind(net, mean, std, dev)
     clf.best_step = best[1]
     return clf, eval_steps, val_losses, train_losses
 

@@ -1,4 +1,4 @@
-"""Slepian location encoders in miniature: land/sea around Japan and Japan's prefectures.
+"""Slepian location encoders in miniature: land/sea and a coastal index around Japan.
 
 Variants (encoders.py), all at embedding dimension D (config ``encoder.dim``), same MLP head
 (head.py), same data, same steps:
@@ -9,7 +9,8 @@ Variants (encoders.py), all at embedding dimension D (config ``encoder.dim``), s
 
 Stages:
   train_shared (per seed): draw the land/sea points and label them from the GLOBE land mask;
-      split Japan's GeoNames cities into train/val/test; save ``tasks.npz``.
+      draw the coastal-index points in the cap (target tanh(signed coast distance / scale)) and
+      the 1-NN prediction of each test point from the training points; save ``tasks.npz``.
   train (per variant x seed):
       encoder   dim, pole_gap (relative embedding change over longitudes at the poles);
                 slepian/hybrid: band limit, Shannon number, λ of the last kept function and the
@@ -18,8 +19,9 @@ Stages:
                 outside it), val_loss_land curve and its final slope (per 1000 steps),
                 pole_pred_gap (largest change of P(land) over longitudes at a pole),
                 map_land_prob curve (P(land) on the region grid, for the maps)
-      cities    head on train cities; city_acc (held-out cities, prefecture correct),
-                val_loss_city curve, map_city_class (predicted prefecture on the region grid)
+      coast     regression head on the coastal index; coast_mse and coast_nn_mse (1-NN), per
+                test point (units); coast_r2, val_loss_coast curve (validation MSE),
+                map_coast_pred (prediction on the region grid)
 Accuracies are fractions in [0, 1]; angles in degrees.
 """
 from __future__ import annotations
@@ -30,9 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from ...io import save_npz
-from .data import city_grid, city_points, is_land, land_sea_points, region_grid
+from .data import CoastDistance, coast_task, is_land, land_sea_points, region_grid
 from .encoders import make_encoder, pole_gap
-from .head import final_slope, fit_classifier
+from .head import final_slope, fit_classifier, fit_regressor
 from reprozoo.figures import save_figure
 
 VARIANT_ORDER = ["slepian", "hybrid", "sh", "sinusoidal"]
@@ -41,13 +43,15 @@ VARIANT_ORDER = ["slepian", "hybrid", "sh", "sinusoidal"]
 def train_shared(ctx) -> None:
     p = ctx.params
     t0 = time.perf_counter()
-    tasks = {**land_sea_points(p, ctx.rng(11)), **city_points(p, ctx.rng(12))}
-    tasks["map_land_truth"] = is_land(*region_grid(p["region"], int(p["map_grid"]))).astype(np.int8)
+    field = CoastDistance(p["region"], p["coast"])
+    tasks = {**land_sea_points(p, ctx.rng(11)), **coast_task(p, ctx.rng(12), field)}
+    grid = region_grid(p["region"], int(p["map_grid"]))
+    tasks["map_land_truth"] = is_land(*grid).astype(np.int8)
+    tasks["map_coast_truth"] = field.index(*grid)
     save_npz(ctx.outdir / "tasks.npz", **tasks)
     ctx.metrics.scalar("land_fraction_local", tasks["test_local_y"].mean())
     ctx.metrics.scalar("land_fraction_global", tasks["test_global_y"].mean())
-    ctx.metrics.scalar("n_cities", sum(len(tasks[f"city_{s}_y"]) for s in ("train", "val", "test")))
-    ctx.metrics.scalar("n_prefectures", len(tasks["city_classes"]))
+    ctx.metrics.scalar("coast_target_var", np.var(tasks["coast_test_y"]))
     ctx.progress(f"tasks drawn in {time.perf_counter() - t0:.1f} s")
 
 
@@ -104,21 +108,26 @@ def train(ctx) -> None:
     ctx.progress(f"land/sea: local {ctx.metrics.scalars['local_acc']:.3f} "
                  f"global {ctx.metrics.scalars['global_acc']:.3f}")
 
-    # prefectures of Japan's cities
-    n_cls = len(t["city_classes"])
-    clf, steps, val, tr = _fit(ctx, enc, t, "city_", n_cls, p["city_head"])
-    pred = clf.proba(enc(t["city_test_lat"], t["city_test_lon"])).argmax(1)
-    ctx.metrics.scalar("city_acc", np.mean(pred == t["city_test_y"]))
-    ctx.metrics.curve("val_loss_city", steps, val)
-    ctx.metrics.curve("train_loss_city", steps, tr)
-    ctx.metrics.scalar("val_loss_city_final", val[-1])
-    ctx.metrics.scalar("best_step_city", clf.best_step)
-    ctx.metrics.scalar("val_loss_city_slope", final_slope(steps, val))
-    c_lat, c_lon = city_grid(p["city_map"])
-    ctx.metrics.curve("map_city_class", range(len(c_lat)), clf.proba(enc(c_lat, c_lon)).argmax(1))
+    # coastal index in the cap (regression), against 1-NN from the same training points
+    Xc = {sp: enc(t[f"coast_{sp}_lat"], t[f"coast_{sp}_lon"]) for sp in ("train", "val", "test")}
+    reg, steps, val, tr = fit_regressor(Xc["train"], t["coast_train_y"], Xc["val"], t["coast_val_y"],
+                                        p["coast_head"], ctx.seed)
+    y = t["coast_test_y"]
+    err = reg.predict(Xc["test"]) - y
+    ctx.metrics.units("coast_mse", err**2)
+    ctx.metrics.units("coast_nn_mse", (t["coast_test_nn_y"] - y) ** 2)
+    ctx.metrics.scalar("coast_r2", 1 - np.mean(err**2) / np.var(y))
+    ctx.metrics.curve("val_loss_coast", steps, val)
+    ctx.metrics.curve("train_loss_coast", steps, tr)
+    ctx.metrics.scalar("val_loss_coast_final", val[-1])
+    ctx.metrics.scalar("best_step_coast", reg.best_step)
+    ctx.metrics.scalar("val_loss_coast_slope", final_slope(steps, val))
+    ctx.metrics.curve("map_coast_pred", range(len(grid_lat)), reg.predict(E_grid))
+    if ctx.seed == min(p.get("seeds", [ctx.seed])):
+        ctx.metrics.curve("map_coast_truth", range(len(grid_lat)), t["map_coast_truth"])
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
     ctx.metrics.scalar("train_cpu_seconds", time.process_time() - c0)
-    ctx.progress(f"cities: acc {ctx.metrics.scalars['city_acc']:.3f}")
+    ctx.progress(f"coast: mse {ctx.metrics.scalars['coast_mse']:.4f} (1-NN {ctx.metrics.scalars['coast_nn_mse']:.4f})")
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -128,9 +137,9 @@ def _variants(table):
     return [v for v in VARIANT_ORDER if v in present] + sorted(present - set(VARIANT_ORDER))
 
 
-def _grid(params, city: bool = False):
-    n = int(params["city_map"]["n"] if city else params["map_grid"])
-    lat, lon = city_grid(params["city_map"]) if city else region_grid(params["region"], n)
+def _grid(params):
+    n = int(params["map_grid"])
+    lat, lon = region_grid(params["region"], n)
     return lat.reshape(n, n), lon.reshape(n, n)
 
 
@@ -183,40 +192,33 @@ def plot_land_maps(table, plots_dir: Path, params) -> None:
     pyplot.close(fig)
 
 
-def plot_city_maps(table, plots_dir: Path, params) -> None:
+def plot_coast_maps(table, plots_dir: Path, params) -> None:
     from ...plotting import plt
-    from .data import country_cities
 
     pyplot = plt()
-    LA, LO = _grid(params, city=True)
+    LA, LO = _grid(params)
     n = LA.shape[0]
-    c = params["cities"]
-    lat, lon, code = country_cities(c["country"], c["min_pop"])
-    _, y = np.unique(code, return_inverse=True)
-    n_cls = y.max() + 1
-    perm = np.random.default_rng(0).permutation(n_cls)  # neighbouring prefectures, distinct colours
-    cmap = pyplot.get_cmap("tab20", 20)
     variants = _variants(table)
-    fig, axes = pyplot.subplots(1, len(variants) + 1, figsize=(3.2 * (len(variants) + 1), 3.6), squeeze=False)
-    ax = axes[0, 0]
-    ax.scatter(lon, lat, c=perm[y] % 20, cmap=cmap, vmin=0, vmax=19, s=3)
-    ax.set_title(f"{len(lat)} GeoNames cities (truth)", fontsize=9)
-    for ax, v in zip(axes[0, 1:], variants):
-        val = _map_values(table, "map_city_class", v, n)
+    truth = table[table.metric == "map_coast_truth"]
+    truth = truth[(truth.variant == truth.variant.iloc[0]) & (truth.seed == truth.seed.min())]
+    truth = truth.sort_values("x").value.to_numpy().reshape(n, n)
+    fig, axes = pyplot.subplots(1, len(variants) + 1, figsize=(3.2 * (len(variants) + 1), 3.4), squeeze=False)
+    panels = [("coastal index (truth)", truth)] + [(v, _map_values(table, "map_coast_pred", v, n)) for v in variants]
+    for ax, (name, val) in zip(axes[0], panels):
         if val is None:
             ax.axis("off")
             continue
-        ax.pcolormesh(LO, LA, perm[val.astype(int)] % 20, cmap=cmap, vmin=0, vmax=19, shading="auto")
-        ax.scatter(lon, lat, c="k", s=0.2, alpha=0.5)
-        ax.set_title(v, fontsize=9)
-    for ax in axes[0]:
-        ax.set_xlim(LO.min(), LO.max())
-        ax.set_ylim(LA.min(), LA.max())
+        im = ax.pcolormesh(LO, LA, val, vmin=-1, vmax=1, cmap="BrBG_r", shading="auto")
+        ax.contour(LO, LA, truth, levels=[0.0], colors="k", linewidths=0.4)
+        _cap_outline(ax, params["region"])
+        ax.set_title(name, fontsize=9)
         ax.set_xlabel("longitude (°E)")
     axes[0, 0].set_ylabel("latitude (°N)")
-    fig.suptitle("Which encoder draws the prefecture borders from the city locations? "
-                 "(predicted prefecture, colours cycle)", fontsize=10)
-    fig.savefig(plots_dir / "curve_map_city_class.png", dpi=110, bbox_inches="tight")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label=f"tanh(signed coast distance / {params['coast']['scale_km']} km)")
+    fig.suptitle("Which encoder reproduces the coastal index inside the cap (dashed)? "
+                 f"(seed {int(table.seed.min())})", fontsize=10)
+    fig.savefig(plots_dir / "curve_map_coast_pred.png", dpi=110, bbox_inches="tight")
+    fig.savefig(plots_dir / "curve_map_coast_truth.png", dpi=110, bbox_inches="tight")
     pyplot.close(fig)
 
 
@@ -225,8 +227,8 @@ def plot_accuracy(table, plots_dir: Path) -> None:
 
     pyplot = plt()
     variants = _variants(table)
-    metrics = [("local_acc", "land/sea in the cap"), ("global_acc", "land/sea outside the cap"),
-               ("city_acc", "prefecture of held-out cities")]
+    metrics = [("local_acc", "land/sea in the cap (accuracy)"), ("global_acc", "land/sea outside the cap (accuracy)"),
+               ("coast_mse", "coastal index in the cap (test MSE; dashed: 1-NN)")]
     fig, axes = pyplot.subplots(1, 3, figsize=(12, 3.6))
     for ax, (m, label) in zip(axes, metrics):
         for i, v in enumerate(variants):
@@ -234,11 +236,15 @@ def plot_accuracy(table, plots_dir: Path) -> None:
             if len(vals):
                 ax.bar(i, vals.mean(), yerr=vals.std(ddof=1) if len(vals) > 1 else 0, alpha=0.6, capsize=3)
                 ax.plot(np.full(len(vals), i), vals, "k.", ms=4)
+        if m == "coast_mse":
+            nn = table[(table.metric == "coast_nn_mse")].value
+            if len(nn):
+                ax.axhline(nn.mean(), color="k", ls="--", lw=1)
         ax.set_xticks(range(len(variants)), variants, fontsize=8)
-        ax.set_ylabel("test accuracy (fraction)")
+        ax.set_ylabel("test MSE" if m == "coast_mse" else "test accuracy (fraction)")
         ax.set_title(label, fontsize=9)
         sub = table[(table.metric == m)].value
-        if len(sub):
+        if len(sub) and m != "coast_mse":
             ax.set_ylim(max(0.0, sub.min() - 0.05), min(1.0, sub.max() + 0.03))
     fig.suptitle("Does concentrating the encoding in the region raise accuracy there, and what does it cost "
                  "globally? (bars: seed mean ± std, dots: seeds)", fontsize=10)
@@ -276,11 +282,12 @@ def plot_spectrum(table, plots_dir: Path) -> None:
 def plot_losses(table, plots_dir: Path) -> None:
     from ...plotting import curve_plot
 
-    for task in ("land", "city"):
+    for task in ("land", "coast"):
         for kind in ("val", "train"):
             m = f"{kind}_loss_{task}"
             curve_plot(table, m, plots_dir / f"curve_{m}.png", xlabel="optimiser step",
-                       ylabel=f"{kind} cross-entropy (nats)", variants=_variants(table),
+                       ylabel=f"{kind} " + ("MSE" if task == "coast" else "cross-entropy (nats)"),
+                       variants=_variants(table),
                        title=f"Has every head converged on the {task} task? ({kind} loss, seed mean ± std)")
 
 
@@ -292,4 +299,4 @@ def plot(table, plots_dir, params) -> None:
     plot_losses(table, plots_dir)
     plot_spectrum(table, plots_dir)
     plot_land_maps(table, plots_dir, params)
-    plot_city_maps(table, plots_dir, params)
+    plot_coast_maps(table, plots_dir, params)
