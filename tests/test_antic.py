@@ -106,3 +106,62 @@ def test_zfp_fixed_accuracy_bound():
     w = np.random.default_rng(0).normal(size=(32, 32)).astype(np.float32)
     rec = zfpy.decompress_numpy(zfpy.compress_numpy(w, tolerance=1e-2))
     assert np.max(np.abs(rec - w)) <= 1e-2
+
+
+def _smooth_stack(n_t=24, n=32):
+    """A field advected slowly in time: strongly correlated frames (what a 3-D transform can exploit)."""
+    x = np.arange(n) * 2 * np.pi / n
+    return np.array([np.sin(x[:, None] + 0.05 * t) * np.cos(2 * x[None, :] - 0.03 * t) for t in range(n_t)])
+
+
+def test_zfp_bytes_count_one_header_and_the_accuracy_bound_holds_in_2d_and_3d():
+    zfpy = pytest.importorskip("zfpy")
+    from reprozoo.methods.antic.zfp_codec import compress
+
+    f = _smooth_stack()
+    tol = 1e-3
+    b1, r1 = compress(f[:1], 2, tolerance=tol)
+    assert b1 == len(zfpy.compress_numpy(f[0].astype(np.float32), tolerance=tol))  # one frame: exactly zfpy's stream
+    b2, r2 = compress(f, 2, tolerance=tol)
+    streams = [zfpy.compress_numpy(g.astype(np.float32), tolerance=tol) for g in f]
+    assert b2 == sum(len(b) for b in streams) - (len(f) - 1) * 12  # one 96-bit header for the whole store
+    assert np.array_equal(r2, np.array([zfpy.decompress_numpy(b) for b in streams]))
+    b3, r3 = compress(f, 3, tolerance=tol)
+    assert r3.shape == f.shape
+    for r in (r1, r2, r3):  # fixed accuracy: max abs error within the tolerance (float32 input rounding aside)
+        assert np.max(np.abs(r - f[: len(r)])) <= tol + 1e-6
+    assert b3 < 0.8 * b2  # the 3-D transform exploits the correlation in time that per-frame 2-D cannot
+
+
+def test_zfp_kept_modes_reconstruct_a_linear_in_time_field_through_the_same_interpolation():
+    pytest.importorskip("zfpy")
+    from reprozoo.methods.antic.zfp_codec import encode, values_compressed
+
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(2, 16, 16))
+    truth = np.array([a + 0.1 * i * b for i in range(13)])
+    kept = [0, 4, 5, 12]
+    for v in ("zfp_kept", "zfp_kept_3d"):
+        nbytes, rec = encode(truth, kept, v, tolerance=1e-4)
+        assert rec.shape == truth.shape
+        assert np.max(np.abs(rec - truth)) < 1e-3  # interpolation is exact here; zfp adds <= its tolerance
+        assert values_compressed(truth, kept, v) == 4 * 256
+        n_all, _ = encode(truth, kept, v.replace("_kept", ""), tolerance=1e-4)
+        assert nbytes < n_all  # 4 of 13 frames stored
+    # a coarser tolerance stores fewer bytes and loses accuracy
+    errs, sizes = [], []
+    for tol in (1e-3, 1e-2, 1e-1):
+        nbytes, rec = encode(truth, kept, "zfp_kept_3d", tolerance=tol)
+        sizes.append(nbytes)
+        errs.append(np.linalg.norm(rec - truth) / np.linalg.norm(truth))
+    assert sizes[0] > sizes[1] > sizes[2] and errs[0] < errs[1] < errs[2]
+
+
+def test_loglog_interpolation_is_exact_on_a_power_law_and_refuses_to_extrapolate():
+    from reprozoo.methods.antic.zfp_codec import loglog_at
+
+    xs = np.array([100.0, 300.0, 1000.0, 5000.0])
+    ys = 7.0 * xs**-1.3
+    for q in (150.0, 999.0, 2500.0):
+        assert loglog_at(q, xs[::-1], ys[::-1]) == pytest.approx(7.0 * q**-1.3, rel=1e-12)
+    assert loglog_at(50.0, xs, ys) is None and loglog_at(6000.0, xs, ys) is None
