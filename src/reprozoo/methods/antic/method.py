@@ -225,7 +225,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.axvline(tgt, color="gray", ls=":")
     ax.axhline(100, color="gray", ls=":")
     ax.set_xscale("log"), ax.set_yscale("log")
-    _finish(plt_, fig, ax, "relative L2 error over all frames (-)", "compression ratio (raw float32 bytes / stored bytes)", "Which compressor stores fewer bytes at a given error? (x: zfp at ANTIC's bytes)", plots_dir / "ratio_vs_error.png")
+    _finish(plt_, fig, ax, "relative L2 error over all frames (-)", "compression ratio (raw float32 bytes / stored bytes)", "Bytes vs error (x: each zfp at ANTIC's bytes)", plots_dir / "ratio_vs_error.png")
 
     # enstrophy over time, true vs reconstructed (seed 0 of each variant) + kept frames
     s0 = min(table.seed)
