@@ -42,6 +42,15 @@ def test_zero_spread_is_inconclusive_unless_exact():
     assert one(exact, t)["verdict"] == "holds"
 
 
+def test_rounding_noise_between_seeds_is_zero_spread_not_an_interval():
+    """dkmp's edge ratio came out 3.0 +- 1e-15 over seeds: the t-interval of rounding noise is not evidence."""
+    t = scalars({"a": [3.0, 3.0 + 4e-15, 3.0 - 4e-15]})
+    out = one(Claim("z", "a big", "v@a", ">=", 2.9, paper_value="-"), t)
+    assert out["verdict"] == "inconclusive" and "zero spread" in out["reason"]
+    real = scalars({"a": [3.0, 3.01, 2.99]})  # a real spread still gives an interval verdict
+    assert one(Claim("z", "a big", "v@a", ">=", 2.9, paper_value="-"), real)["verdict"] == "holds"
+
+
 def test_tie_against_ge_zero_is_refused_by_the_spec_and_a_tie_is_not_a_win():
     from reprozoo.registry import _claim
 

@@ -184,6 +184,18 @@ def _from_bounds(lo: float, hi: float, n: int, op: str, threshold: float) -> str
     return "inconclusive"
 
 
+ZERO_SPREAD_REL = 1e-9
+
+
+def no_spread(values) -> bool:
+    """Seeds that agree to rounding: a spread below ``ZERO_SPREAD_REL`` of the values' size.
+    A deterministic quantity computed through floating point differs between seeds by 1e-15, and an
+    exact ``ptp == 0`` test would let that rounding pass as a spread (and the t-interval as an
+    interval)."""
+    v = np.asarray(values, dtype=float)
+    return bool(np.ptp(v) <= ZERO_SPREAD_REL * float(np.max(np.abs(v))))
+
+
 def decide(values, op: str, threshold: float, exact: bool = False, bounds: tuple[float, float] | None = None,
            ties_hold: bool = False) -> str:
     """holds / fails / inconclusive from the per-seed values (see the module docstring).
@@ -196,7 +208,7 @@ def decide(values, op: str, threshold: float, exact: bool = False, bounds: tuple
         return "not measured"
     if not np.all(np.isfinite(v)):
         raise ClaimError("non-finite per-seed values")
-    if len(v) >= 2 and np.ptp(v) == 0 and bounds is None:
+    if len(v) >= 2 and no_spread(v) and bounds is None:
         if exact or ties_hold:
             return "holds" if compare(v[0], op, threshold) else "fails"
         return "inconclusive"
@@ -297,7 +309,7 @@ def _would_decide(mean: float, lo: float, hi: float, op: str, threshold: float, 
     gap = abs(mean - threshold)
     if n_seeds < 2:
         return "one seed has no spread to judge from: run at least 3 seeds"
-    if half == 0:
+    if half <= ZERO_SPREAD_REL * abs(mean):
         return ("zero spread over seeds: the seeds do not vary what they should (or declare exact: true "
                 "for a deterministic quantity)")
     head = f"interval half-width {half:.3g} against a gap of {gap:.3g} to the threshold"
