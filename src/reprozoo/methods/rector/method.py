@@ -179,7 +179,7 @@ def finetune(net, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray, 
     X, y, Xv, yv = (torch.as_tensor(a) for a in (X, y, Xv, yv))
     full, fullv = torch.ones(len(X), X.shape[1], dtype=torch.bool), torch.ones(len(Xv), Xv.shape[1], dtype=torch.bool)
     hist = []
-    every = max(1, steps // 10)
+    every = max(1, steps // 20)  # at least 5 validation points in the convergence gate's window (last 30 %)
     for s in range(steps):
         b = torch.randperm(len(y), generator=gen)[:bs]
         loss = F.cross_entropy(net(X[b], full[b]), y[b])
