@@ -206,7 +206,8 @@ def test_a_partial_run_never_overwrites_the_complete_results(workflow_run):
     assert not part["complete"]
     verdicts = {c["id"]: c for c in part["claims"]}
     assert verdicts["order_rk4"]["verdict"] == "not measured"   # reads rex_rk4, not run here
-    assert verdicts["order_rk4"]["missing_variants"] == ["rex_rk4"]
+    # and its declared control (the order-2 base in rk4's place) reads rex_midpoint, not run either
+    assert verdicts["order_rk4"]["missing_variants"] == ["rex_midpoint", "rex_rk4"]
     assert verdicts["order_euler"]["verdict"] != "not measured"
     assert (work / "results" / "ci" / "summary.md").exists()
 
