@@ -307,6 +307,31 @@ def test_tiny_training_run_decreases_loss_and_is_deterministic():
     assert after2["force_mae"] == after["force_mae"]
 
 
+
+def test_validation_within_a_pass_leaves_the_training_unchanged():
+    """val_per_epoch adds validation points inside each pass (the gate needs them in the tail), at
+    the steps it reports, without changing a single training step: the losses are those of the
+    once-per-pass run, and the end-of-pass values equal its validation values."""
+    frames = make_emt_frames("cu_bulk", n_frames=12, rattle=0.12, seed=0, size=1)
+    data = AtomsData(frames, 4.0)
+    tr, va = data.subset(range(9)), data.subset(range(9, 12))
+
+    def run(k):
+        torch.manual_seed(0)
+        m = SchNet(n_features=16, n_interactions=2, n_rbf=12, cutoff=4.0)
+        fit_energy_scale(m, tr)
+        return fit(m, tr, va, TrainConfig(epochs=3, batch_size=1, lr=5e-3, seed=0, val_per_epoch=k,
+                                          max_steps=25))
+
+    once, thrice = run(1), run(3)
+    assert once["val_steps"] == [9, 18, 25]
+    assert thrice["val_steps"] == [3, 6, 9, 12, 15, 18, 21, 24, 25]
+    assert thrice["step_loss"] == once["step_loss"]
+    at_ends = [thrice["val_force_mae"][thrice["val_steps"].index(s)] for s in once["val_steps"]]
+    assert np.allclose(at_ends, once["val_force_mae"], rtol=1e-6)
+    with pytest.raises(ValueError, match="val_per_epochs"):
+        TrainConfig.from_dict({"val_per_epochs": 2})
+
 def test_frames_npz_roundtrip(tmp_path):
     from reprozoo.blocks.atomistic import frames_to_arrays
 

@@ -377,26 +377,3 @@ def test_all_pairs_search_gives_the_same_star_graph(n):
     np.testing.assert_allclose(nsh, shifts, atol=1e-9)
     d = np.linalg.norm(pos[nj] - pos[ni] + nsh, axis=1)
     assert d.max() < 6.0 and d.min() > 1.5  # no self pair, every pair inside the cutoff
-
-
-def test_chunked_epochs_cover_every_frame_once_per_pass():
-    """Validation twice per pass: each "epoch" fit sees is half of a fresh permutation, two
-    consecutive halves are one whole pass over the frames, and the permutations differ."""
-    import reprozoo.methods.dkmp.method as M
-
-    class Frames:
-        def __len__(self):
-            return 10
-
-        def collate(self, idx, dtype=None):
-            return list(idx)
-
-    fed = M.ChunkedEpochs(Frames(), 2)
-    assert len(fed) == 5
-    rng = np.random.default_rng(0)
-    passes = []
-    for _ in range(3):
-        seen = [k for _ in range(2) for b in fed.batches(2, rng) for k in b]
-        assert sorted(seen) == list(range(10))
-        passes.append(seen)
-    assert passes[0] != passes[1]

@@ -4,7 +4,8 @@
     energy_weight * mean(((E_pred - E) / n_atoms)^2) + force_weight * mean((F_pred - F)^2)
 with Adam, cosine learning-rate decay to ``lr * lr_final_factor``, optional gradient clipping,
 optional early stopping on the validation loss (best weights restored), and stops early on
-``max_steps`` / ``time_budget_s``. Deterministic for a seed (batch order from numpy, torch seeded).
+``max_steps`` / ``time_budget_s``. Validates ``val_per_epoch`` times per pass (steps in
+``history['val_steps']``), so the convergence gate sees the curve's tail. Deterministic for a seed (batch order from numpy, torch seeded).
 ``evaluate(model, data)`` -> energy MAE/RMSE per atom and force MAE/RMSE (per component).
 ``fit_energy_scale(model, data)`` sets per-element reference energies (least squares on
 composition), the mean, and the output scale (force RMS) before training.
@@ -29,7 +30,8 @@ class TrainConfig:
     lr_final_factor: float = 0.1
     energy_weight: float = 1.0
     force_weight: float = 10.0
-    patience: int | None = None      # early stopping on the validation loss (epochs); None = off
+    patience: int | None = None      # early stopping on the validation loss (validations); None = off
+    val_per_epoch: int = 1           # validations per pass over the training frames (the last at its end)
     max_steps: int | None = None
     time_budget_s: float | None = None
     grad_clip: float | None = 10.0
@@ -98,10 +100,31 @@ def fit(model, train: AtomsData, val: AtomsData | None = None, cfg: TrainConfig 
     best, best_state, bad, step = np.inf, None, 0, 0
     t0 = time.perf_counter()
     stop = False
+    # validate after every ``val_every`` steps of a pass and at its end: the convergence gate needs
+    # several points in the last 30 % of training, which a few long epochs do not give
+    val_every = int(np.ceil(steps_per_epoch / max(1, int(cfg.val_per_epoch))))
+    hist["val_steps"] = []
+
+    def validate(epoch: int) -> bool:
+        nonlocal best, best_state, bad
+        m = evaluate(model, val, cfg.batch_size, cfg.energy_weight, cfg.force_weight)
+        model.train()
+        hist["val_steps"].append(step)
+        hist["val_loss"].append(m["loss"])
+        hist["val_energy_mae_per_atom"].append(m["energy_mae_per_atom"])
+        hist["val_force_mae"].append(m["force_mae"])
+        if m["loss"] < best:
+            best, best_state, bad = m["loss"], copy.deepcopy(model.state_dict()), 0
+            hist["best_epoch"], hist["best_step"] = epoch, step
+        else:
+            bad += 1
+        return cfg.patience is not None and bad >= cfg.patience
+
+    has_val = val is not None and len(val) > 0
     for epoch in range(cfg.epochs):
         model.train()
         losses = []
-        for b in train.batches(cfg.batch_size, rng, dtype=dtype):
+        for k, b in enumerate(train.batches(cfg.batch_size, rng, dtype=dtype), start=1):
             loss, _, _ = loss_terms(model, b, cfg.energy_weight, cfg.force_weight)
             opt.zero_grad()
             loss.backward()
@@ -115,19 +138,12 @@ def fit(model, train: AtomsData, val: AtomsData | None = None, cfg: TrainConfig 
             if (cfg.max_steps and step >= cfg.max_steps) or (cfg.time_budget_s and time.perf_counter() - t0 > cfg.time_budget_s):
                 stop = True
                 break
-        hist["train_loss"].append(float(np.mean(losses)))
-        if val is not None and len(val):
-            m = evaluate(model, val, cfg.batch_size, cfg.energy_weight, cfg.force_weight)
-            hist["val_loss"].append(m["loss"])
-            hist["val_energy_mae_per_atom"].append(m["energy_mae_per_atom"])
-            hist["val_force_mae"].append(m["force_mae"])
-            if m["loss"] < best:
-                best, best_state, bad = m["loss"], copy.deepcopy(model.state_dict()), 0
-                hist["best_epoch"] = epoch
-            else:
-                bad += 1
-            if cfg.patience is not None and bad >= cfg.patience:
+            if has_val and k % val_every == 0 and k < steps_per_epoch and validate(epoch):
                 stop = True
+                break
+        hist["train_loss"].append(float(np.mean(losses)))
+        if has_val and (not hist["val_steps"] or hist["val_steps"][-1] != step) and validate(epoch):
+            stop = True
         if progress and (epoch % max(1, cfg.epochs // 5) == 0 or stop or epoch == cfg.epochs - 1):
             msg = f"epoch {epoch} train loss {hist['train_loss'][-1]:.4g}"
             if hist["val_loss"]:

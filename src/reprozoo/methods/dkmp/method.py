@@ -320,30 +320,6 @@ def train_shared(ctx) -> None:
 
 # --- per variant -------------------------------------------------------------------------------
 
-class ChunkedEpochs:
-    """The training frames as ``fit`` sees them: each "epoch" of ``fit`` is one of ``chunks``
-    disjoint parts of a fresh permutation of all frames, so ``fit`` validates ``chunks`` times per
-    pass over the data, while the frames, their order over a pass, the steps and the learning-rate
-    schedule stay those of plain epochs. ``fit`` validates only after an epoch; at 10 passes that
-    leaves 3 validation points in the last 30 % of training, fewer than the convergence gate needs
-    to judge a plateau (5)."""
-
-    def __init__(self, data, chunks: int):
-        self.data, self.chunks = data, max(1, int(chunks))
-        self._queue: list = []
-
-    def __len__(self) -> int:
-        return int(np.ceil(len(self.data) / self.chunks))
-
-    def batches(self, batch_size: int, rng=None, dtype=None):
-        if not self._queue:
-            order = np.arange(len(self.data)) if rng is None else rng.permutation(len(self.data))
-            self._queue = [order[c * len(self):(c + 1) * len(self)] for c in range(self.chunks)]
-        part = self._queue.pop(0)
-        for s in range(0, len(part), batch_size):
-            yield self.data.collate(part[s:s + batch_size], dtype=dtype)
-
-
 def train(ctx) -> None:
     import torch
 
@@ -364,19 +340,16 @@ def train(ctx) -> None:
     model.to(device)
     # the same steps, batch size, learning-rate schedule and data for every variant; the validation
     # force MAE after every epoch shows whether the curve has flattened within that budget
-    # validation after every 1/val_chunks of a pass over the training frames (see ChunkedEpochs)
-    chunks = int(p.get("val_chunks", 1))
-    cfg = TrainConfig.from_dict({**p["train"], "epochs": chunks * int(p["train"]["epochs"]), "seed": ctx.seed})
-    fed = ChunkedEpochs(train_data, chunks)
-    hist = fit(model, fed, val_data, cfg, progress=ctx.progress)
+    # validation after every 1/val_per_epoch of a pass over the training frames (train.val_per_epoch)
+    cfg = TrainConfig.from_dict({**p["train"], "seed": ctx.seed})
+    hist = fit(model, train_data, val_data, cfg, progress=ctx.progress)
     ctx.metrics.scalar("train_seconds", hist["seconds"])
     ctx.metrics.scalar("train_steps", hist["steps"])
     ctx.metrics.scalar("train_ms_per_step", 1e3 * hist["seconds"] / max(hist["steps"], 1))
     losses = np.asarray(hist["step_loss"])
     every = max(1, len(losses) // 20)
     ctx.metrics.curve("train_loss", np.arange(0, len(losses), every) + 1, losses[::every])
-    steps_per_epoch = int(np.ceil(len(fed) / cfg.batch_size))
-    val_steps = np.minimum(steps_per_epoch * np.arange(1, len(hist["val_force_mae"]) + 1), hist["steps"])
+    val_steps = np.asarray(hist["val_steps"])
     val_fmae = 1e3 * np.asarray(hist["val_force_mae"])
     ctx.metrics.curve("val_force_mae", val_steps, val_fmae)
     # flattening: relative change of the validation force MAE over the last quarter of the steps

@@ -82,10 +82,9 @@ def train_shared(ctx) -> None:
                progress=ctx.progress)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
     ctx.metrics.curve("train_loss", range(len(hist["step_loss"])), hist["step_loss"])
-    # validation after every epoch on the held-out replica (no early stopping: the last value is the
-    # test error of the weights every variant uses)
-    spe = int(np.ceil(len(train_set) / int(p["train"]["batch_size"])))
-    val_steps = [min(spe * (k + 1), hist["steps"]) for k in range(len(hist["val_force_mae"]))]
+    # validation val_per_epoch times a pass on the held-out replica (no early stopping: the last
+    # value is the test error of the weights every variant uses)
+    val_steps = [int(k) for k in hist["val_steps"]]
     zero = float(np.mean(np.abs(test_forces)))
     m = {"force_mae": float(hist["val_force_mae"][-1])}
     (ctx.outdir / "train_history.json").write_text(json.dumps({
