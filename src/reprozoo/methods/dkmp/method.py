@@ -339,8 +339,7 @@ def train(ctx) -> None:
     fit_energy_scale(model, train_data)
     model.to(device)
     # the same steps, batch size, learning-rate schedule and data for every variant; the validation
-    # force MAE after every epoch shows whether the curve has flattened within that budget
-    # validation after every 1/val_per_epoch of a pass over the training frames (train.val_per_epoch)
+    # force MAE, val_per_epoch times a pass, shows whether the curve has flattened within that budget
     cfg = TrainConfig.from_dict({**p["train"], "seed": ctx.seed})
     hist = fit(model, train_data, val_data, cfg, progress=ctx.progress)
     ctx.metrics.scalar("train_seconds", hist["seconds"])
