@@ -331,6 +331,9 @@ def test_validation_within_a_pass_leaves_the_training_unchanged():
     assert np.allclose(at_ends, once["val_force_mae"], rtol=1e-6)
     with pytest.raises(ValueError, match="val_per_epochs"):
         TrainConfig.from_dict({"val_per_epochs": 2})
+    for bad in (0, -1, 1.5):  # once quietly read as 1; now refused with the allowed values
+        with pytest.raises(ValueError, match=r"val_per_epoch = .*integers >= 1"):
+            TrainConfig.from_dict({"val_per_epoch": bad})
 
 def test_frames_npz_roundtrip(tmp_path):
     from reprozoo.blocks.atomistic import frames_to_arrays

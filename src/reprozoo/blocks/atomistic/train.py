@@ -44,7 +44,12 @@ class TrainConfig:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown training options {sorted(unknown)}; allowed: {sorted(cls.__dataclass_fields__)}")
-        return cls(**d)
+        cfg = cls(**d)
+        for key in ("epochs", "batch_size", "val_per_epoch"):
+            value = getattr(cfg, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"training option {key} = {value!r}: allowed values are integers >= 1")
+        return cfg
 
 
 def _dtype(name):
