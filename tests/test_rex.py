@@ -90,15 +90,54 @@ def test_rex_euler_at_paper_zeta_is_not_first_order_at_practical_steps(gmm):
 
 
 def test_rex_euler_coupling_bias_scales_with_one_minus_zeta(gmm):
-    """Rex-Euler's error has an O(1 - zeta) plateau over practical step counts (see README)."""
+    """Rex-Euler's O(1 - zeta) coupling plateau where h*a >> 1 - zeta (a Taylor expansion of the
+    coupled step gives it, so it is a test, not a claim): at N = 256 the distance to the zeta = 1
+    solution from the same noise has log-log slope 1 against 1 - zeta = 1e-5 ... 1e-3."""
+    from reprozoo.methods.rex.samplers import rho_grid as grid
+
+    noise = 80.0 * np.random.default_rng(5).standard_normal((16, 2))
+    rhos = grid(80.0, 0.002, 256)
+
+    def run(zeta):
+        s = make_sampler("rex_euler", gmm.denoise, {"zeta": zeta})
+        return s.output(s.decode(s.init(noise), rhos))
+
+    y1 = run(1.0)
+    gaps = np.array([1e-5, 1e-4, 1e-3])
+    bias = [np.mean(np.linalg.norm(run(1 - g) - y1, axis=1)) for g in gaps]
+    slope = np.polyfit(np.log(gaps), np.log(bias), 1)[0]
+    assert abs(slope - 1) <= 0.05, bias
+
+
+def test_order_drift_separates_the_asymptotic_range_from_the_plateau(gmm):
+    """The order claims' precondition: local slopes in the fit window agree (asymptotic range) for
+    Rex-midpoint at zeta = 0.5, and do not for Rex-Euler at zeta = 0.999 (its coupling plateau)."""
+    from reprozoo.methods.rex.method import order_drift
+
     rng = np.random.default_rng(5)
     noise = 80.0 * rng.standard_normal((16, 2))
     ref = reference_solution(gmm.eps, noise, 80.0, 0.002)
-    errs = {}
-    for zeta in (0.999, 0.9999):
-        s = make_sampler("rex_euler", gmm.denoise, {"zeta": zeta})
-        errs[zeta] = np.mean(np.linalg.norm(s.output(s.decode(s.init(noise), rho_grid(80.0, 0.002, 512))) - ref, axis=1))
-    assert errs[0.999] > 5 * errs[0.9999]
+    steps = [128, 256, 512]
+
+    def errs(v, zeta):
+        s = make_sampler(v, gmm.denoise, {**PARAMS, "zeta": zeta})
+        return [np.mean(np.linalg.norm(s.output(s.decode(s.init(noise), rho_grid(80.0, 0.002, n))) - ref, axis=1))
+                for n in steps]
+
+    assert order_drift(steps, errs("rex_midpoint", 0.5), 1e-10) <= 0.05
+    assert order_drift(steps, errs("rex_euler", 0.999), 1e-10) > 0.1
+    assert np.isnan(order_drift([1, 2], [1e-3, 1e-4], 1e-10))
+
+
+def test_round_trip_control_with_zeta_far_from_one_fails_the_bound(gmm):
+    """The round-trip claims' control: Rex-Euler at zeta = 0.9 inverts exactly in exact arithmetic
+    but its inverse divides by zeta every step, so round-off grows as zeta^-N and the 1e-10 bound
+    flags it at N = 250 (while zeta = 0.999 stays at round-off)."""
+    x0 = gmm.sample(64, np.random.default_rng(1))
+    rhos = rho_grid(80.0, 0.002, 250)
+    bad = roundtrip_error("rex_euler", gmm.denoise, x0, rhos, {**PARAMS, "zeta": 0.9}, np.random.default_rng(2))
+    good = roundtrip_error("rex_euler", gmm.denoise, x0, rhos, PARAMS, np.random.default_rng(2))
+    assert bad > 1e-10 > good
 
 
 @pytest.mark.parametrize("zeta", [0.999, 0.9, 0.5])
@@ -172,7 +211,12 @@ def test_spec_loads_through_the_platform_loader_and_duplicate_keys_are_refused(t
     claims = {c.id: c for c in spec.claims}
     assert claims["sde_sample_quality"].op == "<=" and claims["sde_sample_quality"].threshold == 1.5
     assert "bdia" in spec.variant_ids and spec.roles["bdia"] == "baseline"
-    assert any("@bdia" in c.expr for c in spec.claims)  # a variant that no claim reads is dead weight
+    read = " ".join(c.expr + " " + " ".join(r.expr for r in c.requires)
+                    + " " + (c.control.expr if hasattr(c.control, "expr") else " ".join(f"@{v}" for v in (c.control or {}).values()))
+                    for c in spec.claims)
+    for v in spec.variant_ids:  # a variant that no claim reads is dead weight
+        assert f"@{v}" in read, v
+    assert "coupling_plateau" not in claims  # true by construction: a test above
     copy = tmp_path / "rex"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
     text = (copy / "spec.yaml").read_text()
@@ -184,13 +228,45 @@ def test_spec_loads_through_the_platform_loader_and_duplicate_keys_are_refused(t
 
 
 def test_evaluations_per_step_are_counted():
-    from reprozoo.methods.rex.method import nfe_per_step
+    from reprozoo.methods.rex.method import nfe_cost
 
-    counts = {v: nfe_per_step(v, lambda y, rho: 0.5 * y, PARAMS, np.ones((1, 2)))
+    counts = {v: nfe_cost(v, lambda y, rho: 0.5 * y, PARAMS, np.ones((1, 2)))
               for v in ["rex_euler", "rex_midpoint", "rex_rk4", "bdia", "ddim", "edict", "reversible_heun"]}
-    # McCallum-Foster evaluates the base increment twice per step (stages x 2); BDIA and DDIM once
-    assert counts == {"rex_euler": 2, "rex_midpoint": 4, "rex_rk4": 8, "bdia": 1, "ddim": 1, "edict": 2,
-                      "reversible_heun": 2}
+    # McCallum-Foster evaluates the base increment twice per step (stages x 2); BDIA and DDIM once;
+    # reversible Heun once per step (f(z_{n+1}) is the next step's f(z_n)) plus one to start
+    assert counts == {"rex_euler": (2, 0), "rex_midpoint": (4, 0), "rex_rk4": (8, 0), "bdia": (1, 0),
+                      "ddim": (1, 0), "edict": (2, 0), "reversible_heun": (1, 1)}
+
+
+def test_reversible_heun_reuses_its_evaluation_and_keeps_kidgers_step(gmm):
+    """The one-evaluation-per-step implementation takes the same steps as the textbook form with
+    two evaluations per step (Kidger et al., eq. for the reversible Heun method)."""
+    s = make_sampler("reversible_heun", gmm.denoise, PARAMS)
+    rhos = rho_grid(80.0, 0.002, 20)
+    noise = 80.0 * np.random.default_rng(0).standard_normal((8, 2))
+    y, z = s.init(noise)
+    y, z = y * rhos[0] ** -1, z * rhos[0] ** -1
+    ts = s.times(rhos)
+    for t0, t1 in zip(ts[:-1], ts[1:]):
+        h = t1 - t0
+        z1 = 2 * y - z + h * s.f(z, t0)
+        y = y + 0.5 * h * (s.f(z, t0) + s.f(z1, t1))
+        z = z1
+    out = s.decode(s.init(noise), rhos)
+    np.testing.assert_allclose(out[0], y * rhos[-1], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out[1], z * rhos[-1], rtol=1e-12, atol=1e-14)
+
+
+def test_shared_denoiser_trains_to_a_flat_held_out_curve_with_the_lr_above_the_gates_floor(gmm):
+    from reprozoo.methods.rex.method import train_denoiser, validation_set
+
+    x = gmm.sample(2000, np.random.default_rng(0))
+    cfg = {"width": 32, "depth": 2, "steps": 40, "batch": 128, "lr": 2e-3, "lr_floor": 0.2, "val_points": 10}
+    val = validation_set(gmm, 512, 0.002, 80.0, 1)
+    _, hist = train_denoiser(x, cfg, 0.002, 80.0, 0, lambda *_: None, val)
+    assert hist["val_steps"][0] == 0 and hist["val_steps"][-1] == 40 and len(hist["val_steps"]) == 11
+    assert hist["val_loss"][-1] < hist["val_loss"][0]  # it learns
+    assert min(hist["lr"]) >= 0.19 * max(hist["lr"])  # the schedule never reaches zero
 
 
 def test_equal_cost_comparison_separates_rex_from_bdia_and_ddim(gmm):
@@ -206,6 +282,17 @@ def test_equal_cost_comparison_separates_rex_from_bdia_and_ddim(gmm):
             for v in ["bdia", "rex_midpoint", "rex_rk4", "ddim"]}
     assert np.all(errs["rex_midpoint"] < errs["bdia"]) and np.all(errs["rex_rk4"] < errs["bdia"]), errs
     assert np.all(errs["ddim"] > errs["bdia"]), errs
+    # the declared control: Rex over Euler with the coupling at zeta = 0.9 (first order, its
+    # O(1 - zeta) bias not hidden under the symmetric pair's second order) does not beat BDIA
+    euler = np.array(sampling_errors_at_nfe("rex_euler", gmm.denoise, noise, ref, {**q, "zeta": 0.9})[1])
+    assert np.all(euler > errs["bdia"]), (euler, errs["bdia"])
+    # ... whereas at zeta = 0.999 it would at the smaller budgets: too close to the claim to fail
+    near = np.array(sampling_errors_at_nfe("rex_euler", gmm.denoise, noise, ref, q)[1])
+    assert near[0] < errs["bdia"][0]
+    # reversible Heun at its honest cost (1 evaluation per step + 1): second order, N = budget - 1
+    heun = np.array(sampling_errors_at_nfe("reversible_heun", gmm.denoise, noise, ref, q)[1])
+    assert np.all(heun < errs["rex_midpoint"]), (heun, errs["rex_midpoint"])  # same order, 4x cheaper steps
+    assert heun[-1] > errs["rex_rk4"][-1]  # order 4 overtakes it at the largest budget
     # BDIA (gamma = 1) and Rex-RK4 keep their orders on the budget axis: 2 and 4 per doubling
     slope = lambda e: -np.polyfit(np.log(q["nfe_budgets"]), np.log(e), 1)[0]  # noqa: E731
     assert abs(slope(errs["bdia"]) - 2) <= 0.25 and abs(slope(errs["rex_rk4"]) - 4) <= 0.5, errs
@@ -222,3 +309,15 @@ def test_one_step_sde_is_flagged_by_the_sample_quality_test(gmm):
     s = make_sampler("rex_sde", gmm.denoise, PARAMS)
     sw, floor, _ = sample_quality(s, gmm, q, np.random.default_rng(0), steps=1)
     assert sw / floor > 1.5
+
+
+def test_edict_inverts_far_better_than_ddim_but_not_to_round_off(gmm):
+    """EDICT (no longer a pipeline variant) stays tested code: its coupled inverse is algebraic, so
+    it closes far better than naive DDIM inversion; on this mixture (Lawson variables, p = 0.93,
+    its inverse divides by p twice per step) it stays above round-off (seen: 1e-8 at N = 5,
+    4e-10 at N = 25)."""
+    x0 = gmm.sample(64, np.random.default_rng(1))
+    rhos = rho_grid(80.0, 0.002, 25)
+    err = roundtrip_error("edict", gmm.denoise, x0, rhos, PARAMS, np.random.default_rng(2))
+    ddim = roundtrip_error("ddim", gmm.denoise, x0, rhos, PARAMS, np.random.default_rng(2))
+    assert err < 1e-6 < 1e-3 < ddim

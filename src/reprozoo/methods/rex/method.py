@@ -8,6 +8,7 @@ linear stability interval, evaluations and wall time per step, sample quality.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -63,36 +64,79 @@ class Denoiser:
             return self.denoise(yt, r).numpy()
 
 
-def train_denoiser(x: np.ndarray, cfg: dict, rho_min: float, rho_max: float, seed: int, progress=print):
-    """Denoising score matching with EDM's loss weight (1/c_out^2), rho log-uniform."""
+def _dsm_weight(rho):
+    sd = Denoiser.SIGMA_DATA
+    return (sd**2 + rho**2) / (rho * sd) ** 2  # EDM's 1/c_out^2: unit loss for the trivial denoiser
+
+
+def validation_set(gmm, n: int, rho_min: float, rho_max: float, seed: int):
+    """A fixed held-out denoising problem: fresh mixture samples (never in the training file), noise
+    levels on a log grid over [rho_min, rho_max] (shuffled), fixed noise."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    x0 = torch.from_numpy(gmm.sample(n, rng)).float()
+    rho = torch.from_numpy(np.exp(rng.permutation(np.linspace(np.log(rho_min), np.log(rho_max), n)))).float()[:, None]
+    y = x0 + rho * torch.from_numpy(rng.standard_normal((n, 2))).float()
+    return x0, y, rho
+
+
+def train_denoiser(x: np.ndarray, cfg: dict, rho_min: float, rho_max: float, seed: int, progress=print,
+                   val=None):
+    """Denoising score matching with EDM's loss weight (1/c_out^2), rho log-uniform. Cosine schedule
+    from lr down to lr_floor x lr (never to zero, so the convergence gate can read a plateau), the
+    held-out loss on ``val`` (x0, y, rho) every steps / val_points steps (and at the end)."""
     import torch
 
     torch.manual_seed(seed)
     net = _net(cfg["width"], cfg["depth"])
     den = Denoiser(net)
     opt = torch.optim.Adam(net.parameters(), lr=cfg["lr"])
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg["steps"])
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg["steps"], eta_min=cfg.get("lr_floor", 0.2) * cfg["lr"])
     data = torch.from_numpy(x).float()
     gen = torch.Generator().manual_seed(seed)
-    sd = Denoiser.SIGMA_DATA
-    losses = []
+    every = max(1, cfg["steps"] // cfg.get("val_points", 20))
+    hist = {"steps": [], "train_loss": [], "val_steps": [], "val_loss": [], "lr": []}
+
+    def validate(step):
+        if val is None:
+            return
+        with torch.no_grad():
+            x0v, yv, rv = val
+            hist["val_steps"].append(step)
+            hist["val_loss"].append(float((_dsm_weight(rv) * (den.denoise(yv, rv) - x0v) ** 2).mean()))
+            hist["lr"].append(float(opt.param_groups[0]["lr"]))
+
     for step in range(cfg["steps"]):
+        if step % every == 0:
+            validate(step)
         idx = torch.randint(len(data), (cfg["batch"],), generator=gen)
         x0 = data[idx]
         logr = torch.rand(cfg["batch"], 1, generator=gen) * (np.log(rho_max) - np.log(rho_min)) + np.log(rho_min)
         rho = torch.exp(logr)
         y = x0 + rho * torch.randn(x0.shape, generator=gen)
-        weight = (sd**2 + rho**2) / (rho * sd) ** 2
-        loss = (weight * (den.denoise(y, rho) - x0) ** 2).mean()
+        loss = (_dsm_weight(rho) * (den.denoise(y, rho) - x0) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        hist["steps"].append(step)
+        hist["train_loss"].append(loss.item())
         if step % max(1, cfg["steps"] // 5) == 0:
-            progress(f"denoiser step {step}/{cfg['steps']} loss {loss.item():.4f}")
+            progress(f"denoiser step {step}/{cfg['steps']} loss {loss.item():.4f}"
+                     + (f", held-out {hist['val_loss'][-1]:.4f}" if hist["val_loss"] else ""))
+    validate(cfg["steps"])
     net.double().eval()
-    return den, losses
+    return den, hist
+
+
+def untrained_denoiser(cfg: dict, seed: int) -> Denoiser:
+    """The same architecture at its initialisation (the round-trip claim's foil: exactness is
+    algebraic, so it does not need a trained network)."""
+    import torch
+
+    torch.manual_seed(10_000 + seed)
+    return Denoiser(_net(cfg["width"], cfg["depth"]).double().eval())
 
 
 def load_denoiser(shared_dir: Path, cfg: dict) -> Denoiser:
@@ -131,10 +175,13 @@ def train_shared(ctx) -> None:
     gmm = GaussianMixture.load(ctx.data["gmm2d"] / "gmm_params.npz")
     x = np.load(ctx.data["gmm2d"] / "samples.npz")["x"]
     t0 = time.perf_counter()
-    den, losses = train_denoiser(x, p["denoiser"], p["rho_min"], p["rho_max"], ctx.seed, ctx.progress)
+    val = validation_set(gmm, p["denoiser"].get("n_val", 4096), p["rho_min"], p["rho_max"], 1000 + ctx.seed)
+    den, hist = train_denoiser(x, p["denoiser"], p["rho_min"], p["rho_max"], ctx.seed, ctx.progress, val)
     ctx.metrics.scalar("denoiser_train_seconds", time.perf_counter() - t0)
-    ctx.metrics.scalar("denoiser_final_loss", float(np.mean(losses[-50:])))
-    ctx.metrics.curve("denoiser_loss", range(0, len(losses), 10), losses[::10])
+    ctx.metrics.scalar("denoiser_final_loss", float(np.mean(hist["train_loss"][-50:])))
+    ctx.metrics.curve("denoiser_loss", hist["steps"][::10], hist["train_loss"][::10])
+    (ctx.outdir / "denoiser_history.json").write_text(json.dumps(
+        {k: hist[k] for k in ("val_steps", "val_loss", "lr")}))
     import torch
 
     torch.save(den.net.state_dict(), ctx.outdir / "denoiser.pt")
@@ -190,6 +237,20 @@ def empirical_order(steps, errors, floor: float, n_fit: int = 3) -> float:
     return float(-slope)
 
 
+def order_drift(steps, errors, floor: float, n_fit: int = 3) -> float:
+    """How far the fit window of :func:`empirical_order` is from the asymptotic range: the spread
+    (max - min) of the local slopes between consecutive step counts in that window. In the
+    asymptotic range the local slope no longer changes with h; a window still in the pre-asymptotic
+    range (or on a plateau) shows it drifting (NaN if too few points)."""
+    steps, errors = np.asarray(steps, float), np.asarray(errors, float)
+    keep = np.flatnonzero(np.isfinite(errors) & (errors > floor))
+    if len(keep) < n_fit:
+        return float("nan")
+    keep = keep[-n_fit:]
+    local = -np.diff(np.log(errors[keep])) / np.diff(np.log(steps[keep]))
+    return float(np.max(local) - np.min(local))
+
+
 def sampling_errors(sampler, noise, y_ref, params, steps_conv=None):
     """Mean |y_N - y_ref| over steps_conv (ODE samplers). Stops refining once the error is within
     10x of the floor (the reference's own accuracy): the next halving would fall below it."""
@@ -203,31 +264,44 @@ def sampling_errors(sampler, noise, y_ref, params, steps_conv=None):
     return steps, errs
 
 
+def nfe_cost(variant: str, denoise, params: dict, probe: np.ndarray) -> tuple[int, int]:
+    """Denoiser evaluations of an ODE sampler's solve of N steps, a*N + b, counted on probe solves
+    of 4 and 8 steps: (a, b) = (evaluations per step, evaluations to start a solve). Reversible
+    Heun reuses f(z_{n+1}) in the next step (a = 1, b = 1); Rex evaluates its base increment twice
+    per step (a = 2 x stages, b = 0); BDIA and DDIM a = 1, b = 0."""
+    counts = []
+    for n in (4, 8):
+        counted = Counter(denoise)
+        s = make_sampler(variant, counted, params)
+        s.decode(s.init(probe), rho_grid(params["rho_max"], params["rho_min"], n))
+        counts.append(counted.n)
+    per_step, rest = divmod(counts[1] - counts[0], 4)
+    if rest or counts[0] - 4 * per_step < 0:
+        raise RuntimeError(f"{variant}: {counts} evaluations over 4 and 8 steps is not a*N + b")
+    return per_step, counts[0] - 4 * per_step
+
+
 def nfe_per_step(variant: str, denoise, params: dict, probe: np.ndarray) -> int:
-    """Denoiser evaluations per step of an ODE sampler, counted on a 4-step probe solve."""
-    counted = Counter(denoise)
-    s = make_sampler(variant, counted, params)
-    s.decode(s.init(probe), rho_grid(params["rho_max"], params["rho_min"], 4))
-    if counted.n % 4:
-        raise RuntimeError(f"{variant}: {counted.n} evaluations over 4 steps is not a whole number per step")
-    return counted.n // 4
+    """Denoiser evaluations per step of an ODE sampler (see :func:`nfe_cost`)."""
+    return nfe_cost(variant, denoise, params, probe)[0]
 
 
 def sampling_errors_at_nfe(variant: str, denoise, noise, y_ref, params, known: dict | None = None) -> tuple[list, list]:
     """Mean |y - y_ref| at equal cost: for each budget in ``nfe_budgets`` (denoiser evaluations per
-    sample along the whole solve), the sampler takes budget / (its evaluations per step) steps, at
-    the paper's zeta. The cost that matters with a real network is the evaluations, so two
-    samplers are compared at the same count, in the same run, from the same noise. ``known``:
-    errors {steps: error} of the same sampler on the same noise at the paper's zeta, solved
-    already (the step sweeps), which are reused rather than solved again."""
+    sample along the whole solve, start-up evaluations included), the sampler takes the steps that
+    spend exactly that budget, at the paper's zeta. The cost that matters with a real network is
+    the evaluations, so two samplers are compared at the same count, in the same run, from the
+    same noise. ``known``: errors {steps: error} of the same sampler on the same noise at the
+    paper's zeta, solved already (the step sweeps), which are reused rather than solved again."""
     known = known or {}
-    per_step = nfe_per_step(variant, denoise, params, noise[:1])
+    per_step, start = nfe_cost(variant, denoise, params, noise[:1])
     s = make_sampler(variant, denoise, params)
     nfes, errs = [], []
     for budget in params["nfe_budgets"]:
-        if budget % per_step:
-            raise ValueError(f"nfe budget {budget} is not a multiple of {variant}'s {per_step} evaluations per step")
-        n = budget // per_step
+        n, rest = divmod(budget - start, per_step)
+        if rest or n < 1:
+            raise ValueError(f"nfe budget {budget} is not a multiple of {variant}'s {per_step} evaluations "
+                             f"per step (plus {start} to start)")
         if n not in known:
             y = s.output(s.decode(s.init(noise), rho_grid(params["rho_max"], params["rho_min"], n)))
             known[n] = float(np.mean(np.linalg.norm(y - y_ref, axis=1)))
@@ -324,6 +398,31 @@ def train(ctx) -> None:
     ctx.metrics.curve("roundtrip_err", p["steps_roundtrip"], rt)
     ctx.metrics.curve("roundtrip_err_learned", p["steps_roundtrip"], rt_learned)
     ctx.metrics.scalar("roundtrip_err_max", max(rt))
+    if v.startswith("rex_"):
+        # the shared denoiser's held-out curve and learning rate, in every cell that reads the
+        # network (the convergence gate reads them here)
+        h = json.loads((ctx.shared_dir / "denoiser_history.json").read_text())
+        ctx.metrics.curve("denoiser_val_loss", h["val_steps"], h["val_loss"])
+        ctx.metrics.curve("denoiser_lr", h["val_steps"], h["lr"])
+    if v == "rex_euler":
+        # the round-trip claims' control: the same Rex-Euler with a coupling far from 1
+        # (zeta_control): its inverse divides by zeta every step, so round-off grows as
+        # zeta^-N and the same 1e-10 bound must flag it at the largest N
+        ctl = {**p, "zeta": p["zeta_control"]}
+        rt_c, rt_cl, rt_u = [], [], []
+        untrained = untrained_denoiser(p["denoiser"], ctx.seed)
+        for n in p["steps_roundtrip"]:
+            rhos = rho_grid(p["rho_max"], p["rho_min"], n)
+            rt_c.append(roundtrip_error(v, gmm.denoise, x_test, rhos, ctl, ctx.rng(10 + n)))
+            rt_cl.append(roundtrip_error(v, den, x_test, rhos, ctl, ctx.rng(10 + n)))
+            rt_u.append(roundtrip_error(v, untrained, x_test, rhos, p, ctx.rng(10 + n)))
+        ctx.metrics.curve("roundtrip_err_zeta_ctrl", p["steps_roundtrip"], rt_c)
+        ctx.metrics.curve("roundtrip_err_learned_zeta_ctrl", p["steps_roundtrip"], rt_cl)
+        # information: the untrained network inverts exactly too (exactness is algebraic)
+        ctx.metrics.curve("roundtrip_err_untrained", p["steps_roundtrip"], rt_u)
+        ctx.progress(f"zeta = {p['zeta_control']}: round trips {['%.1e' % e for e in rt_c]} (exact), "
+                     f"{['%.1e' % e for e in rt_cl]} (learned); untrained network at zeta = {p['zeta']}: "
+                     f"{['%.1e' % e for e in rt_u]}")
 
     # Sampling error against the DOP853 reference. Rex's order claims are measured at zeta_order,
     # where h*a << 1 - zeta (the asymptotic regime of McCallum-Foster's order result) is reached
@@ -335,6 +434,7 @@ def train(ctx) -> None:
         steps, errs = sampling_errors(sampler, noise, y_ref, p)
         ctx.metrics.curve("sample_err", steps, errs)
         ctx.metrics.scalar("order", empirical_order(steps, errs, p["error_floor"]))
+        ctx.metrics.scalar("order_drift", order_drift(steps, errs, p["error_floor"]))
         if ode_order(v):
             ctx.metrics.scalar("expected_order", ode_order(v))
         ctx.progress(f"sampling errors {['%.2e' % e for e in errs]}")
@@ -353,6 +453,11 @@ def train(ctx) -> None:
         # at equal cost (denoiser evaluations per sample), the paper's zeta: Rex against BDIA
         nfes, errs = sampling_errors_at_nfe(v, gmm.denoise, noise, y_ref, p, at_paper_zeta)
         ctx.metrics.curve("sample_err_nfe", nfes, errs)
+        if v == "rex_euler":
+            # the equal-cost claims' control: Rex-Euler with the coupling at zeta_control, where its
+            # first order (the O(1 - zeta) coupling bias) shows instead of the symmetric pair's second
+            _, errs_c = sampling_errors_at_nfe(v, gmm.denoise, noise, y_ref, {**p, "zeta": p["zeta_control"]})
+            ctx.metrics.curve("sample_err_nfe_zeta_ctrl", nfes, errs_c)
         ctx.progress(f"sampling errors at NFE {nfes}: {['%.2e' % e for e in errs]}")
     if v == "rex_euler":
         coupling_plateau(ctx, gmm, noise, y_ref, p)
@@ -376,6 +481,14 @@ def train(ctx) -> None:
         ctx.metrics.scalar("sw_coarse", sw_c)
         ctx.metrics.scalar("sw_floor_coarse", floor_c)
         ctx.progress(f"N={p['sw_coarse_steps']}: sliced W2 {sw_c:.4f} (floor {floor_c:.4f})")
+        # the learned round-trip claim's precondition: the trained network samples the mixture
+        # (the same sampler and test with the network in place of the exact denoiser), and the
+        # untrained network, for contrast, does not
+        for name, net in (("learned", den), ("untrained", untrained_denoiser(p["denoiser"], ctx.seed))):
+            sw_l, floor_l, _ = sample_quality(make_sampler(v, net, p), gmm, p, ctx.rng(6))
+            ctx.metrics.scalar(f"sw_{name}", sw_l)
+            ctx.metrics.scalar(f"sw_floor_{name}", floor_l)
+            ctx.progress(f"N={p['sw_steps']}, {name} network: sliced W2 {sw_l:.4f} (floor {floor_l:.4f})")
 
     counted = Counter(gmm.denoise)
     timed = make_sampler(v, counted, p)
@@ -421,16 +534,19 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     sub = table[table.metric == "sample_err_nfe"]
     for v in sorted(sub.variant.unique()):
         g = sub[sub.variant == v].groupby("x").value.mean()
-        ax.loglog(g.index, g.values, marker="o", ms=3, label=v, lw=2.0 if v in ("bdia", "rex_rk4") else 1.0)
+        ax.loglog(g.index, g.values, marker="o", ms=3, label=v,
+                  lw=2.0 if v in ("bdia", "reversible_heun", "rex_midpoint", "rex_rk4") else 1.0)
     ax.set_xlabel("denoiser evaluations per sample (NFE)")
     ax.set_ylabel("mean |y - y_ref|")
-    ax.set_title(f"At equal cost, zeta = {params.get('zeta')}: Rex against BDIA")
+    ax.set_title(f"At equal cost, zeta = {params.get('zeta')}: Rex against BDIA and reversible Heun")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     save_figure(fig, plots_dir / "curve_sample_err_nfe.png", dpi=110)
     curve_plot(table, "sample_err_paper_zeta", plots_dir / "curve_sample_err_paper_zeta.png", logx=True, logy=True,
                xlabel="steps N", ylabel="mean |y_N - y_ref|",
                title="At the paper's zeta = 0.999: where does Rex-Euler plateau?")
+    curve_plot(table, "denoiser_val_loss", plots_dir / "curve_denoiser_val_loss.png", xlabel="training step",
+               ylabel="held-out EDM-weighted DSM loss", title="Has the shared denoiser flattened?", variants=["rex_euler"])
     curve_plot(table, "plateau_bias", plots_dir / "curve_plateau_bias.png", logx=True, logy=True,
                xlabel="1 - zeta", ylabel="mean |y_zeta - y_(zeta=1)| at N = plateau_steps",
                title="Is Rex-Euler's coupling bias proportional to 1 - zeta?")
