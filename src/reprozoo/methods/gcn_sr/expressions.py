@@ -69,6 +69,45 @@ def reward(prefix, x: np.ndarray, y: np.ndarray) -> float:
     return float(1.0 / (1.0 + nrmse)) if np.isfinite(nrmse) else 0.0
 
 
+def spbt_rewards(a: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """:func:`reward` of every SPBT of ``a (B, N)`` at once (bit-identical to the per-expression
+    stack machine: the same operations on the same operands in the same order). Slots are
+    evaluated bottom-up, one level at a time, for the whole batch; an EMPTY slot's value is never
+    read by its parent (a unary node reads its left child only)."""
+    a = np.atleast_2d(a)
+    bsz, n = a.shape
+    lev = levels(int(np.log2(n + 1)) - 1)
+    val = np.zeros((bsz, n, len(x)))
+    with np.errstate(all="ignore"):
+        for d in range(int(lev.max()), -1, -1):
+            sl = np.flatnonzero(lev == d)
+            t = a[:, sl][..., None]
+            out = np.where(t == X, x, 0.0)
+            if 2 * sl[-1] + 2 < n:
+                l, r = val[:, 2 * sl + 1], val[:, 2 * sl + 2]
+                for tok, f in ((ADD, np.add), (SUB, np.subtract), (MUL, np.multiply), (DIV, np.divide)):
+                    m = t[..., 0] == tok
+                    if m.any():
+                        out[m] = f(l[m], r[m])
+                for tok, f in ((SIN, np.sin), (COS, np.cos), (EXP, np.exp), (LOG, np.log)):
+                    m = t[..., 0] == tok
+                    if m.any():
+                        out[m] = f(l[m])
+            val[:, sl] = out
+        yh = val[:, 0]
+        finite = np.all(np.isfinite(yh), axis=1)
+        nrmse = np.sqrt(np.mean((yh - y) ** 2, axis=1)) / np.std(y)
+        r = 1.0 / (1.0 + nrmse)
+    return np.where(finite & np.isfinite(nrmse), r, 0.0)
+
+
+def prefix_rewards(prefixes, x: np.ndarray, y: np.ndarray, max_depth: int) -> np.ndarray:
+    """:func:`reward` of prefix expressions of depth <= ``max_depth``, batched via the SPBT."""
+    if len(prefixes) == 0:
+        return np.zeros(0)
+    return spbt_rewards(np.array([prefix_to_spbt(p, max_depth) for p in prefixes]), x, y)
+
+
 def subtree_end(prefix, start: int) -> int:
     """Index one past the subtree rooted at ``prefix[start]``."""
     need, i = 1, start
@@ -224,19 +263,23 @@ def scaffold_context(a: np.ndarray, max_depth: int):
         ar = np.where(known, ARITY[np.minimum(pt, V - 1)], 0)
         active[:, ci] = active[:, pi] & known & ((ar == 2) | ((ar == 1) & left[None, :]))
         parent[:, ci] = pt
-        trig[:, ci] = trig[:, pi] | np.isin(pt, TRIG)
+        trig[:, ci] = trig[:, pi] | (pt == SIN) | (pt == COS)
     mask = allowed_symbols(parent, trig, lev[None, :], max_depth)
     return active, parent, trig, mask
 
 
 def satisfies_constraints(a: np.ndarray, max_depth: int) -> bool:
     """True if a complete SPBT obeys the constraints the neural policies sample under."""
-    active, _, _, mask = scaffold_context(a[None], max_depth)
-    used = a[None] != EMPTY
-    if np.any(used != active):
-        return False
-    tok = np.where(used, a[None], 0)
-    return bool(np.all(np.take_along_axis(mask, tok[..., None], -1)[..., 0] | ~used))
+    return bool(constraints_ok(a[None], max_depth)[0])
+
+
+def constraints_ok(a: np.ndarray, max_depth: int) -> np.ndarray:
+    """:func:`satisfies_constraints` for every SPBT of ``a (B, N)`` at once."""
+    active, _, _, mask = scaffold_context(a, max_depth)
+    used = a != EMPTY
+    tok = np.where(used, a, 0)
+    ok = np.take_along_axis(mask, tok[..., None], -1)[..., 0] | ~used
+    return np.all(used == active, axis=1) & np.all(ok, axis=1)
 
 
 # --- exact recovery -------------------------------------------------------------------------------

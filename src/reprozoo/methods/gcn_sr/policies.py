@@ -72,8 +72,14 @@ class GCNPolicy(nn.Module):
             for d in range(self.max_depth + 1):
                 slots = np.flatnonzero(self.level == d)
                 active, _, _, mask = scaffold_context(a, self.max_depth)
-                lg = self.logits(torch.from_numpy(a))[:, slots]
-                tok = _masked_sample(lg, torch.from_numpy(mask[:, slots]), gen)
+                m = mask[:, slots]
+                forced = m.sum(-1) == 1
+                if np.all(forced | ~active[:, slots]):
+                    # every used slot of this level has one allowed symbol (the terminal at level D):
+                    # probability 1, nothing to sample, no network pass needed
+                    tok = np.argmax(m, -1)
+                else:
+                    tok = _masked_sample(self.logits(torch.from_numpy(a))[:, slots], torch.from_numpy(m), gen)
                 a[:, slots] = np.where(active[:, slots], tok, EMPTY)
         return a
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .expressions import n_nodes, prefix_to_spbt, reward, satisfies_constraints, spbt_similarity, spbt_to_prefix
+from .expressions import (constraints_ok, n_nodes, prefix_rewards, prefix_to_spbt, spbt_rewards,
+                          spbt_similarity, spbt_to_prefix)
 from .gp import refine
 from .policies import make_policy, risk_seeking_loss, risk_seeking_selection
 
@@ -79,14 +80,14 @@ def run_neural(x: np.ndarray, y: np.ndarray, policy_kind: str, mode: str, cfg: d
     opt = torch.optim.Adam(policy.parameters(), lr=cfg["lr"])
     budget, batch = cfg["budget"], cfg["batch"]
     gp_cfg = cfg.get("gp", {})
-    score = lambda prefixes: np.array([reward(p, x, y) for p in prefixes])
+    score = lambda prefixes: prefix_rewards(prefixes, x, y, depth)     # GP children (depth <= D)
     hall = Hall()
     it = 0
     while hall.evals < budget and not hall.exact:
         b = min(batch, budget - hall.evals)
         a = policy.sample(b, gen)
         prefixes = [spbt_to_prefix(row) for row in a]
-        r = score(prefixes)
+        r = spbt_rewards(a, x, y)
         hall.add(prefixes, r)
         r_train, train_a = r, a
         g = gp_cfg.get("generations", 0) if mode in ("swpg", "imitate") else 0
@@ -117,16 +118,20 @@ def _elites(children, rewards, k: int, depth: int):
     (constraint-violating trees have probability 0 under them, so imitation could not train on
     them); both GP variants see the same elites."""
     order = np.argsort(-rewards, kind="stable")
-    seen, out, r_out = set(), [], []
-    for i in order:
+    seen, cand = set(), []
+    for i in order:                      # distinct children, best first
         key = tuple(children[i])
-        if key in seen:
-            continue
-        seen.add(key)
-        a = prefix_to_spbt(children[i], depth)
-        if satisfies_constraints(a, depth):
-            out.append(a)
-            r_out.append(rewards[i])
-        if len(out) >= k:
+        if key not in seen:
+            seen.add(key)
+            cand.append(int(i))
+    out, r_out = [np.zeros((0, n_nodes(depth)), dtype=np.int64)], [np.zeros(0)]
+    for lo in range(0, len(cand), 4 * k):   # constraint check in blocks, stop once k pass
+        part = np.array(cand[lo:lo + 4 * k])
+        a = np.array([prefix_to_spbt(children[i], depth) for i in part], dtype=np.int64)
+        ok = constraints_ok(a, depth)
+        out.append(a[ok])
+        r_out.append(rewards[part][ok])
+        if sum(len(o) for o in out) >= k:
             break
-    return np.array(out, dtype=np.int64).reshape(-1, n_nodes(depth)), np.array(r_out, dtype=float)
+    out, r_out = np.concatenate(out), np.concatenate(r_out)
+    return out[:k], r_out[:k]
