@@ -316,43 +316,112 @@ def test_force_aware_rows_exact_for_identical_models_and_align_forces(systems):
     assert dev[1.0] < dev[0.0], dev  # matching layer derivatives brings the merged forces closer
 
 
-# --- the two settings of theta_0 ------------------------------------------------------------------
+# --- theta_0: the foundation stand-in, the stopping rule, per-frame errors ---------------------------
 
 def _theta0_ctx(tmp_path):
     from reprozoo.runtime import RunContext
 
-    p = {"model": {"n_features": 12, "n_interactions": 2, "n_rbf": 8, "cutoff": CUTOFF}, "n_pretrain": 6,
+    p = {"model": {"n_features": 12, "n_interactions": 2, "n_rbf": 8, "cutoff": CUTOFF},
          "train": {"epochs": 1, "batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.5},
-         "pretrain": {"epochs": 15, "curve_points": 1}}
+         "pretrain": {"dataset": "pool", "epochs": 12, "batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.5,
+                      "val_per_epoch": 2, "seed": 0}}
     return RunContext(method="gffmerge", variant="shared", seed=0, scale="ci", params=p, data={}, outdir=tmp_path,
                       shared_dir=tmp_path)
 
 
-def test_pretrained_theta0_is_one_backbone_fitted_to_the_union(systems, tmp_path):
-    """theta_0 of the paper's setting: one backbone (identical values in both systems' models,
-    each with its own head and energy scale), pre-trained on both systems' pre-training frames so
-    that the union loss drops well below the random theta_0's; the random setting is the init itself."""
+def test_pool_excludes_the_targets_chemistry():
+    """The foundation's pre-training structures come from the pool's own train/val splits and
+    leave out every structure made only of the targets' elements (Cu, Pt), alloys with them kept."""
+    import types
+
+    import pandas as pd
+
+    from reprozoo.methods.gffmerge.method import pool_indices
+
+    comps = [[29, 29], [78], [29, 78], [29, 28], [47, 79], [78, 46], [13], [29]] * 5
+    split = (["train"] * 6 + ["val"] * 2) * 5
+    frames = types.SimpleNamespace(numbers_of=lambda i: np.array(comps[i]), table=pd.DataFrame({"split": split}))
+    pc = {"dataset": "pool", "exclude_only": ["Cu", "Pt"], "n_train": 15, "n_val": 5}
+    idx = pool_indices(frames, pc, seed=0)
+    for name, ix in idx.items():
+        assert len(ix) == pc[f"n_{name}"] and all(split[i] == name for i in ix)
+        assert all(not set(comps[i]) <= {29, 78} for i in ix)
+    assert any(29 in comps[i] for i in idx["train"]) and any(78 in comps[i] for i in idx["train"])
+    assert np.array_equal(idx["train"], pool_indices(frames, pc, seed=0)["train"])
+    with pytest.raises(ValueError):
+        pool_indices(frames, {**pc, "n_train": 16}, seed=0)  # only 15 usable training structures
+
+
+def test_pretrained_theta0_is_the_foundation_with_own_reference_energies(systems, tmp_path):
+    """theta_0 of the paper's setting: copies of one foundation model pre-trained on a disjoint
+    pool (here Cu/Au alloy cells): identical backbone and head in both systems' models, the
+    pre-training's output scale kept, reference energies refitted on each system; pre-training
+    drops the pool's validation error well below the random init's; the random setting is the
+    init itself with per-system energy scales."""
+    from reprozoo.blocks.atomistic import evaluate
     from reprozoo.methods.gffmerge.merge import backbone_keys
-    from reprozoo.methods.gffmerge.method import _theta0, pretrain_steps
+    from reprozoo.methods.gffmerge.method import _theta0, new_model, pretrain_foundation
 
     ctx = _theta0_ctx(tmp_path)
-    sys_ = [{"tag": t, "train": d, "pretrain": d, "val": d} for t, d in zip(("cu", "pt"), systems)]
-    torch.manual_seed(0)
-    init = SchNet(**ctx.params["model"])
-    rand = _theta0(ctx, "random", sys_, init)
-    for m in rand:
-        for k, v in m.state_dict().items():
-            if k in backbone_keys(m) or k.startswith("head"):
-                assert torch.equal(v, init.state_dict()[k]), k
-    assert not torch.equal(rand[0].atomref, rand[1].atomref)  # energy scales fitted per system
-    pre = _theta0(ctx, "pretrained", sys_, init)
-    assert pretrain_steps(ctx.params) == 30 and ctx.metrics.scalars["pretrain_steps"] == 30
-    a, b = (m.state_dict() for m in pre)
-    keys = backbone_keys(pre[0])
-    assert all(torch.equal(a[k], b[k]) for k in keys)
-    assert any(not torch.equal(a[k], init.state_dict()[k]) for k in keys)
+    pool = AtomsData(make_emt_frames("cuau_bulk", n_frames=12, rattle=0.1, seed=7, size=1), CUTOFF).precompute()
+    pool = {"train": pool.subset(range(9)), "val": pool.subset(range(9, 12))}
+    m, curve, hist = pretrain_foundation(ctx, pool)
+    assert curve["x"] == hist["val_steps"] and len(curve["x"]) == 24 and max(curve["lr"]) <= 1e-2
+    assert min(curve["lr"]) >= 0.5 * 1e-2 - 1e-12
+    init = new_model(ctx.params, 0)
+    fit_energy_scale(init, pool["train"])
+    assert evaluate(m, pool["val"])["force_mae"] < 0.7 * evaluate(init, pool["val"])["force_mae"]
+    sys_ = [{"tag": t, "train": d} for t, d in zip(("cu", "pt"), systems)]
+    pre = _theta0(ctx, "pretrained", sys_, init, m)
+    a, b = (x.state_dict() for x in pre)
+    keys = backbone_keys(pre[0]) + [k for k in a if k.startswith("head")]
+    assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], m.state_dict()[k]) for k in keys)
+    assert torch.equal(pre[0].e_std, m.e_std) and torch.equal(pre[1].e_std, m.e_std)
+    assert pre[0].atomref[29] != m.atomref[29] and pre[1].atomref[78] != m.atomref[78]
     assert pre[0].embedding is not pre[1].embedding  # untied: specialising one leaves the other
-    from reprozoo.methods.gffmerge.multitask import evaluate_systems
+    rand = _theta0(ctx, "random", sys_, init)
+    for x in rand:
+        assert all(torch.equal(x.state_dict()[k], init.state_dict()[k]) for k in keys)
+    assert not torch.equal(rand[0].atomref, rand[1].atomref)
 
-    loss = [np.mean([r["loss"] for r in evaluate_systems(ms, systems)]) for ms in (rand, pre)]
-    assert loss[1] < 0.5 * loss[0], loss
+
+def test_stopping_rule_stops_where_the_gate_accepts(systems):
+    """Joint training / fine-tuning stop at the first validation where the curve is flat by the
+    convergence gate's own test: a curve that cannot move (lr ~ 0) stops as soon as its tail holds
+    min_points validations, and the recorded curve passes ``plateau``; a curve still falling
+    (a normal lr, the same steps) is not stopped."""
+    from reprozoo.claims import plateau, tail_fit
+
+    def run(lr, steps):
+        init = _init(5).float()
+        ms = [copy.deepcopy(init) for _ in systems]
+        for m, d in zip(ms, systems):
+            fit_energy_scale(m, d)
+        tie(ms)
+        h = fit_multitask(ms, systems, steps=steps, lr=lr, batch_size=2, lr_final_factor=0.2, seed=1, vals=systems,
+                          eval_every=2, stop={"tol": 0.02, "min_points": 6, "min_steps": 10})
+        xs = [s for s, _, _ in h["curve"]]
+        return h, xs, [np.mean([r["force_mae"] for r in ev]) for _, ev, _ in h["curve"]]
+
+    h, xs, f = run(1e-9, 200)
+    assert h["stopped"] and h["steps"] == xs[-1] < 60
+    assert plateau(xs, f, tol=0.02) and tail_fit(xs, f)["tail_points"] >= 6
+    assert tail_fit(xs[:-1], f[:-1])["tail_points"] < 6  # the first validation where the rule could say yes
+    assert all(lr >= 0.2 * 1e-9 - 1e-18 for _, _, lr in h["curve"])
+    h, xs, f = run(1e-2, 60)
+    assert not h["stopped"] and h["steps"] == 60 and f[-1] < 0.7 * f[0]
+
+
+def test_per_frame_errors_average_to_the_mae(systems):
+    """The per-frame test units: their means are evaluate()'s energy and force MAE (equal-size frames)."""
+    from reprozoo.blocks.atomistic import evaluate
+    from reprozoo.methods.gffmerge.multitask import evaluate_frames
+
+    m = _specialists(systems, _init())[0]
+    for d in systems:
+        per, ref = evaluate_frames(m, d, batch_size=4), evaluate(m, d)
+        assert len(per["force_mae"]) == len(d)
+        assert np.mean(per["force_mae"]) == pytest.approx(ref["force_mae"], rel=1e-9)
+        assert np.mean(per["energy_ae_per_atom"]) == pytest.approx(ref["energy_mae_per_atom"], rel=1e-9)
+        one = evaluate(m, d.subset([2]))
+        assert per["force_mae"][2] == pytest.approx(one["force_mae"], rel=1e-9)

@@ -1,15 +1,17 @@
-"""GFFMERGE in miniature: two SchNet force fields trained on different EMT systems, merged.
+"""GFFMERGE in miniature: two SchNet force fields fine-tuned on different EMT systems, merged.
 
-Two settings of the shared starting point theta_0, both run in every cell (metric prefix):
-  pretrained  (no prefix; the paper's setting) theta_0 = a backbone pre-trained on the union of
-              both systems (their own pre-training frames, disjoint from the specialists' training
-              frames) for a small budget, with one head per system; the specialists and joint
-              training start from it.
-  random      (prefix ``rand_``; our extra row) theta_0 = a random shared initialisation.
+theta_0, the shared starting point, in one or two settings (configs' ``settings``; metric prefix):
+  pretrained  (no prefix; the paper's setting) a foundation-model stand-in: one SchNet pre-trained
+              on a DISJOINT EMT chemistry, small periodic alloy cells of ``md_emt_alloy_pool``
+              (structures made only of the targets' elements, Cu and Pt, left out), which the
+              target systems (a 108-atom Cu bulk MD, a Pt147 cluster MD) never saw. Each system
+              gets a copy with its own reference energies (atomref, fitted on its training frames).
+  random      (prefix ``rand_``; an extra row, off at smoke) theta_0 = a random initialisation.
 
-train_shared (per seed): for each setting, theta_0 and one specialist per system trained from
+train_shared (per seed): for each setting, theta_0 and one specialist per system fine-tuned from
 theta_0 on that system only (Cu bulk, Pt cluster); every variant of the seed merges these same
-models.
+models. Validation curves of the pre-training and of the specialists are kept and recorded in
+every variant that builds on them, so the convergence gate checks them too.
 
 train (per variant x seed), for each setting, evaluated on each system's test frames with that
 system's head:
@@ -18,13 +20,17 @@ system's head:
   task_arithmetic  theta_0 + lambda * sum_k (theta_k - theta_0), lambda picked on validation frames
   gffmerge         closed-form layer-wise merge, merged-model inputs (merge.py, inputs=sequential)
   gffmerge_relaxed the same with each teacher's own layer inputs (the public GNNMerge regression)
-  gffmerge_ft      gffmerge, then a short joint fine-tune (a fraction of the joint budget)
+  gffmerge_ft      gffmerge, then a joint fine-tune until its validation curve is flat
   gffmerge_force   extension (not in the brief): gffmerge plus force-aware rows, the layers'
                    directional derivatives along random displacements (merge.py, derivatives=1)
   weight_avg_ft    weight_avg, then the same fine-tune (is the merge a better starting point?)
-  joint            one backbone + two heads trained from theta_0 on both systems (gold standard)
-Metrics: energy MAE (meV/atom) and force MAE (meV/A) per system and averaged; merge, fine-tune
-and joint-training wall times; per-layer alignment residuals; embedding alignment errors.
+  joint            one backbone + two heads trained from theta_0 on both systems until flat
+                   (the gold standard)
+Joint training and both fine-tunes stop at the first validation where their curve is flat by
+the convergence gate's own test (``reprozoo.claims.plateau``), with a cap; their wall times are
+times to a plateau. Metrics: energy MAE (meV/atom) and force MAE (meV/A) per system and their
+means, the means also per test frame (``ctx.metrics.units``: the claims' intervals resample
+frames); merge, fine-tune and joint-training wall times; per-layer alignment residuals.
 """
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ def settings(p: dict) -> list[str]:
 
 def _dataset_dir(ctx, name: str) -> Path:
     if name not in ctx.data:
-        raise KeyError(f"config system '{name}' is not among the spec's datasets at scale '{ctx.scale}' "
+        raise KeyError(f"config dataset '{name}' is not among the spec's datasets at scale '{ctx.scale}' "
                        f"({sorted(ctx.data)}); add it to spec.yaml `datasets`")
     return Path(ctx.data[name])
 
@@ -72,11 +78,11 @@ def _atoms_data(frames, idx, cutoff):
     return AtomsData(fr, cutoff)
 
 
-def load_systems(ctx, pretrain: bool = False) -> list[dict]:
+def load_systems(ctx) -> list[dict]:
     """Per system: {'tag', 'train', 'val', 'test', 'merge'} AtomsData, the same for every variant
-    of a seed (frames drawn from the dataset's own splits with a seed-dependent generator);
-    with ``pretrain`` also 'pretrain': ``n_pretrain`` further frames of the train split, disjoint
-    from 'train' (the pre-training pool of theta_0)."""
+    of a seed (frames drawn from the dataset's own splits with a seed-dependent generator). Every
+    system gets the same number of test frames, so the per-frame units of the mean over systems
+    have the same mean as the per-system MAEs' mean."""
     from reprozoo.data.md import load
 
     p = ctx.params
@@ -86,26 +92,54 @@ def load_systems(ctx, pretrain: bool = False) -> list[dict]:
         frames = load(_dataset_dir(ctx, sysc["dataset"]))
         split = frames.table["split"].to_numpy() if frames.table is not None else None
         rng = np.random.default_rng([ctx.seed, 7919, k])
-        parts, pre_idx = {}, None
+        parts = {}
         for name in ("train", "val", "test"):
             idx = np.flatnonzero(split == name) if split is not None else np.arange(len(frames))
             n = p[f"n_{name}"]
+            if name == "test" and n and n > len(idx):
+                raise ValueError(f"{sysc['dataset']}: n_test = {n} exceeds the {len(idx)} frames of its test split")
             perm = rng.permutation(idx)
             parts[name] = np.sort(perm[:n]) if n and n < len(idx) else idx
-            if name == "train":
-                n_pre = int(p.get("n_pretrain", 0))
-                if pretrain and (not n or n + n_pre > len(idx)):
-                    raise ValueError(f"{sysc['dataset']}: n_train + n_pretrain = {n} + {n_pre} exceeds the "
-                                     f"{len(idx)} frames of the train split")
-                pre_idx = np.sort(perm[n:n + n_pre])
         merge_idx = parts["train"][np.sort(rng.permutation(len(parts["train"]))[:p["n_merge"]])]
         entry = {"tag": sysc["tag"], "dataset": sysc["dataset"]}
-        named = [*parts.items(), ("merge", merge_idx)] + ([("pretrain", pre_idx)] if pretrain else [])
-        for name, idx in named:
+        for name, idx in [*parts.items(), ("merge", merge_idx)]:
             entry[name] = _atoms_data(frames, idx, cutoff)
             entry[name].precompute()
         out.append(entry)
     return out
+
+
+def pool_indices(frames, pc: dict, seed: int) -> dict:
+    """Pre-training and validation structures of the foundation stand-in: the pool's own train and
+    val splits, without the structures made only of ``exclude_only`` elements (the targets'
+    chemistry), ``n_train`` / ``n_val`` drawn with a seed-dependent generator."""
+    from ase.data import atomic_numbers
+
+    excl = {atomic_numbers[e] for e in pc.get("exclude_only", [])}
+    keep = np.array([not set(frames.numbers_of(i).tolist()) <= excl for i in range(len(frames.table))]) \
+        if excl else np.ones(len(frames), bool)
+    split = frames.table["split"].to_numpy()
+    rng = np.random.default_rng([seed, 104729])
+    out = {}
+    for name in ("train", "val"):
+        idx = rng.permutation(np.flatnonzero((split == name) & keep))
+        n = int(pc[f"n_{name}"])
+        if n > len(idx):
+            raise ValueError(f"{pc['dataset']}: n_{name} = {n} exceeds the {len(idx)} usable structures of its {name} split")
+        out[name] = np.sort(idx[:n])
+    return out
+
+
+def load_pool(ctx) -> dict:
+    """The foundation stand-in's pre-training data (``pretrain.dataset``, see :func:`pool_indices`),
+    drawn with ``pretrain.seed``."""
+    from reprozoo.data.md import load
+
+    p = ctx.params
+    pc = p["pretrain"]
+    frames = load(_dataset_dir(ctx, pc["dataset"]))
+    idx = pool_indices(frames, pc, int(pc.get("seed", 0)))  # the foundation does not depend on the run's seed
+    return {name: _atoms_data(frames, ix, p["model"]["cutoff"]).precompute() for name, ix in idx.items()}
 
 
 # --- models ----------------------------------------------------------------------------------------
@@ -132,71 +166,149 @@ def load_model(p: dict, path: Path):
 
 
 def train_cfg(p: dict, seed: int) -> dict:
+    """The specialists' TrainConfig (the shared ``blocks.atomistic.fit``), validating
+    ``val_per_epoch`` times per pass."""
     t = p["train"]
     return {"epochs": t["epochs"], "batch_size": t["batch_size"], "lr": t["lr"],
             "lr_final_factor": t.get("lr_final_factor", 0.1), "energy_weight": t.get("energy_weight", 1.0),
-            "force_weight": t.get("force_weight", 10.0), "seed": seed}
+            "force_weight": t.get("force_weight", 10.0), "val_per_epoch": int(t.get("val_per_epoch", 1)),
+            "seed": seed}
 
 
-def joint_steps(p: dict, systems: list[dict]) -> int:
-    """Joint budget = the specialists' budget: epochs x the larger number of batches per epoch
-    (each joint step takes one batch of every system)."""
-    bs = p["train"]["batch_size"]
-    return int(p["train"]["epochs"] * max(int(np.ceil(len(s["train"]) / bs)) for s in systems))
+def _stop_rule(p: dict, part: str) -> dict:
+    """The stopping rule of joint training / fine-tuning: the gate's plateau test (tolerance
+    ``stop.tol``, at least ``stop.min_points`` validations in the last 30 %), not before
+    ``min_steps``."""
+    st = p.get("stop", {})
+    return {"tol": float(st.get("tol", 0.02)), "min_points": int(st.get("min_points", 6)),
+            "min_steps": int(p[part].get("min_steps", 0))}
 
 
-def pretrain_steps(p: dict) -> int:
-    """Pre-training budget of theta_0 in joint steps (one batch of every system each):
-    ``pretrain.epochs`` passes over the ``n_pretrain`` frames per system."""
-    bs = p["train"]["batch_size"]
-    return int(p["pretrain"]["epochs"] * int(np.ceil(p["n_pretrain"] / bs)))
-
-
-def _multitask(ctx, models, systems, steps, lr, lr_final_factor, seed, n_curve, curve_name=None, part="train"):
-    """Train the tied ``models`` on ``systems[*][part]`` (Adam, cosine decay, the spec's loss
-    weights); record the validation learning curve as ``curve_name`` (force and energy MAE)."""
+def _multitask(ctx, models, systems, part: str, seed: int, curve_name: str | None = None) -> dict:
+    """Train the tied ``models`` on ``systems[*]['train']`` with the ``part`` config (``joint`` or
+    ``finetune``: lr, lr_final_factor, max_steps, eval_every, min_steps) until the validation force
+    MAE is flat (``_stop_rule``) or ``max_steps``; record the validation curves (force and energy
+    MAE, mean of systems) and the learning rate as ``{curve_name}val_force_mae`` etc."""
     from .multitask import fit_multitask
 
     p = ctx.params
-    eval_at = sorted({int(round(x)) for x in np.linspace(0, steps, n_curve + 1)}) if curve_name is not None else []
-    hist = fit_multitask(models, [s[part] for s in systems], steps, lr, p["train"]["batch_size"], lr_final_factor,
+    c = p[part]
+    hist = fit_multitask(models, [s["train"] for s in systems], int(c["max_steps"]), float(c["lr"]),
+                         p["train"]["batch_size"], float(c.get("lr_final_factor", 0.2)),
                          p["train"].get("energy_weight", 1.0), p["train"].get("force_weight", 10.0), seed=seed,
-                         vals=[s["val"] for s in systems] if curve_name is not None else None, eval_at=eval_at,
-                         progress=ctx.progress)
+                         vals=[s["val"] for s in systems], eval_every=int(c["eval_every"]),
+                         stop=_stop_rule(p, part), progress=ctx.progress)
     if curve_name is not None:
-        xs = [st for st, _ in hist["curve"]]
+        xs = [st for st, _, _ in hist["curve"]]
         ctx.metrics.curve(f"{curve_name}val_force_mae", xs,
-                          [1e3 * np.mean([r["force_mae"] for r in ev]) for _, ev in hist["curve"]])
+                          [1e3 * np.mean([r["force_mae"] for r in ev]) for _, ev, _ in hist["curve"]])
         ctx.metrics.curve(f"{curve_name}val_energy_mae", xs,
-                          [1e3 * np.mean([r["energy_mae_per_atom"] for r in ev]) for _, ev in hist["curve"]])
+                          [1e3 * np.mean([r["energy_mae_per_atom"] for r in ev]) for _, ev, _ in hist["curve"]])
+        ctx.metrics.curve(f"{curve_name}lr", xs, [lr for _, _, lr in hist["curve"]])
     return hist
+
+
+def _fit_curve(hist: dict, cfg: dict, steps_per_epoch: int) -> dict:
+    """The validation curve of a shared ``fit`` run (force MAE in meV/A) with its learning rate."""
+    from .multitask import cosine_lr
+
+    total = cfg["epochs"] * steps_per_epoch
+    xs = [int(s) for s in hist["val_steps"]]
+    return {"x": xs, "force": [1e3 * v for v in hist["val_force_mae"]],
+            "lr": [cosine_lr(s, total, cfg["lr"], cfg["lr_final_factor"]) for s in xs]}
 
 
 # --- shared per seed: theta_0 of each setting and its two specialists ------------------------------
 
-def _theta0(ctx, setting: str, systems: list[dict], init) -> list:
-    """theta_0 of a setting, one model per system (shared backbone values, own head and energy
-    scale, the energy scale fitted on that system's training frames). ``pretrained``: the tied
-    models trained on the union of both systems' pre-training frames for ``pretrain_steps``."""
+def _refit_reference_energies(model, data) -> None:
+    """A pre-trained model adapted to a system: per-element reference energies (atomref, e_mean)
+    refitted on the system's training frames, the output scale (e_std) of the pre-training kept."""
     from reprozoo.blocks.atomistic import fit_energy_scale
 
-    from .multitask import tie
+    std = model.e_std.clone()
+    fit_energy_scale(model, data)
+    model.e_std.copy_(std)
+
+
+def pretrain_foundation(ctx, pool: dict) -> tuple:
+    """The foundation stand-in: a SchNet (seed ``pretrain.seed``, the same for every seed of the
+    run, as one published checkpoint would be) trained on the pool with the shared ``fit`` (own
+    energy scale); returns (model, curve, hist)."""
+    from reprozoo.blocks.atomistic import fit, fit_energy_scale
 
     p = ctx.params
-    models = [copy.deepcopy(init) for _ in systems]
-    for m, s in zip(models, systems):
-        fit_energy_scale(m, s["train"])
+    pc = p["pretrain"]
+    seed = int(pc.get("seed", 0))
+    m = new_model(p, seed)
+    fit_energy_scale(m, pool["train"])
+    cfg = {"epochs": int(pc["epochs"]), "batch_size": int(pc["batch_size"]), "lr": float(pc["lr"]),
+           "lr_final_factor": float(pc.get("lr_final_factor", 0.2)), "val_per_epoch": int(pc.get("val_per_epoch", 1)),
+           "energy_weight": p["train"].get("energy_weight", 1.0),
+           "force_weight": p["train"].get("force_weight", 10.0), "seed": seed * 100 + 70}
+    ctx.progress(f"pre-training the foundation stand-in on {len(pool['train'])} {pc['dataset']} structures "
+                 f"(targets' chemistry left out), {cfg['epochs']} epochs of batch {cfg['batch_size']}")
+    hist = fit(m, pool["train"], pool["val"], cfg, progress=ctx.progress)
+    curve = _fit_curve(hist, cfg, int(np.ceil(len(pool["train"]) / cfg["batch_size"])))
+    return m, curve, hist
+
+
+def _foundation_key(ctx) -> str:
+    """What the foundation model depends on: its config, the model, the loss weights, the pool's
+    data card and this method's code (so a cached copy is never stale)."""
+    import hashlib
+
+    from reprozoo.codehash import method_code_hash
+
+    p = ctx.params
+    card = (_dataset_dir(ctx, p["pretrain"]["dataset"]) / "card.json")
+    blob = json.dumps({"pretrain": p["pretrain"], "model": p["model"],
+                       "w": [p["train"].get("energy_weight", 1.0), p["train"].get("force_weight", 10.0)],
+                       "card": card.read_text() if card.exists() else "", "code": method_code_hash("gffmerge")},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def foundation(ctx) -> tuple:
+    """The foundation model and its record, trained once per run: it does not depend on the seed,
+    so the first seed's train_shared writes it next to the seeds' shared folders
+    (``_shared/foundation/<key>``) and later seeds load it (deterministic either way)."""
+    torch = _torch()
+    d = Path(ctx.shared_dir).parent / "foundation"
+    key = _foundation_key(ctx)
+    pt, js = d / f"{key}.pt", d / f"{key}.json"
+    if pt.exists() and js.exists():
+        m = load_model(ctx.params, pt)
+        ctx.progress(f"foundation stand-in {key} loaded (trained by an earlier seed of this run)")
+        return m, json.loads(js.read_text())
+    m, curve, hist = pretrain_foundation(ctx, load_pool(ctx))
+    info = {"curve": curve, "seconds": hist["seconds"], "steps": hist["steps"], "key": key}
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f"{key}.{ctx.seed}.tmp"
+    torch.save(m.state_dict(), tmp)
+    tmp.replace(pt)
+    tmp.write_text(json.dumps(info))
+    tmp.replace(js)
+    return m, info
+
+
+def _theta0(ctx, setting: str, systems: list[dict], init, foundation=None) -> list:
+    """theta_0 of a setting, one model per system (the same backbone and head values, own
+    reference energies fitted on that system's training frames). ``pretrained``: copies of the
+    ``foundation`` model (its output scale kept); ``random``: copies of ``init`` (energy scale
+    fitted per system)."""
+    from reprozoo.blocks.atomistic import fit_energy_scale
+
     if setting == "random":
+        models = [copy.deepcopy(init) for _ in systems]
+        for m, s in zip(models, systems):
+            fit_energy_scale(m, s["train"])
         return models
-    steps = pretrain_steps(p)
-    tie(models)
-    ctx.progress(f"pre-training theta_0 on the union: {steps} joint steps on {p['n_pretrain']} frames per system")
-    hist = _multitask(ctx, models, systems, steps, p["pretrain"].get("lr", p["train"]["lr"]),
-                      p["train"].get("lr_final_factor", 0.1), ctx.seed * 100 + 70,
-                      p["pretrain"].get("curve_points", 4), curve_name="pretrain_", part="pretrain")
-    ctx.metrics.scalar("pretrain_seconds", hist["seconds"])
-    ctx.metrics.scalar("pretrain_steps", steps)
-    return [copy.deepcopy(m) for m in models]  # untie: each copy owns its backbone
+    if foundation is None:
+        raise ValueError("the pretrained setting needs the foundation model")
+    models = [copy.deepcopy(foundation) for _ in systems]
+    for m, s in zip(models, systems):
+        _refit_reference_energies(m, s["train"])
+    return models
 
 
 def train_shared(ctx) -> None:
@@ -205,24 +317,31 @@ def train_shared(ctx) -> None:
 
     p = ctx.params
     sets = settings(p)
-    systems = load_systems(ctx, pretrain="pretrained" in sets)
+    systems = load_systems(ctx)
     import pickle
 
-    (ctx.outdir / "systems.pkl").write_bytes(pickle.dumps([{k: v for k, v in s.items() if k != "pretrain"}
-                                                           for s in systems]))
+    (ctx.outdir / "systems.pkl").write_bytes(pickle.dumps(systems))
     init = new_model(p, ctx.seed)
+    found = None
+    if "pretrained" in sets:
+        found, info = foundation(ctx)
+        (ctx.outdir / "pretrain.json").write_text(json.dumps(info))
+        ctx.metrics.scalar("pretrain_seconds", info["seconds"])
+        ctx.metrics.scalar("pretrain_steps", info["steps"])
     for setting in sets:
         pre = SETTINGS[setting]
-        theta0 = _theta0(ctx, setting, systems, init)
+        theta0 = _theta0(ctx, setting, systems, init, found)
         info = {}
         for k, (s, m0) in enumerate(zip(systems, theta0)):
             torch.save(m0.state_dict(), ctx.outdir / f"init_{setting}_{s['tag']}.pt")
             m = copy.deepcopy(m0)
-            ctx.progress(f"[{setting}] specialist {s['tag']}: {len(s['train'])} frames, {p['train']['epochs']} epochs")
-            hist = fit(m, s["train"], None, train_cfg(p, ctx.seed * 100 + k), progress=ctx.progress)
+            cfg = train_cfg(p, ctx.seed * 100 + k)
+            ctx.progress(f"[{setting}] specialist {s['tag']}: {len(s['train'])} frames, {cfg['epochs']} epochs")
+            hist = fit(m, s["train"], s["val"], cfg, progress=ctx.progress)
             torch.save(m.state_dict(), ctx.outdir / f"specialist_{setting}_{s['tag']}.pt")
             ev = evaluate(m, s["val"])
             info[s["tag"]] = {"train_seconds": hist["seconds"], "steps": hist["steps"],
+                              "curve": _fit_curve(hist, cfg, int(np.ceil(len(s["train"]) / cfg["batch_size"]))),
                               "val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"]}
             ctx.metrics.scalar(f"{pre}specialist_train_seconds_{s['tag']}", hist["seconds"])
             ctx.metrics.scalar(f"{pre}specialist_val_force_mae_{s['tag']}", 1e3 * ev["force_mae"])
@@ -232,16 +351,21 @@ def train_shared(ctx) -> None:
 # --- per variant ------------------------------------------------------------------------------------
 
 def _record_errors(ctx, systems, models, prefix: str = "") -> dict:
-    from .multitask import evaluate_systems
+    """Test MAEs per system and their mean over systems; the means also per test frame (units in
+    the order cu frames, pt frames; equal counts per system, so the unit mean is the mean of
+    the per-system MAEs)."""
+    from .multitask import evaluate_frames
 
-    res = evaluate_systems(models, [s["test"] for s in systems])
-    e = [1e3 * r["energy_mae_per_atom"] for r in res]
-    f = [1e3 * r["force_mae"] for r in res]
+    res = [evaluate_frames(m, s["test"]) for m, s in zip(models, systems)]
+    if len({len(r["force_mae"]) for r in res}) != 1:
+        raise ValueError("every system needs the same number of test frames (per-frame units of the mean)")
+    e = [1e3 * float(np.mean(r["energy_ae_per_atom"])) for r in res]
+    f = [1e3 * float(np.mean(r["force_mae"])) for r in res]
     for s, ei, fi in zip(systems, e, f):
         ctx.metrics.scalar(f"{prefix}energy_mae_{s['tag']}", ei)
         ctx.metrics.scalar(f"{prefix}force_mae_{s['tag']}", fi)
-    ctx.metrics.scalar(f"{prefix}energy_mae_mean", float(np.mean(e)))
-    ctx.metrics.scalar(f"{prefix}force_mae_mean", float(np.mean(f)))
+    ctx.metrics.units(f"{prefix}energy_mae_mean", 1e3 * np.concatenate([r["energy_ae_per_atom"] for r in res]))
+    ctx.metrics.units(f"{prefix}force_mae_mean", 1e3 * np.concatenate([r["force_mae"] for r in res]))
     ctx.progress(f"{prefix or 'test'}: energy MAE {['%.2f' % x for x in e]} meV/atom, "
                  f"force MAE {['%.1f' % x for x in f]} meV/A")
     return {"energy": e, "force": f}
@@ -293,6 +417,24 @@ def _cached_systems(ctx) -> list[dict]:
     return load_systems(ctx)
 
 
+def _record_shared_curves(ctx, setting: str, with_specialists: bool) -> None:
+    """The curves of the shared training this variant builds on, for the convergence gate:
+    the foundation pre-training (``pretrain_val_force_mae``, ``pretrain_lr``) and the two
+    specialists (``{pre}specialist_val_force_mae``, mean over systems, and its lr)."""
+    sd = Path(ctx.shared_dir)
+    pre = SETTINGS[setting]
+    if setting == "pretrained" and (sd / "pretrain.json").exists():
+        c = json.loads((sd / "pretrain.json").read_text())["curve"]
+        ctx.metrics.curve("pretrain_val_force_mae", c["x"], c["force"])
+        ctx.metrics.curve("pretrain_lr", c["x"], c["lr"])
+    if with_specialists:
+        info = json.loads((sd / f"specialists_{setting}.json").read_text())
+        cs = [v["curve"] for v in info.values()]
+        if len({tuple(c["x"]) for c in cs}) == 1:
+            ctx.metrics.curve(f"{pre}specialist_val_force_mae", cs[0]["x"], np.mean([c["force"] for c in cs], 0))
+            ctx.metrics.curve(f"{pre}specialist_lr", cs[0]["x"], cs[0]["lr"])
+
+
 def train(ctx) -> None:
     p = ctx.params
     systems = _cached_systems(ctx)
@@ -313,22 +455,22 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
     sd = Path(ctx.shared_dir)
     theta0 = [load_model(p, sd / f"init_{setting}_{s['tag']}.pt") for s in systems]
     teachers = [load_model(p, sd / f"specialist_{setting}_{s['tag']}.pt") for s in systems]
-    n_joint = joint_steps(p, systems)
-    ctx.metrics.scalar("joint_budget_steps", n_joint)
+    _record_shared_curves(ctx, setting, with_specialists=v != "joint")
 
     if v == "individual":
         _record_errors(ctx, systems, teachers, prefix=pre)
+        _record_errors(ctx, systems, theta0, prefix=f"{pre}theta0_")  # theta_0 itself, before any fine-tuning
         info = json.loads((sd / f"specialists_{setting}.json").read_text())
         ctx.metrics.scalar(f"{pre}specialist_train_seconds", sum(i["train_seconds"] for i in info.values()))
         return
 
     if v == "joint":
         models = tie(theta0)
-        ctx.progress(f"[{setting}] joint training from theta_0: {n_joint} steps x {len(systems)} systems")
-        hist = _multitask(ctx, models, systems, n_joint, p["train"]["lr"], p["train"].get("lr_final_factor", 0.1),
-                          ctx.seed * 100 + 90, 2 * p["finetune"].get("curve_points", 5), curve_name=pre)
+        ctx.progress(f"[{setting}] joint training from theta_0 until flat (at most {p['joint']['max_steps']} steps)")
+        hist = _multitask(ctx, models, systems, "joint", ctx.seed * 100 + 90, curve_name=pre)
         ctx.metrics.scalar(f"{pre}joint_train_seconds", hist["seconds"])
         ctx.metrics.scalar(f"{pre}joint_train_cpu_seconds", hist["cpu_seconds"])
+        ctx.metrics.scalar(f"{pre}joint_steps", hist["steps"])
         _record_errors(ctx, systems, models, prefix=pre)
         return
 
@@ -378,15 +520,13 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
 
     if v.endswith("_ft"):
         _record_errors(ctx, systems, models, prefix=f"{pre}pre_ft_")
-        steps = max(1, int(round(p["finetune"]["fraction"] * n_joint)))
-        ctx.progress(f"[{setting}] fine-tuning {v} for {steps} joint steps ({p['finetune']['fraction']:.0%} of joint)")
+        ctx.progress(f"[{setting}] fine-tuning {v} until flat (at most {p['finetune']['max_steps']} steps)")
         tie(models)
-        hist = _multitask(ctx, models, systems, steps, p["finetune"]["lr"], p["finetune"].get("lr_final_factor", 0.1),
-                          ctx.seed * 100 + 50, p["finetune"].get("curve_points", 5), curve_name=pre)
+        hist = _multitask(ctx, models, systems, "finetune", ctx.seed * 100 + 50, curve_name=pre)
         sc = ctx.metrics.scalars
         ctx.metrics.scalar(f"{pre}finetune_seconds", hist["seconds"])
         ctx.metrics.scalar(f"{pre}finetune_cpu_seconds", hist["cpu_seconds"])
-        ctx.metrics.scalar(f"{pre}finetune_steps", steps)
+        ctx.metrics.scalar(f"{pre}finetune_steps", hist["steps"])
         ctx.metrics.scalar(f"{pre}merge_ft_seconds", sc[f"{pre}merge_seconds"] + hist["seconds"])
         if f"{pre}merge_cpu_seconds" in sc:
             ctx.metrics.scalar(f"{pre}merge_ft_cpu_seconds", sc[f"{pre}merge_cpu_seconds"] + hist["cpu_seconds"])

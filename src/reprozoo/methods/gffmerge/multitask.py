@@ -3,9 +3,15 @@
 ``tie(models)`` makes the SchNet models share their backbone modules (embedding, radial basis,
 interactions) in place, so that ``models[k]`` is "shared backbone + head k + energy scale k" and
 the shared blocks' ``evaluate(models[k], data_k)`` works unchanged. ``fit_multitask`` trains all
-of them at once (joint training from scratch, or fine-tuning a merged model): every step takes
+of them at once (joint training from theta_0, or fine-tuning a merged model): every step takes
 one batch of each system and descends the mean of the per-system losses (the loss of
-``blocks.atomistic.train.loss_terms``), Adam with cosine decay, gradient clipping, seeded.
+``blocks.atomistic.train.loss_terms``), Adam with cosine decay to ``lr_final_factor`` x lr,
+gradient clipping, seeded. With ``stop`` it validates every ``eval_every`` steps and stops at the
+first validation where the curve so far is flat by the convergence gate's own test
+(``reprozoo.claims.plateau``) with no new best in the tail, so a run it stops is one the gate
+accepts.
+
+``evaluate_frames(model, data)`` -> per-frame errors (the test units of the claims' intervals).
 """
 from __future__ import annotations
 
@@ -45,37 +51,86 @@ def evaluate_systems(models: list, datas: list[AtomsData], batch_size: int = 8) 
     return [evaluate(m, d, batch_size) for m, d in zip(models, datas)]
 
 
+def evaluate_frames(model, data: AtomsData, batch_size: int = 8) -> dict:
+    """Per frame, in the data's order: ``energy_ae_per_atom`` |E - E_ref| / n_atoms and
+    ``force_mae`` mean |F - F_ref| over the frame's force components (eV, eV/A). For frames of
+    equal size their means are :func:`evaluate`'s energy and force MAE."""
+    was_training = model.training
+    model.eval()
+    dtype = next(model.parameters()).dtype
+    e_out, f_out = [], []
+    for s in range(0, len(data), batch_size):
+        b = data.collate(range(s, min(s + batch_size, len(data))), dtype=dtype)
+        e, f = model.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures,
+                                       create_graph=False)
+        n = b.n_atoms.double()
+        e_out.append(((e.detach() - b.energy).double().abs() / n).numpy())
+        af = (f.detach() - b.forces).double().abs().sum(1)
+        per = torch.zeros(b.n_structures, dtype=torch.float64).index_add_(0, b.batch, af)
+        f_out.append((per / (3 * n)).numpy())
+    model.train(was_training)
+    return {"energy_ae_per_atom": np.concatenate(e_out), "force_mae": np.concatenate(f_out)}
+
+
+def cosine_lr(step: int, total: int, lr: float, lr_final_factor: float) -> float:
+    """The learning rate after ``step`` of ``total`` steps: cosine from lr to lr * lr_final_factor
+    (``fit_multitask``'s schedule and the shared ``fit``'s)."""
+    return float(lr * (lr_final_factor + (1 - lr_final_factor) * 0.5 * (1 + np.cos(np.pi * min(step, total) / max(total, 1)))))
+
+
 def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, batch_size: int = 4,
                   lr_final_factor: float = 0.1, energy_weight: float = 1.0, force_weight: float = 10.0,
                   grad_clip: float | None = 10.0, seed: int = 0, vals: list[AtomsData] | None = None,
-                  eval_at: list[int] | None = None, progress=None) -> dict:
-    """Train tied ``models`` on their systems for ``steps`` steps; returns a history with
-    ``seconds`` and ``cpu_seconds`` (training only: evaluations for the learning curve are not
-    timed), ``steps`` and,
-    when ``vals`` and ``eval_at`` are given, ``curve`` = [(step, [metrics per system])]."""
+                  eval_at: list[int] | None = None, eval_every: int | None = None, stop: dict | None = None,
+                  progress=None) -> dict:
+    """Train tied ``models`` on their systems for at most ``steps`` steps (the cosine schedule
+    spans ``steps``); returns a history with ``seconds`` and ``cpu_seconds`` (training only:
+    validations are not timed), ``steps`` (run), ``stopped`` (at a plateau) and, with ``vals``,
+    ``curve`` = [(step, [metrics per system], lr)] at ``eval_at`` (or every ``eval_every`` steps,
+    step 0 and the last included). ``stop`` = {"tol", "min_points", "min_steps"}: stop at the first
+    validation (at or after ``min_steps``) where the mean force MAE curve so far passes
+    ``reprozoo.claims.plateau`` with that tolerance and at least ``min_points`` points in its tail,
+    and the best value in that tail is no more than ``tol`` below the best before it."""
     dtype = next(models[0].parameters()).dtype
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     params = unique_parameters(models)
     opt = torch.optim.Adam(params, lr=lr)
     total = max(int(steps), 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_final_factor + (1 - lr_final_factor) * 0.5 * (1 + np.cos(np.pi * min(s, total) / total)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, total, 1.0, lr_final_factor))
     streams = [_cycle(d, batch_size, rng, dtype) for d in trains]
-    eval_at = sorted(set(eval_at or []))
-    hist = {"curve": [], "step_loss": []}
+    if eval_every:
+        eval_at = list(range(0, total, int(eval_every))) + [total]
+    eval_at = set(eval_at or [])
+    hist = {"curve": [], "step_loss": [], "stopped": False}
     seconds = cpu = 0.0
 
-    def record(step):
-        if vals is not None and step in eval_at:
-            hist["curve"].append((step, evaluate_systems(models, vals)))
-            if progress:
-                f = np.mean([m["force_mae"] for m in hist["curve"][-1][1]])
-                progress(f"step {step}/{steps}: val force MAE {1e3 * f:.1f} meV/A")
+    def record(step) -> bool:
+        """Validate at ``step`` if due; True when the stopping rule says the curve is flat."""
+        if vals is None or step not in eval_at:
+            return False
+        hist["curve"].append((step, evaluate_systems(models, vals), cosine_lr(step, total, lr, lr_final_factor)))
+        f = [1e3 * np.mean([m["force_mae"] for m in ev]) for _, ev, _ in hist["curve"]]
+        if progress and (len(f) % 5 == 1 or step == total):
+            progress(f"step {step}/{steps}: val force MAE {f[-1]:.1f} meV/A")
+        min_points = int(stop.get("min_points", 6)) if stop is not None else 0
+        if stop is None or step < int(stop.get("min_steps", 0)) or len(f) < min_points:
+            return False  # (too few points for a tail of min_points: plateau() would say no)
+        from reprozoo.claims import TAIL, plateau
+
+        xs = np.array([st for st, _, _ in hist["curve"]], float)
+        tol = float(stop.get("tol", 0.02))
+        if not plateau(xs, f, tol=tol, min_points=min_points):
+            return False
+        # and no new best in the tail: its best is within tol of the best before it (a flat
+        # stretch of noise after a late drop is not a plateau yet)
+        tail = xs >= xs[0] + (1 - TAIL) * (xs[-1] - xs[0])
+        return bool(np.min(np.asarray(f)[tail]) >= (1 - tol) * np.min(np.asarray(f)[~tail]))
 
     record(0)
     for m in models:
         m.train()
+    step = 0
     for step in range(1, int(steps) + 1):
         t0, c0 = time.perf_counter(), time.process_time()
         loss = 0.0
@@ -94,10 +149,15 @@ def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, 
         if step in eval_at:
             for m in models:
                 m.eval()
-            record(step)
+            done = record(step)
             for m in models:
                 m.train()
+            if done:
+                hist["stopped"] = True
+                if progress:
+                    progress(f"plateau at step {step}/{steps}: stopping")
+                break
     for m in models:
         m.eval()
-    hist.update(seconds=seconds, cpu_seconds=cpu, steps=int(steps))
+    hist.update(seconds=seconds, cpu_seconds=cpu, steps=int(step))
     return hist
