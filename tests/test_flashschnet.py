@@ -209,6 +209,15 @@ def test_per_channel_quantisation_error_bounds():
     assert torch.all((dequantize(q, s) - w).abs() <= amax / 32767 * 0.5 + 1e-12)
     q, s = quantize_per_channel(w, "bfloat16")
     assert torch.all((dequantize(q, s) - w).abs() <= amax * 2.0**-8)
+    q, s = quantize_per_channel(w, "int8")
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    assert torch.all((dequantize(q, s) - w).abs() <= amax / 127 * 0.5 + 1e-12)
+    q, s = quantize_per_channel(w, "int2")  # ternary: every weight becomes -amax, 0 or +amax of its row
+    assert set(torch.unique(q).tolist()) <= {-1, 0, 1}
+    d = dequantize(q, s)
+    assert torch.all((d.abs() < 1e-30) | ((d.abs() - amax).abs() <= 1e-6 * amax))
+    with pytest.raises(ValueError):
+        quantize_per_channel(w, "int1")
 
 
 def test_quantised_flash_forces_close_and_weights_smaller():
@@ -248,7 +257,8 @@ def test_chain_forces_are_minus_gradient_and_nve_conserves_energy():
 # --- MD observables ------------------------------------------------------------------------------------
 
 def test_chain_observables_closed_form():
-    """A straight chain with bond b: bond mean b, width 0, Rg^2 = b^2 (N^2 - 1) / 12."""
+    """A straight chain with bond b: bond mean b, width 0, Rg^2 = b^2 (N^2 - 1) / 12, no contacts
+    (every non-bonded pair is >= 3 b apart); a folded hairpin has the contacts counted by hand."""
     from reprozoo.methods.flashschnet.md import chain_observables
 
     N, b = 11, 3.8
@@ -256,37 +266,70 @@ def test_chain_observables_closed_form():
     line[:, 0] = torch.arange(N, dtype=torch.float64) * b
     traj = torch.stack([torch.stack([line, line + 5.0])] * 3)   # (T=3, R=2, N, 3)
     o = chain_observables(traj)
-    np.testing.assert_allclose(o["bond_mean"], [b, b], rtol=1e-12)
-    np.testing.assert_allclose(o["bond_width"], [0, 0], atol=1e-12)
-    np.testing.assert_allclose(o["rg"], [b * np.sqrt((N**2 - 1) / 12)] * 2, rtol=1e-12)
+    assert o["rg"].shape == (3, 2)
+    np.testing.assert_allclose(o["bond_mean"], b, rtol=1e-12)
+    np.testing.assert_allclose(o["bond_width"], 0, atol=1e-12)
+    np.testing.assert_allclose(o["rg"], b * np.sqrt((N**2 - 1) / 12), rtol=1e-12)
+    np.testing.assert_allclose(o["contacts"], 0)
+    # hairpin: two parallel strands of 4 beads, 5 A apart: bead k faces bead 7 - k (|i - j| >= 3 except
+    # the turn 3-4, which is bonded): 4 facing pairs within 6.5 A (5 A; diagonals 6.3 A count too)
+    hp = torch.zeros(8, 3, dtype=torch.float64)
+    hp[:4, 0] = torch.arange(4, dtype=torch.float64) * b
+    hp[4:, 0] = torch.arange(3, -1, -1, dtype=torch.float64) * b
+    hp[4:, 1] = 5.0
+    d = torch.cdist(hp, hp)
+    i = torch.arange(8)
+    expect = ((d < 6.5) & ((i[:, None] - i[None, :]).abs() >= 3)).sum().item() / 8
+    assert expect > 0
+    np.testing.assert_allclose(chain_observables(hp[None, None])["contacts"], expect)
 
 
-def test_observables_shift_detects_a_changed_force_field_but_not_fp16():
-    """The quantised_accuracy yardstick has power: with the same starts and noise, stiffening the
-    bond prior by 30 % moves the bond-length width by many standard errors, 16-bit weights do not."""
-    from reprozoo.methods.flashschnet.cgchain import ChainPotential
-    from reprozoo.methods.flashschnet.md import Evaluator, observables_run
+def test_integrated_autocorrelation_time_of_ar1():
+    """AR(1) x_t = phi x_{t-1} + e_t has tau_int = (1 + phi) / (1 - phi); white noise has 1."""
+    from reprozoo.methods.flashschnet.md import integrated_autocorr_time
 
-    s = make_chain(30, 2)
     rng = np.random.default_rng(0)
-    start = np.stack([compact_start(s, rng) for _ in range(4)])
+    for phi in (0.0, 0.8, 0.95):
+        e = rng.normal(size=(20000, 4))
+        x = np.zeros_like(e)
+        for t in range(1, len(e)):
+            x[t] = phi * x[t - 1] + e[t]
+        tau = integrated_autocorr_time(x)
+        assert tau == pytest.approx((1 + phi) / (1 - phi), rel=0.1), phi
+
+
+def test_observables_shift_detects_coarse_weights_and_a_changed_force_field_but_not_fp16():
+    """The quantised_accuracy yardstick has power: from independent equilibrated starts, with the
+    same noise, ternary weights (the control) and a 30 % stiffer bond prior move an observable by
+    several standard errors over the replicas; 16-bit weights do not."""
+    import dataclasses
+
+    from reprozoo.methods.flashschnet.cgchain import ChainPotential, equilibrated_starts
+    from reprozoo.methods.flashschnet.md import Evaluator, observables_run, summarise_observables
+
+    s = make_chain(12, 2)
+    start = equilibrated_starts(s, 8, 400, 0.02, 300.0, 2.0, seed=1)
     m = _perturbed_schnet(torch.float32, cutoff=6.0, F=16, max_z=20)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(0.3)  # a gentle SchNet correction on top of the prior
-    cfg = {"replicas": 4, "steps": 20, "every": 2, "dt": 0.01, "gamma": 2.0, "T": 300.0}
+    with torch.no_grad():  # a SchNet correction about 1/10 of the prior's forces (as in the method)
+        m.e_std.mul_(50.0)
+    cfg = {"replicas": 8, "burn": 10, "steps": 80, "every": 2, "dt": 0.02, "gamma": 2.0, "T": 300.0}
 
     def run(q=None, k_bond=s.k_bond):
-        import dataclasses
         sys_ = dataclasses.replace(s, k_bond=k_bond)
-        ev = Evaluator("flash", m, s.types, 4, skin=1.0, quantize=q, prior=ChainPotential(sys_))
-        return observables_run(ev, start, cfg, sys_, seed=5)
+        ev = Evaluator("flash", m, s.types, 8, skin=1.0, quantize=q, pairs=True, prior=ChainPotential(sys_))
+        return summarise_observables(observables_run(ev, start, cfg, sys_, seed=5), 0.04)
 
     def shift(a, b):
-        return max(abs(a[k].mean() - b[k].mean()) / (b[k].std(ddof=1) / 2) for k in a)
+        return max(abs(a[k]["mean"] - b[k]["mean"]) / b[k]["sem"] for k in a)
 
     ref = run()
+    assert all(v["sem"] > 0 and v["tau_ps"] >= 0.04 for v in ref.values())
+    ev = Evaluator("flash", m, s.types, 8, skin=1.0, prior=ChainPotential(s))
+    f_model = ev.energy_forces(torch.from_numpy(start), with_prior=False)[1]
+    f_prior = ChainPotential(s).energy_forces(torch.from_numpy(start), "prior")[1]
+    assert 0.03 < f_model.pow(2).mean().sqrt() / f_prior.pow(2).mean().sqrt() < 0.3
     assert shift(run("float16"), ref) < 0.1
+    assert shift(run("int2"), ref) > 1.0
     assert shift(run(k_bond=1.3 * s.k_bond), ref) > 1.0
 
 
@@ -302,16 +345,20 @@ def test_method_runs_end_to_end(tmp_path):
          "model": {"n_features": 16, "n_interactions": 2, "n_rbf": 8, "cutoff": 7.0},
          "train": {"epochs": 1, "batch_size": 2, "max_steps": 2},
          "flash": {"chunk_size": 256, "quantize": "float16"},
-         "bench": {"replicas": [1, 2], "interleaved": ["flashschnet", "flash_pairs", "baseline_pairs"], "md_steps": 1,
-                   "repeats": 1, "dt": 0.01, "gamma": 2.0, "T": 300.0, "skin": 1.0},
-         "observables": {"variants": ["flashschnet", "flashschnet_fp16w"], "replicas": 2, "steps": 2, "every": 1},
+         "bench": {"replicas": [1, 2], "speedup_replicas": 2,
+                   "interleaved": {v: {"md_steps": 2, "repeats": 2} for v in ("flashschnet", "flash_pairs", "baseline_pairs")},
+                   "dt": 0.01, "gamma": 2.0, "T": 300.0, "skin": 1.0},
+         "observables": {"variants": ["flashschnet", "flashschnet_fp16w", "flashschnet_int2w"], "n_beads": 10,
+                         "replicas": 3, "equil_steps": 20, "dt": 0.02, "gamma": 2.0, "burn": 2, "steps": 4, "every": 1,
+                         "pairs": True},
+         "controls": ["flashschnet_int2w"],
          "nve": {"variants": ["flashschnet", "baseline_schnet"], "replicas": 1, "steps": 4, "dt": 0.005, "every": 1}}
     shared = tmp_path / "shared"
     shared.mkdir()
     ctx = RunContext("flashschnet", "shared", 0, "ci", p, {}, shared, shared)
     method.train_shared(ctx)
     out = {}
-    for v in ("flashschnet", "flashschnet_fp16w", "flash_pairs", "baseline_schnet", "baseline_pairs"):
+    for v in ("flashschnet", "flashschnet_fp16w", "flash_pairs", "baseline_schnet", "baseline_pairs", "flashschnet_int2w"):
         (tmp_path / v).mkdir()
         c = RunContext("flashschnet", v, 0, "ci", p, {}, tmp_path / v, shared)
         method.train(c)
@@ -319,11 +366,16 @@ def test_method_runs_end_to_end(tmp_path):
     for v in ("flashschnet", "flash_pairs", "baseline_pairs"):
         assert out[v].scalars["force_maxdiff_rel"] <= 1e-5, v
         assert out[v].scalars["force_mae"] == pytest.approx(out["baseline_schnet"].scalars["force_mae"], rel=1e-5)
-        assert out[v].scalars["speedup_max_replicas"] > 0
+        assert out[v].scalars["speedup"] > 0
+        assert len(out[v].curves["speedup_rounds"][1]) == 2 and out[v].scalars["speedup_cpu"] > 0
     assert 0 < out["flashschnet_fp16w"].scalars["quant_force_err"] < 1e-2
     assert out["flashschnet"].curves["peak_mem_mb"][0] == [1.0, 2.0]
     assert np.isfinite(out["baseline_schnet"].scalars["nve_drift"]) and "nve_drift" not in out["flash_pairs"].scalars
     assert out["baseline_schnet"].scalars["train_steps"] == 2
-    for k in ("md_rg", "md_bond_mean", "md_bond_width"):
+    for k in ("md_rg", "md_bond_mean", "md_bond_width", "md_contacts"):
         assert out["flashschnet_fp16w"].scalars[k] == pytest.approx(out["flashschnet"].scalars[k], rel=1e-3)
         assert out["flashschnet"].scalars[k + "_sem"] > 0
+    assert out["flashschnet"].scalars["md_decorrelation"] > 0
+    ctrl = out["flashschnet_int2w"]  # the control: force error and observables only
+    assert ctrl.scalars["quant_force_err"] > out["flashschnet_fp16w"].scalars["quant_force_err"]
+    assert "md_rg" in ctrl.scalars and "peak_mem_mb" not in ctrl.curves and "nve_drift" not in ctrl.scalars

@@ -228,3 +228,19 @@ def generate_frames(system: ChainSystem, n_replicas: int, n_equil: int, n_frames
     return {"positions": X.numpy(), "numbers": system.types.astype(np.int64), "cells": np.zeros((len(X), 3, 3)),
             "pbc": np.zeros(3, bool), "energy": e.numpy(), "forces": f.numpy(), "n_beads": n,
             "final_positions": pos.numpy()}
+
+
+def equilibrated_starts(system: ChainSystem, n_replicas: int, n_steps: int, dt: float, T: float, gamma: float,
+                        seed: int) -> np.ndarray:
+    """Independent starting conformations (R, N, 3): compact starts (random rotations) run
+    ``n_steps`` Langevin steps on the reference potential, each replica with its own noise. Chosen
+    long against the observables' autocorrelation times, so the replicas are independent draws."""
+    pot = ChainPotential(system)
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    kT = KB * T
+    pos = torch.from_numpy(np.stack([compact_start(system, rng) for _ in range(n_replicas)]))
+    vel = maxwell_boltzmann(pos.shape, system.mass, kT, gen)
+    pos, _ = langevin_baoab(pos, vel, lambda p: pot.energy_forces(p, "reference")[1], system.mass, dt, gamma, kT,
+                            n_steps, gen)
+    return pos.numpy()

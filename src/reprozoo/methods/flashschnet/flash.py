@@ -16,7 +16,7 @@ Here the same model runs with:
    reduced into its own rows by a CSR segment sum (a sparse-CSR x dense product with unit values:
    every output row written once per chunk, no atomics / no scatter of E x F values);
 4. optional per-channel 16-bit weights (fp16/bf16 or int16 storage with one fp32 scale per output
-   channel), dequantised on use.
+   channel), dequantised on use (coarser integer grids, e.g. ternary int2, serve as a negative control).
 
 The backward pass is a custom ``torch.autograd.Function`` that *recomputes* each chunk's filter
 (as FlashAttention does) instead of storing it. The radius graph is symmetric: edge i<-j has a
@@ -289,17 +289,23 @@ def quantize_per_channel(w: torch.Tensor, dtype: str = "float16"):
     """(q, scale): w ~= q * scale[:, None], one fp32 scale per output channel (row).
 
     float16/bfloat16: q = w / max|w_row| in [-1, 1] (full relative precision, no overflow or
-    subnormals). int16: symmetric integer grid, q = round(w / s * 32767).
+    subnormals). int<b> (b = 2..16): symmetric integer grid with L = 2^(b-1) - 1 levels each side,
+    q = round(w / max|w_row| * L), stored as int16 (b > 8) or int8; int16 is the paper's 16-bit
+    integer format, int2 (ternary weights {-1, 0, 1} x scale) is our deliberately too coarse
+    negative control.
     """
     amax = w.detach().abs().amax(dim=1).clamp_min(1e-30)
-    if dtype == "int16":
-        scale = amax / 32767.0
-        q = torch.round(w.detach() / scale[:, None]).clamp_(-32767, 32767).to(torch.int16)
+    if dtype.startswith("int") and dtype[3:].isdigit() and 2 <= int(dtype[3:]) <= 16:
+        bits = int(dtype[3:])
+        levels = 2 ** (bits - 1) - 1
+        scale = amax / levels
+        store = torch.int16 if bits > 8 else torch.int8
+        q = torch.round(w.detach() / scale[:, None]).clamp_(-levels, levels).to(store)
     elif dtype in ("float16", "bfloat16"):
         scale = amax
         q = (w.detach() / scale[:, None]).to(getattr(torch, dtype))
     else:
-        raise ValueError(f"unknown 16-bit weight format '{dtype}'; allowed: float16, bfloat16, int16")
+        raise ValueError(f"unknown weight format '{dtype}'; allowed: float16, bfloat16, int2 ... int16")
     return q, scale.float()
 
 
@@ -313,7 +319,8 @@ class FlashSchNet(nn.Module):
     """Runs a trained :class:`SchNet` with the flash kernel; shares (does not copy) its weights.
 
     ``quantize``: None (fp32 weights) or 'float16' | 'bfloat16' | 'int16' (per-channel 16-bit
-    storage of every Linear weight of the interactions and the head; biases stay fp32).
+    storage of every Linear weight of the interactions and the head; biases stay fp32; 'int2' ...
+    'int8': coarser per-channel integer grids, used as negative controls).
     ``pairs``: evaluate each pair's filter once (symmetric graph; our ablation), else (default, the
     paper's kernel) every directed edge.
     """

@@ -30,6 +30,7 @@ VARIANTS = {  # variant id -> (kind, 16-bit weight format or None, pair symmetry
     "flashschnet_fp16w": ("flash", "float16", False),  # + technique 4 (per-channel 16-bit weights)
     "flashschnet_bf16w": ("flash", "bfloat16", False),
     "flashschnet_int16w": ("flash", "int16", False),
+    "flashschnet_int2w": ("flash", "int2", False),     # negative control: ternary weights, too coarse
     "flash_pairs": ("flash", None, True),             # ablation (ours): each pair's filter once
     "baseline_schnet": ("baseline", None, False),     # CGSchNet-style
     "baseline_pairs": ("baseline", None, True),       # ablation (ours): the baseline with the same trick
@@ -152,14 +153,17 @@ def md_seconds(ev: Evaluator, pos: torch.Tensor, vel: torch.Tensor, f: torch.Ten
     return time.perf_counter() - t0, pos, vel, f
 
 
-def throughput(evaluators: dict, start: np.ndarray, n_replicas: int, cfg: dict, system: ChainSystem, seed: int) -> dict:
+def interleaved_rounds(evaluators: dict, start: np.ndarray, n_replicas: int, cfg: dict, system: ChainSystem,
+                       seed: int, cpu: bool = False):
     """Interleaved Langevin MD timing of several evaluators on the same replicas.
 
-    Each evaluator runs its own trajectory from the same start and the same random stream; one
-    warm-up step (neighbour list, CSR caches), then ``repeats`` rounds of ``md_steps`` steps per
-    evaluator, alternating, each round exactly ``md_steps`` force calls (it continues from the
-    forces of the previous one; neighbour-list rebuilds fall inside the rounds), and the median
-    round is kept. Returns {name: steps x replicas / s}.
+    Each evaluator runs its own trajectory from the same start and the same random stream;
+    ``cfg['warmup']`` untimed steps first (default 1: neighbour list, CSR caches, allocator), then
+    ``repeats`` rounds of ``md_steps`` steps per evaluator, alternating evaluators within each
+    round, each round exactly ``md_steps`` force calls (it continues from the forces of the
+    previous one; neighbour-list rebuilds fall inside the rounds). Returns {name: [wall seconds of
+    each round]}; with ``cpu``, also {name: [process CPU seconds of each round]} (one thread: the
+    time the implementation itself used, insensitive to other processes on a loaded machine).
     """
     rng = np.random.default_rng(seed)
     pos0 = tile_start(start, n_replicas, rng)
@@ -167,15 +171,26 @@ def throughput(evaluators: dict, start: np.ndarray, n_replicas: int, cfg: dict, 
     for name, ev in evaluators.items():
         gen = torch.Generator().manual_seed(seed)
         vel = maxwell_boltzmann(pos0.shape, system.mass, KB * cfg["T"], gen)
-        _, p, v, f = md_seconds(ev, pos0.clone(), vel, None, 1, cfg, gen, system.mass)  # warm-up
+        _, p, v, f = md_seconds(ev, pos0.clone(), vel, None, max(1, int(cfg.get("warmup", 1))), cfg, gen,
+                                system.mass)
         state[name] = (p, v, f, gen, [])
+    cpu_s = {name: [] for name in evaluators}
     for _ in range(cfg["repeats"]):
         for name, ev in evaluators.items():
             p, v, f, gen, ts = state[name]
+            c0 = time.process_time()
             t, p, v, f = md_seconds(ev, p, v, f, cfg["md_steps"], cfg, gen, system.mass)
+            cpu_s[name].append(time.process_time() - c0)
             ts.append(t)
             state[name] = (p, v, f, gen, ts)
-    return {name: cfg["md_steps"] * n_replicas / float(np.median(st[-1])) for name, st in state.items()}
+    wall = {name: st[-1] for name, st in state.items()}
+    return (wall, cpu_s) if cpu else wall
+
+
+def throughput(evaluators: dict, start: np.ndarray, n_replicas: int, cfg: dict, system: ChainSystem, seed: int) -> dict:
+    """{name: steps x replicas / s} of the median round of :func:`interleaved_rounds`."""
+    rounds = interleaved_rounds(evaluators, start, n_replicas, cfg, system, seed)
+    return {name: cfg["md_steps"] * n_replicas / float(np.median(ts)) for name, ts in rounds.items()}
 
 
 def nve_run(ev: Evaluator, start: np.ndarray, cfg: dict, system: ChainSystem, seed: int) -> dict:
@@ -192,29 +207,75 @@ def nve_run(ev: Evaluator, start: np.ndarray, cfg: dict, system: ChainSystem, se
             "finite": bool(np.isfinite(e).all())}
 
 
-def chain_observables(traj: torch.Tensor) -> dict:
-    """Per-replica time averages of a trajectory (T, R, N, 3): radius of gyration, and the mean and
-    width (standard deviation) of the bond-length distribution (all bonds i, i+1 of all frames)."""
-    rg = ((traj - traj.mean(-2, keepdim=True)) ** 2).sum(-1).mean(-1).sqrt()            # (T, R)
+OBSERVABLES = ("rg", "bond_mean", "bond_width", "contacts")
+
+
+def chain_observables(traj: torch.Tensor, min_sep: int = 3, contact_r: float = 6.5) -> dict:
+    """Per-frame observables of a trajectory (T, R, N, 3), each (T, R): radius of gyration, mean
+    and width (standard deviation over the chain's bonds) of the bond lengths, and contacts: the
+    mean number of non-bonded neighbours (|i - j| >= min_sep) within ``contact_r`` per bead (what
+    the learned attraction shapes)."""
+    rg = ((traj - traj.mean(-2, keepdim=True)) ** 2).sum(-1).mean(-1).sqrt()
     b = torch.linalg.vector_norm(traj[..., 1:, :] - traj[..., :-1, :], dim=-1)           # (T, R, N-1)
-    b = b.transpose(0, 1).reshape(traj.shape[1], -1)                                     # (R, T*(N-1))
-    return {"rg": rg.mean(0).numpy(), "bond_mean": b.mean(1).numpy(), "bond_width": b.std(1).numpy()}
+    n = traj.shape[-2]
+    i = torch.arange(n)
+    nonbonded = (i[:, None] - i[None, :]).abs() >= min_sep
+    d = torch.cdist(traj, traj)
+    contacts = ((d < contact_r) & nonbonded).sum(-1).to(traj.dtype).mean(-1)
+    return {"rg": rg.numpy(), "bond_mean": b.mean(-1).numpy(), "bond_width": b.std(-1).numpy(),
+            "contacts": contacts.numpy()}
 
 
-def observables_run(ev: Evaluator, start: np.ndarray, cfg: dict, system: ChainSystem, seed: int) -> dict:
-    """Langevin MD (prior + SchNet) of ``cfg['replicas']`` replicas for ``cfg['steps']`` steps,
-    frames every ``cfg['every']`` steps; per-replica observables (:func:`chain_observables`).
+def integrated_autocorr_time(x: np.ndarray, c: float = 5.0) -> float:
+    """Integrated autocorrelation time (in frames) of series x (T,) or (T, R) (replicas pooled into
+    one autocorrelation function): tau = 1 + 2 sum_{t=1}^{M} rho(t), with Sokal's self-consistent
+    window, the smallest M >= c tau (an uncorrelated series has tau = 1)."""
+    x = np.asarray(x, float)
+    x = x[:, None] if x.ndim == 1 else x
+    T = x.shape[0]
+    x = x - x.mean(0)
+    f = np.fft.rfft(x, 2 * T, axis=0)
+    acov = np.fft.irfft(f * np.conj(f), axis=0)[:T].sum(1)
+    if acov[0] <= 0:
+        return 1.0
+    rho = acov / acov[0]
+    tau = 1.0
+    for m in range(1, T):
+        tau = 1.0 + 2.0 * float(rho[1:m + 1].sum())
+        if m >= c * tau:
+            break
+    return tau
 
-    Starts and the random stream depend on ``seed`` only, so two implementations run at the same
-    seed see the same starts and the same noise (common random numbers): their difference is the
-    effect of the implementation, not of sampling.
+
+def summarise_observables(series: dict, frame_ps: float) -> dict:
+    """Per observable: the mean over replicas of their time averages, its standard error over the
+    independent replicas, the integrated autocorrelation time (ps, at least one frame) and the run
+    length in autocorrelation times."""
+    out = {}
+    for k, x in series.items():
+        per_rep = x.mean(0)
+        tau = max(1.0, integrated_autocorr_time(x))
+        out[k] = {"mean": float(per_rep.mean()), "sem": float(per_rep.std(ddof=1) / np.sqrt(len(per_rep))),
+                  "tau_ps": tau * frame_ps, "n_tau": x.shape[0] / tau}
+    return out
+
+
+def observables_run(ev: Evaluator, starts: np.ndarray, cfg: dict, system: ChainSystem, seed: int) -> dict:
+    """Langevin MD (prior + SchNet) of the replicas ``starts`` (R, N, 3): ``cfg['burn']`` steps
+    discarded, then ``cfg['steps']`` steps with a frame every ``cfg['every']``; per-frame
+    observables (:func:`chain_observables`), each (frames, R).
+
+    The random stream depends on ``seed`` only, so two weight formats run at the same seed see the
+    same starts and the same noise (common random numbers): their difference is the effect of the
+    weights, not of sampling.
     """
-    rng = np.random.default_rng(seed)
-    pos = tile_start(start, cfg["replicas"], rng)
+    pos = torch.from_numpy(np.asarray(starts, dtype=np.float64))
     gen = torch.Generator().manual_seed(seed)
     kT = KB * cfg["T"]
     vel = maxwell_boltzmann(pos.shape, system.mass, kT, gen)
+    if cfg.get("burn", 0):
+        pos, vel = langevin_baoab(pos, vel, ev.forces, system.mass, cfg["dt"], cfg["gamma"], kT, cfg["burn"], gen)
     frames = []
     langevin_baoab(pos, vel, ev.forces, system.mass, cfg["dt"], cfg["gamma"], kT, cfg["steps"], gen,
                    every=cfg["every"], callback=lambda s, p, v: frames.append(p.clone()))
-    return chain_observables(torch.stack(frames))
+    return chain_observables(torch.stack(frames), system.min_sep, cfg.get("contact_r", 6.5))

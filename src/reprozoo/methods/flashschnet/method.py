@@ -6,12 +6,15 @@ type-dependent attraction that stands in for the all-atom free energy), sample f
 on the reference potential from several independent replicas, train a SchNet by force matching on
 the reference-minus-prior forces (CGSchNet's setting) until its validation force error flattens
 (validation = the frames of one held-out replica, also the test frames), save the weights, the
-training history, test frames and equilibrated conformations.
+training history, test frames and equilibrated conformations, and independent equilibrated
+starts of a short chain (the first beads of the same sequence) for the MD observables.
 train (variant x seed): with the variant's implementation of the same weights: forces on the test
 frames (accuracy, max difference vs the baseline, 16-bit quantisation error), peak memory of one
 force evaluation and Langevin MD throughput (steps x replicas / s) over replica counts, the speed-up
-over the CGSchNet-style baseline measured interleaved in the same process, MD observables (radius
-of gyration, bond-length distribution) with common random numbers, NVE energy drift.
+over the CGSchNet-style baseline measured interleaved in the same process (rounds of many steps),
+MD observables (radius of gyration, bond-length distribution, contacts) over several
+autocorrelation times with common random numbers, NVE energy drift. Control variants (a weight
+format known to be too coarse) run only the force error and the observables.
 """
 from __future__ import annotations
 
@@ -40,6 +43,13 @@ def _system(p):
     return make_chain(p["system"]["n_beads"], p["system"].get("seed", 0))
 
 
+def _obs_system(p, system):
+    """The chain of the MD observables: the first ``observables.n_beads`` beads of the sequence."""
+    import dataclasses
+
+    return dataclasses.replace(system, types=system.types[:int(p["observables"]["n_beads"])])
+
+
 def _load_model(shared_dir: Path, device: str = "cpu"):
     import torch
 
@@ -57,7 +67,7 @@ def train_shared(ctx) -> None:
     import torch
 
     from ...blocks.atomistic import AtomsData, SchNet, TrainConfig, fit, fit_energy_scale
-    from .cgchain import generate_frames
+    from .cgchain import equilibrated_starts, generate_frames
 
     p = ctx.params
     system = _system(p)
@@ -94,9 +104,15 @@ def train_shared(ctx) -> None:
     ctx.progress(f"SchNet trained {hist['steps']} steps in {hist['seconds']:.1f}s; test force MAE "
                  f"{m['force_mae']:.4f} (zero model {zero:.4f}) kcal/mol/A")
     torch.save({"hparams": model.hparams, "state": model.float().state_dict()}, ctx.outdir / "schnet.pt")
+    # independent starts of the observables' chain: long reference-potential Langevin per replica
+    o = p["observables"]
+    t0 = time.perf_counter()
+    obs_start = equilibrated_starts(_obs_system(p, system), int(o["replicas"]), int(o["equil_steps"]),
+                                    o.get("equil_dt", o["dt"]), p["data"]["T"], o["gamma"], seed=31 * ctx.seed + 5)
+    ctx.metrics.scalar("obs_start_seconds", time.perf_counter() - t0)
     save_npz(ctx.outdir / "chain.npz", types=system.types, hydro=system.hydro,
              test_positions=fr["positions"][held_out], test_forces=test_forces,
-             test_energy=fr["energy"][held_out], start=fr["final_positions"])
+             test_energy=fr["energy"][held_out], start=fr["final_positions"], obs_start=obs_start)
 
 
 # --- per variant -----------------------------------------------------------------------------------
@@ -105,7 +121,8 @@ def train(ctx) -> None:
     import torch
 
     from .cgchain import ChainPotential
-    from .md import Evaluator, nve_run, observables_run, peak_memory, throughput, tile_start, variant_kind
+    from .md import (OBSERVABLES, Evaluator, interleaved_rounds, nve_run, observables_run, peak_memory,
+                     summarise_observables, tile_start, variant_kind)
 
     p, variant = ctx.params, ctx.variant
     dev = _device(p)
@@ -117,9 +134,11 @@ def train(ctx) -> None:
     fl = p["flash"]
     prior = ChainPotential(system)
 
-    def make(R, k=kind, q=quant, pr=pairs):
-        return Evaluator(k, model, system.types, R, skin=p["bench"]["skin"], chunk_size=fl["chunk_size"],
-                         quantize=q, pairs=pr, prior=prior, device=dev)
+    def make(R, k=kind, q=quant, pr=pairs, sys_=system, pri=prior):
+        return Evaluator(k, model, sys_.types, R, skin=p["bench"]["skin"], chunk_size=fl["chunk_size"],
+                         quantize=q, pairs=pr, prior=pri, device=dev)
+
+    control = variant in p.get("controls", ())  # a too-coarse weight format: force error and observables only
 
     # 0. the training every variant shares (recorded once, by the baseline)
     if variant == "baseline_schnet":
@@ -156,55 +175,74 @@ def train(ctx) -> None:
         ctx.metrics.scalar("weight_mb_fp32", sum(m.weight.numel() * 4 for m in model.modules()
                                                   if isinstance(m, torch.nn.Linear)) / 2**20)
 
-    # 2. peak memory and MD throughput over replica counts
+    # 2. peak memory over replica counts; MD throughput over replica counts, and the speed-up over
+    # the baseline timed interleaved in this process at bench.speedup_replicas (the claim: rounds of
+    # many steps; the ablations: shorter rounds, indicative)
     b = p["bench"]
     start = shared["start"]
-    mem, work, thr, edges = [], [], [], []
-    reps = list(b["replicas"])
-    for R in reps:
-        pos = tile_start(start, R, ctx.rng(100 + R))
-        m = peak_memory(make(R), pos)
-        mem.append(m["peak_mb"])
-        work.append(m["peak_work_mb"])
-        edges.append(m["n_edges"])
-        evs = {variant: make(R)}
-        tcfg = dict(b)
-        if variant in b.get("interleaved", ()) and R == max(reps):  # the claim: interleaved with the baseline
-            evs["baseline"] = make(R, "baseline", None, False)
-        elif R != max(reps):  # the other points of the curve: shorter timing
-            tcfg.update(md_steps=b.get("curve_steps", b["md_steps"]), repeats=b.get("curve_repeats", b["repeats"]))
-        t = throughput(evs, start, R, tcfg, system, seed=1000 * ctx.seed + R)
-        thr.append(t[variant])
-        if "baseline" in t:
-            ctx.metrics.scalar("speedup_max_replicas", t[variant] / t["baseline"])
-            ctx.metrics.scalar("baseline_throughput_max_replicas", t["baseline"])
-            ctx.progress(f"R={R}: {t[variant]:.2f} vs baseline {t['baseline']:.2f} steps*replicas/s "
-                         f"(x{t[variant] / t['baseline']:.2f})")
-        ctx.progress(f"R={R}: {m['n_edges']} edges, peak {m['peak_mb']:.1f} MiB "
-                     f"(work {m['peak_work_mb']:.1f} + graph {m['graph_mb']:.1f}), {t[variant]:.2f} steps*replicas/s")
-    ctx.metrics.curve("peak_mem_mb", reps, mem)
-    ctx.metrics.curve("peak_work_mb", reps, work)
-    ctx.metrics.curve("throughput", reps, thr)
-    ctx.metrics.curve("n_edges", reps, edges)
-    ctx.metrics.scalar("peak_mem_mb_max_replicas", mem[-1])
-    ctx.metrics.scalar("throughput_max_replicas", thr[-1])
+    if not control:
+        mem, work, edges = [], [], []
+        reps = list(b["replicas"])
+        for R in reps:
+            m = peak_memory(make(R), tile_start(start, R, ctx.rng(100 + R)))
+            mem.append(m["peak_mb"])
+            work.append(m["peak_work_mb"])
+            edges.append(m["n_edges"])
+            ctx.progress(f"R={R}: {m['n_edges']} edges, peak {m['peak_mb']:.1f} MiB "
+                         f"(work {m['peak_work_mb']:.1f} + graph {m['graph_mb']:.1f})")
+        ctx.metrics.curve("peak_mem_mb", reps, mem)
+        ctx.metrics.curve("peak_work_mb", reps, work)
+        ctx.metrics.curve("n_edges", reps, edges)
+        ctx.metrics.scalar("peak_mem_mb_max_replicas", mem[-1])
+        thr, treps = [], list(b.get("throughput_replicas", reps))
+        timed = b.get("interleaved", {})
+        for R in treps:
+            if variant in timed and R == b["speedup_replicas"]:
+                tcfg = {**b, **timed[variant]}
+                rounds, cpu_s = interleaved_rounds({variant: make(R), "baseline": make(R, "baseline", None, False)},
+                                                   start, R, tcfg, system, seed=1000 * ctx.seed + R, cpu=True)
+                t, tb = np.asarray(rounds[variant]), np.asarray(rounds["baseline"])
+                # the same rounds in process CPU seconds (one thread): what each implementation used
+                ctx.metrics.scalar("speedup_cpu", float(np.median(cpu_s["baseline"]) / np.median(cpu_s[variant])))
+                n = tcfg["md_steps"] * R
+                thr.append(n / float(np.median(t)))
+                ctx.metrics.scalar("speedup", float(np.median(tb) / np.median(t)))
+                ctx.metrics.scalar("baseline_throughput_timed", n / float(np.median(tb)))
+                ctx.metrics.curve("speedup_rounds", list(range(1, len(t) + 1)), list(tb / t))
+                ctx.progress(f"R={R}: {thr[-1]:.2f} vs baseline {n / np.median(tb):.2f} steps*replicas/s "
+                             f"(x{np.median(tb) / np.median(t):.2f}; {len(t)} rounds of {tcfg['md_steps']} steps, "
+                             f"per round x{', x'.join(f'{r:.2f}' for r in tb / t)}; CPU time "
+                             f"x{np.median(cpu_s['baseline']) / np.median(cpu_s[variant]):.2f})")
+            else:
+                tcfg = {**b, "md_steps": b.get("curve_steps", 1), "repeats": b.get("curve_repeats", 1)}
+                rounds = interleaved_rounds({variant: make(R)}, start, R, tcfg, system, seed=1000 * ctx.seed + R)
+                thr.append(tcfg["md_steps"] * R / float(np.median(rounds[variant])))
+                ctx.progress(f"R={R}: {thr[-1]:.2f} steps*replicas/s")
+        ctx.metrics.curve("throughput", treps, thr)
 
-    # 3. MD observables (radius of gyration, bond lengths): the same starts and noise at a seed for
-    # every implementation; spread = standard error over independent replicas (what a rerun at
-    # another seed would move the mean by)
+    # 3. MD observables on the short chain from independent equilibrated starts, several
+    # autocorrelation times long; the same starts and noise at a seed for every weight format
+    # (common random numbers). Yardstick: the standard error over the independent replicas.
     o = p["observables"]
     if variant in o["variants"]:
-        obs = observables_run(make(o["replicas"]), start, {**o, "dt": b["dt"], "gamma": b["gamma"], "T": b["T"]},
-                              system, seed=7919 * ctx.seed + 17)
-        for name, vals in obs.items():
-            ctx.metrics.scalar(f"md_{name}", float(vals.mean()))
-            ctx.metrics.scalar(f"md_{name}_sem", float(vals.std(ddof=1) / np.sqrt(len(vals))))
-        ctx.progress("MD observables: " + ", ".join(f"{k} {v.mean():.4f} +- {v.std(ddof=1) / np.sqrt(len(v)):.4f}"
-                                                    for k, v in obs.items()))
+        sys_o = _obs_system(p, system)
+        ocfg = {**o, "T": b["T"]}
+        ev = make(int(o["replicas"]), pr=bool(o.get("pairs", pairs)), sys_=sys_o, pri=ChainPotential(sys_o))
+        series = observables_run(ev, shared["obs_start"], ocfg, sys_o, seed=7919 * ctx.seed + 17)
+        summ = summarise_observables(series, o["dt"] * o["every"])
+        for name, v in summ.items():
+            ctx.metrics.scalar(f"md_{name}", v["mean"])
+            ctx.metrics.scalar(f"md_{name}_sem", v["sem"])
+            ctx.metrics.scalar(f"md_{name}_tau_ps", v["tau_ps"])
+            ctx.metrics.scalar(f"md_{name}_n_tau", v["n_tau"])
+        ctx.metrics.scalar("md_decorrelation", min(summ[k]["n_tau"] for k in OBSERVABLES))
+        ctx.progress("MD observables: " + ", ".join(
+            f"{k} {v['mean']:.4f} +- {v['sem']:.4f} (tau {v['tau_ps']:.2f} ps, run {v['n_tau']:.1f} tau)"
+            for k, v in summ.items()))
 
     # 4. NVE energy drift with this implementation
     n = p["nve"]
-    if variant in n["variants"]:
+    if variant in n["variants"] and not control:
         res = nve_run(make(n["replicas"]), start, {**n, "T": b["T"]}, system, seed=ctx.seed)
         ctx.metrics.curve("nve_energy_per_bead", res["t"], res["dE"])
         ctx.metrics.scalar("nve_drift", res["drift"])
