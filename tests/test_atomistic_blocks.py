@@ -325,12 +325,20 @@ def test_validation_within_a_pass_leaves_the_training_unchanged():
 
     once, thrice = run(1), run(3)
     assert once["val_steps"] == [9, 18, 25]
+    # the learning rate in force at each validation is recorded beside it (the gate checks it is
+    # still above a tenth of its peak in the tail): the cosine schedule, falling
+    assert len(once["lr"]) == 3 and once["lr"][0] > once["lr"][1] > once["lr"][2] >= 5e-3 * 0.1 - 1e-12
+    every7 = fit(*(lambda m: (m, tr, va))(SchNet(n_features=16, n_interactions=2, n_rbf=12, cutoff=4.0)),
+                 TrainConfig(epochs=3, batch_size=1, lr=5e-3, seed=0, val_every_steps=7, max_steps=25))
+    assert every7["val_steps"] == [7, 14, 21, 25]  # every 7 steps across passes, and the last
     assert thrice["val_steps"] == [3, 6, 9, 12, 15, 18, 21, 24, 25]
     assert thrice["step_loss"] == once["step_loss"]
     at_ends = [thrice["val_force_mae"][thrice["val_steps"].index(s)] for s in once["val_steps"]]
     assert np.allclose(at_ends, once["val_force_mae"], rtol=1e-6)
     with pytest.raises(ValueError, match="val_per_epochs"):
         TrainConfig.from_dict({"val_per_epochs": 2})
+    with pytest.raises(ValueError, match=r"val_every_steps = 0: allowed values are null or integers >= 1"):
+        TrainConfig.from_dict({"val_every_steps": 0})
     for bad in (0, -1, 1.5):  # once quietly read as 1; now refused with the allowed values
         with pytest.raises(ValueError, match=r"val_per_epoch = .*integers >= 1"):
             TrainConfig.from_dict({"val_per_epoch": bad})
@@ -346,3 +354,18 @@ def test_frames_npz_roundtrip(tmp_path):
     np.testing.assert_allclose(b.energy.numpy(), frames["energy"][[0, 2]])
     np.testing.assert_array_equal(b.batch.numpy(), np.repeat([0, 1], 13))
     assert b.edge_index.max() < 26 and torch.all(b.edge_index[:, b.batch[b.edge_index[0]] == 1] >= 13)
+
+
+def test_precision_at_k_per_query_units_average_to_the_pooled_value():
+    """The per-query fractions (a retrieval claim's test units) average to the pooled precision, and
+    two well-separated labelled clusters retrieve their own label."""
+    from reprozoo.blocks.atomistic.descriptors import precision_at_k
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 0.1, (10, 4)) + 3, rng.normal(0, 0.1, (10, 4)) - 3])
+    y = np.array([0] * 10 + [1] * 10)
+    per = precision_at_k(x, y, k=3, per_query=True)
+    assert per.shape == (20,) and np.allclose(per, 1.0)
+    noisy = rng.normal(size=(30, 4))
+    labels = rng.integers(0, 3, 30)
+    assert np.isclose(precision_at_k(noisy, labels, k=4, per_query=True).mean(), precision_at_k(noisy, labels, k=4))

@@ -161,9 +161,10 @@ def mean_pool(x: torch.Tensor, batch: torch.Tensor, n: int) -> torch.Tensor:
     return s / c.unsqueeze(-1)
 
 
-def precision_at_k(latents, labels, k: int = 5) -> float:
+def precision_at_k(latents, labels, k: int = 5, per_query: bool = False):
     """Mean fraction of each structure's k nearest neighbours (cosine similarity of per-dimension
-    z-scored latents, itself excluded) that share its label."""
+    z-scored latents, itself excluded) that share its label; ``per_query``: the fraction of each
+    structure (an array, the test units of a retrieval claim) instead of their mean."""
     x = np.asarray(latents, dtype=float)
     labels = np.asarray(labels)
     x = (x - x.mean(0)) / (x.std(0) + 1e-8)
@@ -172,7 +173,8 @@ def precision_at_k(latents, labels, k: int = 5) -> float:
     np.fill_diagonal(sim, -np.inf)
     k = min(k, len(x) - 1)
     nn_idx = np.argsort(-sim, axis=1, kind="stable")[:, :k]
-    return float((labels[nn_idx] == labels[:, None]).mean())
+    hits = (labels[nn_idx] == labels[:, None]).mean(axis=1)
+    return hits if per_query else float(hits.mean())
 
 
 def sigreg_epps_pulley(z: torch.Tensor, n_slices: int = 64, t_max: float = 3.0, n_points: int = 17,

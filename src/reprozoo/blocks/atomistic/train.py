@@ -4,8 +4,10 @@
     energy_weight * mean(((E_pred - E) / n_atoms)^2) + force_weight * mean((F_pred - F)^2)
 with Adam, cosine learning-rate decay to ``lr * lr_final_factor``, optional gradient clipping,
 optional early stopping on the validation loss (best weights restored), and stops early on
-``max_steps`` / ``time_budget_s``. Validates ``val_per_epoch`` times per pass (steps in
-``history['val_steps']``), so the convergence gate sees the curve's tail. Deterministic for a seed (batch order from numpy, torch seeded).
+``max_steps`` / ``time_budget_s``. Validates ``val_per_epoch`` times per pass, or every
+``val_every_steps`` steps (steps in ``history['val_steps']``, the learning rate then in force in
+``history['lr']``), so the convergence gate sees the curve's tail and its learning rate.
+Deterministic for a seed (batch order from numpy, torch seeded).
 ``evaluate(model, data)`` -> energy MAE/RMSE per atom and force MAE/RMSE (per component).
 ``fit_energy_scale(model, data)`` sets per-element reference energies (least squares on
 composition), the mean, and the output scale (force RMS) before training.
@@ -32,6 +34,9 @@ class TrainConfig:
     force_weight: float = 10.0
     patience: int | None = None      # early stopping on the validation loss (validations); None = off
     val_per_epoch: int = 1           # validations per pass over the training frames (the last at its end)
+    val_every_steps: int | None = None  # instead: validate every k optimiser steps (and at the last);
+                                        # a small training set (a few steps a pass) is not validated
+                                        # val_per_epoch times per pass, and every run gets the same spacing
     max_steps: int | None = None
     time_budget_s: float | None = None
     grad_clip: float | None = 10.0
@@ -49,6 +54,9 @@ class TrainConfig:
             value = getattr(cfg, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"training option {key} = {value!r}: allowed values are integers >= 1")
+        v = cfg.val_every_steps
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"training option val_every_steps = {v!r}: allowed values are null or integers >= 1")
         return cfg
 
 
@@ -108,13 +116,20 @@ def fit(model, train: AtomsData, val: AtomsData | None = None, cfg: TrainConfig 
     # validate after every ``val_every`` steps of a pass and at its end: the convergence gate needs
     # several points in the last 30 % of training, which a few long epochs do not give
     val_every = int(np.ceil(steps_per_epoch / max(1, int(cfg.val_per_epoch))))
-    hist["val_steps"] = []
+    hist["val_steps"], hist["lr"] = [], []  # lr: the rate in force at each validation (the gate reads it)
+
+    def due(k: int) -> bool:
+        """A validation after the k-th batch of a pass (not its last: the end of a pass has its own)."""
+        if cfg.val_every_steps:
+            return step % cfg.val_every_steps == 0
+        return k % val_every == 0 and k < steps_per_epoch
 
     def validate(epoch: int) -> bool:
         nonlocal best, best_state, bad
         m = evaluate(model, val, cfg.batch_size, cfg.energy_weight, cfg.force_weight)
         model.train()
         hist["val_steps"].append(step)
+        hist["lr"].append(float(opt.param_groups[0]["lr"]))
         hist["val_loss"].append(m["loss"])
         hist["val_energy_mae_per_atom"].append(m["energy_mae_per_atom"])
         hist["val_force_mae"].append(m["force_mae"])
@@ -143,11 +158,12 @@ def fit(model, train: AtomsData, val: AtomsData | None = None, cfg: TrainConfig 
             if (cfg.max_steps and step >= cfg.max_steps) or (cfg.time_budget_s and time.perf_counter() - t0 > cfg.time_budget_s):
                 stop = True
                 break
-            if has_val and k % val_every == 0 and k < steps_per_epoch and validate(epoch):
+            if has_val and due(k) and validate(epoch):
                 stop = True
                 break
         hist["train_loss"].append(float(np.mean(losses)))
-        if has_val and (not hist["val_steps"] or hist["val_steps"][-1] != step) and validate(epoch):
+        at_end = cfg.val_every_steps is None or stop or epoch == cfg.epochs - 1
+        if has_val and at_end and (not hist["val_steps"] or hist["val_steps"][-1] != step) and validate(epoch):
             stop = True
         if progress and (epoch % max(1, cfg.epochs // 5) == 0 or stop or epoch == cfg.epochs - 1):
             msg = f"epoch {epoch} train loss {hist['train_loss'][-1]:.4g}"
