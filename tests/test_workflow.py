@@ -200,8 +200,15 @@ def test_a_partial_run_never_overwrites_the_complete_results(workflow_run):
     work, _ = workflow_run
     full = work / "results" / "ci" / "rex" / "claims.json"
     before = full.read_text()
-    snakemake(work, "--config", "scale=ci", "methods=[rex]", "variants={rex: [ddim, rex_euler]}", "seeds=[0]")
+    bench = work / "results" / "ci" / "benchmarks" / "rex" / "train_batch.tsv"  # `reprozoo budget` reads it
+    bench_before = bench.read_text()
+    # forced, so that the subset's batch job runs (its cells are up to date) and writes its own log
+    # and benchmark: under partial/, where the budget leaves them out, never over the complete run's
+    snakemake(work, "--forcerun", "train_batch_rex", "--config", "scale=ci", "methods=[rex]",
+              "variants={rex: [ddim, rex_euler]}", "seeds=[0]")
     assert full.read_text() == before
+    assert bench.read_text() == bench_before
+    assert (bench.parent / "partial" / "ddim+rex_euler_seeds0" / "train_batch.tsv").exists()
     part = json.loads((work / "results" / "ci" / "rex" / "partial" / "ddim+rex_euler_seeds0" / "claims.json").read_text())
     assert not part["complete"]
     verdicts = {c["id"]: c for c in part["claims"]}

@@ -96,9 +96,9 @@ else:
                 seeds=PLAN.seeds[_m],
                 tracking=TRACKING,
             log:
-                f"{RS}/logs/{_m}/{PLAN.cell_root(_m)}train_batch.log",
+                f"{RS}/logs/{_m}/{PLAN.selection(_m)}train_batch.log",
             benchmark:
-                f"{RS}/benchmarks/{_m}/{PLAN.cell_root(_m)}train_batch.tsv"
+                f"{RS}/benchmarks/{_m}/{PLAN.selection(_m)}train_batch.tsv"
             conda:
                 env_file(_spec.env)
             threads: _res["threads"]
