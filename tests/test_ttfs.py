@@ -1,13 +1,15 @@
-"""TTFS framework numerics: encoding, the closed-form init, the folded normalisation, the temporal
-decoder's time weights, and the single-spike property under average vs max pooling."""
+"""TTFS framework numerics: encoding, the closed-form init, the weight normalisation with learnable
+affine, the temporal decoder's time weights, and the single-spike property under average vs max
+pooling (max pooling breaks it by construction: a test here, not a claim)."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from reprozoo.methods.ttfs import data as D
-from reprozoo.methods.ttfs.ttfs_net import (FinalPotentialNorm, TTFSNet, encode, pooled_moments,
-                                            spike_statistics, ttfs_init_moments)
+from reprozoo.methods.ttfs import method as M
+from reprozoo.methods.ttfs.ttfs_net import (TTFSNet, WNConv2d, encode, pooled_moments, spike_statistics,
+                                            temporal_weights, ttfs_init_moments)
 
 
 def test_encoding_fires_once_bright_first():
@@ -49,38 +51,66 @@ def test_ttfs_init_keeps_deep_layers_firing_default_does_not():
     assert frac["ttfs"] > 0.3 and frac["default"] < 0.1, frac
 
 
-def test_final_potential_norm_standardises_V_T_and_is_causal():
+def test_weight_norm_starts_at_the_init_and_holds_the_affine_moments():
+    """W_c = γ_c (v_c - mean v_c)/std v_c + β_c: at construction W = the initialised conv weight; after
+    any change of v, every channel's weight mean and std are exactly β and γ."""
     torch.manual_seed(1)
-    T, C = 6, 3
-    norm = FinalPotentialNorm(C, T, gamma0=0.7, beta0=1.3)
-    cur = torch.randn(T, 32, C, 4, 4) * 3 + 2
-    out = norm(cur)
-    vT = out.sum(0)
-    np.testing.assert_allclose(vT.mean((0, 2, 3)).detach(), 1.3, atol=1e-5)
-    np.testing.assert_allclose(vT.std((0, 2, 3), unbiased=False).detach(), 0.7, atol=1e-3)
-    # causal: changing the current at step t only changes outputs at step t
-    cur2 = cur.clone()
-    cur2[4] += 1.0
-    norm.eval()
-    d = (norm(cur2) - norm(cur)).abs().sum((1, 2, 3, 4))
-    assert torch.all(d[:4] == 0) and d[4] > 0 and d[5] == 0
+    conv = torch.nn.Conv2d(3, 5, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.normal_(0.2, 0.3)
+    wn = WNConv2d(conv)
+    x = torch.rand(4, 3, 6, 6)
+    np.testing.assert_allclose(wn(x).detach(), conv(x).detach(), atol=1e-5)
+    with torch.no_grad():
+        wn.v.mul_(torch.rand(5, 1, 1, 1) * 3 + 0.1).add_(torch.randn_like(wn.v))
+        wn.gamma.copy_(torch.tensor([0.5, 1.0, 2.0, 0.1, 0.7]))
+        wn.beta.copy_(torch.tensor([-0.3, 0.0, 0.4, 1.0, 0.05]))
+    w = wn.weight.detach()
+    np.testing.assert_allclose(w.mean((1, 2, 3)), wn.beta.detach(), atol=1e-6)
+    np.testing.assert_allclose(w.std((1, 2, 3), unbiased=False), wn.gamma.detach(), atol=1e-5)
+
+
+def test_weight_norm_is_invariant_to_affine_changes_of_v_and_its_gradient_is_orthogonal():
+    """W depends on v only through its standardisation, so scaling or shifting a channel's v changes
+    nothing, and the gradient wrt v has zero sum and is orthogonal to v - mean(v) per channel."""
+    torch.manual_seed(2)
+    wn = WNConv2d(torch.nn.Conv2d(2, 3, 3, padding=1))
+    x = torch.rand(3, 2, 5, 5)
+    y0 = wn(x).detach()
+    with torch.no_grad():
+        wn.v.mul_(4.0).add_(0.7)
+    np.testing.assert_allclose(wn(x).detach(), y0, atol=1e-5)
+    (wn(x) ** 2).sum().backward()
+    g, v = wn.v.grad, wn.v.detach()
+    vc = v - v.mean((1, 2, 3), keepdim=True)
+    assert float(g.sum((1, 2, 3)).abs().max()) < 1e-4
+    assert float((g * vc).sum((1, 2, 3)).abs().max()) < 1e-3 * float(g.abs().sum())
+    assert float(wn.gamma.grad.abs().sum()) > 0 and float(wn.beta.grad.abs().sum()) > 0
 
 
 def test_temporal_decoder_weights_early_spikes_more():
-    """mean_t U_t = sum_t c_t (T - t)/T, c_t the per-step output current; final decoder: weights 1."""
+    """logits = Σ_t w_t U_t with w_t = (T - t)/Σ(T - s): a current at step τ weighs
+    W_τ = (T - τ)(T - τ + 1)/(T (T + 1)), strictly falling; the final decoder weighs every step 1."""
     torch.manual_seed(2)
     T = 8
+    w = temporal_weights(T)
+    assert abs(float(w.sum()) - 1) < 1e-6 and torch.all(w[1:] < w[:-1])
     net = TTFSNet((1, 8, 8), (4, 8), T=T, init="ttfs", decoder="temporal", p_in=0.5)
     x = torch.rand(5, 1, 8, 8)
     with torch.no_grad():
         out = net(x)
-        c = net.fc(out["sent"][-1].flatten(2))  # (T, B, K)
-        w = (T - torch.arange(T, dtype=torch.float32)) / T
-        np.testing.assert_allclose(out["logits"], (w.view(T, 1, 1) * c).sum(0), atol=1e-5)
+        c = net.fc(out["sent"][-1].flatten(2))  # (T, B, K) per-step output current
+        tau = torch.arange(T, dtype=torch.float32)
+        W = (T - tau) * (T - tau + 1) / (T * (T + 1))
+        np.testing.assert_allclose(out["logits"], (W.view(T, 1, 1) * c).sum(0), atol=1e-5)
         np.testing.assert_allclose(out["U"][-1], c.sum(0), atol=1e-5)
+    assert torch.all(W[1:] < W[:-1])
 
 
 def test_avg_pooling_keeps_single_spike_max_pooling_breaks_it():
+    """The paper's pooling argument, which holds by construction (so it is a test, not a claim):
+    every IF neuron fires at most once, average pooling is linear so its sending units are those
+    neurons, while a max-pooled unit sends a spike whenever any neuron of its window fires."""
     torch.manual_seed(3)
     x, _ = D.glyphs(64, np.random.default_rng(0))
     x = torch.from_numpy(x)
@@ -97,6 +127,63 @@ def test_avg_pooling_keeps_single_spike_max_pooling_breaks_it():
     s = torch.zeros(4, 1, 2, 2)
     s[0, 0, 0, 0] = s[1, 0, 0, 1] = s[2, 0, 1, 0] = s[3, 0, 1, 1] = 1
     assert float(F.max_pool2d(s, 2).sum()) == 4.0 and float(F.avg_pool2d(s, 2).sum()) == 1.0
+
+
+def test_frac_multi_spike_is_measured_not_assumed():
+    """spike_statistics counts the sending units' spikes: a planted double spike in an avg-pooled
+    network's senders is found (the 0.0 of a real avg-pooled network is a measurement)."""
+    torch.manual_seed(5)
+    net = TTFSNet((1, 8, 8), (4, 8), T=6, init="ttfs", pool="avg", p_in=0.5)
+    with torch.no_grad():
+        out = net(torch.rand(8, 1, 8, 8))
+    base = spike_statistics(out, 6)
+    planted = dict(out)
+    s0 = out["senders"][0].clone()
+    s0[:, 0, 0, 0, 0] = 0
+    s0[1, 0, 0, 0, 0] = s0[4, 0, 0, 0, 0] = 1  # one unit, one example: two spikes
+    planted["senders"] = [s0] + list(out["senders"][1:])
+    st = spike_statistics(planted, 6)
+    n_pairs = 8 * sum(a[0, 0].numel() for a in out["senders"])
+    assert base["frac_multi_spike"] == 0.0
+    assert st["max_spikes_per_unit"] == 2.0 and abs(st["frac_multi_spike"] - 1.0 / n_pairs) < 1e-9
+
+
+def test_training_stops_at_a_plateau_the_gate_accepts():
+    """The stopping rule is the gate's own test: a run that stops before max_steps has a validation
+    curve flat by claims.tail_fit (with >= min_tail_points evaluations in the tail)."""
+    from reprozoo.claims import tail_fit
+
+    class Collect:
+        def __init__(self):
+            self.s, self.c = {}, {}
+
+        def scalar(self, k, v):
+            self.s[k] = v
+
+        def units(self, k, v):
+            self.s[k] = float(np.mean(v))
+
+        def curve(self, k, x, y):
+            self.c[k] = (x, y)
+
+    x, y = D.glyphs(300, np.random.default_rng(1), noise=0.1)
+    arrays = D.split(x, y, np.random.default_rng(2))
+    params = dict(T=4, channels=[4, 8], kappa=1.0, rho=1.0, surrogate_alpha=2.0, batch=32, lr=3e-2,
+                  eval_every=4, min_steps=40, max_steps=600, min_tail_points=6)
+    m = Collect()
+    M.fit_and_measure("glyphs", arrays, M.VARIANTS["full"], params, 0, m, lambda s: None)
+    steps, vl = m.c["val_loss_glyphs"]
+    assert m.s["steps_glyphs"] == steps[-1] and steps[-1] < 600  # it stopped early
+    fit = tail_fit(steps, vl, "min", min_points=6)
+    assert fit["tail_points"] >= 6 and fit["improvement"] <= M.PLATEAU_TOL
+    assert m.c["lr_glyphs"][1] == [3e-2] * len(steps)  # constant rate: the plateau is not a decayed rate
+    assert m.s["acc_glyphs"] > 0.3
+
+
+def test_lr_choice_reads_the_config():
+    p = {"lr": 1e-2, "lr_by_variant": {"full": {"digits": 3e-2}}}
+    assert M.lr_for(p, "full", "digits") == 3e-2
+    assert M.lr_for(p, "full", "glyphs") == 1e-2 and M.lr_for(p, "plain", "digits") == 1e-2
 
 
 def test_single_spike_neuron_gets_surrogate_gradient_before_firing():

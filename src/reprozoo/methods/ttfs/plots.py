@@ -1,10 +1,10 @@
 """Figures of the TTFS miniature, all read from the long results table.
 
-raster_<ds>.png       one test example's spikes (step vs unit), full framework with avg vs max pooling
+raster_<ds>.png       one test example's spikes (step vs unit) of the full framework
 latency_hist_<ds>.png first-spike latency distribution with and without the temporal decoder
 acc_ablation.png      test accuracy per ablation step, both datasets, every seed and mean ± std
-count_hist.png        spikes per emitting unit per example, avg vs max pooling
-curve_val_acc_<ds>.png validation accuracy per epoch, mean ± std over seeds (training speed, stability)
+count_hist.png        spikes per sending unit per example (the single-spike rule, measured)
+curve_val_acc_<ds>.png validation accuracy per evaluation, mean ± std over seeds (training speed, stability)
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-ORDER = ["plain", "init", "init_norm", "full", "full_maxpool"]
-LABELS = {"plain": "plain", "init": "+init", "init_norm": "+init\n+norm", "full": "+init+norm\n+decoder",
-          "full_maxpool": "full,\nmax pool"}
+ORDER = ["plain", "init", "init_norm", "full"]
+LABELS = {"plain": "plain", "init": "+init", "init_norm": "+init\n+norm", "full": "+init+norm\n+decoder"}
 
 
 def _curve(table, metric, variant, seed=None):
@@ -34,21 +33,15 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
     seed0 = int(sorted(table.seed.unique())[0]) if len(table) else 0
     for ds in datasets:
         # raster
-        fig, axes = p.subplots(1, 2, figsize=(9, 4), sharey=True)
-        for ax, v in zip(axes, ["full", "full_maxpool"]):
-            u = _curve(table, f"raster_unit_{ds}", v, seed0).sort_values("x")
-            tt = _curve(table, f"raster_time_{ds}", v, seed0).sort_values("x")
-            if len(u):
-                ax.scatter(tt.value.values, u.value.values, s=4, marker="|", color="k")
-                n_hidden = table[(table.metric == f"n_hidden_{ds}") & (table.variant == v)].value
-                if v == "full_maxpool" and len(n_hidden):
-                    ax.axhline(float(n_hidden.iloc[0]) - 0.5, color="r", lw=0.8, ls="--")
-                    ax.text(0.02, float(n_hidden.iloc[0]) + 5, "max-pooled units above", color="r", fontsize=7)
-            ax.set_xlim(-0.5, T - 0.5)
-            ax.set_xlabel("time step t")
-            ax.set_title(f"{v} ({'avg' if v == 'full' else 'max'} pooling)", fontsize=9)
-        axes[0].set_ylabel("unit index (hidden IF neurons, layer 1 then 2)")
-        fig.suptitle(f"When does each unit fire for one {ds} test example? (seed {seed0})")
+        fig, ax = p.subplots(figsize=(5, 4))
+        u = _curve(table, f"raster_unit_{ds}", "full", seed0).sort_values("x")
+        tt = _curve(table, f"raster_time_{ds}", "full", seed0).sort_values("x")
+        if len(u):
+            ax.scatter(tt.value.values, u.value.values, s=4, marker="|", color="k")
+        ax.set_xlim(-0.5, T - 0.5)
+        ax.set_xlabel("time step t")
+        ax.set_ylabel("unit index (hidden IF neurons, layer 1 then 2)")
+        ax.set_title(f"When does each neuron fire for one {ds} test example? (full, seed {seed0})", fontsize=9)
         save_figure(fig, plots_dir / f"raster_{ds}.png", dpi=110)
         # latency histogram, decoder vs none
         fig, ax = p.subplots(figsize=(5.5, 4))
@@ -66,7 +59,7 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
         ax.set_title(f"Does the temporal decoder make neurons fire earlier? ({ds})", fontsize=10)
         ax.legend(fontsize=7)
         save_figure(fig, plots_dir / f"latency_hist_{ds}.png", dpi=110)
-        curve_plot(table, f"val_acc_{ds}", plots_dir / f"curve_val_acc_{ds}.png", xlabel="training epoch",
+        curve_plot(table, f"val_acc_{ds}", plots_dir / f"curve_val_acc_{ds}.png", xlabel="training step",
                    ylabel="validation accuracy (fraction)", variants=[v for v in ORDER if v in set(table.variant)],
                    title=f"How fast and how stably does each variant train? ({ds}, mean ± std over seeds)")
     # accuracy per ablation
@@ -86,20 +79,18 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
         ax.set_ylabel("test accuracy (fraction; bars mean ± std, dots seeds)")
         ax.set_title(f"Which ingredient buys accuracy? ({ds})", fontsize=10)
     save_figure(fig, plots_dir / "acc_ablation.png", dpi=110)
-    # spikes per unit, avg vs max pooling
+    # spikes per sending unit (avg pooling: the IF neurons), measured on the test set
     fig, ax = p.subplots(figsize=(5.5, 4))
-    ds = datasets[0]
-    for k, v in enumerate(["full", "full_maxpool"]):
-        sub = table[(table.metric == f"count_hist_{ds}") & (table.variant == v)]
+    for k, ds in enumerate(datasets):
+        sub = table[(table.metric == f"count_hist_{ds}") & (table.variant == "full")]
         if sub.empty:
             continue
         g = sub.groupby("x").value.mean()
-        ax.bar(g.index + (k - 0.5) * 0.4, np.maximum(g.values, 1e-5), 0.4,
-               label=f"{v} ({'avg' if v == 'full' else 'max'} pooling)")
+        ax.bar(g.index + (k - 0.5) * 0.4, np.maximum(g.values, 1e-5), 0.4, label=f"full, {ds}")
     ax.axvline(1.5, color="r", ls=":", lw=1, label="single-spike limit")
     ax.set_yscale("log")
-    ax.set_xlabel("spikes emitted by one unit for one example")
-    ax.set_ylabel("fraction of units (test set, mean over seeds)")
-    ax.set_title(f"Does max pooling break the single-spike rule? ({ds})", fontsize=10)
+    ax.set_xlabel("spikes sent by one unit for one example")
+    ax.set_ylabel("fraction of (unit, example) pairs (test set, mean over seeds)")
+    ax.set_title("Does any sending unit fire more than once? (average pooling)", fontsize=10)
     ax.legend(fontsize=7)
     save_figure(fig, plots_dir / "count_hist.png", dpi=110)

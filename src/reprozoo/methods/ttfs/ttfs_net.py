@@ -19,13 +19,19 @@ The ingredients (variants switch them on one at a time; see the method's README)
   fire by T in every layer, so the input moments of the next layer are again known (p = 1/2): the
   signal neither diminishes with depth nor saturates. The default ("plain") is PyTorch's zero-mean
   Kaiming-uniform init, under which V_T has std ~ sqrt(p/3) < θ and deeper layers fall silent.
-* **norm** (``norm=True``): batch normalisation of the final potential, folded into the per-step
-  current so that it stays causal and linear in the spikes:
-      I'_t = (γ/σ_B) I_t + (β - γ μ_B/σ_B) / T,   μ_B, σ_B² = batch mean / variance of V_T per channel,
-  hence V'_T = γ (V_T - μ_B)/σ_B + β. Running statistics are used at evaluation, where the whole
-  thing is a rescaled weight plus a constant bias current. γ, β start at ρθ, κθ.
-* **decoder** (``decoder="temporal"``): logits = (1/T) Σ_t U_t, the output aggregated over time, so
-  a hidden spike at step t weighs (T - t)/T: earlier spikes count more, and the gradient rewards
+* **norm** (``norm=True``): weight normalisation with a learnable affine transform (the paper's
+  training normalisation). Each output channel c of a spiking conv keeps a raw weight v_c and
+  uses the standardised, re-scaled weight
+      W_c = γ_c (v_c - mean(v_c)) / std(v_c) + β_c      (mean, std over the channel's fan-in)
+  so that the first two moments of every neuron's weights, which set E[V_T] and Std[V_T] through
+  the init formula below, are held by two learnable numbers per channel instead of drifting with
+  every gradient step. γ_c, β_c start at the channel's std and mean, so the network at step 0 is
+  exactly the initialised one (init and init_norm start from the same weights). No batch
+  statistics are involved: training and inference compute the same thing.
+* **decoder** (``decoder="temporal"``): temporal weighting, logits = Σ_t w_t U_t with weights
+  that fall linearly over time, w_t = (T - t) / Σ_s (T - s), on the output potential U_t. A hidden
+  spike at step τ enters U_t for every t >= τ, so it weighs Σ_{t>=τ} w_t = (T - τ)(T - τ + 1) /
+  (T (T + 1)): evidence that arrives early counts (quadratically) more, and the gradient rewards
   firing early. The baseline decoder reads the final potential U_{T-1}, where the timing of a
   spike before the end does not matter.
 * **pool** (``pool="avg"`` vs ``"max"``): average pooling is linear, so it merges into the next
@@ -72,29 +78,34 @@ def pooled_moments(p: float, pool: str, k: int = 4) -> tuple[float, float]:
     return k * p, k * p * (1 - p) + (k * p) ** 2
 
 
-class FinalPotentialNorm(nn.Module):
-    """Batch-normalise V_T = Σ_t I_t per channel, applied to every step's current (see module doc)."""
+class WNConv2d(nn.Module):
+    """3x3 convolution whose weight is per-output-channel standardised and re-scaled by learnable γ, β
+    (see module doc): W_c = γ_c (v_c - mean v_c) / std v_c + β_c. Plus an ordinary bias."""
 
-    def __init__(self, channels: int, T: int, gamma0: float, beta0: float, momentum: float = 0.1):
+    def __init__(self, conv: nn.Conv2d, eps: float = 1e-8):
         super().__init__()
-        self.T, self.momentum = T, momentum
-        self.gamma = nn.Parameter(torch.full((channels,), gamma0))
-        self.beta = nn.Parameter(torch.full((channels,), beta0))
-        self.register_buffer("running_mean", torch.zeros(channels))
-        self.register_buffer("running_var", torch.ones(channels))
+        self.out_channels, self.padding, self.eps = conv.out_channels, conv.padding, eps
+        w = conv.weight.detach().clone()
+        self.v = nn.Parameter(w)
+        mean, std = w.mean((1, 2, 3)), w.std((1, 2, 3), unbiased=False)
+        self.gamma = nn.Parameter(std.clone())
+        self.beta = nn.Parameter(mean.clone())
+        self.bias = nn.Parameter(conv.bias.detach().clone()) if conv.bias is not None else None
 
-    def forward(self, current: torch.Tensor) -> torch.Tensor:  # (T, B, C, H, W)
-        if self.training:
-            vT = current.sum(0)
-            mean, var = vT.mean((0, 2, 3)), vT.var((0, 2, 3), unbiased=False)
-            with torch.no_grad():
-                self.running_mean.lerp_(mean, self.momentum)
-                self.running_var.lerp_(var, self.momentum)
-        else:
-            mean, var = self.running_mean, self.running_var
-        scale = self.gamma / torch.sqrt(var + 1e-5)
-        shift = (self.beta - scale * mean) / self.T
-        return current * scale.view(1, 1, -1, 1, 1) + shift.view(1, 1, -1, 1, 1)
+    @property
+    def weight(self) -> torch.Tensor:
+        v = self.v
+        z = (v - v.mean((1, 2, 3), keepdim=True)) / (v.std((1, 2, 3), unbiased=False, keepdim=True) + self.eps)
+        return self.gamma.view(-1, 1, 1, 1) * z + self.beta.view(-1, 1, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.weight, self.bias, padding=self.padding)
+
+
+def temporal_weights(T: int) -> torch.Tensor:
+    """The temporal decoder's weights on U_0..U_{T-1}: linearly falling, summing to 1."""
+    w = torch.arange(T, 0, -1, dtype=torch.float32)
+    return w / w.sum()
 
 
 class TTFSNet(nn.Module):
@@ -108,18 +119,17 @@ class TTFSNet(nn.Module):
             raise ValueError(f"unknown option: init={init!r}, decoder={decoder!r}, pool={pool!r}")
         self.T, self.decoder, self.pool, self.surrogate = T, decoder, pool, arctan(surrogate_alpha)
         c_prev, hw = in_shape[0], in_shape[1]
-        self.convs, self.norms = nn.ModuleList(), nn.ModuleList()
+        self.convs = nn.ModuleList()
         m1 = m2 = p_in  # a TTFS input spike: a in {0, 1}
         for c in channels:
-            conv = nn.Conv2d(c_prev, c, 3, padding=1, bias=not norm)
+            conv = nn.Conv2d(c_prev, c, 3, padding=1)
             if init == "ttfs":
                 mu, sd = ttfs_init_moments(c_prev * 9, m1, m2, kappa, rho)
                 with torch.no_grad():
                     conv.weight.normal_(mu, sd)
                     if conv.bias is not None:
                         conv.bias.zero_()
-            self.convs.append(conv)
-            self.norms.append(FinalPotentialNorm(c, T, rho * THETA, kappa * THETA) if norm else nn.Identity())
+            self.convs.append(WNConv2d(conv) if norm else conv)
             m1, m2 = pooled_moments(0.5, pool)  # κ = 1: half the neurons fire by T
             c_prev, hw = c, hw // 2
         self.fc = nn.Linear(c_prev * hw * hw, n_classes)
@@ -130,44 +140,49 @@ class TTFSNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> dict:
         """x: images (B, C, H, W) in [0, 1]. Returns logits, output potentials U (T, B, K), the IF
-        spikes of each layer (T, B, C, H, W) and the pooled signals sent on (T, B, C, H/2, W/2)."""
+        spikes of each layer (T, B, C, H, W), the pooled signals sent on (T, B, C, H/2, W/2) and the
+        sending units' spikes (the IF spikes with average pooling, the pooled spikes with max)."""
         a = encode(x, self.T)
         spikes, sent = [a], []
-        for conv, norm in zip(self.convs, self.norms):
+        for conv in self.convs:
             T, B = a.shape[:2]
             cur = conv(a.flatten(0, 1)).unflatten(0, (T, B))
-            s, _ = if_single_spike(norm(cur), THETA, self.surrogate)
+            s, _ = if_single_spike(cur, THETA, self.surrogate)
             pool = F.avg_pool2d if self.pool == "avg" else F.max_pool2d
             a = pool(s.flatten(0, 1), 2).unflatten(0, (T, B))
             spikes.append(s)
             sent.append(a)
         T, B = a.shape[:2]
         U = torch.cumsum(self.fc(a.flatten(2)), dim=0)  # (T, B, K)
-        logits = U[-1] if self.decoder == "final" else U.mean(0)
-        return {"logits": logits, "U": U, "spikes": spikes[1:], "input": spikes[0], "sent": sent}
+        if self.decoder == "final":
+            logits = U[-1]
+        else:
+            logits = (temporal_weights(T).to(U).view(T, 1, 1) * U).sum(0)
+        senders = spikes[1:] if self.pool == "avg" else sent  # whose spikes reach the next layer
+        return {"logits": logits, "U": U, "spikes": spikes[1:], "input": spikes[0], "sent": sent,
+                "senders": senders}
 
 
 @torch.no_grad()
 def spike_statistics(out: dict, T: int) -> dict:
-    """Counts behind the paper's metrics, over a batch (hidden IF neurons and pooled units).
+    """Counts behind the paper's metrics, over a batch.
 
-    latency: mean first-spike step of the hidden neurons that fire; fire_frac: fraction of hidden
-    neurons that fire at all; spikes_per_neuron: mean spikes per IF neuron per example;
-    max_spikes_per_unit: most spikes any spike-emitting unit sent for one example (IF neurons, and
-    the max-pooled units, which emit spikes of their own; avg-pooled signals are part of the next
-    layer's synapses); frac_multi_spike: fraction of those units (per example) with > 1 spike."""
+    latency: mean first-spike step of the hidden IF neurons that fire; fire_frac: fraction of hidden
+    neurons that fire at all; spikes_per_neuron: mean spikes per IF neuron per example.
+    The single-spike rule is measured on the *sending* units of each layer, the units whose spikes
+    travel to the next layer: with average pooling those are the IF neurons themselves (the pool is
+    linear and folds into the next layer's synapses, weight 1/4 each); with max pooling they are the
+    pooled units, which emit a spike at every step at which any neuron of their window fires.
+    The network names them (``out["senders"]``).
+    max_spikes_per_unit: most spikes one sending unit sent for one example; frac_multi_spike:
+    fraction of (sending unit, example) pairs with more than one spike; count_hist: histogram of
+    spikes per (sending unit, example), 0..4."""
     out = {k: ([a.cpu() for a in v] if isinstance(v, list) else v.cpu()) for k, v in out.items()}
     hidden = torch.cat([s.flatten(2) for s in out["spikes"]], dim=2)  # (T, B, N)
     t_first = first_spike_time(hidden)
     fired = t_first < T
     count = hidden.sum(0)
-    emit = [count]
-    if any(((a > 0) & (a < 1)).any() for a in out["sent"]):  # avg pooling: fractional, not spikes
-        pooled = None
-    else:
-        pooled = torch.cat([a.flatten(2) for a in out["sent"]], dim=2).sum(0)
-        emit.append(pooled)
-    units = torch.cat(emit, dim=1)
+    units = torch.cat([a.flatten(2) for a in out["senders"]], dim=2).sum(0)  # (B, units): spikes per example
     hist = torch.bincount(t_first[fired].long(), minlength=T)[:T].float()
     layer_fire = [float((first_spike_time(s.flatten(2)) < T).float().mean()) for s in out["spikes"]]
     return {
@@ -176,7 +191,7 @@ def spike_statistics(out: dict, T: int) -> dict:
         "fire_frac_last": layer_fire[-1],
         "spikes_per_neuron": float(count.mean()),
         "max_spikes_per_unit": float(units.max()),
-        "frac_multi_spike": float((pooled > 1).float().mean()) if pooled is not None else 0.0,
+        "frac_multi_spike": float((units > 1).float().mean()),
         "latency_hist": (hist / hist.sum().clamp(min=1)).tolist(),
         "count_hist": (torch.bincount(units.long().clamp(max=4).flatten(), minlength=5)[:5].float()
                        / units.numel()).tolist(),
