@@ -374,3 +374,68 @@ def test_eval_only_cells_leave_the_main_set_alone(tmp_path):
     assert len(e) == 4 and np.isnan(ds.C_full[e]).all() and np.isfinite(ds.eps_like[e]).all()
     assert np.isfinite(ds.piezo_like[e]).all() and np.isfinite(ds.C_full[np.setdiff1d(np.arange(len(ds)), e)]).all()
     assert (ds.table.split.to_numpy()[: len(main)] == common.splits(len(main), 5)).all()
+
+
+def test_eval_cells_with_elastic_tensors(tmp_path):
+    """n_eval_elastic: the same evaluation-only cells (bit-identical structures and order-2/3 targets), a
+    random subset of them with an elastic tensor computed exactly like a main cell's (symmetric, positive
+    definite, equal to a direct recomputation)."""
+    import json
+
+    from pymatgen.core import Structure
+    from pymatgen.io.ase import AseAtomsAdaptor
+
+    from reprozoo.data.crystals import common, emt_elastic
+
+    tiny = {"elements": ["Cu", "Al", "Ni"], "elemental": ["fcc"], "ordered": ["B2"], "n_ordered": 1,
+            "n_random": 1, "n_distorted": 1, "random_sizes": [3], "random_species": [2],
+            "n_eval_random": 3, "n_eval_distorted": 1}
+    plain, _ = emt_elastic.generate(tiny, 5, progress=lambda m: None)
+    withc, stats = emt_elastic.generate({**tiny, "n_eval_elastic": 2}, 5, progress=lambda m: None)
+    assert stats["n_eval_elastic"] == 2
+    assert [r["structure"] for r in plain] == [r["structure"] for r in withc]
+    ev = [r for r in withc if r.get("eval_only")]
+    has = [r for r in ev if r["C_voigt"] is not None]
+    assert len(has) == 2 and len(ev) == 4
+    for r in has:
+        c = np.array(r["C_voigt"])
+        assert np.allclose(c, c.T) and np.linalg.eigvalsh(c)[0] > 0
+        direct = emt_elastic.elastic_tensor(AseAtomsAdaptor.get_atoms(Structure.from_dict(r["structure"])))["C"]
+        assert np.allclose(direct, c, rtol=1e-3, atol=0.5)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "emt_records.json").write_text(json.dumps({"seed": 5, "records": withc}))
+    emt_elastic.preprocess(raw, tmp_path, {})
+    ds = common.load(tmp_path)
+    e = ds.split_index("eval")
+    assert len(e) == 4 and np.isfinite(ds.C_voigt[e]).reshape(4, -1).all(axis=1).sum() == 2
+
+
+def test_schedule_and_validation_points():
+    """The fit validates evals_per_epoch times per epoch, keeps the rate >= lr_floor x peak, and returns the
+    best-validation state."""
+    from reprozoo.data.crystals.common import synthetic_targets
+    from reprozoo.methods.ceitnet.training import FitConfig, fit, lr_factor, predict, voigt
+
+    assert lr_factor(0, 100, 0.3) == pytest.approx(1.0) and lr_factor(100, 100, 0.3) == pytest.approx(0.3)
+    assert lr_factor(50, 100, 0.3) == pytest.approx(0.65)
+    structs = _structures(6, seed=3)
+    d = AtomsData(atoms_frames(structs), 4.5)
+    y = np.stack([synthetic_targets(a.cell.array, a.positions, a.get_chemical_symbols())[0] for a in structs])
+    torch.manual_seed(0)
+    model = CEITNet(2, n_features=8, n_channels=4, n_out=2, n_interactions=1, n_rbf=4, cutoff=4.5, avg_neighbors=20.0)
+    hist = fit(model, d, np.arange(4), np.arange(4, 6), y, FitConfig(epochs=3, batch_size=2, lr=1e-2,
+                                                                         evals_per_epoch=2, lr_floor=0.3))
+    assert hist["epoch"] == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.5, 3.0])
+    assert min(hist["lr"]) >= 0.3 * 1e-2 - 1e-12 and max(hist["lr"]) == pytest.approx(1e-2)
+    best = fnorm(voigt(predict(model, d, np.arange(4, 6))), voigt(y[4:6]))
+    assert best == pytest.approx(min(hist["val_fnorm"]), rel=1e-5)
+
+
+def test_unrotated_control_is_flagged(data):
+    """The equivariance test's negative control: leaving the output unrotated gives an error far above the
+    float32 bound (1e-5), even for order 2 where the isotropic part (unchanged by rotations) dominates."""
+    for order in (2, 3, 4):
+        m = _ceitnet(order)
+        assert equivariance_error(m, data, n_rotations=2, seed=1) < 1e-10
+        assert equivariance_error(m, data, n_rotations=2, seed=1, rotate_output=False) > 1e-4

@@ -272,6 +272,7 @@ def _generate(params: dict, seed: int, progress) -> tuple[list[dict], dict]:
     t_eval = time.perf_counter()
     records += _eval_records(params, seed, [r for r in relaxed if not r["prestrained"]], fmax, steps, rejected)
     stats = {"n_candidates": len(cands) + n_dist, "n_structures": n_main, "n_eval_only": len(records) - n_main,
+             "n_eval_elastic": sum(r["C_voigt"] is not None for r in records[n_main:]),
              "rejected": rejected, "eval_seconds": round(time.perf_counter() - t_eval, 2),
              "generate_seconds": round(time.perf_counter() - t0, 2)}
     return records, stats
@@ -287,15 +288,17 @@ def _invariant_key(atoms) -> tuple:
 
 
 def _eval_records(params: dict, seed: int, bases: list[dict], fmax: float, steps: int, rejected: dict) -> list[dict]:
-    """Evaluation-only cells: relaxed like the main cells, with the synthetic order-2/3 targets but no
-    elastic tensor (C is NaN; split "eval").
+    """Evaluation-only cells: relaxed like the main cells, with the synthetic order-2/3 targets; an
+    elastic tensor (computed exactly like the main cells') for a random subset of ``n_eval_elastic``
+    of them, C NaN for the others (split "eval" for all).
 
     Why: a synthetic target costs one neighbour sum, an EMT elastic tensor 12 strained cells (each with
     an ionic relaxation for cells without inversion centres), so the order-2/3 test set can grow ten
     times for the price of a few relaxations. The elemental and ordered prototypes are all in the main
     set already, so the new cells are random fcc supercells (drawn like the main ones, duplicates of
     any main or earlier cell dropped) and distorted variants of the main relaxed cells. Their own
-    random stream leaves the main set bit-identical."""
+    random stream leaves the main set bit-identical. An elastic tensor costs about 0.14 CPU-s per
+    cell here (3-9 atoms), so the order-4 test set can grow too (``n_eval_elastic``)."""
     from pymatgen.io.ase import AseAtomsAdaptor
 
     n_rand, n_dist = int(params.get("n_eval_random", 0)), int(params.get("n_eval_distorted", 0))
@@ -327,16 +330,35 @@ def _eval_records(params: dict, seed: int, bases: list[dict], fmax: float, steps
             cells.append((f"{base['prototype']}-distorted", at))
         else:
             rejected["eval"] = rejected.get("eval", 0) + 1
+    # order-4 evaluation cells: elastic tensors for a random subset of n_eval_elastic of them (own stream, so
+    # the cells themselves and their order-2/3 targets do not depend on it); a failed tensor leaves C NaN
+    n_el = min(int(params.get("n_eval_elastic", 0)), len(cells))
+    with_c = set(np.random.default_rng([seed, 3]).choice(len(cells), size=n_el, replace=False).tolist()) if n_el else set()
+    delta, strain_fmax = float(params.get("delta", 0.001)), float(params.get("strain_fmax", 2e-5))
     out = []
     for k, (proto, at) in enumerate(cells):
+        el = None
+        if k in with_c:
+            try:
+                el = elastic_tensor(at, delta=delta, fmax=strain_fmax, steps=steps)
+            except RuntimeError:
+                el = None
+            if el is not None and not np.all(np.isfinite(el["C"])):
+                el = None
+            if el is None:
+                rejected["eval_elastic"] = rejected.get("eval_elastic", 0) + 1
         _calc(at)
         stress = at.get_stress(voigt=False) * common.EV_PER_A3_TO_GPA
         out.append({
             "id": f"emt-eval-{k:05d}", "prototype": proto, "structure": AseAtomsAdaptor.get_structure(at).as_dict(),
             "energy_per_atom": float(at.get_potential_energy() / len(at)),
             "max_abs_stress_GPa": float(np.abs(stress).max()), "prestrained": proto.endswith("-distorted"),
-            "max_force": float(np.abs(at.get_forces()).max()), "C_voigt": None, "C_voigt_clamped": None,
-            "fd_asymmetry": float("nan"), "ions_relaxed": False, "n_emt_calls": 0, "eval_only": True,
+            "max_force": float(np.abs(at.get_forces()).max()),
+            "C_voigt": None if el is None else el["C"].tolist(),
+            "C_voigt_clamped": None if el is None else el["C_clamped"].tolist(),
+            "fd_asymmetry": float("nan") if el is None else el["fd_asymmetry"],
+            "ions_relaxed": False if el is None else el["ions_relaxed"],
+            "n_emt_calls": 0 if el is None else el["n_calls"], "eval_only": True,
         })
     return out
 

@@ -3,9 +3,11 @@
 Per variant x seed, one model per target order (``orders``; order 4 = relaxed-ion EMT elastic
 tensor in GPa, order 2 = eps_like, order 3 = piezo_like; see reprozoo.data.crystals.common),
 trained on the dataset's train split (odd orders: without the centrosymmetric cells, whose target
-and equivariant prediction are both exactly zero), model selection on val, metrics on test (orders
-2/3: test plus the dataset's evaluation-only cells, split "eval", whose synthetic targets are cheap;
-``n_test_o{k}`` counts them, ``fnorm_test_split_o{k}`` is the Fnorm on the test split alone):
+and equivariant prediction are both exactly zero), model selection on val, metrics on test plus the
+dataset's evaluation-only cells (split "eval") that carry the order's target (orders 2/3: all of
+them, synthetic targets; order 4: those with an EMT elastic tensor); ``n_test_o{k}`` counts them,
+``fnorm_test_split_o{k}`` is the Fnorm on the test split alone, and the per-cell Frobenius errors are
+the units of ``fnorm_o{k}``:
 
 * ``fnorm_o{k}`` mean Frobenius error of the Voigt form (3x3, 3x6, 6x6; GPa for k = 4),
   ``ewt25_o{k}``, ``ewt10_o{k}``, ``ewt5_o{k}`` share of test structures with relative Frobenius
@@ -65,6 +67,20 @@ def float64_copy(variant: str, order: int, p: dict, model):
     return m64.double()
 
 
+def fit_config(fit: dict, order: int, variant: str) -> dict:
+    """The scale config's ``fit`` block for one order and variant: a value may be given per order
+    (``{o4: .., o2: ..}``; ``{4: ..}`` too) and then per variant (``{default: .., e3nn_baseline: ..}``)."""
+    out = {}
+    for key, val in fit.items():
+        if isinstance(val, dict) and (f"o{order}" in val or order in val):
+            val = val[f"o{order}"] if f"o{order}" in val else val[order]
+        if isinstance(val, dict):
+            val = val.get(variant, val.get("default"))
+        out[key] = val
+    out["epochs"] = int(out["epochs"])
+    return out
+
+
 def load_data(ctx):
     from ...blocks.atomistic import AtomsData
     from ...data.crystals.common import load
@@ -81,8 +97,9 @@ def load_data(ctx):
 def train(ctx) -> None:
     import torch
 
+    from ...blocks.cartesian import frobenius_errors
     from .training import (FitConfig, equivariance_error, fit, inversion_zero, mean_degree, predict, rattled,
-                           target_scale, tensor_metrics, time_forward)
+                           target_scale, tensor_metrics, time_forward, voigt)
 
     p, v = ctx.params, ctx.variant
     device = p.get("device", "cpu")
@@ -91,9 +108,10 @@ def train(ctx) -> None:
         device = "cpu"
     ds, data = load_data(ctx)
     tr, va, te = (ds.split_index(s) for s in ("train", "val", "test"))
-    # orders 2/3: the test split plus the dataset's evaluation-only cells (synthetic targets, no elastic
-    # tensor); order 4: the test split alone
+    # every order is scored on the test split plus the dataset's evaluation-only cells that have its target
+    # (orders 2/3: all of them, synthetic targets; order 4: those with an EMT elastic tensor)
     ev = ds.split_index("eval")
+    ev4 = ev[np.isfinite(ds.C_voigt[ev]).reshape(len(ev), -1).all(axis=1)] if len(ev) else ev
     avg_deg = mean_degree(data, tr)
     ctx.progress(f"{len(ds)} structures (train {len(tr)}, val {len(va)}, test {len(te)}, eval-only {len(ev)}), "
                  f"cutoff {p['cutoff']} A, mean degree {avg_deg:.1f}")
@@ -102,7 +120,8 @@ def train(ctx) -> None:
     eq = p["equivariance"]
     eq_data = rattled(data, te[: int(eq["n_structures"])], float(eq.get("rattle", 0.05)), seed=ctx.seed)
     ms_all = []
-    for order in p["orders"]:
+    orders = list(p.get("variant_orders", {}).get(v, p["orders"]))
+    for order in orders:
         targets = ds.targets(order)
         torch.manual_seed(ctx.seed * 100 + order)
         model = build(v, order, p, avg_deg, target_scale(targets[tr]))
@@ -111,24 +130,27 @@ def train(ctx) -> None:
         skip = inversion_zero([ds.structures[k] for k in tr], targets[tr], order)
         tr_used = tr[~skip] if (~skip).any() else tr
         ctx.metrics.scalar(f"n_train_used_o{order}", len(tr_used))
-        fit_cfg = dict(p["fit"])
-        if isinstance(fit_cfg.get("epochs"), dict):  # epochs per order
-            fit_cfg["epochs"] = int(fit_cfg["epochs"][order])
+        fit_cfg = fit_config(p["fit"], order, v)
         cfg = FitConfig(**{**fit_cfg, "seed": ctx.seed * 100 + order, "device": device})
         if skip.any():
             ctx.progress(f"order {order}: {skip.sum()} of {len(tr)} training cells are centrosymmetric with a zero "
                          f"target (no gradient for an equivariant model): training on {len(tr_used)}")
         hist = fit(model, data, tr_used, va, targets, cfg, ctx.progress)
-        te_k = np.concatenate([te, ev]) if order != 4 else te
+        te_k = np.concatenate([te, ev4 if order == 4 else ev])
         pred = predict(model, data, te_k, device=device)
         met = tensor_metrics(pred, targets[te_k])
         for k, val in met.items():
             ctx.metrics.scalar(f"{k}_o{order}", val)
+        # per-cell Frobenius errors (same cells, same order for every variant): the Fnorm claims' units
+        ctx.metrics.units(f"fnorm_o{order}", frobenius_errors(voigt(pred), voigt(targets[te_k]))[0])
         ctx.metrics.scalar(f"n_test_o{order}", len(te_k))
-        if len(te_k) > len(te):  # the old 20-cell test split alone, for comparison
+        if len(te_k) > len(te):  # the 20-cell test split alone, for comparison
             ctx.metrics.scalar(f"fnorm_test_split_o{order}", tensor_metrics(pred[: len(te)], targets[te])["fnorm"])
         ctx.metrics.curve(f"val_fnorm_o{order}", hist["epoch"], hist["val_fnorm"])
         ctx.metrics.curve(f"train_loss_o{order}", hist["epoch"], hist["loss"])
+        ctx.metrics.curve(f"lr_o{order}", hist["epoch"], hist["lr"])
+        ctx.metrics.scalar(f"best_epoch_o{order}", hist["best_epoch"])
+        ctx.metrics.scalar(f"stopped_epoch_o{order}", hist["stopped_epoch"])
         ctx.metrics.scalar(f"train_seconds_o{order}", hist["train_seconds"])
         ctx.metrics.scalar(f"params_o{order}", model.param_count())
 
@@ -138,6 +160,11 @@ def train(ctx) -> None:
                                  eq["n_rotations"], seed=ctx.seed, device=device)
         ctx.metrics.scalar(f"equiv_err_f32_o{order}", e32)
         ctx.metrics.scalar(f"equiv_err_f64_o{order}", e64)
+        # the equivariance claims' negative control: the same test with the output left unrotated (a model whose
+        # tensor does not turn with the crystal) must be flagged
+        e_fix = equivariance_error(model, eq_data, None, torch.float32, eq["n_rotations"], seed=ctx.seed,
+                                   device=device, rotate_output=False)
+        ctx.metrics.scalar(f"unrotated_err_f32_o{order}", e_fix)
 
         models = {v: model}
         if v == "e3nn_baseline":  # the same-run comparison: a CEITNet of the configured size, same batch
@@ -151,8 +178,10 @@ def train(ctx) -> None:
         ctx.progress(f"order {order}: test Fnorm {met['fnorm']:.4g}, EwT25 {met['ewt25']:.2f}, "
                      f"equivariance f64 {e64:.1e} f32 {e32:.1e}, {ms[v]:.2f} ms/structure "
                      + (f"(CEITNet same batch {ms['ceitnet']:.2f})" if len(ms) > 1 else ""))
-    ctx.metrics.scalar("equiv_err_f64", max(ctx.metrics.scalars[f"equiv_err_f64_o{k}"] for k in p["orders"]))
-    ctx.metrics.scalar("equiv_err_f32", max(ctx.metrics.scalars[f"equiv_err_f32_o{k}"] for k in p["orders"]))
+    ctx.metrics.scalar("equiv_err_f64", max(ctx.metrics.scalars[f"equiv_err_f64_o{k}"] for k in orders))
+    ctx.metrics.scalar("equiv_err_f32", max(ctx.metrics.scalars[f"equiv_err_f32_o{k}"] for k in orders))
+    # the smallest over orders: even the order least changed by a rotation must be flagged
+    ctx.metrics.scalar("unrotated_err_f32", min(ctx.metrics.scalars[f"unrotated_err_f32_o{k}"] for k in orders))
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -201,6 +230,26 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=7)
     save_figure(fig, plots_dir / "accuracy_vs_time.png", dpi=110)
+
+    # validation curves per order, every variant and seed, with the convergence gate's window (last 30 %)
+    cu = table[table.x.notna()]
+    fig, axes = pl.subplots(1, len(orders), figsize=(4.6 * len(orders), 3.6), squeeze=False)
+    for ax, o in zip(axes[0], orders):
+        for vi, var in enumerate(variants):
+            c = cu[(cu.variant == var) & (cu.metric == f"val_fnorm_o{o}")]
+            for si, (seed, g) in enumerate(c.groupby("seed")):
+                g = g.sort_values("x")
+                xs, ys = g.x.to_numpy(), g.value.to_numpy()
+                ax.plot(xs, ys, color=f"C{vi}", lw=1, alpha=0.8, label=var if si == 0 else None)
+                start = xs[0] + 0.7 * (xs[-1] - xs[0])
+                ax.plot(xs[xs >= start], ys[xs >= start], color=f"C{vi}", lw=2.5)
+        ax.set_yscale("log")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("validation Fnorm")
+        ax.set_title(f"order {o}: validation curves (thick: the gate's last 30 %)", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=7)
+    save_figure(fig, plots_dir / "val_curves.png", dpi=110)
 
     fig, ax = pl.subplots(figsize=(6, 3.6))
     for vi, var in enumerate(variants):

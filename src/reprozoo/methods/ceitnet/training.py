@@ -77,10 +77,20 @@ class FitConfig:
     epochs: int = 100
     batch_size: int = 32
     lr: float = 3e-3
-    eval_every: int = 5
+    evals_per_epoch: int = 1      # validation points per epoch (the gate needs >= 5 in the last 30 %)
+    lr_floor: float = 0.3         # cosine decay from lr to lr_floor * lr at the last step (never below 0.1 x peak)
+    stop_tol: float | None = 0.02  # early stop once the validation curve passes the convergence gate's own test
+    stop_min_points: int = 6      # ... with at least this many points in its last 30 %
+    min_epochs_frac: float = 0.4  # ... and not before this share of ``epochs``
     grad_clip: float = 10.0
     seed: int = 0
     device: str = "cpu"
+
+
+def lr_factor(step: int, total: int, floor: float) -> float:
+    """Cosine decay from 1 at step 0 to ``floor`` at step ``total`` (flat at ``floor`` after it)."""
+    t = min(max(step / max(total, 1), 0.0), 1.0)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + np.cos(np.pi * t))
 
 
 def predict(model, data: AtomsData, idx, dtype=torch.float32, batch_size: int = 256, device=None) -> np.ndarray:
@@ -98,26 +108,40 @@ def voigt(t: np.ndarray) -> np.ndarray:
 
 
 def fit(model, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: FitConfig, progress=None):
-    """Adam + cosine decay (to 2 % of lr) on the MSE of the Voigt components / out_scale^2; keeps the state with the
-    lowest validation Fnorm (evaluated every ``eval_every`` epochs and at the end)."""
+    """Adam on the MSE of the Voigt components / out_scale^2, with a cosine decay of the learning rate from
+    ``lr`` to ``lr_floor * lr`` over ``epochs`` (the rate stays up through the convergence gate's window: a
+    plateau there is the model's, not the schedule's). Validation Fnorm ``evals_per_epoch`` times per epoch
+    (x axis: epochs, fractional); keeps the state with the lowest validation Fnorm. Stops early once the
+    validation curve is flat by :func:`reprozoo.claims.plateau` (the gate's test, tolerance ``stop_tol``, at
+    least ``stop_min_points`` points in the last 30 %), but not before ``min_epochs_frac * epochs``.
+    ``hist``: epoch, loss (mean training loss since the previous evaluation), val_fnorm, lr (at the
+    evaluation), best_epoch, stopped_epoch, train_seconds."""
+    from ...claims import plateau
+
     gen = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
     dev = torch.device(cfg.device)
     model.to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    train_idx = np.asarray(train_idx)
     n_batches = int(np.ceil(len(train_idx) / cfg.batch_size))
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, cfg.epochs * n_batches), eta_min=cfg.lr * 0.02)
+    total = max(1, cfg.epochs * n_batches)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, total, cfg.lr_floor))
+    # evaluation steps: evals_per_epoch per epoch, spread evenly over its batches, and the last step
+    per = max(1, min(int(cfg.evals_per_epoch), n_batches))
+    eval_at = {int(round(e * n_batches + (j + 1) * n_batches / per)) for e in range(cfg.epochs) for j in range(per)}
+    eval_at = {k for k in eval_at if 1 <= k <= total} | {total}
     scale = float(model.out_scale)
     y_all = torch.as_tensor(voigt(targets), dtype=torch.float32, device=dev)
-    hist = {"epoch": [], "loss": [], "val_fnorm": []}
-    best = (np.inf, copy.deepcopy(model.state_dict()), 0)
-    train_idx = np.asarray(train_idx)
+    y_val = voigt(targets[val_idx]) if len(val_idx) else None
+    hist = {"epoch": [], "loss": [], "val_fnorm": [], "lr": []}
+    best = (np.inf, copy.deepcopy(model.state_dict()), 0.0)
     t0 = time.perf_counter()
+    step, losses = 0, []
     for ep in range(1, cfg.epochs + 1):
-        model.train()
-        losses = []
         order = gen.permutation(train_idx)
         for s in range(0, len(order), cfg.batch_size):
+            model.train()
             idx = order[s:s + cfg.batch_size]
             b = data.collate(idx, dtype=torch.float32).to(device=dev)
             pred = to_voigt(model(*model_args(b)))
@@ -127,22 +151,36 @@ def fit(model, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: Fi
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
+            lr_now = opt.param_groups[0]["lr"]
             sched.step()
+            step += 1
             losses.append(loss.item())
-        if ep % cfg.eval_every == 0 or ep == cfg.epochs:
-            val = (fnorm(voigt(predict(model, data, val_idx, device=dev)), voigt(targets[val_idx]))
-                   if len(val_idx) else np.nan)
-            hist["epoch"].append(ep)
+            if step not in eval_at:
+                continue
+            val = fnorm(voigt(predict(model, data, val_idx, device=dev)), y_val) if len(val_idx) else np.nan
+            x = step / n_batches
+            hist["epoch"].append(x)
             hist["loss"].append(float(np.mean(losses)))
             hist["val_fnorm"].append(float(val))
+            hist["lr"].append(float(lr_now))
             if not np.isfinite(best[0]) or (np.isfinite(val) and val < best[0]):
-                best = (val, copy.deepcopy(model.state_dict()), ep)
-            if progress:
-                progress(f"epoch {ep}/{cfg.epochs} loss {np.mean(losses):.4f} val Fnorm {val:.4g} "
+                best = (val, copy.deepcopy(model.state_dict()), x)
+            if progress and (step % n_batches == 0 or step == total):
+                progress(f"epoch {x:.2f}/{cfg.epochs} loss {np.mean(losses):.4f} val Fnorm {val:.4g} lr {lr_now:.2e} "
                          f"({time.perf_counter() - t0:.1f} s)")
+            losses = []
+            if (cfg.stop_tol is not None and x >= cfg.min_epochs_frac * cfg.epochs and step < total
+                    and plateau(hist["epoch"], hist["val_fnorm"], tol=cfg.stop_tol, min_points=cfg.stop_min_points)):
+                if progress:
+                    progress(f"validation Fnorm flat at epoch {x:.2f} (gate's test, tolerance {cfg.stop_tol:g}): stop")
+                break
+        else:
+            continue
+        break
     if np.isfinite(best[0]):
         model.load_state_dict(best[1])
     hist["best_epoch"] = best[2]
+    hist["stopped_epoch"] = hist["epoch"][-1] if hist["epoch"] else 0.0
     hist["train_seconds"] = time.perf_counter() - t0
     return hist
 
@@ -186,9 +224,11 @@ def rattled(data: AtomsData, idx, stdev: float, seed: int) -> AtomsData:
 
 
 def equivariance_error(model, data: AtomsData, idx=None, dtype=torch.float64, n_rotations: int = 2,
-                       seed: int = 0, device=None) -> float:
+                       seed: int = 0, device=None, rotate_output: bool = True) -> float:
     """max |f(R x) - R.f(x)| / max |f(x)| over the structures ``idx`` (default all) and random
-    rotations, every other one improper (a reflection)."""
+    rotations, every other one improper (a reflection). ``rotate_output=False`` compares f(R x) with
+    f(x) instead: the error of a model whose tensor does not turn with the crystal (a negative control
+    that the same bound must flag)."""
     model.eval()
     idx = np.arange(len(data)) if idx is None else idx
     b = data.collate(idx, dtype=dtype).to(device=device)
@@ -200,7 +240,8 @@ def equivariance_error(model, data: AtomsData, idx=None, dtype=torch.float64, n_
         for _ in range(n_rotations):
             rot = random_rotations(b.n_structures, reflections=True, generator=gen, dtype=dtype).to(b.positions.device)
             y_rot = model(*model_args(rotate_batch(b, rot)))
-            err = max(err, float((y_rot - rotate(y, rot)).abs().max()) / scale)
+            ref = rotate(y, rot) if rotate_output else y
+            err = max(err, float((y_rot - ref).abs().max()) / scale)
     return err
 
 
