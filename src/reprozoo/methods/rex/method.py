@@ -204,25 +204,33 @@ class Counter:
         return self.fn(y, rho)
 
 
-def roundtrip_error(variant: str, denoise, x0: np.ndarray, rhos: np.ndarray, params: dict, rng) -> float:
-    """max |x_rec - x| after data -> noise -> data.
+def roundtrip_error(variant: str, denoise, x0: np.ndarray, rhos: np.ndarray, params: dict, rng,
+                    from_data: bool = False, per_point: bool = False):
+    """max |x_rec - x| after a round trip (``per_point``: the array of max-norm errors per point).
 
-    ODE samplers start from the data x0. The stochastic sampler replays a recorded trajectory:
-    x is sampled from noise with Brownian increments W, inverted from its final state with the same
-    W, and decoded again (a point that did not come from W has no well-conditioned latent).
+    ODE samplers: data -> noise -> data from the data x0. The stochastic sampler (default): a
+    recorded trajectory is replayed: x is sampled from noise with Brownian increments W, inverted
+    from its final solver state with the same W, and decoded again (noise -> data -> noise ->
+    data). ``from_data``: the stochastic sampler instead starts from the data x0 itself (state
+    (x0, x0)) with freshly drawn, stored increments W: data -> noise -> data, as for the ODEs.
     """
     s = make_sampler(variant, denoise, params)
     if s.stochastic:
         dws = s.brownian(rhos, x0.shape, rng)
-        state = s.decode(s.init(params["rho_max"] * rng.standard_normal(x0.shape)), rhos, dws)
-        x_ref = s.output(state)
-        latent = s.encode_state(state, rhos, dws)
+        if from_data:
+            x_ref = x0
+            latent = s.encode(x0, rhos, dws)
+        else:
+            state = s.decode(s.init(params["rho_max"] * rng.standard_normal(x0.shape)), rhos, dws)
+            x_ref = s.output(state)
+            latent = s.encode_state(state, rhos, dws)
     else:
         dws, x_ref = None, x0
         latent = s.encode(x0, rhos)
     x_rec = s.output(s.decode(latent, rhos, dws))
-    err = np.max(np.abs(x_rec - x_ref))
-    return float(err) if np.isfinite(err) else float("inf")
+    errs = np.max(np.abs(x_rec - x_ref), axis=1)
+    errs = np.where(np.isfinite(errs), errs, np.inf)
+    return errs if per_point else float(np.max(errs))
 
 
 def empirical_order(steps, errors, floor: float, n_fit: int = 3) -> float:
@@ -251,17 +259,31 @@ def order_drift(steps, errors, floor: float, n_fit: int = 3) -> float:
     return float(np.max(local) - np.min(local))
 
 
-def sampling_errors(sampler, noise, y_ref, params, steps_conv=None):
+def sampling_errors(sampler, noise, y_ref, params, steps_conv=None, per_noise: dict | None = None):
     """Mean |y_N - y_ref| over steps_conv (ODE samplers). Stops refining once the error is within
-    10x of the floor (the reference's own accuracy): the next halving would fall below it."""
+    10x of the floor (the reference's own accuracy): the next halving would fall below it.
+    ``per_noise``: if given, filled with {N: the per-noise errors |y_N - y_ref|}."""
     steps, errs = [], []
     for n in steps_conv or params["steps_conv"]:
         y = sampler.output(sampler.decode(sampler.init(noise), rho_grid(params["rho_max"], params["rho_min"], n)))
+        e = np.linalg.norm(y - y_ref, axis=1)
+        if per_noise is not None:
+            per_noise[n] = e
         steps.append(n)
-        errs.append(float(np.mean(np.linalg.norm(y - y_ref, axis=1))))
+        errs.append(float(np.mean(e)))
         if not errs[-1] > 10 * params["error_floor"]:
             break
     return steps, errs
+
+
+def steps_for_budget(variant: str, budget: int, cost: tuple[int, int]) -> int:
+    """Steps N that spend exactly ``budget`` denoiser evaluations, a*N + b = budget."""
+    per_step, start = cost
+    n, rest = divmod(budget - start, per_step)
+    if rest or n < 1:
+        raise ValueError(f"nfe budget {budget} is not a multiple of {variant}'s {per_step} evaluations "
+                         f"per step (plus {start} to start)")
+    return n
 
 
 def nfe_cost(variant: str, denoise, params: dict, probe: np.ndarray) -> tuple[int, int]:
@@ -286,28 +308,39 @@ def nfe_per_step(variant: str, denoise, params: dict, probe: np.ndarray) -> int:
     return nfe_cost(variant, denoise, params, probe)[0]
 
 
-def sampling_errors_at_nfe(variant: str, denoise, noise, y_ref, params, known: dict | None = None) -> tuple[list, list]:
+def sampling_errors_at_nfe(variant: str, denoise, noise, y_ref, params, known: dict | None = None,
+                           per_budget: dict | None = None) -> tuple[list, list]:
     """Mean |y - y_ref| at equal cost: for each budget in ``nfe_budgets`` (denoiser evaluations per
     sample along the whole solve, start-up evaluations included), the sampler takes the steps that
     spend exactly that budget, at the paper's zeta. The cost that matters with a real network is
     the evaluations, so two samplers are compared at the same count, in the same run, from the
-    same noise. ``known``: errors {steps: error} of the same sampler on the same noise at the
-    paper's zeta, solved already (the step sweeps), which are reused rather than solved again."""
-    known = known or {}
-    per_step, start = nfe_cost(variant, denoise, params, noise[:1])
+    same noise. ``known``: per-noise errors {steps: array} of the same sampler on the same noise
+    at the paper's zeta, solved already (the step sweeps), which are reused rather than solved
+    again. ``per_budget``: if given, filled with {budget: per-noise errors}."""
+    known = known if known is not None else {}
+    cost = nfe_cost(variant, denoise, params, noise[:1])
     s = make_sampler(variant, denoise, params)
     nfes, errs = [], []
     for budget in params["nfe_budgets"]:
-        n, rest = divmod(budget - start, per_step)
-        if rest or n < 1:
-            raise ValueError(f"nfe budget {budget} is not a multiple of {variant}'s {per_step} evaluations "
-                             f"per step (plus {start} to start)")
+        n = steps_for_budget(variant, budget, cost)
         if n not in known:
             y = s.output(s.decode(s.init(noise), rho_grid(params["rho_max"], params["rho_min"], n)))
-            known[n] = float(np.mean(np.linalg.norm(y - y_ref, axis=1)))
+            known[n] = np.linalg.norm(y - y_ref, axis=1)
+        if per_budget is not None:
+            per_budget[budget] = known[n]
         nfes.append(budget)
-        errs.append(known[n])
+        errs.append(float(np.mean(known[n])))
     return nfes, errs
+
+
+def roundtrip_at_nfe(variant: str, denoise, x0, params) -> tuple[list, list]:
+    """The round-trip error data -> noise -> data at each budget's own step count N (the N the
+    equal-cost comparison samples with), so that "inverts exactly" is read where it is used."""
+    cost = nfe_cost(variant, denoise, params, x0[:1])
+    errs = [roundtrip_error(variant, denoise, x0, rho_grid(params["rho_max"], params["rho_min"],
+                                                           steps_for_budget(variant, b, cost)), params, None)
+            for b in params["nfe_budgets"]]
+    return list(params["nfe_budgets"]), errs
 
 
 def coupling_plateau(ctx, gmm, noise, y_ref, params) -> None:
@@ -350,13 +383,14 @@ def sliced_w2(x: np.ndarray, y: np.ndarray, proj: np.ndarray) -> float:
     return float(np.sqrt(np.mean((px - py) ** 2)))
 
 
-def sample_quality(sampler, gmm, params, rng, steps: int | None = None):
+def sample_quality(sampler, gmm, params, rng, steps: int | None = None, dw_scale: float = 1.0):
     """Sliced 2-Wasserstein distance of n_sw samples (sw_steps steps, fresh noise) to n_sw exact
     mixture samples, against the same distance between two independent exact sets (what a perfect
     sampler scores at this sample size); each the mean over sw_batches independent batches, since
     one batch's distance scatters by ~30 % whatever n is. Also the NLL gap of the samples.
     The same projections, reference sets and noise for every variant (common random numbers),
-    Brownian increments drawn last."""
+    Brownian increments drawn last. ``dw_scale``: the Brownian increments multiplied by it (a
+    planted error in the injected noise, for the sample-quality claim's control)."""
     n, steps = params["n_sw"], steps or params["sw_steps"]
     rhos = rho_grid(params["rho_max"], params["rho_min"], n=steps)
     angles = np.random.default_rng(12345).uniform(0.0, np.pi, params["sw_projections"])
@@ -365,7 +399,7 @@ def sample_quality(sampler, gmm, params, rng, steps: int | None = None):
     for _ in range(params["sw_batches"]):
         ref, other = gmm.sample(n, rng), gmm.sample(n, rng)
         noise = params["rho_max"] * rng.standard_normal((n, 2))
-        dws = sampler.brownian(rhos, noise.shape, rng) if sampler.stochastic else None
+        dws = [dw_scale * dw for dw in sampler.brownian(rhos, noise.shape, rng)] if sampler.stochastic else None
         x = sampler.output(sampler.decode(sampler.init(noise), rhos, dws))
         floors.append(sliced_w2(other, ref, proj))
         if not np.all(np.isfinite(x)):
@@ -392,7 +426,10 @@ def train(ctx) -> None:
     rt, rt_learned = [], []
     for n in p["steps_roundtrip"]:
         rhos = rho_grid(p["rho_max"], p["rho_min"], n)
-        rt.append(roundtrip_error(v, gmm.denoise, x_test, rhos, p, ctx.rng(10 + n)))
+        per_point = roundtrip_error(v, gmm.denoise, x_test, rhos, p, ctx.rng(10 + n), per_point=True)
+        rt.append(float(np.max(per_point)))
+        if n == max(p["steps_roundtrip"]):  # per test point (the 128 test units), largest N
+            ctx.metrics.units(f"roundtrip_err_pt_n{n}", per_point)
         rt_learned.append(roundtrip_error(v, den, x_test, rhos, p, ctx.rng(10 + n)))
         ctx.progress(f"N={n}: round trip {rt[-1]:.3e} (exact score), {rt_learned[-1]:.3e} (learned)")
     ctx.metrics.curve("roundtrip_err", p["steps_roundtrip"], rt)
@@ -424,48 +461,65 @@ def train(ctx) -> None:
                      f"{['%.1e' % e for e in rt_cl]} (learned); untrained network at zeta = {p['zeta']}: "
                      f"{['%.1e' % e for e in rt_u]}")
 
-    # Sampling error against the DOP853 reference. Rex's order claims are measured at zeta_order,
-    # where h*a << 1 - zeta (the asymptotic regime of McCallum-Foster's order result) is reached
-    # within steps_conv; at the paper's zeta = 0.999 Rex-Euler sits on its O(1 - zeta) coupling
-    # plateau there (recorded as sample_err_paper_zeta, and the plateau_* metrics below).
+    if v == "rex_sde":
+        # information: the SDE round trip data -> noise -> data from the test data themselves,
+        # with freshly drawn increments stored and replayed (the claims read the replayed sampled
+        # trajectory, noise -> data -> noise -> data, above)
+        rt_d = [roundtrip_error(v, gmm.denoise, x_test, rho_grid(p["rho_max"], p["rho_min"], n), p,
+                                ctx.rng(10 + n), from_data=True) for n in p["steps_roundtrip"]]
+        ctx.metrics.curve("roundtrip_err_from_data", p["steps_roundtrip"], rt_d)
+        ctx.progress(f"SDE round trip from the data: {['%.1e' % e for e in rt_d]}")
+    # Sampling error against the DOP853 reference. Every Rex order is measured at the paper's
+    # zeta = 0.999 (sample_err_paper_zeta, order_paper_zeta), except Rex-Euler's order claim: at
+    # 0.999 Rex-Euler sits on its O(1 - zeta) coupling plateau over steps_conv (h*a >> 1 - zeta),
+    # so its first order is measured at zeta_order, where h*a << 1 - zeta is reached.
     is_rex_ode = v.startswith("rex_") and v != "rex_sde"
-    sampler = make_sampler(v, gmm.denoise, {**p, "zeta": p["zeta_order"]} if is_rex_ode else p)
-    if not sampler.stochastic:
-        steps, errs = sampling_errors(sampler, noise, y_ref, p)
-        ctx.metrics.curve("sample_err", steps, errs)
-        ctx.metrics.scalar("order", empirical_order(steps, errs, p["error_floor"]))
-        ctx.metrics.scalar("order_drift", order_drift(steps, errs, p["error_floor"]))
+    lin = make_sampler(v, gmm.denoise, p)
+    at_paper_zeta: dict = {}  # per-noise errors {N: array} at the paper's zeta (reused below)
+    if not lin.stochastic:
+        if v == "rex_euler" or not is_rex_ode:  # baselines have no zeta
+            sampler = make_sampler(v, gmm.denoise, {**p, "zeta": p["zeta_order"]}) if is_rex_ode else lin
+            steps, errs = sampling_errors(sampler, noise, y_ref, p, per_noise=None if is_rex_ode else at_paper_zeta)
+            ctx.metrics.curve("sample_err", steps, errs)
+            ctx.metrics.scalar("order", empirical_order(steps, errs, p["error_floor"]))
+            ctx.metrics.scalar("order_drift", order_drift(steps, errs, p["error_floor"]))
+            ctx.progress(f"sampling errors {['%.2e' % e for e in errs]}"
+                         + (f" (zeta = {p['zeta_order']})" if is_rex_ode else ""))
         if ode_order(v):
             ctx.metrics.scalar("expected_order", ode_order(v))
-        ctx.progress(f"sampling errors {['%.2e' % e for e in errs]}")
-        at_paper_zeta = {} if is_rex_ode else dict(zip(steps, errs))  # the baselines have no zeta
     if is_rex_ode:
-        # at the paper's zeta: the full sweep for Euler (its plateau), the three coarsest
-        # step counts for the higher orders (enough for their slope, a third of the cost)
-        paper = make_sampler(v, gmm.denoise, p)
-        steps, errs = sampling_errors(paper, noise, y_ref, p,
-                                      None if v == "rex_euler" else p["steps_conv"][:3])
+        steps, errs = sampling_errors(lin, noise, y_ref, p, per_noise=at_paper_zeta)
         ctx.metrics.curve("sample_err_paper_zeta", steps, errs)
-        at_paper_zeta = dict(zip(steps, errs))
         ctx.metrics.scalar("order_paper_zeta", empirical_order(steps, errs, p["error_floor"]))
-        ctx.metrics.scalar("stability_interval_theory", paper.stability_theory())
-    if not sampler.stochastic:
-        # at equal cost (denoiser evaluations per sample), the paper's zeta: Rex against BDIA
-        nfes, errs = sampling_errors_at_nfe(v, gmm.denoise, noise, y_ref, p, at_paper_zeta)
+        ctx.metrics.scalar("order_drift_paper_zeta", order_drift(steps, errs, p["error_floor"]))
+        # > 1 where the error grows with cost somewhere in the sweep (Rex-Euler's plateau)
+        ctx.metrics.scalar("err_rise_paper_zeta", max(errs) / errs[0])
+        ctx.metrics.scalar("stability_interval_theory", lin.stability_theory())
+        ctx.progress(f"sampling errors at zeta = {p['zeta']}: {['%.2e' % e for e in errs]}")
+    if not lin.stochastic:
+        # at equal cost (denoiser evaluations per sample), the paper's zeta, every budget from
+        # the paper's range (16-128) to the asymptotic one (256-2048); per-noise units per budget
+        per_budget: dict = {}
+        nfes, errs = sampling_errors_at_nfe(v, gmm.denoise, noise, y_ref, p, at_paper_zeta, per_budget)
         ctx.metrics.curve("sample_err_nfe", nfes, errs)
+        for budget, e in per_budget.items():
+            ctx.metrics.units(f"sample_err_nfe{budget}", e)
+        # "inverts exactly" read at each budget's own N
+        _, rt_nfe = roundtrip_at_nfe(v, gmm.denoise, x_test, p)
+        ctx.metrics.curve("roundtrip_err_nfe", nfes, rt_nfe)
         if v == "rex_euler":
             # the equal-cost claims' control: Rex-Euler with the coupling at zeta_control, where its
             # first order (the O(1 - zeta) coupling bias) shows instead of the symmetric pair's second
             _, errs_c = sampling_errors_at_nfe(v, gmm.denoise, noise, y_ref, {**p, "zeta": p["zeta_control"]})
             ctx.metrics.curve("sample_err_nfe_zeta_ctrl", nfes, errs_c)
-        ctx.progress(f"sampling errors at NFE {nfes}: {['%.2e' % e for e in errs]}")
+        ctx.progress(f"sampling errors at NFE {nfes}: {['%.2e' % e for e in errs]}; "
+                     f"round trips there {['%.1e' % e for e in rt_nfe]}")
     if v == "rex_euler":
         coupling_plateau(ctx, gmm, noise, y_ref, p)
 
     # the real stability interval of the linear step map, at the paper's zeta
     from ...blocks.ode import stability_interval
 
-    lin = make_sampler(v, gmm.denoise, p)
     ctx.metrics.scalar("stability_interval", stability_interval(lin.linear_step, lin.state_dim))
 
     # sample quality against the exact mixture, every variant at the same step count
@@ -475,8 +529,13 @@ def train(ctx) -> None:
     ctx.metrics.scalar("nll_gap", nll_gap)
     ctx.progress(f"N={p['sw_steps']}: sliced W2 {sw:.4f} (exact-vs-exact floor {sw_floor:.4f})")
     if lin.stochastic:
-        # the sample-quality claim's negative control: the same sampler at a step count known to be
-        # too coarse (sw_coarse_steps), which the same 1.5 x floor test must flag
+        # the sample-quality claim's control, a planted partial error: the same sampler with its
+        # Brownian increments scaled by sw_dw_scale (too little noise injected), which the same
+        # 1.5 x floor test must flag; and, for contrast, a step count known to be too coarse
+        sw_c, floor_c, _ = sample_quality(lin, gmm, p, ctx.rng(5), dw_scale=p["sw_dw_scale"])
+        ctx.metrics.scalar("sw_dw_scaled", sw_c)
+        ctx.metrics.scalar("sw_floor_dw_scaled", floor_c)
+        ctx.progress(f"N={p['sw_steps']}, increments x {p['sw_dw_scale']}: sliced W2 {sw_c:.4f} (floor {floor_c:.4f})")
         sw_c, floor_c, _ = sample_quality(lin, gmm, p, ctx.rng(5), steps=p["sw_coarse_steps"])
         ctx.metrics.scalar("sw_coarse", sw_c)
         ctx.metrics.scalar("sw_floor_coarse", floor_c)
@@ -513,10 +572,17 @@ def plot(table, plots_dir: Path, params: dict) -> None:
                xlabel="steps N", ylabel="max |x_rec - x| (float64)", title="Round trip, learned denoiser")
     p = plt()
     fig, ax = p.subplots(figsize=(5.5, 4))
-    sub = table[table.metric == "sample_err"]
+    # Rex at the paper's zeta (sample_err_paper_zeta), Rex-Euler also at zeta_order (dashed),
+    # the baselines (no zeta) from sample_err
+    sub = table[(table.metric == "sample_err_paper_zeta")
+                | ((table.metric == "sample_err") & ~table.variant.str.startswith("rex_"))]
     for v in sorted(sub.variant.unique()):
         g = sub[sub.variant == v].groupby("x").value.mean()
-        ax.loglog(g.index, g.values, marker="o", ms=3, label=v)
+        ax.loglog(g.index, g.values, marker="o", ms=3, label=v, ls="--" if v == "bdia_lawson" else "-")
+    eul = table[(table.metric == "sample_err") & (table.variant == "rex_euler")]
+    if not eul.empty:
+        g = eul.groupby("x").value.mean()
+        ax.loglog(g.index, g.values, "k--", marker="o", ms=3, label=f"rex_euler, zeta = {params.get('zeta_order')}")
     if not sub.empty:
         xs = np.array(sorted(sub.x.unique()))
         y0 = sub.value.max()
@@ -525,7 +591,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.annotate(f"order {order}", (xs[-1], y0 * (xs[-1] / xs[0]) ** (-order)), fontsize=7)
     ax.set_xlabel("steps N")
     ax.set_ylabel("mean |y_N - y_ref|")
-    ax.set_title("Does sampling error fall with the base order? (Rex at zeta_order)")
+    ax.set_title(f"Error vs steps: the base order? (Rex at zeta = {params.get('zeta')})")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     save_figure(fig, plots_dir / "curve_sample_err.png", dpi=110)
@@ -534,14 +600,17 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     sub = table[table.metric == "sample_err_nfe"]
     for v in sorted(sub.variant.unique()):
         g = sub[sub.variant == v].groupby("x").value.mean()
-        ax.loglog(g.index, g.values, marker="o", ms=3, label=v,
-                  lw=2.0 if v in ("bdia", "reversible_heun", "rex_midpoint", "rex_rk4") else 1.0)
+        ax.loglog(g.index, g.values, marker="o", ms=3, label=v, ls="--" if v == "bdia_lawson" else "-",
+                  lw=2.0 if v in ("bdia", "bdia_lawson", "reversible_heun", "rex_midpoint", "rex_rk4") else 1.0)
     ax.set_xlabel("denoiser evaluations per sample (NFE)")
     ax.set_ylabel("mean |y - y_ref|")
-    ax.set_title(f"At equal cost, zeta = {params.get('zeta')}: Rex against BDIA and reversible Heun")
+    ax.set_title(f"Equal cost, zeta = {params.get('zeta')}: Rex, BDIA, reversible Heun")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     save_figure(fig, plots_dir / "curve_sample_err_nfe.png", dpi=110)
+    curve_plot(table, "roundtrip_err_nfe", plots_dir / "curve_roundtrip_err_nfe.png", logx=True, logy=True,
+               xlabel="denoiser evaluations per sample (NFE)", ylabel="max |x_rec - x| (float64)",
+               title="Round trip at each budget's own step count (exact score)")
     curve_plot(table, "sample_err_paper_zeta", plots_dir / "curve_sample_err_paper_zeta.png", logx=True, logy=True,
                xlabel="steps N", ylabel="mean |y_N - y_ref|",
                title="At the paper's zeta = 0.999: where does Rex-Euler plateau?")

@@ -277,24 +277,32 @@ class BDIA(Sampler):
     """Zhang, Lewis & Kleijn's bi-directional integration approximation (BDIA-DDIM).
 
     On the grid z_0 (noise, rho_0 = rho_max) ... z_N (data), with the DDIM increment
-    Delta(k -> j | z_k) = (rho_j - rho_k) * eps(z_k, rho_k), eps = (z - D)/rho, one step is
+    Delta(k -> j | z_k) from z_k to noise level j, one step is
         z_{k+1} = z_k + gamma * (z_{k-1} - z_k - Delta(k -> k-1 | z_k)) + Delta(k -> k+1 | z_k),
     a forward DDIM step plus gamma times the mismatch of a backward DDIM step against the
     previous state; gamma = 1 is the time-symmetric (leapfrog) form. The first step is plain DDIM.
-    It mixes states at different noise levels, so it is written in y = x/alpha (the VE form, as
-    BDIA-EDM), not in the Lawson variables. Exactly invertible given the last two states:
+    Exactly invertible given the last two states:
         z_{k-1} = (z_{k+1} - z_k - Delta(k -> k+1 | z_k)) / gamma + z_k + Delta(k -> k-1 | z_k).
-    The state is (z at this end of the grid, z one grid point inward, or None when unknown);
-    a single data point starts its inversion with one DDIM inversion step, as in the paper.
+
+    BDIA mixes states at different noise levels, so the variables it runs in change the scheme
+    (the DDIM increment itself is the same exact step in every variable). ``lawson=False``: in
+    y = x/alpha, Delta = (rho_j - rho_k) eps(y_k, rho_k), the VE form (BDIA-EDM), the published
+    variables; there the parasitic root of the leapfrog grows as the true solution contracts,
+    by up to rho_max/rho_min over the grid. ``lawson=True``: in Rex's Lawson variables v = y/rho
+    (time 1/rho), Delta = (1/rho_j - 1/rho_k) D(y_k, rho_k), the same change of variables as Rex
+    and reversible Heun, so the comparison is like for like. One denoiser evaluation per step
+    either way. Public states are in y units, each at its own noise level: (z at this end of the
+    grid, z one grid point inward, or None when unknown); a single data point starts its inversion
+    with one DDIM inversion step, as in the paper.
     """
 
     state_dim = 2
 
-    def __init__(self, denoise: Denoise, gamma: float):
+    def __init__(self, denoise: Denoise, gamma: float, lawson: bool = False):
         super().__init__(denoise)
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"BDIA gamma must lie in (0, 1], got {gamma}")
-        self.gamma = gamma
+        self.gamma, self.lawson = gamma, lawson
 
     def init(self, noise):
         return (noise, None)
@@ -302,37 +310,45 @@ class BDIA(Sampler):
     def _eps(self, z, rho):
         return (z - self.denoise(z, rho)) / rho
 
-    def _march(self, state, rhos):
-        """Run the recursion along ``rhos`` (either direction); returns (z_end, z_before_end)."""
-        z, z_in = state
+    def _s(self, rho):
+        """The time variable in which the DDIM increment is (s_j - s_k) * field."""
+        return 1.0 / rho if self.lawson else rho
+
+    def _field(self, w, rho):
+        """D (Lawson) or eps (y) at the internal state w: one denoiser evaluation."""
+        return self.denoise(w * rho, rho) if self.lawson else self._eps(w, rho)
+
+    def _to(self, y, rho):
+        return None if y is None else (y / rho if self.lawson else y)
+
+    def _from(self, w, rho):
+        return w * rho if self.lawson else w
+
+    def _march(self, state, rhos, inverse: bool):
+        """Run the recursion along ``rhos`` (either direction); returns (z_end, z_before_end) in
+        y units. ``inverse``: the recursion solved for z_{k-1} (identical for gamma = 1)."""
+        z, z_in = self._to(state[0], rhos[0]), self._to(state[1], rhos[1])
+        s = self._s(rhos)
         if z_in is None:  # plain DDIM step (sampling) or DDIM inversion step (data)
-            z, z_in = z + (rhos[1] - rhos[0]) * self._eps(z, rhos[0]), z
+            z, z_in = z + (s[1] - s[0]) * self._field(z, rhos[0]), z
         else:
             z, z_in = z_in, z  # (current, previous) along the direction of travel
         g = self.gamma
         for k in range(1, len(rhos) - 1):
-            e = self._eps(z, rhos[k])
-            z_next = z + g * (z_in - z - (rhos[k - 1] - rhos[k]) * e) + (rhos[k + 1] - rhos[k]) * e
+            e = self._field(z, rhos[k])
+            if inverse:
+                z_next = (z_in - z - (s[k - 1] - s[k]) * e) / g + z + (s[k + 1] - s[k]) * e
+            else:
+                z_next = z + g * (z_in - z - (s[k - 1] - s[k]) * e) + (s[k + 1] - s[k]) * e
             z, z_in = z_next, z
-        return z, z_in
+        return self._from(z, rhos[-1]), self._from(z_in, rhos[-2])
 
     def decode(self, state, rhos, dws=None):
-        return self._march(state, np.asarray(rhos, dtype=float))
+        return self._march(state, np.asarray(rhos, dtype=float), inverse=False)
 
     def encode_state(self, state, rhos, dws=None):
         """Exact inverse of :meth:`decode` for a state it produced (state[1] known)."""
-        rhos = np.asarray(rhos, dtype=float)
-        z, z_in = state
-        if z_in is None:  # a data point alone: one DDIM inversion step first
-            z, z_in = z + (rhos[-2] - rhos[-1]) * self._eps(z, rhos[-1]), z
-        else:
-            z, z_in = z_in, z
-        g = self.gamma
-        for k in range(len(rhos) - 2, 0, -1):  # z is z_k, z_in is z_{k+1}
-            e = self._eps(z, rhos[k])
-            z_prev = (z_in - z - (rhos[k + 1] - rhos[k]) * e) / g + z + (rhos[k - 1] - rhos[k]) * e
-            z, z_in = z_prev, z
-        return z, z_in
+        return self._march(state, np.asarray(rhos, dtype=float)[::-1], inverse=True)
 
     def linear_step(self, vec, z):
         """(z_k, z_{k-1}) -> (z_{k+1}, z_k) on y' = lambda*y, lambda*h = z (uniform steps)."""
@@ -352,10 +368,11 @@ def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
         return EDICT(denoise, params["edict_p"])
     if variant == "reversible_heun":
         return ReversibleHeun(denoise)
-    if variant == "bdia":
-        return BDIA(denoise, params["bdia_gamma"])
+    if variant in ("bdia", "bdia_lawson"):
+        return BDIA(denoise, params["bdia_gamma"], lawson=variant == "bdia_lawson")
     raise ValueError(f"unknown Rex variant '{variant}'")
 
 
 def ode_order(variant: str) -> int | None:
-    return {"rex_euler": 1, "rex_midpoint": 2, "rex_rk4": 4, "ddim": 1, "reversible_heun": 2}.get(variant)
+    return {"rex_euler": 1, "rex_midpoint": 2, "rex_rk4": 4, "ddim": 1, "reversible_heun": 2, "bdia": 2,
+            "bdia_lawson": 2}.get(variant)
