@@ -319,7 +319,8 @@ def test_smoke_dkmp_passes_several_times_fewer_edges(cu309):
     the stars must add a factor of their own on top of it."""
     import reprozoo.methods.dkmp.method as M
 
-    cfg = _smoke()["variants"]
+    cfg = {v: c for v, c in _smoke()["variants"].items() if "cost_of" not in c}
+    cfg["dense_short_cutoff"] = {"shells": SHORT}  # DKMP's nearest-neighbour cutoff in every layer
     pos, num = cu309
     per = {v: M.build_data(_frames(pos, num), c).messages_per_layer(0).sum() / len(pos) for v, c in cfg.items()}
     assert per["dense_same_field"] / per["dkmp"] >= 3.0
@@ -329,10 +330,14 @@ def test_smoke_dkmp_passes_several_times_fewer_edges(cu309):
     assert e["dense_same_field"] / e["dkmp"] >= 3.0
     # the planted case without stars: every atom of every shell, the dense graph split into its
     # 3 shells: exactly 3x, no star factor
-    wide = {**cfg["dkmp"], "shells": [[0.0, 3.1], [3.1, 4.6], [4.6, 6.0]]}
+    wide = {**cfg["dkmp"], "shells": [sh[:2] for sh in cfg["dkmp"]["shells"]]}
     ew = M.build_data(_frames(pos, num), wide).messages_per_layer(0).sum() / len(pos)
     assert abs(per["dense_same_field"] / ew - 3.0) < 1e-9
-    assert ew / per["dkmp"] >= 1.5  # the stars' own sparsification
+    # the stars' own sparsification: 42 / 24 per atom in bulk (12 + 6 + 24 atoms within 5 A vs
+    # 12 + 4 + 8 leaves), less on a cluster, whose surface atoms have fewer atoms per shell
+    assert ew / per["dkmp"] >= 1.3
+    eb = M.build_data(bulk, wide).messages_per_layer(0).sum() / len(bulk["numbers"][0])
+    assert eb / (e["dkmp"] / len(bulk["numbers"][0])) >= 1.5
 
 
 @pytest.mark.parametrize("variant", ["dkmp", "dense_same_field"])
@@ -377,3 +382,131 @@ def test_all_pairs_search_gives_the_same_star_graph(n):
     np.testing.assert_allclose(nsh, shifts, atol=1e-9)
     d = np.linalg.norm(pos[nj] - pos[ni] + nsh, axis=1)
     assert d.max() < 6.0 and d.min() > 1.5  # no self pair, every pair inside the cutoff
+
+
+# --- energy conservation between star-selection events (NVE) ----------------------------------------
+
+def _nve(shells, steps=150, dt=1.0, seed=0):
+    """Velocity Verlet on a rattled Cu55 under an untrained model, the graph rebuilt from the
+    positions every step (as in MD). Per step: total energy, and the potential's jump when the
+    graph changes (E on the new graph minus E on the old graph, at the same positions)."""
+    pos, num = _cluster(3, rattle=0.05, seed=seed)
+    m = _model(shells, seed=seed)
+    with torch.no_grad():
+        m.e_std.mul_(0.15)  # forces of EMT Cu's size (RMS about 0.4 eV/A), so the cluster stays bound for 150 fs
+    conv = 9.648533e-3  # eV / (A amu) -> A / fs^2
+    mass = 63.546
+    rng = np.random.default_rng(seed)
+    vel = rng.normal(0.0, np.sqrt(8.617333e-5 * 500.0 / mass * conv), pos.shape)  # A/fs at 500 K
+    vel -= vel.mean(0)
+
+    def graph(p):
+        i, j, sh, _ = star_graph(p, shells)
+        return (torch.as_tensor(np.stack([i, j])), torch.as_tensor(sh))
+
+    def ef(p, g):
+        x = torch.tensor(p, dtype=torch.float64)
+        e, f = m.energy_and_forces(torch.as_tensor(num), x, torch.zeros(len(p), dtype=torch.long), g[0],
+                                   g[1].to(torch.float64), 1, create_graph=False)
+        return float(e.detach()[0]), f.detach().numpy()
+
+    g = graph(pos)
+    e, f = ef(pos, g)
+    etot, jumps, flips = [], [], 0
+    for _ in range(steps):
+        vel = vel + 0.5 * dt * conv * f / mass
+        pos = pos + dt * vel
+        g_new = graph(pos)
+        same = g_new[0].shape == g[0].shape and bool(torch.equal(g_new[0], g[0]))
+        e_old, _ = ef(pos, g)
+        e, f = ef(pos, g_new)
+        jumps.append(0.0 if same else e - e_old)
+        flips += not same
+        g = g_new
+        vel = vel + 0.5 * dt * conv * f / mass
+        etot.append(e + 0.5 * mass * np.sum(vel**2) / conv)
+    return np.array(etot), np.array(jumps), flips
+
+
+def test_nve_conserves_energy_between_star_selection_flips():
+    """The dense model's energy is smooth, so velocity Verlet conserves its total energy; DKMP's
+    rank-picked stars change when two atoms of a shell swap rank (here within a few fs), and its
+    potential jumps then (the selection is not smooth; the shell windows only make crossings of
+    the shell radii smooth). Between such events DKMP conserves energy as well as the dense model:
+    the total energy minus the summed jumps is as flat as the dense model's. The jumps are what
+    the page reports as the method's MD caveat (no NVE run of the paper's own is described)."""
+    e_dense, j_dense, _ = _nve(DENSE)
+    drift_dense = np.ptp(e_dense - np.cumsum(j_dense))
+    e_dkmp, j_dkmp, flips = _nve(DKMP)
+    kin_scale = 1.5 * 55 * 8.617333e-5 * 500.0  # eV, total kinetic energy at 500 K
+    # the dense radius graph changes too (atoms crossing 6 A), but its window makes that smooth
+    assert np.abs(j_dense).max() < 1e-2 * np.abs(j_dkmp).max()
+    assert drift_dense < 1e-2 * kin_scale, drift_dense
+    # DKMP: the star selection changes under thermal motion within a few fs ...
+    assert flips > 0
+    corrected = e_dkmp - np.cumsum(j_dkmp)
+    # ... between flips the integrator conserves its energy as well as the dense model's ...
+    assert np.ptp(corrected) < 3 * drift_dense, (np.ptp(corrected), drift_dense)
+    # ... and the jumps, not the integrator, move its total energy, by a sizeable share of kT
+    assert np.ptp(e_dkmp) > 5 * np.ptp(corrected)
+    assert np.abs(j_dkmp).max() > 0.1 * 8.617333e-5 * 500.0
+
+
+# --- the pipeline's bookkeeping: lr curve for the gate, timing precision, held-out frames ---------
+
+def test_lr_curve_is_the_optimisers_rate(monkeypatch):
+    """The lr curve the convergence gate reads is the rate the shared fit's optimiser used."""
+    import reprozoo.methods.dkmp.method as M
+
+    used = []
+    orig = torch.optim.Adam.step
+
+    def step(self, *a, **k):
+        used.append(self.param_groups[0]["lr"])
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    frames = {"positions": [], "numbers": [], "cells": [], "pbc": [], "energy": [], "forces": []}
+    for s in range(5):
+        pos, num = _cluster(2, seed=s)
+        for key, val in zip(("positions", "numbers", "cells", "pbc", "forces"),
+                            (pos, num, np.zeros((3, 3)), np.zeros(3, bool), np.zeros_like(pos))):
+            frames[key].append(val)
+    frames["energy"] = np.zeros(5)
+    data = StarGraphData(frames, DKMP)
+    m = DilatedSchNet(DKMP, n_features=8, n_rbf=8)
+    fit_energy_scale(m, data)
+    cfg = TrainConfig(epochs=3, batch_size=2, lr=2e-3, lr_final_factor=0.3, max_steps=8, seed=0)
+    fit(m, data, None, cfg)
+    np.testing.assert_allclose(used, M.lr_schedule(np.arange(len(used)), cfg, len(data)), rtol=1e-12)
+    assert len(used) == 8 and min(used) >= 0.3 * 2e-3 - 1e-15
+
+
+def test_slope_standard_error_from_repeats():
+    import reprozoo.methods.dkmp.method as M
+
+    n = np.array([256, 500, 864, 1372, 2916])
+    exact = np.stack([2e-3 * n**1.1] * 3, axis=1)
+    assert M.slope_se(n, exact) < 1e-12
+    rng = np.random.default_rng(0)
+    noisy = exact * np.exp(rng.normal(0, 0.2, exact.shape))
+    assert 0.01 < M.slope_se(n, noisy) < 0.5
+    assert M.slope_se(n, exact[:, :1]) == float("inf")  # one repeat: no precision to claim
+
+
+def test_cost_variants_name_training_variants_and_eval_frames_are_held_out():
+    import reprozoo.methods.dkmp.method as M
+
+    cfg = _smoke()
+    arch = M.cost_architectures(cfg["variants"])
+    assert list(arch) == ["dkmp", "dense_same_field"] and all("shells" in c for c in arch.values())
+    with pytest.raises(KeyError):
+        M.cost_architectures({"a": {"cost_of": "b"}})
+
+    class MD:  # two systems: 0 trained on (test split scored), 1 never trained on (every 2nd frame)
+        system = np.array([0] * 6 + [1] * 5)
+        import pandas as pd
+        table = pd.DataFrame({"split": ["train"] * 4 + ["val", "test"] + ["train"] * 3 + ["val", "test"]})
+
+    ids = M.eval_frame_ids(MD, [0, 1], [0], stride=2)
+    assert ids[0].tolist() == [5] and ids[1].tolist() == [6, 8, 10]

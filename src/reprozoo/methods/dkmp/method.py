@@ -1,33 +1,38 @@
-"""DKMP in miniature: dilated star-structured message passing vs dense radius graphs on EMT Cu clusters.
+"""DKMP in miniature: dilated star-structured message passing vs a dense radius graph on EMT Cu clusters.
 
 Model (all variants): the shared SchNet blocks (embedding, continuous-filter interactions, Gaussian
 basis, atom-wise head, energy scaling; forces = -dE/dx by autograd) in
 ``blocks.atomistic.dilated.DilatedSchNet``: interaction l passes messages only along the edges
 whose length lies in its shell [r_in, r_out), weighted by a window that vanishes at the shell's
-boundaries. The variants differ only in their graphs:
+boundaries. The variants differ only in their graphs (shells from the config):
 
-* ``dkmp``: disjoint shells [0, 3.1), [3.1, 4.6), [4.6, 6.0) A, one per layer (progressively
-  farther); the first shell keeps every atom (the nearest-neighbour shell of Cu), each farther shell
-  keeps a star of k = 8 leaves per atom at evenly dilated distance ranks (ranks
+* ``dkmp``: disjoint shells, one per layer, progressively farther (smoke: [0, 3.1), [3.1, 4.1),
+  [4.1, 5.0) A); the first shell keeps every atom (the nearest-neighbour shell of Cu), each farther
+  shell keeps a star of k leaves per atom (smoke: 4, 8) at evenly dilated distance ranks (ranks
   floor((m + 1/2) n / k) of the n atoms of the shell); the union of shells is DKMP's receptive
-  radius 6.0 A;
-* ``dense_same_field``: the full radius graph at 6.0 A in every layer (same receptive field);
-* ``dense_short_cutoff``: the full radius graph at 3.1 A in every layer (about DKMP's edge budget).
+  radius (5.0 A at smoke: EMT Cu's interaction range);
+* ``dense_same_field``: the full radius graph at DKMP's receptive radius in every layer;
+* ``dkmp_cost`` / ``dense_cost`` (``cost_of``): no training; the cost of one MD step of that
+  architecture, measured untrained by ``train_shared`` (a step's time and memory do not depend on
+  the weights), so the cost claims read variants that the convergence gate does not hold.
 
-train_shared (per seed): cost of one MD step of every variant on periodic bulk fcc Cu cells (no
-surface, so edges per atom are the same at every size and a log-log slope measures the method, not
-the cluster geometry), interleaved in one process: graph construction (neighbour list; for DKMP
-also the star selection), energy + forces with the graph given, and the whole step (graph built
-from the positions, then energy + forces) timed as one call, for star variants also that whole step
+train_shared (per seed): cost of one MD step of each architecture that a cost variant names, on
+periodic bulk fcc Cu cells (no surface, so edges per atom are the same at every size and a log-log
+slope measures the method, not the cluster geometry), interleaved in one process: energy + forces
+with the graph given, and the whole step (graph built from the positions, then energy + forces)
+timed as one call (graph construction: their difference), for star variants also that whole step
 with its candidates from a naive O(N^2) all-pairs search (the planted control of the scaling
-claim: the same graph, a cost that grows faster); best CPU time over the repeats (one
-thread: CPU time is compute time, whatever else runs on the cores); peak torch tensor memory
-(allocator events replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors; edges per
-layer; and one training step on a Cu309 frame -> ``cost.json``.
-train (per variant x seed): fit on the Cu309 training frames (shared ``fit``, the same steps, batch
-and schedule for all), validation force MAE after every epoch (the convergence curve), energy/force
-MAE on held-out frames (overall and per cluster size), edges per layer; the variant's costs from
-``cost.json`` and their log-log slopes against atom count.
+claim: the same graph, a cost that grows faster); best CPU time over the repeats and every repeat
+(the slopes' standard error for the timing-precision precondition; one thread: CPU time is
+compute time, whatever else runs on the cores); peak torch tensor memory (allocator events
+replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors; edges per layer; and one
+training step on a Cu309 frame -> ``cost.json``.
+train (per training variant x seed): fit on the Cu309 training frames (shared ``fit``, the same
+steps, batch, learning rate and schedule for all), validation force MAE every half pass with the
+schedule's learning rate (the convergence curve and the gate's lr check); per-frame force and
+energy errors on held-out frames (the test split of Cu309, every ``eval_stride``-th frame of the
+clusters never trained on; ``ctx.metrics.units``), the planted control (the same errors x 1.25),
+edges per layer.
 Units: energy MAE meV/atom, force MAE meV/A, time ms, memory MiB.
 """
 from __future__ import annotations
@@ -222,13 +227,15 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
                   repeats: int = 2, device: str = "cpu", progress=print) -> dict:
     """Interleaved per-cell cost of every variant, from one process.
 
-    Per cell and variant: ``graph_ms`` (neighbour search + star selection + collation into tensors),
-    ``time_step_ms`` (energy + forces, graph given), ``time_md_step_ms`` (the whole MD step: graph
-    built from the positions, then energy + forces, timed as one call), ``mem_step_mb`` (peak torch
-    tensor memory of energy + forces above the inputs), ``graph_mb`` (the step's graph tensors:
-    edge_index int64 and shifts), ``mem_md_step_mb`` (their sum), ``edges_layer``. Times (CPU time on CPU, see
-    :func:`step_seconds`) are the best over ``repeats``; the variant order
-    alternates between repeats. Training step time/memory on ``train_frames`` (one frame)."""
+    Per cell and variant: ``time_step_ms`` (energy + forces, graph given), ``time_md_step_ms`` (the
+    whole MD step: graph built from the positions, then energy + forces, timed as one call),
+    ``graph_ms`` (their difference: neighbour search + star selection + collation into tensors),
+    ``mem_step_mb`` (peak torch tensor memory of energy + forces above the inputs), ``graph_mb``
+    (the step's graph tensors: edge_index int64 and shifts), ``mem_md_step_mb`` (their sum),
+    ``edges_layer``. Times (CPU time on CPU, see :func:`step_seconds`) are the best over
+    ``repeats`` (``*_reps``: every repeat, [cell][repeat], for the timing-precision precondition);
+    the variant order alternates between repeats. Training step time/memory on ``train_frames``
+    (one frame)."""
     import torch
 
     from ...blocks.atomistic import fit_energy_scale, loss_terms
@@ -273,7 +280,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         # the planted control: the same star graph and step, candidates from an O(N^2) search
         return ef(v, all_pairs_data(cells[s], variants[v], device).collate([0], dtype=torch.float32))
 
-    kinds = {"graph_ms": lambda v, s: graph(v, s), "time_step_ms": lambda v, s: ef(v, batches[v][s]),
+    kinds = {"time_step_ms": lambda v, s: ef(v, batches[v][s]),
              "time_md_step_ms": lambda v, s: ef(v, graph(v, s)),
              "time_md_step_naive_ms": naive_md_step}
     # the naive search only for the star variants (the control of the scaling claim reads DKMP's)
@@ -295,6 +302,8 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     for v in names:
         for k in kinds_of[v]:
             out[v][k] = [1e3 * float(np.min(ts)) for ts in t[k][v]]
+            out[v][k.removesuffix("_ms") + "_reps_ms"] = [[1e3 * x for x in ts] for ts in t[k][v]]
+        out[v]["graph_ms"] = list(np.subtract(out[v]["time_md_step_ms"], out[v]["time_step_ms"]))
         out[v]["mem_step_mb"] = [peak_tensor_bytes(lambda: ef(v, batches[v][s]), device)[0] / 2**20
                                  for s in range(len(sizes))]
         out[v]["mem_md_step_mb"] = list(np.add(out[v]["mem_step_mb"], out[v]["graph_mb"]))
@@ -306,13 +315,40 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     return out
 
 
+def cost_architectures(variants: dict) -> dict:
+    """The architectures whose cost the cost variants read (``cost_of: <training variant>``), by
+    the training variant's name, in the order the cost variants name them."""
+    out = {}
+    for v, cfg in variants.items():
+        if "cost_of" in cfg:
+            arch = cfg["cost_of"]
+            if arch not in variants or "cost_of" in variants[arch]:
+                raise KeyError(f"variant '{v}': cost_of '{arch}' must name a training variant of {sorted(variants)}")
+            out[arch] = variants[arch]
+    return out
+
+
+def slope_se(n, reps) -> float:
+    """Standard error of a log-log slope from the timing repeats: the slope of each repeat (repeat r
+    of every cell size), their standard deviation over the repeats / sqrt(repeats). The claim reads
+    the slope of the best-of-repeats times, at least as precise as one repeat, so this is a
+    conservative precision (inf with fewer than 2 repeats)."""
+    from ...blocks.atomistic.cost import loglog_slope
+
+    t = np.asarray(reps, float)  # [cell][repeat]
+    if t.ndim != 2 or t.shape[1] < 2:
+        return float("inf")
+    slopes = [loglog_slope(n, t[:, k]) for k in range(t.shape[1])]
+    return float(np.std(slopes, ddof=1) / np.sqrt(t.shape[1]))
+
+
 def train_shared(ctx) -> None:
     p = ctx.params
     md = _load(ctx)
     cells = bulk_cells(p["scaling_cells"], ctx.seed, p.get("cell_rattle", 0.08))
     train_frame = frames_of(md, _system_ids(md, p["train_systems"])[:1], split="train", first_only=True)
     t0 = time.perf_counter()
-    cost = measure_costs(p["variants"], p["model"], cells, train_frame, ctx.seed,
+    cost = measure_costs(cost_architectures(p["variants"]), p["model"], cells, train_frame, ctx.seed,
                          p.get("cost", {}).get("repeats", 2), p.get("device", "cpu"), ctx.progress)
     ctx.metrics.scalar("cost_seconds", time.perf_counter() - t0)
     (ctx.outdir / "cost.json").write_text(json.dumps(cost, indent=1))
@@ -320,14 +356,83 @@ def train_shared(ctx) -> None:
 
 # --- per variant -------------------------------------------------------------------------------
 
+def lr_schedule(steps, cfg, n_train: int) -> np.ndarray:
+    """The learning rate of the shared ``fit`` after ``steps`` optimiser steps: cosine from ``lr``
+    to ``lr * lr_final_factor`` over the run's total steps (the rate the next step uses). Recorded
+    next to the validation curve so that the convergence gate can check that the rate is still
+    above a tenth of its peak where it judges the plateau (a test checks it against the optimiser)."""
+    spe = int(np.ceil(n_train / cfg.batch_size))
+    total = cfg.epochs * spe if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * spe)
+    x = np.minimum(np.asarray(steps, float), total) / max(total, 1)
+    f = cfg.lr_final_factor
+    return cfg.lr * (f + (1 - f) * 0.5 * (1 + np.cos(np.pi * x)))
+
+
+def eval_frame_ids(md, eval_ids, train_ids, stride: int = 1) -> list[np.ndarray]:
+    """Frame indices scored per evaluation system: the test split of a training system; every
+    ``stride``-th frame of a system the models never trained on (all of its frames are held out)."""
+    split = md.table["split"].to_numpy()
+    out = []
+    for s in eval_ids:
+        idx = np.flatnonzero(md.system == s)
+        out.append(idx[split[idx] == "test"] if s in train_ids else idx[::max(1, int(stride))])
+    return out
+
+
+def per_frame_errors(model, data, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per frame: force MAE (per component) and |energy error| per atom, in the data's units."""
+    import torch
+
+    dtype = dtype or torch.float32
+    fm, em = [], []
+    model.eval()
+    for k in range(len(data)):
+        b = data.collate([k], dtype=dtype)
+        e, f = model.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures,
+                                       create_graph=False)
+        fm.append(float((f.detach() - b.forces).abs().double().mean()))
+        em.append(float(((e.detach() - b.energy) / b.n_atoms.to(e.dtype)).abs().double().sum()))
+    return np.array(fm), np.array(em)
+
+
+def record_costs(ctx, arch: str) -> None:
+    """A cost variant: the bulk-cell costs of architecture ``arch`` measured by ``train_shared`` on
+    the untrained model (a step's time and memory do not depend on the weights), recorded under
+    this variant, which trains nothing and so is not held to the convergence gate."""
+    from ...blocks.atomistic.cost import loglog_slope
+
+    cost = json.loads((Path(ctx.shared_dir) / "cost.json").read_text())[arch]
+    n = cost["n_atoms"]
+    edges = [float(np.sum(e)) for e in cost["edges_layer"]]
+    for name in ("time_step_ms", "time_md_step_ms", "graph_ms", "mem_step_mb", "graph_mb", "mem_md_step_mb"):
+        ctx.metrics.curve(name, n, cost[name])
+    ctx.metrics.curve("edges_total", n, edges)
+    ctx.metrics.scalar("bulk_edges_per_atom", float(np.mean(np.divide(edges, n))))
+    ctx.metrics.scalar("time_train_step_ms", cost["time_train_ms"])
+    ctx.metrics.scalar("mem_train_step_mb", cost["mem_train_mb"])
+    for name in ("time_step", "time_md_step", "mem_step", "mem_md_step"):
+        ctx.metrics.scalar(f"slope_{name}", loglog_slope(n, cost[f"{name}_{'ms' if name.startswith('time') else 'mb'}"]))
+    for name in ("time_step", "time_md_step"):
+        ctx.metrics.scalar(f"slope_se_{name}", slope_se(n, cost[f"{name}_reps_ms"]))
+    ctx.metrics.scalar("slope_edges", loglog_slope(n, edges))
+    if "time_md_step_naive_ms" in cost:  # star variants: the step with an O(N^2) neighbour search
+        ctx.metrics.curve("time_md_step_naive_ms", n, cost["time_md_step_naive_ms"])
+        ctx.metrics.scalar("slope_time_md_step_naive", loglog_slope(n, cost["time_md_step_naive_ms"]))
+    ctx.progress(f"{arch} (untrained) bulk cells {n}: whole MD step ms {np.round(cost['time_md_step_ms'], 1).tolist()}, "
+                 f"slope {loglog_slope(n, cost['time_md_step_ms']):.3f} "
+                 f"(se {slope_se(n, cost['time_md_step_reps_ms']):.3f})")
+
+
 def train(ctx) -> None:
     import torch
 
-    from ...blocks.atomistic import TrainConfig, evaluate, fit, fit_energy_scale
-    from ...blocks.atomistic.cost import loglog_slope
+    from ...blocks.atomistic import TrainConfig, fit, fit_energy_scale
 
     p, v = ctx.params, ctx.variant
     vcfg = p["variants"][v]
+    if "cost_of" in vcfg:
+        record_costs(ctx, vcfg["cost_of"])
+        return
     device = p.get("device", "cpu")
     md = _load(ctx)
     train_ids = _system_ids(md, p["train_systems"])
@@ -338,7 +443,7 @@ def train(ctx) -> None:
     model = build_model(vcfg, p["model"], ctx.seed)
     fit_energy_scale(model, train_data)
     model.to(device)
-    # the same steps, batch size, learning-rate schedule and data for every variant; the validation
+    # the same steps, batch size, learning rate, schedule and data for every variant; the validation
     # force MAE, val_per_epoch times a pass, shows whether the curve has flattened within that budget
     cfg = TrainConfig.from_dict({**p["train"], "seed": ctx.seed})
     hist = fit(model, train_data, val_data, cfg, progress=ctx.progress)
@@ -351,52 +456,45 @@ def train(ctx) -> None:
     val_steps = np.asarray(hist["val_steps"])
     val_fmae = 1e3 * np.asarray(hist["val_force_mae"])
     ctx.metrics.curve("val_force_mae", val_steps, val_fmae)
-    # flattening: relative change of the validation force MAE over the last quarter of the steps
-    q = val_steps >= 0.75 * val_steps[-1]
-    ctx.metrics.scalar("val_force_mae_last_quarter_change", float(val_fmae[q][-1] / val_fmae[q][0] - 1.0))
+    ctx.metrics.curve("lr", val_steps, lr_schedule(val_steps, cfg, len(train_data)))
+    ctx.metrics.scalar("val_force_mae_final", float(val_fmae[-1]))
     ctx.metrics.scalar("n_params", sum(q.numel() for q in model.parameters()))
 
-    # held-out frames, per cluster size, then pooled (frame-weighted energy, component-weighted forces)
-    sizes, fmae, emae, n_frames, n_comp, per_layer = [], [], [], [], [], []
-    for s in eval_ids:
-        d = build_data(frames_of(md, [s], "test"), vcfg, device)
-        ms = evaluate(model, d, batch_size=1, dtype=torch.float32)
+    # held-out frames: the test split of the training cluster, every eval_stride-th frame of the
+    # clusters never trained on; one unit per frame, in the same order for every variant
+    from ...blocks.atomistic.data import frames_from_arrays
+
+    sizes, fmae_size, emae_size, fm_all, em_all, per_layer = [], [], [], [], [], []
+    for s, idx in zip(eval_ids, eval_frame_ids(md, eval_ids, train_ids, p.get("eval_stride", 1))):
+        sub = md.select(idx)
+        d = build_data(frames_from_arrays(sub.positions, sub.numbers, sub.cells, sub.pbc, sub.energy, sub.forces,
+                                          sub.n_atoms), vcfg, device)
+        fm, em = per_frame_errors(model, d, torch.float32)
         sizes.append(d.n_atoms(0))
-        fmae.append(1e3 * ms["force_mae"])
-        emae.append(1e3 * ms["energy_mae_per_atom"])
-        n_frames.append(len(d))
-        n_comp.append(3 * sum(d.n_atoms(k) for k in range(len(d))))
+        fmae_size.append(1e3 * fm.mean())
+        emae_size.append(1e3 * em.mean())
+        fm_all.append(1e3 * fm)
+        em_all.append(1e3 * em)
         # messages per layer (edges each interaction passes over) per atom
         per_layer += [d.messages_per_layer(k) / d.n_atoms(k) for k in range(len(d))]
-    energy_mae = float(np.average(emae, weights=n_frames))
-    force_mae = float(np.average(fmae, weights=n_comp))
-    ctx.metrics.scalar("energy_mae", energy_mae)
-    ctx.metrics.scalar("force_mae", force_mae)
-    ctx.metrics.curve("force_mae_by_size", sizes, fmae)
-    ctx.metrics.curve("energy_mae_by_size", sizes, emae)
-    ctx.progress(f"test: energy MAE {energy_mae:.2f} meV/atom, force MAE {force_mae:.1f} meV/A "
-                 f"(by size {dict(zip(sizes, np.round(fmae, 1)))})")
+    fm_all, em_all = np.concatenate(fm_all), np.concatenate(em_all)
+    ctx.metrics.units("force_mae", fm_all)
+    ctx.metrics.units("energy_mae", em_all)
+    # the planted partial effect (the control of force_mae_matches_dense): this model with every
+    # force error 25 % larger (F_true + 1.25 (F_pred - F_true)), a model the equivalence test must flag
+    ctx.metrics.units("force_mae_worse25", PLANTED_ERROR_FACTOR * fm_all)
+    ctx.metrics.scalar("n_test_frames", len(fm_all))
+    ctx.metrics.curve("force_mae_by_size", sizes, fmae_size)
+    ctx.metrics.curve("energy_mae_by_size", sizes, emae_size)
+    ctx.progress(f"test ({len(fm_all)} frames): energy MAE {em_all.mean():.2f} meV/atom, force MAE {fm_all.mean():.1f} "
+                 f"meV/A (by size {dict(zip(sizes, np.round(fmae_size, 1).tolist()))})")
     per_layer = np.array(per_layer)
     ctx.metrics.curve("edges_layer", np.arange(1, per_layer.shape[1] + 1), per_layer.mean(0))
     ctx.metrics.scalar("edges_per_atom", float(per_layer.sum(1).mean()))
     ctx.metrics.scalar("edges_per_layer_per_atom", float(per_layer.mean()))
 
-    # cost of a step on periodic bulk cells (measured for every variant in one process by train_shared)
-    cost = json.loads((Path(ctx.shared_dir) / "cost.json").read_text())[v]
-    n = cost["n_atoms"]
-    edges = [float(np.sum(e)) for e in cost["edges_layer"]]
-    for name in ("time_step_ms", "time_md_step_ms", "graph_ms", "mem_step_mb", "graph_mb", "mem_md_step_mb"):
-        ctx.metrics.curve(name, n, cost[name])
-    ctx.metrics.curve("edges_total", n, edges)
-    ctx.metrics.scalar("bulk_edges_per_atom", float(np.mean(np.divide(edges, n))))
-    ctx.metrics.scalar("time_train_step_ms", cost["time_train_ms"])
-    ctx.metrics.scalar("mem_train_step_mb", cost["mem_train_mb"])
-    for name in ("time_step", "time_md_step", "mem_step", "mem_md_step"):
-        ctx.metrics.scalar(f"slope_{name}", loglog_slope(n, cost[f"{name}_{'ms' if name.startswith('time') else 'mb'}"]))
-    ctx.metrics.scalar("slope_edges", loglog_slope(n, edges))
-    if "time_md_step_naive_ms" in cost:  # star variants: the step with an O(N^2) neighbour search
-        ctx.metrics.curve("time_md_step_naive_ms", n, cost["time_md_step_naive_ms"])
-        ctx.metrics.scalar("slope_time_md_step_naive", loglog_slope(n, cost["time_md_step_naive_ms"]))
+
+PLANTED_ERROR_FACTOR = 1.25
 
 
 # --- plots ---------------------------------------------------------------------------------------
