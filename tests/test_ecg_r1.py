@@ -125,3 +125,46 @@ def test_missing_modality_is_ignored_and_dropout_rates():
     ms, mi = dropout_masks(20000, 0.25, np.random.default_rng(0))
     assert ((ms + mi) >= 1).all()
     assert abs(ms.mean() - 0.75) < 0.01 and abs(mi.mean() - 0.75) < 0.01 and abs((ms * mi).mean() - 0.5) < 0.01
+
+
+def _ref(feat, rhythm="normal"):
+    return P.ground_truth({"rhythm": rhythm}, feat)
+
+
+def test_grounded_check_is_not_the_reward_scorer():
+    """The grounded check (the claimed hallucination rate) and the reward's scorer disagree where
+    they must: a one-bin slip the reward credits is a hallucination, and so is a diagnosis that
+    follows the protocol's measurement but not the record's generating rhythm."""
+    feat = _feat(hr=72.0, qrs_ms=105.0)
+    truth = P.protocol_report(feat)
+    assert P.grounded(truth, _ref(feat))[0].all()             # the protocol's own report is grounded
+    slip = truth.copy(); slip[0] += 1                           # 80-90 bpm for 72 bpm
+    assert P.supported(slip, truth)[0].all()                    # the reward gives full credit ...
+    assert not P.grounded(slip, _ref(feat))[0, 0]               # ... the grounded check does not
+    edge = truth.copy(); edge[0] = P.FIELDS[0].bin(81.0)        # 80-90 bpm for 84 bpm: inside
+    assert P.grounded(edge, _ref(_feat(hr=84.0)))[0, 0]
+    near = P.protocol_report(_feat(hr=79.0)); near[0] = P.FIELDS[0].bin(81.0)  # 79 is within 5 bpm of 80
+    assert P.grounded(near, _ref(_feat(hr=79.0)))[0, 0]
+    # a 'normal' generated record measured at 59 bpm: the protocol says brady, ground truth sinus
+    f59 = _feat(hr=59.0)
+    rep = P.protocol_report(f59)
+    assert rep[-1] == 1 and P.supported(rep, rep)[0].all()
+    g = P.grounded(rep, _ref(f59, "normal"))[0]
+    assert not g[-1] and not g[0]                               # wrong dx, wrong rate category
+    assert P.grounded(rep, _ref(f59, "brady"))[0].all()
+
+
+def test_grounded_regularity_follows_the_generating_class():
+    feat = _feat(hr=90.0, rr_cv=0.12)
+    rep = P.protocol_report(feat)                               # irregular, dx 3
+    assert rep[-1] == 3 and P.grounded(rep, _ref(feat, "irregular"))[0].all()
+    g = P.grounded(rep, _ref(feat, "normal"))[0]
+    assert not g[1] and not g[-1] and g[0]
+
+
+def test_units_per_record_and_per_variant_values():
+    from reprozoo.methods.ecg_r1.method import per_record, per_variant
+
+    assert np.allclose(per_record([1, 0, 1, 1, 0, 0], 2), [0.5, 1.0, 0.0])
+    assert per_variant({"default": 1e-3, "image_only": 4e-3}, "image_only") == 4e-3
+    assert per_variant({"default": 1e-3}, "ecg_r1") == 1e-3 and per_variant(2e-3, "x") == 2e-3

@@ -61,15 +61,15 @@ def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
         ax.set_ylabel("ECG (normalised to R amplitude)")
         sv = lambda v, m: _scalar(t[t["seed"] == seed0], v, m)
         feat = {k: sv(v0, f"ex_feat_{k}") for k in P.FEATURES}
-        ax.set_title("Which statements of a generated report does the measured evidence support?  "
+        ax.set_title("Which statements of a generated report does the ground truth support?  "
                      "(test record 0, seed %d) measured: HR %.0f bpm, RR CV %.3f, QRS %.0f ms, PR %.0f ms, QTc %.0f ms"
                      % (seed0, *[float(feat[k][0]) for k in P.FEATURES]), fontsize=9)
-        truth = np.array([sv(v0, f"ex_truth_{j}")[0] for j in range(P.N_STATEMENTS)]).astype(int)
+        ref = np.array([sv(v0, f"ex_ref_{j}")[0] for j in range(P.N_STATEMENTS)])
         for c, v in enumerate(shown):
             rep = np.array([sv(v, f"ex_report_{j}")[0] for j in range(P.N_STATEMENTS)]).astype(int)
-            ok = P.supported(rep, truth)[0]
+            ok = P.grounded(rep, ref)[0]
             lines = [f"{'OK ' if o else 'X  '}{s}" for o, s in zip(ok, P.report_text(rep))]
-            fig.text(0.06 + 0.46 * c, 0.47, f"{v} report ({int((~ok).sum())} unsupported):", weight="bold",
+            fig.text(0.06 + 0.46 * c, 0.47, f"{v} report ({int((~ok).sum())} contradicted by the grounded check):", weight="bold",
                      color=_COLORS.get(v, "k"), va="top", fontsize=9)
             fig.text(0.06 + 0.46 * c, 0.43, "\n".join(lines), family="monospace", va="top", fontsize=8.5)
         from .data import render_image
@@ -84,8 +84,10 @@ def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
 
     # 2. hallucination rate per variant
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    _bars(axes[0], present, ["hallucination"], lambda g, _: _scalar(t, g, "halluc_rate"),
+    _bars(axes[0], present, ["grounded check (claimed)", "reward's scorer"],
+          lambda g, lab: _scalar(t, g, "halluc_rate" if lab.startswith("grounded") else "halluc_rate_reward"),
           "unsupported statements / statements", "Does evidence-reward RL lower the hallucination rate?")
+    axes[0].legend(fontsize=8)
     _bars(axes[1], present, ["dx accuracy", "evidence precision"],
           lambda g, lab: _scalar(t, g, "dx_acc" if lab == "dx accuracy" else "evidence_precision"),
           "fraction of test reports / statements", "Diagnosis accuracy and evidence precision (both modalities)")
@@ -109,7 +111,7 @@ def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
 
     # 4. training curves with seed bands
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, m, lab in ((axes[0], "sft_val_loss", "validation CE (nats / report)"),
+    for ax, m, lab in ((axes[0], "val_loss", "validation CE (nats / report)"),
                        (axes[1], "val_reward", "validation evidence reward")):
         for v in present:
             c = t[(t["variant"] == v) & (t["metric"] == m)]

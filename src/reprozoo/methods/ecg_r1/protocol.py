@@ -149,6 +149,40 @@ def evidence_reward(reports: np.ndarray, truth: np.ndarray) -> np.ndarray:
     return (ok[:, -1].astype(float) + ok[:, :-1].mean(axis=1) + consistent(reports).astype(float)) / 3.0
 
 
+# --- the grounded check (independent of the reward) ----------------------------------------------
+
+RHYTHM_DX = {"normal": 0, "brady": 1, "tachy": 2, "irregular": 3}   # generating class -> DX index
+GROUND_TOL = tuple(0.5 * f.width for f in FIELDS)                  # half a bin, in the field's unit
+REF_COLUMNS = ("hr", "rr_cv", "qrs_ms", "pr_ms", "qtc_ms", "dx")   # ground_truth()'s order
+
+
+def ground_truth(params: dict, feat: dict) -> np.ndarray:
+    """The grounded check's reference for one record, in REF_COLUMNS order: the measured values
+    (neurokit2 on the noise-free trace; the miniature has no second instrument) and, as the
+    diagnosis, the rhythm class the simulator was asked for (the record's ground truth)."""
+    return np.array([feat[k] for k in FEATURES] + [RHYTHM_DX[params["rhythm"]]], dtype=np.float64)
+
+
+def grounded(reports: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Boolean (n, 6): does each statement agree with the ground-truth reference (``ground_truth``)?
+
+    Value statements: reference inside [lo - tol, hi + tol] of the stated bin (tol = half a bin).
+    Rate: also the stated category (bradycardic / normal / tachycardic) must be the generating
+    class's for the three regular classes. Regularity: the stated category must be "irregular"
+    exactly when the class is. Diagnosis: equal to the generating class."""
+    reports, ref = np.atleast_2d(reports), np.atleast_2d(ref)
+    ok = np.zeros(reports.shape, dtype=bool)
+    for j, (f, tol) in enumerate(zip(FIELDS, GROUND_TOL)):
+        lo = f.lo + reports[:, j] * f.width
+        ok[:, j] = (ref[:, j] >= lo - tol) & (ref[:, j] <= lo + f.width + tol)
+    dx = ref[:, -1].astype(int)
+    stated_rate = np.where(reports[:, 0] < BRADY_BIN, 1, np.where(FIELDS[0].category(reports[:, 0]), 2, 0))
+    ok[:, 0] &= (dx == 3) | (stated_rate == dx)
+    ok[:, 1] &= FIELDS[1].category(reports[:, 1]) == (dx == 3)
+    ok[:, -1] = reports[:, -1] == dx
+    return ok
+
+
 def report_text(report) -> list[str]:
     """Human-readable statements of one report (for the example figure)."""
     return [f.text(int(b)) for f, b in zip(FIELDS, report[:-1])] + [f"Dx: {DX[int(report[-1])]}"]
