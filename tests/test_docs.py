@@ -72,3 +72,17 @@ def test_check_lists_pages_that_differ_and_writes_nothing(project):
     assert page in changed and page.read_text() == before
     docs.write_all(project, "smoke")
     assert page not in docs.write_all(project, "smoke", check=True)
+
+
+def test_a_method_without_results_here_keeps_its_measured_page_and_index_row(project):
+    """A checkout holding some methods' results (a helper's single-method smoke run) must not wipe
+    the measured tables of the others: their page and their row of the README index stay."""
+    page = project / "src" / "reprozoo" / "methods" / METHOD / "README.md"
+    measured = page.read_text()
+    assert docs.MEASURED in measured.partition(docs.BEGIN)[2]  # the committed page carries a table
+    assert docs.method_page(METHOD, project / "results", "smoke", project) == measured
+    row = f"| [{METHOD}](src/reprozoo/methods/{METHOD}/README.md) | theory | 9 holds | t |"
+    assert row in docs.methods_index(project / "results", "smoke", f"| a | b |\n{row}\n")
+    # a page that was never measured still says so
+    page.write_text(docs.replace_between(measured, docs.BEGIN, docs.END, "nothing yet"))
+    assert "Not measured yet" in docs.method_page(METHOD, project / "results", "smoke", project)

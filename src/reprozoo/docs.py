@@ -23,6 +23,7 @@ from .report import counts, fmt, measured, why
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MBEGIN, MEND = "<!-- methods:begin -->", "<!-- methods:end -->"
+MEASURED = "Measured at `"  # how a results block written from claims.json begins (claims_table)
 BBEGIN, BEND = "<!-- budget:begin -->", "<!-- budget:end -->"
 
 
@@ -91,8 +92,11 @@ def method_page(method: str, results: Path, scale: str, root: Path) -> str | Non
         return None
     f = Path(results) / scale / method / "claims.json"
     if not f.exists():
+        text = page.read_text()
+        if MEASURED in text.partition(BEGIN)[2].partition(END)[0]:
+            return text  # measured elsewhere (a checkout holding some methods' results): keep it
         body = f"Not measured yet at `{scale}` (run `snakemake --config scale={scale} methods=[{method}]`)."
-        return replace_between(page.read_text(), BEGIN, END, body)
+        return replace_between(text, BEGIN, END, body)
     data = read_json(f)
     why_not = refusal(data)
     if why_not:
@@ -101,10 +105,16 @@ def method_page(method: str, results: Path, scale: str, root: Path) -> str | Non
     return replace_between(page.read_text(), BEGIN, END, claims_table(data))
 
 
-def methods_index(results: Path, scale: str) -> str:
+def methods_index(results: Path, scale: str, previous: str = "") -> str:
+    """The index of method pages; a method with no results here keeps its row from ``previous``
+    (the index as it stands), as its page keeps its table."""
+    kept = {m.group(1): m.group(0) for m in re.finditer(r"^\| \[(\w+)\]\(.*$", previous, re.M)}
     lines = [f"| method | wave | claims at `{scale}` | page |", "|---|---|---|---|"]
     for spec in registry.all_specs():
         f = Path(results) / scale / spec.id / "claims.json"
+        if not f.exists() and spec.id in kept and "| not measured |" not in kept[spec.id]:
+            lines.append(kept[spec.id])
+            continue
         data = read_json(f) if f.exists() else None
         verdicts = "not measured" if data is None else (
             "results not reproducible at this commit (rerun)" if refusal(data) else counts(c["verdict"] for c in data["claims"]))
@@ -166,7 +176,8 @@ def write_all(root: Path, scale: str = "smoke", check: bool = False,
         text = top.read_text()
         new = text
         if MBEGIN in new:
-            new = replace_between(new, MBEGIN, MEND, methods_index(results, scale))
+            new = replace_between(new, MBEGIN, MEND,
+                                  methods_index(results, scale, new.partition(MBEGIN)[2].partition(MEND)[0]))
         block = budget_block(root) if BBEGIN in new else None
         if block is not None:
             new = replace_between(new, BBEGIN, BEND, block)
