@@ -5,23 +5,65 @@ import numpy as np
 import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
+from scipy.stats import gamma as gamma_law
 from scipy.stats import halfnorm, lognorm
 
 from reprozoo.methods.heavytail_rnn.analysis import effective_rank, hill_tail_index, participation_ratio
-from reprozoo.methods.heavytail_rnn.method import block_mean, decision_accuracy, final_slope, train_task
-from reprozoo.methods.heavytail_rnn.model import (RateRNN, block_slices, block_targets, ei_signs, ot_project_,
-                                                  unit_mean, unit_quantiles)
+from reprozoo.methods.heavytail_rnn.method import (block_mean, decision_accuracy, final_slope, lr_factor,
+                                                   train_task)
+from reprozoo.methods.heavytail_rnn.model import (RateRNN, block_slices, block_targets, ei_signs, gamma_shape,
+                                                  ot_project_, unit_mean, unit_quantiles)
 from reprozoo.methods.heavytail_rnn.tasks import make_batch
 
 
 def test_unit_quantiles_are_the_laws_quantiles():
     n = 50
     u = (np.arange(n) + 0.5) / n
-    for dist, ref in [("lognormal", lognorm.ppf(u, s=1.3)), ("halfnormal", halfnorm.ppf(u))]:
+    for dist, ref in [("lognormal", lognorm.ppf(u, s=1.3)), ("halfnormal", halfnorm.ppf(u)),
+                      ("gamma", gamma_law.ppf(u, gamma_shape(1.3)))]:
         q = unit_quantiles(dist, n, sigma_ln=1.3)
         np.testing.assert_allclose(q / q[0], ref / ref[0], rtol=1e-10)
         assert abs(np.mean(unit_quantiles(dist, 200000, sigma_ln=1.3) ** 2) - 1.0) < 0.02
         assert abs(np.mean(unit_quantiles(dist, 200000, sigma_ln=1.3)) - unit_mean(dist, 1.3)) < 1e-3
+
+
+def test_gamma_law_matches_the_lognormal_in_mean_and_rms_but_not_in_the_tail():
+    """The tail-only control: Gamma(k) with k = 1 / (e - 1) at log-std 1 has the log-normal's
+    mean / RMS, so every block has the same mean and RMS (and the Dale matrices the same block
+    means and bulk radius); its tail is exponential, so its top quantiles and Hill index differ."""
+    assert np.isclose(gamma_shape(1.0), 1 / (np.e - 1))
+    k = gamma_shape(1.0)
+    assert np.isclose(np.sqrt(k / (k + 1)), np.exp(-0.5))  # mean / RMS of Gamma(k) = log-normal's
+    n = 64
+    tl, tg = block_targets(n, 0.8, "lognormal", 1.0), block_targets(n, 0.8, "gamma", 1.0)
+    for a, b in zip(tl, tg):
+        # block means agree to 1 %; the RMS to 5 % (169-2601 mid-point quantiles cut the log-normal's
+        # tail, so its quantized RMS is 1-4 % below the law's)
+        assert np.isclose(a.mean(), b.mean(), rtol=0.01)
+        assert np.isclose(np.sqrt(np.mean(a**2)), np.sqrt(np.mean(b**2)), rtol=0.05)
+        assert a.max() > 1.15 * b.max()  # the log-normal's largest synapse is stronger
+    assert tl[0].max() > 1.6 * tg[0].max()  # E->E block (51 x 51): the tail, not the bulk, differs
+    ql, qg = unit_quantiles("lognormal", 100000), unit_quantiles("gamma", 100000)
+    assert hill_tail_index(ql, 0.01) < 0.8 * hill_tail_index(qg, 0.01)
+    # the same initial ranks give the same block-mean part for both laws
+    torch.manual_seed(3)
+    ml = RateRNN(2, n, 2, "lognormal")
+    torch.manual_seed(3)
+    mg = RateRNN(2, n, 2, "gamma")
+    Wl, Wg = (m.recurrent_weights().detach().double().numpy() for m in (ml, mg))
+    np.testing.assert_allclose(block_mean(Wl, 51), block_mean(Wg, 51), rtol=0.02)
+    for rows, cols in block_slices(n, 51):
+        np.testing.assert_array_equal(np.argsort(ml.mag.detach()[rows, cols].numpy().ravel()),
+                                      np.argsort(mg.mag.detach()[rows, cols].numpy().ravel()))
+
+
+def test_lr_schedule_keeps_its_floor():
+    f = [lr_factor(k, 100, 0.2) for k in range(0, 101)]
+    assert np.isclose(f[0], 1.0) and np.isclose(f[-1], 0.2) and np.isclose(f[50], 0.6)
+    assert np.all(np.diff(f) <= 1e-12) and min(f) >= 0.2 - 1e-12
+    # decay over the first half, then constant: the gate's window (last 30 %) sees one fixed rate
+    h = np.array([lr_factor(k, 1000, 0.12, 0.5) for k in range(0, 1001)])
+    assert np.isclose(h[250], 0.56) and np.allclose(h[500:], 0.12) and np.all(np.diff(h) <= 1e-12)
 
 
 def test_rank_matching_is_the_optimal_transport_plan():
@@ -48,7 +90,7 @@ def test_rank_matching_is_the_optimal_transport_plan():
 def test_targets_balance_ei_and_set_the_bulk_radius():
     n, g = 400, 1.0
     n_exc = int((ei_signs(n, 0.8) > 0).sum())
-    for dist in ("lognormal", "halfnormal"):
+    for dist in ("lognormal", "gamma", "halfnormal"):
         tg = block_targets(n, 0.8, dist, g, sigma_ln=1.0)
         # expected input to a row: n_E mean(E block) - n_I mean(I block) = 0 (E/I balance)
         assert np.isclose(n_exc * tg[0].mean(), (n - n_exc) * tg[1].mean(), rtol=1e-3)

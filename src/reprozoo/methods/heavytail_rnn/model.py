@@ -18,13 +18,15 @@ distribution of the m_i onto the n-point quantization of the target,
 
 is solved in 1-D by the monotone (rank-matching) map: the k-th smallest m_i becomes q_k. After
 every gradient step each block is projected this way, so the magnitudes always have exactly the
-target distribution (log-normal for the heavy-tailed RNN, half-normal for the Gaussian one) and
-learning moves only *which* synapse carries which magnitude.
+target distribution (log-normal for the heavy-tailed RNN; Gamma with the log-normal's mean and
+RMS, or half-normal, for the light-tailed ones) and learning moves only *which* synapse carries
+which magnitude.
 
 Scale. The block scales c_E, c_I = c_E n_E / n_I make every row E/I balanced in expectation
 (mean excitatory input = mean inhibitory input), and c_E puts the bulk of the spectrum of the
 random matrix at radius g (Rajan & Abbott 2006: r^2 = sum over columns of the entries' variance),
-so the two magnitude laws start from the same radius.
+so every magnitude law starts from the same radius. The log-normal and the matched Gamma law also
+have the same block means (hence the same rank-<=2 E/I mean part): they differ only in shape.
 """
 from __future__ import annotations
 
@@ -32,26 +34,46 @@ import math
 
 import numpy as np
 import torch
-from scipy.stats import norm
+from scipy.stats import gamma, norm
+
+
+LAWS = ("lognormal", "gamma", "halfnormal")
+
+
+def gamma_shape(sigma_ln: float = 1.0) -> float:
+    """Shape k of the Gamma law whose mean / RMS equals the log-normal's (log-std sigma_ln).
+
+    Gamma(k, theta): mean k theta, E[X^2] = k (k + 1) theta^2, so mean / RMS = sqrt(k / (k + 1));
+    the log-normal's is exp(-sigma^2 / 2). Equal when k = m^2 / (1 - m^2), m = exp(-sigma^2 / 2)
+    (sigma = 1: k = 1 / (e - 1) = 0.582). Same mean and RMS per block, exponential (light) tail."""
+    m2 = math.exp(-sigma_ln**2)
+    return m2 / (1.0 - m2)
 
 
 def unit_quantiles(dist: str, n: int, sigma_ln: float = 1.0) -> np.ndarray:
     """n mid-point quantiles of the magnitude law scaled to unit root-mean-square, E[X^2] = 1.
 
     dist: 'lognormal' (log-std sigma_ln: heavy right tail; E[X^2] = exp(2 sigma^2) before
-    scaling) or 'halfnormal' (|N(0,1)|, E[X^2] = 1).
+    scaling), 'gamma' (shape :func:`gamma_shape`: the log-normal's mean / RMS with an
+    exponential, light tail) or 'halfnormal' (|N(0,1)|, E[X^2] = 1).
     """
     u = (np.arange(n) + 0.5) / n
     if dist == "lognormal":
         return np.exp(sigma_ln * norm.ppf(u) - sigma_ln**2)
+    if dist == "gamma":
+        k = gamma_shape(sigma_ln)
+        return gamma.ppf(u, k) / math.sqrt(k * (k + 1.0))
     if dist == "halfnormal":
         return norm.ppf(0.5 + 0.5 * u)
-    raise ValueError(f"unknown magnitude law '{dist}' (lognormal | halfnormal)")
+    raise ValueError(f"unknown magnitude law '{dist}' ({' | '.join(LAWS)})")
 
 
 def unit_mean(dist: str, sigma_ln: float = 1.0) -> float:
-    """E[X] of the unit-RMS law: exp(-sigma^2 / 2) (log-normal), sqrt(2 / pi) (half-normal)."""
-    return math.exp(-sigma_ln**2 / 2) if dist == "lognormal" else math.sqrt(2 / math.pi)
+    """E[X] of the unit-RMS law: exp(-sigma^2 / 2) (log-normal and its matched Gamma),
+    sqrt(2 / pi) (half-normal)."""
+    if dist not in LAWS:
+        raise ValueError(f"unknown magnitude law '{dist}' ({' | '.join(LAWS)})")
+    return math.sqrt(2 / math.pi) if dist == "halfnormal" else math.exp(-sigma_ln**2 / 2)
 
 
 def ei_signs(n: int, frac_exc: float) -> np.ndarray:
