@@ -363,10 +363,11 @@ def test_end_to_end_tiny(tiny_pool, tmp_path):
     from reprozoo.methods.triforces import method
     from reprozoo.runtime import RunContext
 
-    p = {"n_train": [5, 10], "n_label_pool": 10, "split_seed": 0, "retrieval_k": 3, "model": MODEL,
+    p = {"n_train": [5, 10], "n_label_pool": 10, "n_val": 3, "split_seed": 0, "retrieval_k": 3, "model": MODEL,
          "pretrain": {"epochs": 1, "batch_size": 8, "sigreg_slices": 8, "proj_dim": 8, "head_hidden": 8},
          "finetune": {"epochs": 2, "min_steps": 2, "max_steps_cap": 4, "batch_size": 4, "lr": 3e-3,
-                      "energy_weight": 50.0, "force_weight": 1.0}}
+                      "lr_grid": [1e-3, 3e-3], "lr_pilot_frac": 0.5, "lr_pilot_min_steps": 1,
+                      "val_every_steps": 1, "energy_weight": 50.0, "force_weight": 1.0}}
     data = {method.DATASET: tiny_pool}
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -374,7 +375,7 @@ def test_end_to_end_tiny(tiny_pool, tmp_path):
     method.train_shared(ctx)
     assert (shared / "three_stream.pt").exists() and (shared / "backbone_only.pt").exists()
     results = {}
-    for v in ("triforces", "triforces_scratch", "scratch"):
+    for v in ("triforces", "triforces_scratch", "backbone_only_pretrained"):
         out = tmp_path / v
         out.mkdir()
         c = RunContext("triforces", v, 0, "ci", p, data, out, shared)
@@ -383,7 +384,142 @@ def test_end_to_end_tiny(tiny_pool, tmp_path):
         xs, ys = c.metrics.curves["energy_mae"]
         assert xs == [5.0, 10.0] and all(np.isfinite(ys)) and all(y > 0 for y in ys)
         assert 0.0 <= c.metrics.scalars["retrieval_p5"] <= 1.0
-    assert results["triforces"].scalars["n_parameters"] > results["scratch"].scalars["n_parameters"]
+    assert results["triforces"].scalars["n_parameters"] > results["backbone_only_pretrained"].scalars["n_parameters"]
     # the pre-training ablation is the same architecture: same size, different (untrained) latent
     assert results["triforces_scratch"].scalars["n_parameters"] == results["triforces"].scalars["n_parameters"]
     assert results["triforces_scratch"].curves["energy_mae"][1] != results["triforces"].curves["energy_mae"][1]
+    # every variant records its fine-tuning validation curves with the lr; the pre-trained one also
+    # the pre-training's held-out curve (what the convergence gate reads), per-cell energy units
+    for v, m in results.items():
+        for n in (5, 10):
+            assert len(m.curves[f"val_loss_n{n}"][0]) == len(m.curves[f"lr_n{n}"][0]) >= 2
+            # the learning rate was chosen from the grid by the pilots' validation losses
+            grid, pilot = m.curves[f"lr_pilot_val_n{n}"]
+            assert grid == [1e-3, 3e-3] and m.scalars[f"lr_chosen_n{n}"] == grid[int(np.argmin(pilot))]
+            assert m.curves[f"lr_n{n}"][1][0] <= m.scalars[f"lr_chosen_n{n}"]
+        assert len(m.unit_values["energy_mae_nmin"]) == len(m.unit_values["retrieval_p5"]) > 1
+        assert ("pretrain_val_loss" in m.curves) == (v != "triforces_scratch")
+    assert results["triforces"].curves["pretrain_val_loss"][0][0] == 0.0
+    assert 0.0 <= results["triforces"].scalars["pretrain_mask_majority"] <= 1.0
+    with pytest.raises(ValueError, match="min_pretrain_ratio"):
+        method.check_pretrain_ratio(99, {"n_train": [5, 10], "min_pretrain_ratio": 10})
+    assert method.check_pretrain_ratio(100, {"n_train": [5, 10], "min_pretrain_ratio": 10}) == 10
+
+
+# --- convergence plumbing and per-unit metrics ------------------------------------------------------------
+
+def test_per_query_precision_and_per_cell_errors_match_the_pooled_metrics(data):
+    from reprozoo.blocks.atomistic import evaluate
+    from reprozoo.methods.triforces.method import atomref_errors, per_cell_errors
+
+    rng = np.random.default_rng(0)
+    x, lab = rng.normal(size=(30, 4)), rng.integers(0, 3, 30)
+    x[:, 0] += 2 * lab
+    per = precision_at_k(x, lab, 5, per_query=True)
+    assert per.shape == (30,) and abs(per.mean() - precision_at_k(x, lab, 5)) < 1e-12
+    torch.manual_seed(0)
+    model = build(MODEL, streams=True)
+    scale = fit_energy_scale(model, data)
+    e, f = per_cell_errors(model, data, batch_size=4)
+    ref = evaluate(model, data, batch_size=3)
+    assert e.shape == (len(data),)
+    assert abs(e.mean() - ref["energy_mae_per_atom"]) < 1e-5 and abs(f - ref["force_mae"]) < 1e-5
+    # the composition-only model: exact on energies that are a sum of per-element references
+    lin = copy.deepcopy(data)
+    eps = {28: -0.5, 29: -1.0, 79: -2.0}
+    lin.frames["energy"] = np.array([sum(eps[int(z)] for z in n) for n in lin.frames["numbers"]])
+    assert np.abs(atomref_errors(fit_energy_scale(model, lin), lin)).max() < 1e-9
+    assert atomref_errors(scale, data).mean() > 0
+
+
+def test_smoke_runs_validate_often_enough_for_the_gate():
+    """fit's validation steps for every smoke N (every ``val_every_steps`` steps and at the last) leave
+    >= 6 points in the gate's window (last 30 %), with the cosine learning rate there >= 0.1 x its
+    peak at every rate of the grid; the lr pilots are short (<= 12 % of the run each); the pre-training
+    validates >= 20 times with its final rate above 0.1 x peak."""
+    import pathlib
+
+    import yaml
+
+    from reprozoo.claims import tail_fit
+    from reprozoo.methods.triforces.method import finetune_config, pilot_config
+
+    cfg = yaml.safe_load((pathlib.Path(__file__).parents[1] / "src/reprozoo/methods/triforces/configs/smoke.yaml")
+                         .read_text())
+    assert cfg["min_pretrain_ratio"] >= 10 and len(cfg["finetune"]["lr_grid"]) >= 3
+    for n in cfg["n_train"]:
+        for lr in cfg["finetune"]["lr_grid"]:
+            ft = finetune_config(cfg, n, 0, lr)
+            assert ft["lr"] == lr and "lr_grid" not in ft
+            total, k = ft["max_steps"], ft["val_every_steps"]
+            steps = sorted(set(list(range(k, total + 1, k)) + [total]))
+            fit_ = tail_fit(steps, np.linspace(1, 0.5, len(steps)))
+            assert fit_["tail_points"] >= 6, (n, steps)
+            f, n1 = ft["lr_final_factor"], total - int(round(cfg["finetune"]["hold_frac"] * total))
+            lrs = lr * (f + (1 - f) * 0.5 * (1 + np.cos(np.pi * np.minimum(steps, n1) / n1)))
+            tail = lrs[np.asarray(steps) >= fit_["tail_start"]]
+            assert tail.min() >= 0.1 * lrs.max()
+            assert n1 <= fit_["tail_start"] + k and np.allclose(tail, lr * f)  # the window sees a held rate
+            pc = pilot_config(ft, cfg["finetune"]["lr_pilot_frac"], cfg["finetune"]["lr_pilot_min_steps"])
+            assert pc["max_steps"] <= 0.12 * total and pc["val_every_steps"] == pc["max_steps"]
+    assert cfg["pretrain"]["val_points"] >= 20 and cfg["pretrain"]["lr_final_factor"] > 0.1
+
+
+def test_fit_hold_decays_then_holds_the_rate(data):
+    """fit_hold: cosine to lr_final_factor x peak over the first 1 - hold_frac of the steps, then that
+    rate held to the end; one merged history over all the steps, validated every k steps."""
+    from reprozoo.methods.triforces.method import fit_hold
+
+    torch.manual_seed(0)
+    model = build(MODEL, streams=True)
+    fit_energy_scale(model, data)
+    ft = {"epochs": 20, "max_steps": 20, "batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.2, "val_every_steps": 2,
+          "energy_weight": 50.0, "force_weight": 1.0, "seed": 0}
+    h = fit_hold(model, data, data, ft, hold_frac=0.3)
+    assert h["steps"] == 20 and h["hold_steps"] == 6
+    assert h["val_steps"] == list(range(2, 21, 2)) and len(h["lr"]) == len(h["val_loss"]) == 10
+    lr = np.asarray(h["lr"])
+    assert np.all(np.diff(lr[:7]) < 0) and lr[0] < 1e-2 and lr[6] == pytest.approx(2e-3)
+    assert np.allclose(lr[7:], 2e-3)                       # held in the last 30 %
+    assert all(np.isfinite(h["val_loss"]))
+
+
+def test_lr_grid_picks_the_lowest_validation_loss_from_the_same_start(data):
+    """choose_lr: every rate's pilot starts from the same weights (a repeated call gives the same
+    losses); a rate too small to move the weights loses to one that learns."""
+    from reprozoo.methods.triforces.method import choose_lr
+
+    def new_model():
+        torch.manual_seed(3)
+        m = build(MODEL, streams=True)
+        fit_energy_scale(m, data)
+        return m
+
+    p = {"finetune": {"epochs": 10, "min_steps": 1, "max_steps_cap": 40, "batch_size": 3, "lr": 1e-3,
+                      "lr_grid": [1e-9, 3e-3], "lr_pilot_frac": 0.5, "lr_pilot_min_steps": 1,
+                      "energy_weight": 50.0, "force_weight": 1.0}}
+    lr, scores = choose_lr(new_model, data, data, p, len(data), seed=0)
+    assert lr == 3e-3 and scores[3e-3] < scores[1e-9]
+    assert choose_lr(new_model, data, data, p, len(data), seed=0)[1] == scores
+    p["finetune"]["lr_grid"] = [3e-3]                       # no grid: the config's rate, no pilots
+    assert choose_lr(new_model, data, data, p, len(data), seed=0) == (1e-3, {})
+
+
+def test_pretraining_validation_is_a_fixed_corruption(data):
+    """The held-out pre-training loss changes only with the weights (same noise and masks each call),
+    is recorded before the first step and at the last, with the learning rate at those steps."""
+    from reprozoo.methods.triforces.pretrain import validate
+
+    pool = AtomsData(frames_from_atoms(_alloys(6, seed=9)), CUT).precompute()
+    pool.frames["energy"], pool.frames["forces"] = None, None
+    torch.manual_seed(0)
+    model = build(MODEL, streams=True)
+    cfg = {"epochs": 3, "batch_size": 3, "sigreg_slices": 8, "lr_final_factor": 0.2, "val_points": 3}
+    heads, hist = pretrain(model, pool, cfg, seed=1, val=data)
+    assert hist["val_step"][0] == 0 and hist["val_step"][-1] == hist["steps"] == 6
+    assert len(hist["lr"]) == len(hist["val_loss"]) == len(hist["val_step"])
+    assert hist["lr"][-1] == pytest.approx(0.2 * max(hist["lr"]))
+    from reprozoo.methods.triforces.pretrain import DEFAULTS
+    full = {**DEFAULTS, **cfg, "weights": DEFAULTS["weights"]}
+    a, b = validate(model, heads, data, full), validate(model, heads, data, full)
+    assert a == b and a["loss"] == pytest.approx(hist["val_loss"][-1])

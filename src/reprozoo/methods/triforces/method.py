@@ -5,18 +5,27 @@ held-out test set (energy/force MAEs and retrieval); the other structures are sh
 ``split_seed``; the first ``n_label_pool`` form the labelled reserve, the next ``n_val`` a
 development set (used to choose hyper-parameters while building the method, never in the
 metrics), the rest the unlabelled pre-training pool (energies and forces dropped before
-pre-training).
+pre-training). The development set is also every training run's validation set: unlabelled for
+pre-training (its held-out self-supervised loss, ``pretrain_val_loss``), labelled for fine-tuning
+(``val_loss_n<N>``); the convergence gate reads both curves with the learning rate at the same steps.
 
 train_shared (per seed): self-supervised pre-training (pretrain.py) of the three-stream model and,
-for the ablation, of the backbone alone, on the unlabelled pool; encoder weights to shared_dir.
+for the ablation, of the backbone alone, on the unlabelled pool; encoder weights and the
+pre-training history (held-out curve) to shared_dir; the pre-trained variants' cells copy that
+curve into their own metrics so the gate checks the pre-training they start from.
 train (per variant x seed): for each N in ``n_train`` a labelled set of N structures (nested,
 drawn from the reserve with the seed), a fresh model (pre-trained encoder loaded where the variant
-says so), ``fit_energy_scale`` + ``fit`` (energy + force loss, same budget for every variant),
-test energy MAE (meV/atom) and force MAE (meV/A); retrieval precision@k of the test structures'
-prototype from the latent (mean-pooled fused features) before fine-tuning and after the largest N.
+says so), ``fit_energy_scale`` + ``fit`` (energy + force loss, same budget for every variant; the
+peak learning rate chosen from ``finetune.lr_grid`` by short pilots on the development set, the
+same grid for every variant, :func:`choose_lr`; cosine decay over the first 70 % of the steps,
+then held at its floor, :func:`fit_hold`; validated every ``val_every_steps`` steps),
+test energy MAE (meV/atom, per test cell: the units of the energy claims) and force MAE (meV/A);
+retrieval precision@k of the test structures' prototype (per query cell) from the latent
+(mean-pooled fused features) before fine-tuning and after the largest N.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -28,13 +37,11 @@ DATASET = "md_emt_alloy_pool"
 VARIANTS = {
     "triforces": (True, True),
     "triforces_scratch": (True, False),
-    "scratch": (False, False),
     "backbone_only_pretrained": (False, True),
 }
 PRETRAINED = {True: "three_stream", False: "backbone_only"}
 # (pre-trained variant, the same architecture without pre-training, architecture)
-PRETRAINING_PAIRS = [("triforces", "triforces_scratch", "three streams"),
-                     ("backbone_only_pretrained", "scratch", "backbone alone")]
+PRETRAINING_PAIRS = [("triforces", "triforces_scratch", "three streams")]
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -91,14 +98,21 @@ def train_shared(ctx) -> None:
     d = load(ctx.data[DATASET])
     parts = split_pool(d, p)
     pool = atoms_data(d, parts["unlabelled"], _cutoff(p["model"]), labels=False)
+    val = (atoms_data(d, parts["val"][: int(p.get("n_val_pretrain", len(parts["val"])))], _cutoff(p["model"]),
+                      labels=False) if len(parts["val"]) else None)
+    check_pretrain_ratio(len(pool), p)
     ctx.metrics.scalar("n_pretrain_structures", len(pool))
-    ctx.progress(f"unlabelled pool {len(pool)} structures, labelled reserve {len(parts['labelled'])}, "
-                 f"test {len(parts['test'])}")
+    ctx.progress(f"unlabelled pool {len(pool)} structures ({len(pool) / max(p['n_train']):.1f} x the largest N), "
+                 f"labelled reserve {len(parts['labelled'])}, validation {len(val) if val else 0}, test {len(parts['test'])}")
     for kind in pretrained_kinds(p):
         torch.manual_seed(ctx.seed)
         model = build(p["model"], streams=(kind == "three_stream")).to(torch.float32)
-        heads, hist = pretrain(model, pool, p["pretrain"], seed=ctx.seed, progress=ctx.progress)
+        heads, hist = pretrain(model, pool, pretrain_config(p, kind), seed=ctx.seed, progress=ctx.progress, val=val)
         torch.save(model.encoder_state(), Path(ctx.outdir) / f"{kind}.pt")
+        keep = [k for k in hist if k.startswith("val_") or k in ("lr", "steps", "seconds", "epochs")]
+        (Path(ctx.outdir) / f"{kind}_history.json").write_text(json.dumps(
+            {**{k: hist[k] for k in keep}, "n_pool": len(pool), "n_val": len(val) if val else 0,
+             "mask_majority": _majority(val) if val else float("nan")}))
         ep = list(range(1, len(hist["loss"]) + 1))
         ctx.metrics.curve(f"pretrain_loss_{kind}", ep, hist["loss"])
         ctx.metrics.curve(f"pretrain_denoise_{kind}", ep, hist["denoise"])
@@ -108,16 +122,144 @@ def train_shared(ctx) -> None:
         ctx.metrics.scalar(f"pretrain_mask_acc_{kind}", hist["mask_acc"][-1])
 
 
+def pretrain_config(p: dict, kind: str) -> dict:
+    """The pre-training options of one model kind: ``pretrain`` with ``epochs`` replaced by
+    ``pretrain.epochs_by_model[kind]`` where given (the backbone alone learns its masking task more
+    slowly than the three-stream model and gets more passes over the same pool)."""
+    cfg = {k: v for k, v in p["pretrain"].items() if k != "epochs_by_model"}
+    epochs = (p["pretrain"].get("epochs_by_model") or {}).get(kind)
+    if epochs is not None:
+        cfg["epochs"] = int(epochs)
+    return cfg
+
+
+def check_pretrain_ratio(n_pool: int, p: dict) -> float:
+    """The unlabelled pool must hold at least ``min_pretrain_ratio`` x the largest fine-tuning N
+    (a pre-training on fewer cells than the labelled sets tests nothing about label-free data)."""
+    ratio = n_pool / max(int(n) for n in p["n_train"])
+    need = float(p.get("min_pretrain_ratio", 0))
+    if ratio < need:
+        raise ValueError(f"pre-training pool of {n_pool} cells is {ratio:.1f} x the largest N {max(p['n_train'])}; "
+                         f"min_pretrain_ratio is {need:g}")
+    return ratio
+
+
+def _majority(data) -> float:
+    """Frequency of the most common element among the atoms (accuracy of always guessing it)."""
+    z = np.concatenate([np.asarray(n) for n in data.frames["numbers"]])
+    return float(np.bincount(z).max() / len(z))
+
+
+def record_pretraining(ctx, streams: bool) -> None:
+    """Copy the pre-training's held-out curves (from train_shared) into this variant's metrics."""
+    h = json.loads((Path(ctx.shared_dir) / f"{PRETRAINED[streams]}_history.json").read_text())
+    ctx.metrics.scalar("pretrain_ratio", h["n_pool"] / max(int(n) for n in ctx.params["n_train"]))
+    ctx.metrics.scalar("pretrain_steps", h["steps"])
+    if not h.get("val_step"):
+        return
+    x = h["val_step"]
+    for name in ("loss", "denoise", "mask", "mask_acc", "jepa_pred", "sigreg"):
+        ctx.metrics.curve(f"pretrain_val_{name}", x, h[f"val_{name}"])
+    ctx.metrics.curve("pretrain_lr", x, h["lr"])
+    ctx.metrics.scalar("pretrain_mask_acc", h["val_mask_acc"][-1])
+    ctx.metrics.scalar("pretrain_mask_majority", h["mask_majority"])
+    ctx.metrics.scalar("pretrain_denoise_r2", 1 - h["val_denoise"][-1] / h["val_denoise_baseline"][-1])
+
+
 # --- per variant ---------------------------------------------------------------------------------------
 
-def finetune_config(p: dict, n: int, seed: int) -> dict:
+def finetune_config(p: dict, n: int, seed: int, lr: float | None = None) -> dict:
+    """fit's options for a fine-tune on ``n`` structures: ``epochs`` passes clipped to
+    [min_steps, max_steps_cap] steps, validated every ``val_every_steps`` steps (the same spacing for
+    every N), at learning rate ``lr`` (default: the config's ``lr``). The grid and hold options
+    (read by :func:`choose_lr` and :func:`fit_hold`) are dropped."""
     ft = dict(p["finetune"])
+    for key in ("lr_grid", "lr_pilot_frac", "lr_pilot_min_steps", "hold_frac"):
+        ft.pop(key, None)
     bs = int(ft.get("batch_size", 8))
     per_epoch = int(np.ceil(n / bs))
     steps = int(np.clip(int(ft.pop("epochs", 50)) * per_epoch, int(ft.pop("min_steps", 0)),
                         int(ft.pop("max_steps_cap", 10**9))))
-    ft.update(batch_size=bs, epochs=int(np.ceil(steps / per_epoch)), max_steps=steps, seed=seed)
+    every = int(ft.pop("val_every_steps", max(1, steps // 20)))
+    ft.update(batch_size=bs, epochs=int(np.ceil(steps / per_epoch)), max_steps=steps, seed=seed,
+              val_every_steps=every)
+    if lr is not None:
+        ft["lr"] = float(lr)
     return ft
+
+
+def fit_hold(model, tr, val, ft: dict, hold_frac: float = 0.0) -> dict:
+    """``fit`` with the cosine decay (peak to ``lr_final_factor`` x peak) over the first
+    ``1 - hold_frac`` of the steps and the rate then HELD at ``lr_final_factor`` x peak for the rest
+    (a second ``fit`` continuing from the weights, fresh Adam moments): the gate's window then sees
+    the curve at a constant rate above its floor, not the annealing. History merged (steps, lr)."""
+    from ...blocks.atomistic import fit
+
+    total = int(ft["max_steps"])
+    n_hold = int(round(float(hold_frac) * total))
+    if n_hold <= 0 or n_hold >= total:
+        return fit(model, tr, val, ft)
+    n1 = total - n_hold
+    h1 = fit(model, tr, val, {**ft, "max_steps": n1, "epochs": n1})
+    h2 = fit(model, tr, val, {**ft, "max_steps": n_hold, "epochs": n_hold, "lr_final_factor": 1.0,
+                              "lr": float(ft["lr"]) * float(ft.get("lr_final_factor", 0.1)), "seed": int(ft["seed"]) + 1})
+    out = dict(h1)
+    for key in ("val_loss", "val_energy_mae_per_atom", "val_force_mae", "lr", "step_loss", "train_loss"):
+        out[key] = list(h1[key]) + list(h2[key])
+    out["val_steps"] = list(h1["val_steps"]) + [n1 + s for s in h2["val_steps"]]
+    out.update(steps=h1["steps"] + h2["steps"], seconds=h1["seconds"] + h2["seconds"], hold_steps=h2["steps"])
+    return out
+
+
+def pilot_config(ft: dict, frac: float, min_steps: int) -> dict:
+    """A short run of the same recipe (its own cosine over the shorter length), validated at its end."""
+    steps = int(min(ft["max_steps"], max(int(min_steps), int(np.ceil(frac * ft["max_steps"])))))
+    return {**ft, "max_steps": steps, "epochs": steps, "val_every_steps": steps}  # max_steps ends it
+
+
+def choose_lr(new_model, tr, val, p: dict, n: int, seed: int) -> tuple[float, dict]:
+    """The fine-tuning learning rate from ``finetune.lr_grid`` (the same grid for every variant): each
+    rate trains a short pilot (``lr_pilot_frac`` of the run, at least ``lr_pilot_min_steps`` steps)
+    from the same initial weights on the same batches; the lowest validation loss at the pilot's end
+    wins. ``new_model()`` returns the variant's freshly initialised model (energy scale fitted).
+    Without a grid (or a validation set) the config's ``lr``."""
+    ftc = p["finetune"]
+    grid = [float(x) for x in ftc.get("lr_grid") or []]
+    if len(grid) < 2 or val is None:
+        return float(ftc["lr"]), {}
+    from ...blocks.atomistic import fit
+
+    scores = {}
+    for lr in grid:
+        pc = pilot_config(finetune_config(p, n, seed, lr), float(ftc.get("lr_pilot_frac", 0.1)),
+                          int(ftc.get("lr_pilot_min_steps", 30)))
+        h = fit(new_model(), tr, val, pc)
+        scores[lr] = float(h["val_loss"][-1]) if np.isfinite(h["val_loss"][-1]) else np.inf
+    return min(grid, key=lambda lr: (scores[lr], lr)), scores
+
+
+def per_cell_errors(model, data, batch_size: int = 32) -> tuple[np.ndarray, float]:
+    """|E_pred - E| / n_atoms per structure (eV/atom, in data order) and the force MAE per component
+    (eV/A, pooled over every component, as ``blocks.atomistic.evaluate``)."""
+    model.eval()
+    dtype = next(model.parameters()).dtype
+    e_err, f_abs, f_n = [], 0.0, 0
+    for b in data.batches(batch_size, dtype=dtype):
+        e, f = model.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures,
+                                       create_graph=False)
+        e_err.append((((e.detach() - b.energy) / b.n_atoms.to(e.dtype)).abs()).double().numpy())
+        f_abs += float((f.detach() - b.forces).abs().double().sum())
+        f_n += f.numel()
+    return np.concatenate(e_err), f_abs / max(f_n, 1)
+
+
+def atomref_errors(scale: dict, data) -> np.ndarray:
+    """|E - sum_i atomref[Z_i]| / n_atoms per structure: the composition-only linear model that
+    ``fit_energy_scale`` fits on the same labelled set (what a network must beat)."""
+    ref = scale["atomref"]
+    pred = np.array([sum(ref.get(int(z), 0.0) for z in n) for n in data.frames["numbers"]])
+    n = np.array([len(z) for z in data.frames["numbers"]], float)
+    return np.abs(pred - np.asarray(data.frames["energy"])) / n
 
 
 def make_model(p: dict, variant: str, shared_dir, seed: int):
@@ -146,7 +288,7 @@ def latents(model, data, batch_size: int = 32) -> np.ndarray:
 
 
 def train(ctx) -> None:
-    from ...blocks.atomistic import evaluate, fit, fit_energy_scale
+    from ...blocks.atomistic import fit_energy_scale
     from ...blocks.atomistic.descriptors import precision_at_k
     from ...data.md import load
 
@@ -158,32 +300,57 @@ def train(ctx) -> None:
     cutoff = _cutoff(p["model"])
     test = atoms_data(d, parts["test"], cutoff)
     reserve = atoms_data(d, parts["labelled"], cutoff)
+    val_idx = parts["val"][: int(p.get("n_val_finetune", len(parts["val"])))]
+    val = atoms_data(d, val_idx, cutoff) if len(val_idx) else None
     proto = d.extras["prototype"][parts["test"]]
     k = int(p.get("retrieval_k", 5))
+    streams, pretrained = VARIANTS[v]
+    if pretrained:
+        record_pretraining(ctx, streams)
 
     model = make_model(p, v, ctx.shared_dir, ctx.seed)
     ctx.metrics.scalar("n_parameters", sum(q.numel() for q in model.parameters()))
-    ctx.metrics.scalar("retrieval_p5", precision_at_k(latents(model, test), proto, k))
+    ctx.metrics.units("retrieval_p5", precision_at_k(latents(model, test), proto, k, per_query=True))
     order = ctx.rng(7).permutation(len(reserve))
-    e_mae, f_mae, secs = [], [], []
+    e_mae, f_mae, secs, ref_mae = [], [], [], []
     ns = [int(n) for n in p["n_train"]]
-    for n in ns:
-        model = make_model(p, v, ctx.shared_dir, ctx.seed * 1000 + n)
+    for j, n in enumerate(ns):
         tr = reserve.subset(order[:n])
-        fit_energy_scale(model, tr)
+
+        def new_model():
+            m = make_model(p, v, ctx.shared_dir, ctx.seed * 1000 + n)
+            fit_energy_scale(m, tr)
+            return m
+
+        lr, scores = choose_lr(new_model, tr, val, p, n, ctx.seed * 1000 + n)
+        if scores:
+            ctx.metrics.curve(f"lr_pilot_val_n{n}", sorted(scores), [scores[x] for x in sorted(scores)])
+        ctx.metrics.scalar(f"lr_chosen_n{n}", lr)
+        model = make_model(p, v, ctx.shared_dir, ctx.seed * 1000 + n)
+        scale = fit_energy_scale(model, tr)
+        ft = finetune_config(p, n, ctx.seed * 1000 + n, lr)
         t0 = time.perf_counter()
-        fit(model, tr, None, finetune_config(p, n, ctx.seed * 1000 + n))
+        hist = fit_hold(model, tr, val, ft, float(p["finetune"].get("hold_frac", 0.0)))
         secs.append(time.perf_counter() - t0)
-        m = evaluate(model, test, batch_size=32)
-        e_mae.append(1e3 * m["energy_mae_per_atom"])
-        f_mae.append(1e3 * m["force_mae"])
-        ctx.progress(f"N={n}: energy MAE {e_mae[-1]:.2f} meV/atom, force MAE {f_mae[-1]:.1f} meV/A "
-                     f"({secs[-1]:.1f} s)")
+        if hist["val_steps"]:
+            ctx.metrics.curve(f"val_loss_n{n}", hist["val_steps"], hist["val_loss"])
+            ctx.metrics.curve(f"lr_n{n}", hist["val_steps"], hist["lr"])
+        e_cell, f = per_cell_errors(model, test)
+        e_cell, ref_cell = 1e3 * e_cell, 1e3 * atomref_errors(scale, test)
+        e_mae.append(float(e_cell.mean()))
+        f_mae.append(1e3 * f)
+        ref_mae.append(float(ref_cell.mean()))
+        if j == 0 or j == len(ns) - 1:
+            tag = "nmin" if j == 0 else "nmax"
+            ctx.metrics.units(f"energy_mae_{tag}", e_cell)
+            ctx.metrics.units(f"energy_mae_atomref_{tag}", ref_cell)
+        ctx.progress(f"N={n} (lr {lr:g} of {sorted(scores) or [lr]}): energy MAE {e_mae[-1]:.2f} meV/atom (composition-only {ref_mae[-1]:.1f}), "
+                     f"force MAE {f_mae[-1]:.1f} meV/A ({secs[-1]:.1f} s, {hist['steps']} steps, "
+                     f"{len(hist['val_steps'])} validations)")
     ctx.metrics.curve("energy_mae", ns, e_mae)
+    ctx.metrics.curve("energy_mae_atomref", ns, ref_mae)
     ctx.metrics.curve("force_mae", ns, f_mae)
     ctx.metrics.curve("finetune_seconds", ns, secs)
-    ctx.metrics.scalar("energy_mae_nmin", e_mae[0])
-    ctx.metrics.scalar("energy_mae_nmax", e_mae[-1])
     ctx.metrics.scalar("force_mae_nmin", f_mae[0])
     ctx.metrics.scalar("force_mae_nmax", f_mae[-1])
     ctx.metrics.scalar("retrieval_p5_finetuned", precision_at_k(latents(model, test), proto, k))
@@ -209,6 +376,17 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     curve_plot(table, "force_mae", plots_dir / "curve_force_mae.png", logx=True, logy=True,
                xlabel="labelled structures N", ylabel="test force MAE (meV/A)",
                title="Force MAE vs fine-tuning set size", variants=order)
+    # what the convergence gate reads: the pre-training's held-out loss and every fine-tune's
+    for metric, ylabel in (("pretrain_val_loss", "held-out pre-training loss"),
+                           ("pretrain_val_mask_acc", "held-out masked-element accuracy")):
+        if (table.metric == metric).any():
+            curve_plot(table, metric, plots_dir / f"curve_{metric}.png", xlabel="pre-training step", ylabel=ylabel,
+                       title=f"Pre-training: {ylabel}", variants=[v for v in order if VARIANTS[v][1]])
+    for n in params.get("n_train", []):
+        if (table.metric == f"val_loss_n{n}").any():
+            curve_plot(table, f"val_loss_n{n}", plots_dir / f"curve_val_loss_n{n}.png", logy=True,
+                       xlabel="fine-tuning step", ylabel="validation loss (energy + force)",
+                       title=f"Fine-tuning on N = {n}", variants=order)
     # the gain from pre-training, each architecture against itself without pre-training
     sub = table[table.metric == "energy_mae"]
     pp = plt()

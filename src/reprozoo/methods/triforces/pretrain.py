@@ -12,6 +12,11 @@ Objectives (weights ``weights.{denoise, mask, jepa}``):
 * two-view consistency (LeJEPA-style): squared distance between the per-structure projections of
   the two views plus SIGReg (sliced Epps-Pulley test of the projections against N(0, I)), which
   keeps the latent from collapsing without negatives.
+
+Validation (``val``, unlabelled held-out structures): every ``val_every`` steps (and before the first
+step) the same terms on the held-out structures with a FIXED corruption (noise, masks and SIGReg
+slices drawn from the same generator seed each time), so the curve moves only with the weights; the
+convergence gate reads this curve (``val_loss``) and the learning rate at the same steps (``lr``).
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from .model import MASK_Z, PretrainHeads, TriForces
 
 DEFAULTS = dict(epochs=4, batch_size=8, lr=2e-3, lr_final_factor=0.1, noise=[0.03, 0.2], noise_unit=0.1,
                 mask_prob=0.15, weights={"denoise": 1.0, "mask": 1.0, "jepa": 0.1}, sigreg_slices=64,
-                proj_dim=16, head_hidden=32, grad_clip=10.0, max_steps=None, time_budget_s=None)
+                proj_dim=16, head_hidden=32, grad_clip=10.0, max_steps=None, time_budget_s=None,
+                val_every=None, val_points=20)
 
 
 def two_views(b: Batch) -> Batch:
@@ -39,8 +45,9 @@ def two_views(b: Batch) -> Batch:
                  shifts=b.shifts.repeat(2, 1), n_atoms=b.n_atoms.repeat(2), cells=b.cells.repeat(2, 1, 1))
 
 
-def pretrain_loss(model: TriForces, heads: PretrainHeads, b: Batch, cfg: dict, gen: torch.Generator) -> dict:
-    """All terms for one batch (b: a two-view batch)."""
+def pretrain_loss(model: TriForces, heads: PretrainHeads, b: Batch, cfg: dict, gen: torch.Generator,
+                  create_graph: bool = True) -> dict:
+    """All terms for one batch (b: a two-view batch); ``create_graph=False`` for evaluation only."""
     dtype = b.positions.dtype
     n_struct, n = b.n_structures, b.positions.shape[0]
     lo, hi = cfg["noise"]
@@ -51,7 +58,7 @@ def pretrain_loss(model: TriForces, heads: PretrainHeads, b: Batch, cfg: dict, g
     pos = (b.positions + delta).detach().requires_grad_(True)
     x = model.node_features(numbers, pos, b.batch, b.edge_index, b.shifts, n_struct)
     s = heads.denoise(x).sum()
-    (grad,) = torch.autograd.grad(s, pos, create_graph=True)
+    (grad,) = torch.autograd.grad(s, pos, create_graph=create_graph)
     target = -delta / cfg["noise_unit"]
     l_dn = ((-grad - target) ** 2).sum(-1).mean()
     baseline = (target ** 2).sum(-1).mean().detach()
@@ -69,10 +76,33 @@ def pretrain_loss(model: TriForces, heads: PretrainHeads, b: Batch, cfg: dict, g
             "jepa_pred": l_pred, "sigreg": l_sig}
 
 
-def pretrain(model: TriForces, data: AtomsData, cfg: dict | None = None, seed: int = 0, progress=None):
+KEYS = ("loss", "denoise", "denoise_baseline", "mask", "mask_acc", "jepa_pred", "sigreg")
+
+
+def validate(model: TriForces, heads: PretrainHeads, val: AtomsData, cfg: dict, seed: int = 12345) -> dict:
+    """Every term on the held-out structures, averaged over structures, with the same corruption at
+    every call (generator reseeded): a curve that changes only with the weights."""
+    was = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    dtype = next(model.parameters()).dtype
+    acc, weights = {k: 0.0 for k in KEYS}, 0
+    for b in val.batches(cfg["batch_size"], dtype=dtype):
+        b.energy, b.forces = None, None
+        terms = pretrain_loss(model, heads, two_views(b), cfg, gen, create_graph=False)
+        for k in KEYS:
+            acc[k] += float(terms[k].detach()) * b.n_structures
+        weights += b.n_structures
+    model.train(was)
+    return {k: v / max(weights, 1) for k, v in acc.items()}
+
+
+def pretrain(model: TriForces, data: AtomsData, cfg: dict | None = None, seed: int = 0, progress=None,
+             val: AtomsData | None = None):
     """Pre-train ``model`` (in place) on ``data`` (labels, if any, are never read).
 
-    Returns ``(heads, history)``; history holds per-epoch means of every loss term.
+    Returns ``(heads, history)``; history holds per-epoch means of every loss term and, with
+    ``val``, the held-out curve: ``val_step``, ``val_<term>`` and ``lr`` at those steps.
     """
     cfg = {**DEFAULTS, **(cfg or {})}
     cfg["weights"] = {**DEFAULTS["weights"], **(cfg.get("weights") or {})}
@@ -90,11 +120,25 @@ def pretrain(model: TriForces, data: AtomsData, cfg: dict | None = None, seed: i
     fin = cfg["lr_final_factor"]
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: fin + (1 - fin) * 0.5 * (1 + np.cos(np.pi * min(s, total) / max(total, 1))))
-    keys = ("loss", "denoise", "denoise_baseline", "mask", "mask_acc", "jepa_pred", "sigreg")
+    keys = KEYS
     hist = {k: [] for k in keys}
     hist["step_loss"] = []
+    val_every = int(cfg["val_every"] or max(1, total // max(1, int(cfg["val_points"]))))
+    hist.update(val_step=[], lr=[], val_seconds=0.0, **{f"val_{k}": [] for k in keys})
+
+    def record_val() -> None:
+        t = time.perf_counter()
+        terms = validate(model, heads, val, cfg)
+        hist["val_step"].append(step)
+        hist["lr"].append(float(opt.param_groups[0]["lr"]))
+        for k in keys:
+            hist[f"val_{k}"].append(terms[k])
+        hist["val_seconds"] += time.perf_counter() - t
+
     t0, step, stop = time.perf_counter(), 0, False
     model.train()
+    if val is not None:
+        record_val()
     for epoch in range(cfg["epochs"]):
         acc = {k: [] for k in keys}
         for b in data.batches(cfg["batch_size"], rng, dtype=dtype):
@@ -110,8 +154,10 @@ def pretrain(model: TriForces, data: AtomsData, cfg: dict | None = None, seed: i
             for k in keys:
                 acc[k].append(float(terms[k].detach()))
             hist["step_loss"].append(acc["loss"][-1])
-            if step >= total or (cfg["time_budget_s"] and time.perf_counter() - t0 > cfg["time_budget_s"]):
-                stop = True
+            stop = step >= total or bool(cfg["time_budget_s"] and time.perf_counter() - t0 > cfg["time_budget_s"])
+            if val is not None and (step % val_every == 0 or stop):
+                record_val()
+            if stop:
                 break
         for k in keys:
             hist[k].append(float(np.mean(acc[k])))
