@@ -11,10 +11,15 @@ alignment:
 Coastal index, a regional regression (from the same mask): points uniform in the cap, target
 tanh(d / scale_km) with d the signed great-circle distance to the nearest coast (> 0 on land, < 0
 at sea), the coastline traced on a ``grid_deg`` grid around the cap -> ``coast_mse`` (per test
-point), against the 1-NN prediction from the training points -> ``coast_nn_mse``. The target is
-continuous and 1-Lipschitz in d, so nearest-neighbour lookup pays about half the point spacing
-times the gradient everywhere, while a smooth encoder can interpolate between training points.
-(It replaces a prefecture-of-city task on which 1-NN already matched every encoder.)
+point). The target is continuous and 1-Lipschitz in d, so nearest-neighbour lookup pays about half
+the point spacing times the gradient everywhere, while a smooth encoder can interpolate between
+training points. (It replaces a prefecture-of-city task on which 1-NN already matched every encoder.)
+
+The proximity-only reference of both tasks (:func:`knn_reference`): k-nearest-neighbour prediction
+from the same training points, inverse-great-circle-distance weighted, with k chosen from
+``KNN_GRID`` on the validation points (land/sea: the validation points in the cap, since it is
+compared with the encoders in the cap) -> ``local_knn_acc``, ``coast_knn_mse``; plain 1-NN is kept
+for reference (``local_nn_acc``, ``coast_nn_mse``).
 
 Both are drawn from the seed in ``train_shared`` and saved as ``tasks.npz``; every variant of the
 seed reads the same points.
@@ -26,6 +31,7 @@ import numpy as np
 from ...blocks.sphere import angular_distance_deg, lat_lon, sample_cap, sample_sphere, unit_vectors
 
 EARTH_KM = 6371.0
+KNN_GRID = (1, 2, 4, 8, 16, 32)  # k of the inverse-distance-weighted k-NN reference, chosen on validation
 
 
 def is_land(lat, lon) -> np.ndarray:
@@ -104,21 +110,68 @@ class CoastDistance:
         return np.tanh(self.km(lat, lon) / self.scale_km)
 
 
-def coast_task(p: dict, rng: np.random.Generator, field: CoastDistance | None = None) -> dict[str, np.ndarray]:
-    """The regional regression: points uniform in the cap, target the coastal index; keys
-    ``coast_<split>_lat``/``_lon``/``_y`` for train, val, test, and ``coast_test_nn_y``, the 1-NN
-    prediction (great-circle nearest training point's target), the proximity-only reference."""
+def idw_knn(train_xyz: np.ndarray, train_y: np.ndarray, query_xyz: np.ndarray, ks=KNN_GRID) -> dict[int, np.ndarray]:
+    """For every k in ``ks``: the inverse-distance-weighted mean of the k nearest training targets
+    (great-circle distance; a query on a training point takes that point's target). For 0/1 labels
+    the mean is P(label 1), to be thresholded at 0.5."""
     from scipy.spatial import cKDTree
 
+    kmax = min(max(ks), len(train_y))
+    chord, idx = cKDTree(train_xyz).query(query_xyz, k=kmax)
+    chord, idx = chord.reshape(len(query_xyz), kmax), idx.reshape(len(query_xyz), kmax)
+    ang = 2 * np.arcsin(np.minimum(chord / 2, 1.0))
+    w = 1.0 / np.maximum(ang, 1e-12)
+    y = np.asarray(train_y, float)[idx]
+    out = {}
+    for k in ks:
+        kk = min(k, kmax)
+        out[k] = np.sum(w[:, :kk] * y[:, :kk], 1) / np.sum(w[:, :kk], 1)
+    return out
+
+
+def knn_reference(tr_lat, tr_lon, tr_y, va_lat, va_lon, va_y, te_lat, te_lon, classify: bool, ks=KNN_GRID):
+    """The k-NN (inverse-distance weighted) prediction of the test points, k chosen on the validation
+    points (accuracy for 0/1 labels, MSE otherwise); returns (test prediction, k, 1-NN test
+    prediction)."""
+    tr = unit_vectors(tr_lat, tr_lon)
+    val = idw_knn(tr, tr_y, unit_vectors(va_lat, va_lon), ks)
+    if classify:
+        score = {k: np.mean((v > 0.5) == np.asarray(va_y, bool)) for k, v in val.items()}
+        k = max(ks, key=lambda kk: (score[kk], -kk))  # ties: the smaller k
+    else:
+        score = {k: np.mean((v - va_y) ** 2) for k, v in val.items()}
+        k = min(ks, key=lambda kk: (score[kk], kk))
+    test = idw_knn(tr, tr_y, unit_vectors(te_lat, te_lon), sorted({1, k}))
+    pred, nn = test[k], test[1]
+    if classify:
+        pred, nn = (pred > 0.5).astype(np.int64), (nn > 0.5).astype(np.int64)
+    return pred, k, nn
+
+
+def land_sea_knn(t: dict, r: dict) -> dict[str, np.ndarray]:
+    """k-NN and 1-NN references of the land/sea test points in the cap, from all training points;
+    k chosen on the validation points in the cap."""
+    inside = angular_distance_deg(t["val_lat"], t["val_lon"], r["lat"], r["lon"]) <= r["radius_deg"]
+    pred, k, nn = knn_reference(t["train_lat"], t["train_lon"], t["train_y"], t["val_lat"][inside],
+                                t["val_lon"][inside], t["val_y"][inside], t["test_local_lat"],
+                                t["test_local_lon"], classify=True)
+    return {"test_local_knn_y": pred, "test_local_nn_y": nn, "land_knn_k": np.array(k)}
+
+
+def coast_task(p: dict, rng: np.random.Generator, field: CoastDistance | None = None) -> dict[str, np.ndarray]:
+    """The regional regression: points uniform in the cap, target the coastal index; keys
+    ``coast_<split>_lat``/``_lon``/``_y`` for train, val, test, and the proximity-only references:
+    ``coast_test_knn_y`` (inverse-distance-weighted k-NN, k = ``coast_knn_k`` chosen on the validation
+    MSE) and ``coast_test_nn_y`` (1-NN: the great-circle nearest training point's target)."""
     r, c = p["region"], p["coast"]
     field = field or CoastDistance(r, c)
     out = {}
     for split in ("train", "val", "test"):
         lat, lon = lat_lon(sample_cap(int(c[f"n_{split}"]), r["lat"], r["lon"], r["radius_deg"], rng))
         out[f"coast_{split}_lat"], out[f"coast_{split}_lon"], out[f"coast_{split}_y"] = lat, lon, field.index(lat, lon)
-    _, nn = cKDTree(unit_vectors(out["coast_train_lat"], out["coast_train_lon"])).query(
-        unit_vectors(out["coast_test_lat"], out["coast_test_lon"]))
-    out["coast_test_nn_y"] = out["coast_train_y"][nn]
+    pred, k, nn = knn_reference(*(out[f"coast_{sp}_{a}"] for sp in ("train", "val") for a in ("lat", "lon", "y")),
+                                out["coast_test_lat"], out["coast_test_lon"], classify=False)
+    out["coast_test_knn_y"], out["coast_knn_k"], out["coast_test_nn_y"] = pred, np.array(k), nn
     return out
 
 

@@ -9,19 +9,22 @@ Variants (encoders.py), all at embedding dimension D (config ``encoder.dim``), s
 
 Stages:
   train_shared (per seed): draw the land/sea points and label them from the GLOBE land mask;
-      draw the coastal-index points in the cap (target tanh(signed coast distance / scale)) and
-      the 1-NN prediction of each test point from the training points; save ``tasks.npz``.
-  train (per variant x seed):
+      draw the coastal-index points in the cap (target tanh(signed coast distance / scale)); the
+      proximity-only references of both tasks from the same training points (k-NN, inverse-distance
+      weighted, k chosen on validation; and 1-NN); save ``tasks.npz``.
+  train (per variant x seed), the head's peak rate per encoder and task from ``head.lr`` /
+  ``coast_head.lr`` (chosen by ``lr_sweep.py`` from ``lr_grid`` on seed 0's validation split):
       encoder   dim, pole_gap (relative embedding change over longitudes at the poles);
                 slepian/hybrid: band limit, Shannon number, λ of the last kept function and the
                 concentration spectrum (curve slepian_eigenvalues; the plot overlays pyshtools')
-      land/sea  head on train points; local_acc (test points in the cap), global_acc (test points
-                outside it), val_loss_land curve and its final slope (per 1000 steps),
-                pole_pred_gap (largest change of P(land) over longitudes at a pole),
-                map_land_prob curve (P(land) on the region grid, for the maps)
-      coast     regression head on the coastal index; coast_mse and coast_nn_mse (1-NN), per
-                test point (units); coast_r2, val_loss_coast curve (validation MSE),
-                map_coast_pred (prediction on the region grid)
+      land/sea  head on train points; local_acc (test points in the cap, per point: units),
+                global_acc (test points outside it, units), local_knn_acc / local_nn_acc (the
+                references in the cap, units), val_loss_land and lr_land curves, pole_pred_gap
+                (largest change of P(land) over longitudes at a pole), map_land_prob curve (P(land)
+                on the region grid, for the maps)
+      coast     regression head on the coastal index; coast_mse, coast_knn_mse and coast_nn_mse per
+                test point (units); coast_r2, val_loss_coast and lr_coast curves, map_coast_pred
+                (prediction on the region grid)
 Accuracies are fractions in [0, 1]; angles in degrees.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ...io import save_npz
-from .data import CoastDistance, coast_task, is_land, land_sea_points, region_grid
+from .data import CoastDistance, coast_task, is_land, land_sea_knn, land_sea_points, region_grid
 from .encoders import make_encoder, pole_gap
 from .head import final_slope, fit_classifier, fit_regressor
 from reprozoo.figures import save_figure
@@ -43,8 +46,8 @@ VARIANT_ORDER = ["slepian", "hybrid", "sh", "sinusoidal"]
 def train_shared(ctx) -> None:
     p = ctx.params
     t0 = time.perf_counter()
-    field = CoastDistance(p["region"], p["coast"])
-    tasks = {**land_sea_points(p, ctx.rng(11)), **coast_task(p, ctx.rng(12), field)}
+    tasks = make_tasks(p, ctx.rng(11), ctx.rng(12))
+    field = tasks.pop("_field")
     grid = region_grid(p["region"], int(p["map_grid"]))
     tasks["map_land_truth"] = is_land(*grid).astype(np.int8)
     tasks["map_coast_truth"] = field.index(*grid)
@@ -52,7 +55,25 @@ def train_shared(ctx) -> None:
     ctx.metrics.scalar("land_fraction_local", tasks["test_local_y"].mean())
     ctx.metrics.scalar("land_fraction_global", tasks["test_global_y"].mean())
     ctx.metrics.scalar("coast_target_var", np.var(tasks["coast_test_y"]))
+    ctx.metrics.scalar("land_knn_k", tasks["land_knn_k"])
+    ctx.metrics.scalar("coast_knn_k", tasks["coast_knn_k"])
     ctx.progress(f"tasks drawn in {time.perf_counter() - t0:.1f} s")
+
+
+def make_tasks(p: dict, rng_land: np.random.Generator, rng_coast: np.random.Generator) -> dict:
+    """Both tasks' points, targets and proximity references (``_field``: the coast-distance field)."""
+    field = CoastDistance(p["region"], p["coast"])
+    land = land_sea_points(p, rng_land)
+    return {**land, **land_sea_knn(land, p["region"]), **coast_task(p, rng_coast, field), "_field": field}
+
+
+def head_cfg(p: dict, key: str, variant: str) -> dict:
+    """The head config of a task (``head`` or ``coast_head``) with the variant's peak rate resolved
+    (``lr`` is one number, or one per variant as chosen by ``lr_sweep.py``)."""
+    cfg = dict(p[key])
+    if isinstance(cfg["lr"], dict):
+        cfg["lr"] = cfg["lr"][variant]
+    return cfg
 
 
 def _encoder_metrics(ctx, enc) -> None:
@@ -70,13 +91,6 @@ def _encoder_metrics(ctx, enc) -> None:
     ctx.metrics.curve("slepian_eigenvalues", range(1, n + 1), ours[:n])
 
 
-def _fit(ctx, enc, t: np.lib.npyio.NpzFile, prefix: str, n_classes: int, cfg: dict):
-    X = {s: enc(t[f"{prefix}{s}_lat"], t[f"{prefix}{s}_lon"]) for s in ("train", "val")}
-    clf, steps, val, tr = fit_classifier(X["train"], t[f"{prefix}train_y"], X["val"], t[f"{prefix}val_y"],
-                                         n_classes, cfg, ctx.seed)
-    return clf, steps, val, tr
-
-
 def train(ctx) -> None:
     p = ctx.params
     t = np.load(ctx.shared_dir / "tasks.npz")
@@ -88,13 +102,19 @@ def train(ctx) -> None:
     E_grid = enc(grid_lat, grid_lon)
 
     # land / sea
-    clf, steps, val, tr = _fit(ctx, enc, t, "", 2, p["head"])
+    X = {s: enc(t[f"{s}_lat"], t[f"{s}_lon"]) for s in ("train", "val")}
+    clf, steps, val, tr = fit_classifier(X["train"], t["train_y"], X["val"], t["val_y"], 2,
+                                         head_cfg(p, "head", ctx.variant), ctx.seed)
     for split, name in (("test_local", "local_acc"), ("test_global", "global_acc")):
         pred = clf.proba(enc(t[f"{split}_lat"], t[f"{split}_lon"])).argmax(1)
-        ctx.metrics.scalar(name, np.mean(pred == t[f"{split}_y"]))
+        ctx.metrics.units(name, pred == t[f"{split}_y"])  # per test point: paired across variants
     y_loc = t["test_local_y"]
+    ctx.metrics.units("local_knn_acc", t["test_local_knn_y"] == y_loc)
+    ctx.metrics.units("local_nn_acc", t["test_local_nn_y"] == y_loc)
     ctx.metrics.scalar("local_majority_acc", max(y_loc.mean(), 1 - y_loc.mean()))
+    ctx.metrics.scalar("global_majority_acc", max(t["test_global_y"].mean(), 1 - t["test_global_y"].mean()))
     ctx.metrics.curve("val_loss_land", steps, val)
+    ctx.metrics.curve("lr_land", steps, clf.lr_history)
     ctx.metrics.curve("train_loss_land", steps, tr)
     ctx.metrics.scalar("val_loss_land_final", val[-1])
     ctx.metrics.scalar("best_step_land", clf.best_step)
@@ -111,23 +131,27 @@ def train(ctx) -> None:
     # coastal index in the cap (regression), against 1-NN from the same training points
     Xc = {sp: enc(t[f"coast_{sp}_lat"], t[f"coast_{sp}_lon"]) for sp in ("train", "val", "test")}
     reg, steps, val, tr = fit_regressor(Xc["train"], t["coast_train_y"], Xc["val"], t["coast_val_y"],
-                                        p["coast_head"], ctx.seed)
+                                        head_cfg(p, "coast_head", ctx.variant), ctx.seed)
     y = t["coast_test_y"]
     err = reg.predict(Xc["test"]) - y
     ctx.metrics.units("coast_mse", err**2)
+    ctx.metrics.units("coast_knn_mse", (t["coast_test_knn_y"] - y) ** 2)
     ctx.metrics.units("coast_nn_mse", (t["coast_test_nn_y"] - y) ** 2)
     ctx.metrics.scalar("coast_r2", 1 - np.mean(err**2) / np.var(y))
     ctx.metrics.curve("val_loss_coast", steps, val)
+    ctx.metrics.curve("lr_coast", steps, reg.lr_history)
     ctx.metrics.curve("train_loss_coast", steps, tr)
     ctx.metrics.scalar("val_loss_coast_final", val[-1])
     ctx.metrics.scalar("best_step_coast", reg.best_step)
+    ctx.metrics.scalar("steps_coast", reg.steps_run)  # where the plateau stop fired (or the step cap)
     ctx.metrics.scalar("val_loss_coast_slope", final_slope(steps, val))
     ctx.metrics.curve("map_coast_pred", range(len(grid_lat)), reg.predict(E_grid))
     if ctx.seed == min(p.get("seeds", [ctx.seed])):
         ctx.metrics.curve("map_coast_truth", range(len(grid_lat)), t["map_coast_truth"])
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
     ctx.metrics.scalar("train_cpu_seconds", time.process_time() - c0)
-    ctx.progress(f"coast: mse {ctx.metrics.scalars['coast_mse']:.4f} (1-NN {ctx.metrics.scalars['coast_nn_mse']:.4f})")
+    ctx.progress(f"coast: mse {ctx.metrics.scalars['coast_mse']:.4f} (k-NN {ctx.metrics.scalars['coast_knn_mse']:.4f}, "
+                 f"1-NN {ctx.metrics.scalars['coast_nn_mse']:.4f})")
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -161,64 +185,46 @@ def _map_values(table, metric, variant, n):
     return s0.value.to_numpy().reshape(n, n)
 
 
-def plot_land_maps(table, plots_dir: Path, params) -> None:
+MAPS = {  # task -> (prediction curve, truth curve, truth title, value range, contour level, colour-bar label, question)
+    "land": ("map_land_prob", "map_land_truth", "GLOBE land mask (truth)", (0.0, 1.0), 0.5, "P(land)",
+             "Which encoder resolves the coastline inside the {r}° cap (dashed) at equal dimension {D}?"),
+    "coast": ("map_coast_pred", "map_coast_truth", "coastal index (truth)", (-1.0, 1.0), 0.0,
+              "tanh(signed coast distance / {km} km)", "Which encoder reproduces the coastal index inside the cap (dashed)?"),
+}
+
+
+def plot_maps(table, plots_dir: Path, params, task: str) -> None:
+    """The truth and every encoder's prediction over the region grid (first seed), the cap dashed,
+    the truth's coastline contour on every panel: one helper for both tasks (``MAPS``)."""
     from ...plotting import plt
 
+    pred_metric, truth_metric, truth_title, (vmin, vmax), level, label, question = MAPS[task]
+    truth = table[table.metric == truth_metric]
+    if truth.empty:
+        return
     pyplot = plt()
     LA, LO = _grid(params)
     n = LA.shape[0]
     variants = _variants(table)
-    truth = table[table.metric == "map_land_truth"]
     truth = truth[(truth.variant == truth.variant.iloc[0]) & (truth.seed == truth.seed.min())]
     truth = truth.sort_values("x").value.to_numpy().reshape(n, n)
     fig, axes = pyplot.subplots(1, len(variants) + 1, figsize=(3.2 * (len(variants) + 1), 3.4), squeeze=False)
-    panels = [("GLOBE land mask (truth)", truth)] + [(v, _map_values(table, "map_land_prob", v, n)) for v in variants]
+    panels = [(truth_title, truth)] + [(v, _map_values(table, pred_metric, v, n)) for v in variants]
     for ax, (name, val) in zip(axes[0], panels):
         if val is None:
             ax.axis("off")
             continue
-        im = ax.pcolormesh(LO, LA, val, vmin=0, vmax=1, cmap="BrBG_r", shading="auto")
-        ax.contour(LO, LA, truth, levels=[0.5], colors="k", linewidths=0.4)
+        im = ax.pcolormesh(LO, LA, val, vmin=vmin, vmax=vmax, cmap="BrBG_r", shading="auto")
+        ax.contour(LO, LA, truth, levels=[level], colors="k", linewidths=0.4)
         _cap_outline(ax, params["region"])
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("longitude (°E)")
     axes[0, 0].set_ylabel("latitude (°N)")
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="P(land)")
-    fig.suptitle(f"Which encoder resolves the coastline inside the {params['region']['radius_deg']}° cap "
-                 f"(dashed) at equal dimension {params['encoder']['dim']}? (seed {int(table.seed.min())})",
-                 fontsize=10)
-    fig.savefig(plots_dir / "curve_map_land_prob.png", dpi=110, bbox_inches="tight")
-    fig.savefig(plots_dir / "curve_map_land_truth.png", dpi=110, bbox_inches="tight")
-    pyplot.close(fig)
-
-
-def plot_coast_maps(table, plots_dir: Path, params) -> None:
-    from ...plotting import plt
-
-    pyplot = plt()
-    LA, LO = _grid(params)
-    n = LA.shape[0]
-    variants = _variants(table)
-    truth = table[table.metric == "map_coast_truth"]
-    truth = truth[(truth.variant == truth.variant.iloc[0]) & (truth.seed == truth.seed.min())]
-    truth = truth.sort_values("x").value.to_numpy().reshape(n, n)
-    fig, axes = pyplot.subplots(1, len(variants) + 1, figsize=(3.2 * (len(variants) + 1), 3.4), squeeze=False)
-    panels = [("coastal index (truth)", truth)] + [(v, _map_values(table, "map_coast_pred", v, n)) for v in variants]
-    for ax, (name, val) in zip(axes[0], panels):
-        if val is None:
-            ax.axis("off")
-            continue
-        im = ax.pcolormesh(LO, LA, val, vmin=-1, vmax=1, cmap="BrBG_r", shading="auto")
-        ax.contour(LO, LA, truth, levels=[0.0], colors="k", linewidths=0.4)
-        _cap_outline(ax, params["region"])
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("longitude (°E)")
-    axes[0, 0].set_ylabel("latitude (°N)")
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label=f"tanh(signed coast distance / {params['coast']['scale_km']} km)")
-    fig.suptitle("Which encoder reproduces the coastal index inside the cap (dashed)? "
-                 f"(seed {int(table.seed.min())})", fontsize=10)
-    fig.savefig(plots_dir / "curve_map_coast_pred.png", dpi=110, bbox_inches="tight")
-    fig.savefig(plots_dir / "curve_map_coast_truth.png", dpi=110, bbox_inches="tight")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label=label.format(km=params["coast"]["scale_km"]))
+    title = question.format(r=params["region"]["radius_deg"], D=params["encoder"]["dim"])
+    fig.suptitle(f"{title} (seed {int(table.seed.min())})", fontsize=10)
+    for metric in (pred_metric, truth_metric):
+        fig.savefig(plots_dir / f"curve_{metric}.png", dpi=110, bbox_inches="tight")
     pyplot.close(fig)
 
 
@@ -227,27 +233,32 @@ def plot_accuracy(table, plots_dir: Path) -> None:
 
     pyplot = plt()
     variants = _variants(table)
-    metrics = [("local_acc", "land/sea in the cap (accuracy)"), ("global_acc", "land/sea outside the cap (accuracy)"),
-               ("coast_mse", "coastal index in the cap (test MSE; dashed: 1-NN)")]
+    metrics = [("local_acc", "land/sea in the cap (accuracy)", "local_knn_acc", "local_nn_acc"),
+               ("global_acc", "land/sea outside the cap (accuracy)", None, None),
+               ("coast_mse", "coastal index in the cap (test MSE)", "coast_knn_mse", "coast_nn_mse")]
     fig, axes = pyplot.subplots(1, 3, figsize=(12, 3.6))
-    for ax, (m, label) in zip(axes, metrics):
+    for ax, (m, label, knn, nn) in zip(axes, metrics):
         for i, v in enumerate(variants):
             vals = table[(table.metric == m) & (table.variant == v)].value.to_numpy()
             if len(vals):
                 ax.bar(i, vals.mean(), yerr=vals.std(ddof=1) if len(vals) > 1 else 0, alpha=0.6, capsize=3)
                 ax.plot(np.full(len(vals), i), vals, "k.", ms=4)
-        if m == "coast_mse":
-            nn = table[(table.metric == "coast_nn_mse")].value
-            if len(nn):
-                ax.axhline(nn.mean(), color="k", ls="--", lw=1)
+        refs = []
+        for ref, ls, name in ((knn, "--", "k-NN (IDW, k on val.)"), (nn, ":", "1-NN")):
+            vals = table[table.metric == ref].value if ref else []
+            if len(vals):
+                ax.axhline(vals.mean(), color="k", ls=ls, lw=1, label=name)
+                refs.append(vals.mean())
+        if refs:
+            ax.legend(fontsize=7)
         ax.set_xticks(range(len(variants)), variants, fontsize=8)
         ax.set_ylabel("test MSE" if m == "coast_mse" else "test accuracy (fraction)")
         ax.set_title(label, fontsize=9)
         sub = table[(table.metric == m)].value
         if len(sub) and m != "coast_mse":
-            ax.set_ylim(max(0.0, sub.min() - 0.05), min(1.0, sub.max() + 0.03))
+            ax.set_ylim(max(0.0, min([sub.min()] + refs) - 0.05), min(1.0, max([sub.max()] + refs) + 0.03))
     fig.suptitle("Does concentrating the encoding in the region raise accuracy there, and what does it cost "
-                 "globally? (bars: seed mean ± std, dots: seeds)", fontsize=10)
+                 "globally? (bars: seed mean ± std, dots: seeds; lines: proximity-only references)", fontsize=10)
     save_figure(fig, plots_dir / "accuracy.png", dpi=110)
 
 
@@ -298,5 +309,5 @@ def plot(table, plots_dir, params) -> None:
     plot_accuracy(table, plots_dir)
     plot_losses(table, plots_dir)
     plot_spectrum(table, plots_dir)
-    plot_land_maps(table, plots_dir, params)
-    plot_coast_maps(table, plots_dir, params)
+    for task in MAPS:
+        plot_maps(table, plots_dir, params, task)
