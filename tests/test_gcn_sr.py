@@ -56,7 +56,11 @@ def test_evaluate_agrees_with_sympy_and_depth():
     x = sp.Symbol("x")
     for _ in range(40):
         p = grow(rng, 4)
-        f = sp.lambdify(x, E.to_sympy(p, x), "numpy")
+        e = E.to_sympy(p, x)
+        if e.has(sp.zoo, sp.nan):     # e.g. x / (x - x): sympy folds it to complex infinity
+            assert not np.any(np.isfinite(E.evaluate(p, xs)))
+            continue
+        f = sp.lambdify(x, e, "numpy")
         with np.errstate(all="ignore"):
             ref = np.broadcast_to(np.asarray(f(xs), float), xs.shape)
             val = E.evaluate(p, xs)
@@ -188,7 +192,14 @@ def test_gp_operators_respect_the_scaffold_and_elitism():
     for _ in range(200):
         a, b = pop[rng.integers(30)], pop[rng.integers(30)]
         for child in (crossover(a, b, rng, 3), subtree_mutation(a, rng, 3), point_mutation(a, rng)):
+            if child is None:          # crossover too deep / point mutation of a bare x: no child
+                continue
             assert E.depth(child) <= 3 and E.subtree_end(child, 0) == len(child)
+        pm = point_mutation(a, rng)
+        assert (pm is None) == (a == [X])
+        if pm is not None:             # exactly one symbol changed, to another of the same arity
+            diff = [k for k in range(len(a)) if a[k] != pm[k]]
+            assert len(pm) == len(a) and len(diff) == 1 and E.ARITY[a[diff[0]]] == E.ARITY[pm[diff[0]]]
     x, y = task_data("nguyen1", 0)
     score = lambda ps: np.array([E.reward(p, x, y) for p in ps])
     fit = score(pop)
@@ -197,6 +208,52 @@ def test_gp_operators_respect_the_scaffold_and_elitism():
     best_per_gen = rew.reshape(4, 30).max(1)
     assert best_per_gen[0] >= fit.max() and np.all(np.diff(best_per_gen) >= 0)
     np.testing.assert_allclose(score(children), rew)
+    # every child lives in the policies' search space (depth and constraints)
+    assert all(E.prefix_ok(c, 3) for c in children)
+
+
+def test_gp_children_are_rarely_copies_of_their_parent():
+    """The variation step's output differs from its first parent (point mutation never redraws
+    the same symbol, too-deep crossovers and invalid children are retried): on a converged
+    population (a few distinct trees, bare x included) under 2 % of children are copies, and a
+    ramped half-and-half population has no bare terminal and obeys the constraints."""
+    from reprozoo.methods.gcn_sr.gp import ramped_half_and_half, vary
+
+    rng = np.random.default_rng(0)
+    small = [[X], [SIN, X], [M, X, X], CONSTRUCTIONS["nguyen6"], CONSTRUCTIONS["nguyen2"]]
+    copies, n = 0, 2000
+    for _ in range(n):
+        p1, p2 = small[rng.integers(len(small))], small[rng.integers(len(small))]
+        child = vary(p1, p2, rng, 4, 0.5)
+        copies += child == p1
+        assert E.prefix_ok(child, 4)
+    assert copies / n < 0.02
+    pop = ramped_half_and_half(rng, 400, 4, ok=lambda p: E.prefix_ok(p, 4))
+    assert all(len(p) > 1 and E.prefix_ok(p, 4) for p in pop)
+    assert max(E.depth(p) for p in pop) == 4 and sum(E.depth(p) == 2 for p in pop) > 50
+
+
+def test_prefix_constraint_check_equals_the_scaffold_one():
+    rng = np.random.default_rng(4)
+    trees = [grow(rng, 4, 0.2) for _ in range(1500)]
+    a = np.array([E.prefix_to_spbt(p, 4) for p in trees])
+    ok = E.constraints_ok(a, 4)
+    assert 0.1 < ok.mean() < 0.95
+    np.testing.assert_array_equal(ok, [E.prefix_ok(p, 4) for p in trees])
+    assert not E.prefix_ok(CONSTRUCTIONS["nguyen2"], 3)              # deeper than the cap
+
+
+def test_scorer_charges_each_distinct_expression_once_and_stops_at_the_budget():
+    x, y = task_data("nguyen1", 0)
+    sc = E.Scorer(x, y, 4, budget=5)
+    batch = [[X], [SIN, X], [X], [M, X, X], [SIN, X]]
+    r = sc(batch)
+    assert sc.evals == 3 and sc.proposed == 5 and len(r) == 5
+    np.testing.assert_array_equal(r, [E.reward(p, x, y) for p in batch])
+    r = sc([[X], [COS, X], [EXP, X], [LOG, X], [M, X, X]])    # 2 new fit, the third does not
+    assert sc.evals == 5 and sc.spent and len(r) == 3
+    a = np.array([E.prefix_to_spbt(p, 4) for p in batch])
+    assert len(sc.score_spbt(a, batch)) == 5 and sc.evals == 5   # repeats stay free after the budget
 
 
 def test_batched_rewards_equal_the_stack_machine():
@@ -216,14 +273,14 @@ def test_gp_baseline_counts_evaluations_and_recovers_a_planted_expression():
 
     rng = np.random.default_rng(0)
     pop = initial_population(rng, 60, 4)
-    assert len(pop) == 60 and all(E.depth(p) <= 4 for p in pop) and max(E.depth(p) for p in pop) == 4
+    assert len(pop) == 60 and all(E.depth(p) <= 4 and E.prefix_ok(p, 4) for p in pop) and max(E.depth(p) for p in pop) == 4
     x = rng.uniform(-1, 1, 20)
     y = x * x + x
     cfg = {"max_depth": 2, "budget": 1000, "batch": 50, "gp": {"p_crossover": 0.5, "tournament": 5}}
     wins = 0
     for seed in range(3):
         hall = run_gp(x, y, cfg, seed)
-        assert hall.evals <= 1000 and hall.trace_evals[0] == 50 and np.all(np.diff(hall.trace_best) >= 0)
+        assert hall.evals <= 1000 and hall.trace_evals[0] <= 50 and np.all(np.diff(hall.trace_best) >= 0)
         assert hall.best_reward == pytest.approx(E.reward(hall.best, x, y))
         assert hall.exact or hall.evals == 1000
         if hall.exact:
@@ -250,3 +307,46 @@ def test_planted_expression_is_recovered_within_budget(policy, mode):
             assert E.symbolically_equal(hall.best, "x**2 + sin(x)", (-1, 1)), E.to_string(hall.best)
             wins += 1
     assert wins >= 2
+
+
+def test_every_variant_stays_within_its_evaluation_budget():
+    """Each variant's charged evaluations never exceed the budget, whatever stops it; the
+    untrained control (lr 0) never moves its generator's parameters."""
+    from reprozoo.methods.gcn_sr.method import VARIANTS, search_once
+
+    x, y = task_data("nguyen5", 0)     # not found at this budget: every search runs to its end
+    cfg = {"max_depth": 3, "budget": 700, "batch": 60, "lr": 0.005, "epsilon": 0.1, "entropy_coef": 0.005,
+           "swpg_lambda": 1.0, "policy": {"width": 8, "layers": 2, "embed": 8},
+           "gp": {"generations": 1, "elites": 5, "p_crossover": 0.5, "tournament": 5},
+           "gp_only": {"population": 50, "tournament": 3}}
+    for v in VARIANTS:
+        hall = search_once(v, x, y, cfg, seed=1)
+        assert hall.evals <= 700 and hall.proposed >= hall.evals, v
+        assert hall.evals == 700 or hall.exact, (v, hall.evals)
+        assert hall.trace_evals == sorted(hall.trace_evals) and hall.trace_evals[-1] == hall.evals
+
+
+def test_untrained_control_keeps_its_initial_generator():
+    import torch
+
+    from reprozoo.methods.gcn_sr import policies
+
+    seen = []
+    orig = policies.make_policy
+
+    def spy(*a, **k):
+        pol = orig(*a, **k)
+        seen.append((pol, [p.detach().clone() for p in pol.parameters()]))
+        return pol
+
+    x, y = task_data("nguyen5", 0)
+    cfg = {"max_depth": 3, "budget": 400, "batch": 50, "lr": 0.0, "epsilon": 0.1, "entropy_coef": 0.005,
+           "swpg_lambda": 1.0, "policy": {"width": 8, "layers": 2}}
+    import reprozoo.methods.gcn_sr.search as S
+    S.make_policy, saved = spy, S.make_policy
+    try:
+        run_neural(x, y, "gcn", "pg", cfg, seed=0)
+    finally:
+        S.make_policy = saved
+    pol, before = seen[0]
+    assert all(torch.equal(p, q) for p, q in zip(pol.parameters(), before))

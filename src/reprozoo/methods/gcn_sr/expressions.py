@@ -282,6 +282,74 @@ def constraints_ok(a: np.ndarray, max_depth: int) -> np.ndarray:
     return np.all(used == active, axis=1) & np.all(ok, axis=1)
 
 
+def prefix_ok(prefix, max_depth: int) -> bool:
+    """:func:`satisfies_constraints` on a prefix expression, without building its SPBT (the GP's
+    per-child check): depth <= ``max_depth``, no exp(log(.)) / log(exp(.)), no sin/cos below
+    sin/cos."""
+    pending = [(0, -1, False)]            # (depth, parent symbol, sin/cos above) of open slots
+    for t in prefix:
+        d, parent, trig = pending.pop()
+        if d > max_depth or (trig and t in TRIG) or INVERSE.get(parent) == t:
+            return False
+        ar = ARITY[t]
+        if ar:
+            below = trig or t in TRIG
+            pending.extend([(d + 1, t, below)] * int(ar))
+    return True
+
+
+class Scorer:
+    """Rewards on the data (x, y) with a cache: every distinct expression is evaluated and
+    charged to the evaluation budget once, whoever proposes it (a generator sample, a GP child,
+    an elite copy); repeats are free. The same rule for every variant.
+
+    ``score(prefixes)`` (or ``score_spbt(a)``) returns the rewards of the longest leading part of
+    the list whose new expressions fit in the budget left, so ``len(result) < len(input)`` means
+    the budget ran out inside this call.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, max_depth: int, budget: int):
+        self.x, self.y, self.max_depth, self.budget = x, y, max_depth, int(budget)
+        self.cache: dict[tuple, float] = {}
+        self.evals = 0          # distinct expressions charged
+        self.proposed = 0       # expressions scored, repeats included
+
+    @property
+    def spent(self) -> bool:
+        return self.evals >= self.budget
+
+    def _new(self, keys):
+        new, cut = {}, len(keys)
+        for i, k in enumerate(keys):
+            if k not in self.cache and k not in new:
+                if self.evals + len(new) >= self.budget:
+                    cut = i
+                    break
+                new[k] = i
+        return new, cut
+
+    def _finish(self, keys, new, r_new, cut) -> np.ndarray:
+        for k, r in zip(new, r_new):
+            self.cache[k] = float(r)
+        self.evals += len(new)
+        self.proposed += cut
+        return np.array([self.cache[k] for k in keys[:cut]], dtype=float)
+
+    def __call__(self, prefixes) -> np.ndarray:
+        keys = [tuple(p) for p in prefixes]
+        new, cut = self._new(keys)
+        r_new = prefix_rewards([prefixes[i] for i in new.values()], self.x, self.y, self.max_depth)
+        return self._finish(keys, new, r_new, cut)
+
+    def score_spbt(self, a: np.ndarray, prefixes) -> np.ndarray:
+        """Rewards of SPBTs ``a (B, N)`` whose prefixes are ``prefixes`` (cache keys)."""
+        keys = [tuple(p) for p in prefixes]
+        new, cut = self._new(keys)
+        idx = list(new.values())
+        r_new = spbt_rewards(a[idx], self.x, self.y) if idx else np.zeros(0)
+        return self._finish(keys, new, r_new, cut)
+
+
 # --- exact recovery -------------------------------------------------------------------------------
 
 def symbolically_equal(prefix, truth: str, domain: tuple[float, float], n_check: int = 400) -> bool:
@@ -298,6 +366,8 @@ def symbolically_equal(prefix, truth: str, domain: tuple[float, float], n_check:
     x = sp.Symbol("x", real=True, **sign)
     target = sp.sympify(truth, locals={"x": x})
     cand = to_sympy(prefix, x)
+    if cand.has(sp.zoo, sp.nan, sp.oo, -sp.oo):      # e.g. x / (x - x): undefined everywhere
+        return False
     xs = np.linspace(domain[0], domain[1], n_check)
     with np.errstate(all="ignore"):
         yc = np.broadcast_to(np.asarray(sp.lambdify(x, cand, "numpy")(xs), dtype=float), xs.shape)

@@ -73,13 +73,13 @@ class GCNPolicy(nn.Module):
                 slots = np.flatnonzero(self.level == d)
                 active, _, _, mask = scaffold_context(a, self.max_depth)
                 m = mask[:, slots]
-                forced = m.sum(-1) == 1
-                if np.all(forced | ~active[:, slots]):
-                    # every used slot of this level has one allowed symbol (the terminal at level D):
-                    # probability 1, nothing to sample, no network pass needed
-                    tok = np.argmax(m, -1)
-                else:
-                    tok = _masked_sample(self.logits(torch.from_numpy(a))[:, slots], torch.from_numpy(m), gen)
+                # a slot with one allowed symbol (the terminal at level D) has it with probability
+                # 1: only trees with a used, free slot on this level need the network pass
+                tok = np.argmax(m, -1)
+                need = np.flatnonzero(np.any(active[:, slots] & (m.sum(-1) > 1), axis=1))
+                if len(need):
+                    tok[need] = _masked_sample(self.logits(torch.from_numpy(a[need]))[:, slots],
+                                               torch.from_numpy(m[need]), gen)
                 a[:, slots] = np.where(active[:, slots], tok, EMPTY)
         return a
 
@@ -112,31 +112,39 @@ class RNNPolicy(nn.Module):
         return torch.cat([self.emb(torch.from_numpy(parent)), self.emb(torch.from_numpy(sibling))], -1)
 
     def sample(self, batch: int, gen: torch.Generator) -> np.ndarray:
+        """Pre-order decoding of ``batch`` trees at once: each row keeps its own stack of open
+        slots (an array and a pointer), rows whose stack is empty are finished (their LSTM input
+        is ignored)."""
         a = np.full((batch, self.n), EMPTY, dtype=np.int64)
         trig = np.zeros((batch, self.n), dtype=bool)       # sin/cos above the slot
-        stacks = [[0] for _ in range(batch)]
+        stack = np.zeros((batch, self.n + 1), dtype=np.int64)   # slot 0 (the root) on every stack
+        sp = np.ones(batch, dtype=np.int64)
         h = c = torch.zeros(batch, self.width)
         rows = np.arange(batch)
+        is_trig = np.isin(np.arange(V), TRIG)
         with torch.no_grad():
-            while any(stacks):
-                pos = np.array([s.pop() if s else 0 for s in stacks])
-                live = a[rows, pos] == EMPTY                 # finished rows decode slot 0 again: ignored
+            while np.any(sp > 0):
+                live = sp > 0
+                sp = np.where(live, sp - 1, 0)
+                pos = np.where(live, stack[rows, sp], 0)
                 parent = np.where(pos > 0, a[rows, (pos - 1) // 2], self.NONE)
                 is_right = (pos > 0) & (pos % 2 == 0)
                 sibling = np.where(is_right, a[rows, np.maximum(pos - 1, 0)], self.NONE)
                 mask = allowed_symbols(np.where(pos > 0, parent, -1), trig[rows, pos], self.level[pos], self.max_depth)
                 h, c = self.cell(self._inputs(parent, sibling), (h, c))
                 tok = _masked_sample(self.head(h), torch.from_numpy(mask), gen)
-                for b in np.flatnonzero(live):
-                    i, t = pos[b], tok[b]
-                    a[b, i] = t
-                    below = trig[b, i] or t in TRIG
-                    if ARITY[t] == 2:
-                        trig[b, 2 * i + 1] = trig[b, 2 * i + 2] = below
-                        stacks[b].extend([2 * i + 2, 2 * i + 1])
-                    elif ARITY[t] == 1:
-                        trig[b, 2 * i + 1] = below
-                        stacks[b].append(2 * i + 1)
+                r, i, t = rows[live], pos[live], tok[live]
+                a[r, i] = t
+                below = trig[r, i] | is_trig[t]
+                two, one = ARITY[t] == 2, ARITY[t] >= 1
+                r2, i2 = r[two], i[two]
+                trig[r2, 2 * i2 + 2] = below[two]
+                stack[r2, sp[r2]] = 2 * i2 + 2          # right operand below the left one
+                sp[r2] += 1
+                r1, i1 = r[one], i[one]
+                trig[r1, 2 * i1 + 1] = below[one]
+                stack[r1, sp[r1]] = 2 * i1 + 1
+                sp[r1] += 1
         return a
 
     def log_prob(self, a: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
