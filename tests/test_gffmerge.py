@@ -322,9 +322,9 @@ def _theta0_ctx(tmp_path):
     from reprozoo.runtime import RunContext
 
     p = {"model": {"n_features": 12, "n_interactions": 2, "n_rbf": 8, "cutoff": CUTOFF},
-         "train": {"epochs": 1, "batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.5},
-         "pretrain": {"dataset": "pool", "epochs": 12, "batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.5,
-                      "val_per_epoch": 2, "seed": 0}}
+         "train": {"batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.5},
+         "pretrain": {"dataset": "pool", "batch_size": 3, "lr": 1e-2, "lr_final_factor": 0.5, "decay_frac": 0.7,
+                      "max_steps": 36, "eval_every": 3, "min_steps": 36, "seed": 0}}
     return RunContext(method="gffmerge", variant="shared", seed=0, scale="ci", params=p, data={}, outdir=tmp_path,
                       shared_dir=tmp_path)
 
@@ -366,8 +366,10 @@ def test_pretrained_theta0_is_the_foundation_with_own_reference_energies(systems
     pool = AtomsData(make_emt_frames("cuau_bulk", n_frames=12, rattle=0.1, seed=7, size=1), CUTOFF).precompute()
     pool = {"train": pool.subset(range(9)), "val": pool.subset(range(9, 12))}
     m, curve, hist = pretrain_foundation(ctx, pool)
-    assert curve["x"] == hist["val_steps"] and len(curve["x"]) == 24 and max(curve["lr"]) <= 1e-2
+    assert curve["x"] == list(range(0, 37, 3)) and hist["steps"] == 36 and max(curve["lr"]) <= 1e-2
     assert min(curve["lr"]) >= 0.5 * 1e-2 - 1e-12
+    # the rate is held at its floor after the decay (0.7 x 36 steps)
+    assert all(abs(lr - 0.5e-2) < 1e-12 for x, lr in zip(curve["x"], curve["lr"]) if x >= 0.7 * 36)
     init = new_model(ctx.params, 0)
     fit_energy_scale(init, pool["train"])
     assert evaluate(m, pool["val"])["force_mae"] < 0.7 * evaluate(init, pool["val"])["force_mae"]
@@ -425,3 +427,86 @@ def test_per_frame_errors_average_to_the_mae(systems):
         assert np.mean(per["energy_ae_per_atom"]) == pytest.approx(ref["energy_mae_per_atom"], rel=1e-9)
         one = evaluate(m, d.subset([2]))
         assert per["force_mae"][2] == pytest.approx(one["force_mae"], rel=1e-9)
+
+
+def test_cosine_schedule_decays_then_holds():
+    """decay_frac < 1: the cosine reaches lr_final_factor x lr at decay_frac x total and stays there
+    (the gate's tail trains at one rate); decay_frac = 1 is the shared fit's plain cosine."""
+    from reprozoo.methods.gffmerge.multitask import cosine_lr
+
+    lrs = [cosine_lr(s, 100, 1e-2, 0.12, 0.7) for s in range(101)]
+    assert lrs[0] == pytest.approx(1e-2) and all(a >= b - 1e-15 for a, b in zip(lrs, lrs[1:]))
+    assert all(x == pytest.approx(1.2e-3) for x in lrs[70:])
+    assert cosine_lr(35, 100, 1e-2, 0.12, 0.7) == pytest.approx(cosine_lr(50, 100, 1e-2, 0.12, 1.0))
+    assert cosine_lr(100, 100, 1e-2, 0.12, 1.0) == pytest.approx(1.2e-3) and cosine_lr(99, 100, 1e-2, 0.12) > 1.2e-3
+
+
+def test_untied_models_train_as_if_alone(systems):
+    """The specialists are trained side by side in one loop, untied: each model's parameters end
+    exactly where training it alone would put them (own loss, gradient and clipping; full batches,
+    so the batch order does not matter)."""
+    init = _init(3)
+    pair = [copy.deepcopy(init) for _ in systems]
+    for m, d in zip(pair, systems):
+        fit_energy_scale(m, d)
+    alone = [copy.deepcopy(m) for m in pair]
+    subs = [d.subset(range(4)) for d in systems]
+    kw = dict(steps=6, lr=1e-2, batch_size=4, lr_final_factor=0.2, grad_clip=0.5, seed=2, decay_frac=0.7)
+    fit_multitask(pair, subs, **kw)
+    for m, d in zip(alone, subs):
+        fit_multitask([m], [d], **kw)
+    for a, b in zip(pair, alone):
+        for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.allclose(x, y, rtol=1e-9, atol=1e-12), k
+    assert not torch.allclose(pair[0].head[0].weight, init.head[0].weight)
+
+
+def test_foundation_is_a_train_shared_output_trained_once_per_job(systems, tmp_path, monkeypatch):
+    """The foundation is written into each seed's own shared folder (an output of that seed's
+    train_shared job, nothing shared through other files); a second seed in the same process
+    reuses the pre-trained weights (identical to retraining: deterministic) instead of retraining."""
+    from reprozoo.methods.gffmerge import method as gm
+
+    pool = {"train": systems[0].subset(range(4)), "val": systems[0].subset(range(4, 6))}
+    calls = []
+    monkeypatch.setattr(gm, "_foundation_key", lambda ctx: "k-test")
+    monkeypatch.setattr(gm, "load_pool", lambda ctx: calls.append(1) or pool)
+    monkeypatch.setattr(gm, "_FOUNDATIONS", {})
+    outs = []
+    for seed in (0, 1):
+        d = tmp_path / f"seed{seed}"
+        d.mkdir()
+        ctx = _theta0_ctx(d)
+        ctx.params["pretrain"].update(max_steps=4, eval_every=2, min_steps=4)
+        m, info = gm.foundation(ctx)
+        assert (d / "foundation.pt").exists() and (d / "pretrain.json").exists()
+        assert info["reused"] == (seed == 1) and info["steps"] == 4
+        outs.append(torch.load(d / "foundation.pt", weights_only=True))
+    assert len(calls) == 1
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+    monkeypatch.setattr(gm, "_FOUNDATIONS", {})
+    d = tmp_path / "fresh"
+    d.mkdir()
+    ctx = _theta0_ctx(d)
+    ctx.params["pretrain"].update(max_steps=4, eval_every=2, min_steps=4)
+    m, info = gm.foundation(ctx)
+    assert not info["reused"] and all(torch.equal(outs[0][k], m.state_dict()[k]) for k in outs[0])
+
+
+def test_stopping_rule_refuses_spikes_and_late_drops():
+    """The stopping rule is the gate's plateau test plus two conditions of its own: a tail that
+    rises (a loss spike) is not a plateau, nor a flat tail after a new best; a flat tail is."""
+    from reprozoo.claims import plateau
+    from reprozoo.methods.gffmerge.multitask import stop_here
+
+    xs = np.arange(0, 300, 10)
+    flat = 100 * np.exp(-xs / 30) + 10 + 0.01 * np.sin(xs)
+    assert stop_here(xs, flat) and plateau(xs, flat)
+    spike = flat.copy()
+    spike[-3:] = [40, 60, 30]
+    assert plateau(xs, spike) and not stop_here(xs, spike)  # the gate's one-sided test alone would stop
+    falling = 100 * np.exp(-xs / 30) + 10 - 0.02 * xs
+    assert not stop_here(xs, falling)
+    drop = flat.copy()
+    drop[-8:] = 9.0  # a new best 10 % below everything before the tail, then flat
+    assert not stop_here(xs, drop)

@@ -8,10 +8,11 @@ theta_0, the shared starting point, in one or two settings (configs' ``settings`
               gets a copy with its own reference energies (atomref, fitted on its training frames).
   random      (prefix ``rand_``; an extra row, off at smoke) theta_0 = a random initialisation.
 
-train_shared (per seed): for each setting, theta_0 and one specialist per system fine-tuned from
-theta_0 on that system only (Cu bulk, Pt cluster); every variant of the seed merges these same
-models. Validation curves of the pre-training and of the specialists are kept and recorded in
-every variant that builds on them, so the convergence gate checks them too.
+train_shared (per seed): the foundation (pre-trained once per job, written to the seed's own
+shared folder), then for each setting theta_0 and one specialist per system fine-tuned from
+theta_0 on that system only (Cu bulk, Pt cluster), the two side by side, untied; every variant of
+the seed merges these same models. Validation curves of the pre-training and of the specialists
+are kept and recorded in every variant that builds on them, for the convergence gate.
 
 train (per variant x seed), for each setting, evaluated on each system's test frames with that
 system's head:
@@ -26,9 +27,10 @@ system's head:
   weight_avg_ft    weight_avg, then the same fine-tune (is the merge a better starting point?)
   joint            one backbone + two heads trained from theta_0 on both systems until flat
                    (the gold standard)
-Joint training and both fine-tunes stop at the first validation where their curve is flat by
-the convergence gate's own test (``reprozoo.claims.plateau``), with a cap; their wall times are
-times to a plateau. Metrics: energy MAE (meV/atom) and force MAE (meV/A) per system and their
+Every training (pre-training, specialists, joint, fine-tunes) is one loop (``_train_until_flat``:
+Adam, cosine decay over 70 % of a cap then held) that stops at the first validation where its
+curve is flat by the convergence gate's own test (``reprozoo.claims.plateau``); wall times of joint
+training and fine-tunes are times to a plateau. Metrics: energy MAE (meV/atom) and force MAE (meV/A) per system and their
 means, the means also per test frame (``ctx.metrics.units``: the claims' intervals resample
 frames); merge, fine-tune and joint-training wall times; per-layer alignment residuals.
 """
@@ -165,57 +167,53 @@ def load_model(p: dict, path: Path):
     return m.eval()
 
 
-def train_cfg(p: dict, seed: int) -> dict:
-    """The specialists' TrainConfig (the shared ``blocks.atomistic.fit``), validating
-    ``val_per_epoch`` times per pass."""
-    t = p["train"]
-    return {"epochs": t["epochs"], "batch_size": t["batch_size"], "lr": t["lr"],
-            "lr_final_factor": t.get("lr_final_factor", 0.1), "energy_weight": t.get("energy_weight", 1.0),
-            "force_weight": t.get("force_weight", 10.0), "val_per_epoch": int(t.get("val_per_epoch", 1)),
-            "seed": seed}
-
-
 def _stop_rule(p: dict, part: str) -> dict:
-    """The stopping rule of joint training / fine-tuning: the gate's plateau test (tolerance
-    ``stop.tol``, at least ``stop.min_points`` validations in the last 30 %), not before
-    ``min_steps``."""
+    """The stopping rule of every training here (pre-training, specialists, joint, fine-tunes):
+    the gate's plateau test (tolerance ``stop.tol``, at least ``stop.min_points`` validations in
+    the last 30 %) with no new best in that tail, not before the part's ``min_steps``."""
     st = p.get("stop", {})
     return {"tol": float(st.get("tol", 0.02)), "min_points": int(st.get("min_points", 6)),
             "min_steps": int(p[part].get("min_steps", 0))}
 
 
-def _multitask(ctx, models, systems, part: str, seed: int, curve_name: str | None = None) -> dict:
-    """Train the tied ``models`` on ``systems[*]['train']`` with the ``part`` config (``joint`` or
-    ``finetune``: lr, lr_final_factor, max_steps, eval_every, min_steps) until the validation force
-    MAE is flat (``_stop_rule``) or ``max_steps``; record the validation curves (force and energy
-    MAE, mean of systems) and the learning rate as ``{curve_name}val_force_mae`` etc."""
+def _train_until_flat(ctx, models, trains: list, vals: list, part: str, seed: int) -> dict:
+    """Train ``models`` (tied: one backbone with a head per system; untied: independent models
+    side by side; one: plain training) with the ``part`` config (lr, lr_final_factor, decay_frac,
+    or decay_steps, max_steps, eval_every, min_steps, batch_size) until the mean validation force MAE is flat
+    (``_stop_rule``) or ``max_steps``. Every training of the method goes through this one loop
+    (``multitask.fit_multitask``: Adam, cosine decay to ``lr_final_factor`` x lr over
+    ``decay_frac`` x ``max_steps``, then held), so all share the schedule and the stopping rule.
+    Returns the history with ``curve`` = {x, force (meV/A, mean of systems), energy (meV/atom),
+    lr}."""
     from .multitask import fit_multitask
 
     p = ctx.params
     c = p[part]
-    hist = fit_multitask(models, [s["train"] for s in systems], int(c["max_steps"]), float(c["lr"]),
-                         p["train"]["batch_size"], float(c.get("lr_final_factor", 0.2)),
+    hist = fit_multitask(models, trains, int(c["max_steps"]), float(c["lr"]),
+                         int(c.get("batch_size", p["train"]["batch_size"])), float(c.get("lr_final_factor", 0.12)),
                          p["train"].get("energy_weight", 1.0), p["train"].get("force_weight", 10.0), seed=seed,
-                         vals=[s["val"] for s in systems], eval_every=int(c["eval_every"]),
-                         stop=_stop_rule(p, part), progress=ctx.progress)
-    if curve_name is not None:
-        xs = [st for st, _, _ in hist["curve"]]
-        ctx.metrics.curve(f"{curve_name}val_force_mae", xs,
-                          [1e3 * np.mean([r["force_mae"] for r in ev]) for _, ev, _ in hist["curve"]])
-        ctx.metrics.curve(f"{curve_name}val_energy_mae", xs,
-                          [1e3 * np.mean([r["energy_mae_per_atom"] for r in ev]) for _, ev, _ in hist["curve"]])
-        ctx.metrics.curve(f"{curve_name}lr", xs, [lr for _, _, lr in hist["curve"]])
+                         vals=vals, eval_every=int(c["eval_every"]), stop=_stop_rule(p, part), progress=ctx.progress,
+                         decay_frac=float(c["decay_steps"]) / int(c["max_steps"]) if "decay_steps" in c
+                         else float(c.get("decay_frac", 1.0)))
+    hist["curve_dict"] = {
+        "x": [int(st) for st, _, _ in hist["curve"]],
+        "force": [1e3 * float(np.mean([r["force_mae"] for r in ev])) for _, ev, _ in hist["curve"]],
+        "energy": [1e3 * float(np.mean([r["energy_mae_per_atom"] for r in ev])) for _, ev, _ in hist["curve"]],
+        "lr": [float(lr) for _, _, lr in hist["curve"]]}
     return hist
 
 
-def _fit_curve(hist: dict, cfg: dict, steps_per_epoch: int) -> dict:
-    """The validation curve of a shared ``fit`` run (force MAE in meV/A) with its learning rate."""
-    from .multitask import cosine_lr
-
-    total = cfg["epochs"] * steps_per_epoch
-    xs = [int(s) for s in hist["val_steps"]]
-    return {"x": xs, "force": [1e3 * v for v in hist["val_force_mae"]],
-            "lr": [cosine_lr(s, total, cfg["lr"], cfg["lr_final_factor"]) for s in xs]}
+def _multitask(ctx, models, systems, part: str, seed: int, curve_name: str | None = None) -> dict:
+    """Joint training / fine-tuning of the tied ``models`` on ``systems`` (``part`` = ``joint`` or
+    ``finetune``) until flat; records the validation curves (force and energy MAE, mean of
+    systems) and the learning rate as ``{curve_name}val_force_mae`` etc."""
+    hist = _train_until_flat(ctx, models, [s["train"] for s in systems], [s["val"] for s in systems], part, seed)
+    if curve_name is not None:
+        c = hist["curve_dict"]
+        ctx.metrics.curve(f"{curve_name}val_force_mae", c["x"], c["force"])
+        ctx.metrics.curve(f"{curve_name}val_energy_mae", c["x"], c["energy"])
+        ctx.metrics.curve(f"{curve_name}lr", c["x"], c["lr"])
+    return hist
 
 
 # --- shared per seed: theta_0 of each setting and its two specialists ------------------------------
@@ -232,29 +230,26 @@ def _refit_reference_energies(model, data) -> None:
 
 def pretrain_foundation(ctx, pool: dict) -> tuple:
     """The foundation stand-in: a SchNet (seed ``pretrain.seed``, the same for every seed of the
-    run, as one published checkpoint would be) trained on the pool with the shared ``fit`` (own
-    energy scale); returns (model, curve, hist)."""
-    from reprozoo.blocks.atomistic import fit, fit_energy_scale
+    run, as one published checkpoint would be; own energy scale) trained on the pool by the same
+    loop and stopping rule as every other training here (``_train_until_flat``, config
+    ``pretrain``) until its validation force MAE is flat; returns (model, curve, hist)."""
+    from reprozoo.blocks.atomistic import fit_energy_scale
 
     p = ctx.params
     pc = p["pretrain"]
     seed = int(pc.get("seed", 0))
     m = new_model(p, seed)
     fit_energy_scale(m, pool["train"])
-    cfg = {"epochs": int(pc["epochs"]), "batch_size": int(pc["batch_size"]), "lr": float(pc["lr"]),
-           "lr_final_factor": float(pc.get("lr_final_factor", 0.2)), "val_per_epoch": int(pc.get("val_per_epoch", 1)),
-           "energy_weight": p["train"].get("energy_weight", 1.0),
-           "force_weight": p["train"].get("force_weight", 10.0), "seed": seed * 100 + 70}
     ctx.progress(f"pre-training the foundation stand-in on {len(pool['train'])} {pc['dataset']} structures "
-                 f"(targets' chemistry left out), {cfg['epochs']} epochs of batch {cfg['batch_size']}")
-    hist = fit(m, pool["train"], pool["val"], cfg, progress=ctx.progress)
-    curve = _fit_curve(hist, cfg, int(np.ceil(len(pool["train"]) / cfg["batch_size"])))
-    return m, curve, hist
+                 f"(targets' chemistry left out) until flat, at most {pc['max_steps']} steps of batch {pc['batch_size']}")
+    hist = _train_until_flat(ctx, [m], [pool["train"]], [pool["val"]], "pretrain", seed * 100 + 70)
+    c = hist["curve_dict"]
+    return m, {"x": c["x"], "force": c["force"], "lr": c["lr"]}, hist
 
 
 def _foundation_key(ctx) -> str:
     """What the foundation model depends on: its config, the model, the loss weights, the pool's
-    data card and this method's code (so a cached copy is never stale)."""
+    data card and this method's code."""
     import hashlib
 
     from reprozoo.codehash import method_code_hash
@@ -268,27 +263,34 @@ def _foundation_key(ctx) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+# foundation models pre-trained in this process, by key: at ci/smoke every seed's train_shared
+# runs in one job (train_batch), which pre-trains once; at paper scale each seed's train_shared
+# job pre-trains its own (deterministic: the same model). Nothing is shared through files, so
+# no job reads what another job writes without declaring it.
+_FOUNDATIONS: dict[str, tuple] = {}
+
+
 def foundation(ctx) -> tuple:
-    """The foundation model and its record, trained once per run: it does not depend on the seed,
-    so the first seed's train_shared writes it next to the seeds' shared folders
-    (``_shared/foundation/<key>``) and later seeds load it (deterministic either way)."""
+    """The foundation model and its record ({curve, seconds, cpu_seconds, steps, stopped, key}),
+    written into this seed's shared folder (``foundation.pt``, ``pretrain.json``: outputs of the
+    seed's train_shared job). It does not depend on the seed: pre-trained once per process and
+    reused by later seeds of the same process (``reused`` in the record)."""
     torch = _torch()
-    d = Path(ctx.shared_dir).parent / "foundation"
     key = _foundation_key(ctx)
-    pt, js = d / f"{key}.pt", d / f"{key}.json"
-    if pt.exists() and js.exists():
-        m = load_model(ctx.params, pt)
-        ctx.progress(f"foundation stand-in {key} loaded (trained by an earlier seed of this run)")
-        return m, json.loads(js.read_text())
-    m, curve, hist = pretrain_foundation(ctx, load_pool(ctx))
-    info = {"curve": curve, "seconds": hist["seconds"], "steps": hist["steps"], "key": key}
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f"{key}.{ctx.seed}.tmp"
-    torch.save(m.state_dict(), tmp)
-    tmp.replace(pt)
-    tmp.write_text(json.dumps(info))
-    tmp.replace(js)
-    return m, info
+    if key in _FOUNDATIONS:
+        state, info = _FOUNDATIONS[key]
+        m = new_model(ctx.params, 0)
+        m.load_state_dict(state)
+        info = {**info, "reused": True}
+        ctx.progress(f"foundation stand-in {key}: pre-trained earlier in this job, reused")
+    else:
+        m, curve, hist = pretrain_foundation(ctx, load_pool(ctx))
+        info = {"curve": curve, "seconds": hist["seconds"], "cpu_seconds": hist["cpu_seconds"], "steps": hist["steps"],
+                "stopped": bool(hist["stopped"]), "key": key, "reused": False}
+        _FOUNDATIONS[key] = ({k: v.clone() for k, v in m.state_dict().items()}, info)
+    torch.save(m.state_dict(), ctx.outdir / "foundation.pt")
+    (ctx.outdir / "pretrain.json").write_text(json.dumps(info))
+    return m.eval(), info
 
 
 def _theta0(ctx, setting: str, systems: list[dict], init, foundation=None) -> list:
@@ -313,38 +315,41 @@ def _theta0(ctx, setting: str, systems: list[dict], init, foundation=None) -> li
 
 def train_shared(ctx) -> None:
     torch = _torch()
-    from reprozoo.blocks.atomistic import evaluate, fit
+    import pickle
+
+    from reprozoo.blocks.atomistic import evaluate
 
     p = ctx.params
     sets = settings(p)
     systems = load_systems(ctx)
-    import pickle
-
     (ctx.outdir / "systems.pkl").write_bytes(pickle.dumps(systems))
     init = new_model(p, ctx.seed)
     found = None
     if "pretrained" in sets:
         found, info = foundation(ctx)
-        (ctx.outdir / "pretrain.json").write_text(json.dumps(info))
         ctx.metrics.scalar("pretrain_seconds", info["seconds"])
         ctx.metrics.scalar("pretrain_steps", info["steps"])
     for setting in sets:
         pre = SETTINGS[setting]
         theta0 = _theta0(ctx, setting, systems, init, found)
-        info = {}
-        for k, (s, m0) in enumerate(zip(systems, theta0)):
+        for s, m0 in zip(systems, theta0):
             torch.save(m0.state_dict(), ctx.outdir / f"init_{setting}_{s['tag']}.pt")
-            m = copy.deepcopy(m0)
-            cfg = train_cfg(p, ctx.seed * 100 + k)
-            ctx.progress(f"[{setting}] specialist {s['tag']}: {len(s['train'])} frames, {cfg['epochs']} epochs")
-            hist = fit(m, s["train"], s["val"], cfg, progress=ctx.progress)
+        # the two specialists, untied, side by side in one loop (each its own loss, gradient and
+        # clipping, as if trained alone), stopped when their mean validation curve is flat
+        models = [copy.deepcopy(m0) for m0 in theta0]
+        ctx.progress(f"[{setting}] specialists {[s['tag'] for s in systems]}: {len(systems[0]['train'])} frames each, "
+                     f"until flat (at most {p['train']['max_steps']} steps)")
+        hist = _train_until_flat(ctx, models, [s["train"] for s in systems], [s["val"] for s in systems], "train",
+                                 ctx.seed * 100 + 10)
+        info = {"train_seconds": hist["seconds"], "train_cpu_seconds": hist["cpu_seconds"], "steps": hist["steps"],
+                "stopped": bool(hist["stopped"]), "curve": hist["curve_dict"], "systems": {}}
+        for s, m in zip(systems, models):
             torch.save(m.state_dict(), ctx.outdir / f"specialist_{setting}_{s['tag']}.pt")
             ev = evaluate(m, s["val"])
-            info[s["tag"]] = {"train_seconds": hist["seconds"], "steps": hist["steps"],
-                              "curve": _fit_curve(hist, cfg, int(np.ceil(len(s["train"]) / cfg["batch_size"]))),
-                              "val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"]}
-            ctx.metrics.scalar(f"{pre}specialist_train_seconds_{s['tag']}", hist["seconds"])
+            info["systems"][s["tag"]] = {"val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"]}
             ctx.metrics.scalar(f"{pre}specialist_val_force_mae_{s['tag']}", 1e3 * ev["force_mae"])
+        ctx.metrics.scalar(f"{pre}specialist_train_seconds", hist["seconds"])
+        ctx.metrics.scalar(f"{pre}specialist_steps", hist["steps"])
         (ctx.outdir / f"specialists_{setting}.json").write_text(json.dumps(info, indent=1))
 
 
@@ -428,11 +433,9 @@ def _record_shared_curves(ctx, setting: str, with_specialists: bool) -> None:
         ctx.metrics.curve("pretrain_val_force_mae", c["x"], c["force"])
         ctx.metrics.curve("pretrain_lr", c["x"], c["lr"])
     if with_specialists:
-        info = json.loads((sd / f"specialists_{setting}.json").read_text())
-        cs = [v["curve"] for v in info.values()]
-        if len({tuple(c["x"]) for c in cs}) == 1:
-            ctx.metrics.curve(f"{pre}specialist_val_force_mae", cs[0]["x"], np.mean([c["force"] for c in cs], 0))
-            ctx.metrics.curve(f"{pre}specialist_lr", cs[0]["x"], cs[0]["lr"])
+        c = json.loads((sd / f"specialists_{setting}.json").read_text())["curve"]
+        ctx.metrics.curve(f"{pre}specialist_val_force_mae", c["x"], c["force"])
+        ctx.metrics.curve(f"{pre}specialist_lr", c["x"], c["lr"])
 
 
 def train(ctx) -> None:
@@ -461,7 +464,8 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         _record_errors(ctx, systems, teachers, prefix=pre)
         _record_errors(ctx, systems, theta0, prefix=f"{pre}theta0_")  # theta_0 itself, before any fine-tuning
         info = json.loads((sd / f"specialists_{setting}.json").read_text())
-        ctx.metrics.scalar(f"{pre}specialist_train_seconds", sum(i["train_seconds"] for i in info.values()))
+        ctx.metrics.scalar(f"{pre}specialist_train_seconds", info["train_seconds"])
+        ctx.metrics.scalar(f"{pre}specialist_steps", info["steps"])
         return
 
     if v == "joint":

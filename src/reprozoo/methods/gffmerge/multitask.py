@@ -72,32 +72,63 @@ def evaluate_frames(model, data: AtomsData, batch_size: int = 8) -> dict:
     return {"energy_ae_per_atom": np.concatenate(e_out), "force_mae": np.concatenate(f_out)}
 
 
-def cosine_lr(step: int, total: int, lr: float, lr_final_factor: float) -> float:
+def cosine_lr(step: int, total: int, lr: float, lr_final_factor: float, decay_frac: float = 1.0) -> float:
     """The learning rate after ``step`` of ``total`` steps: cosine from lr to lr * lr_final_factor
-    (``fit_multitask``'s schedule and the shared ``fit``'s)."""
-    return float(lr * (lr_final_factor + (1 - lr_final_factor) * 0.5 * (1 + np.cos(np.pi * min(step, total) / max(total, 1)))))
+    over the first ``decay_frac`` x ``total`` steps, then held there (``decay_frac = 1``: the shared
+    ``fit``'s schedule). Held, the last 30 % of a run that reaches ``total`` trains at one fixed
+    rate (>= the gate's floor of 0.1 x peak for ``lr_final_factor >= 0.1``), so a curve that is
+    flat there is flat at that rate, not flattened by a decay in progress."""
+    span = max(float(decay_frac) * max(total, 1), 1.0)
+    return float(lr * (lr_final_factor + (1 - lr_final_factor) * 0.5 * (1 + np.cos(np.pi * min(step / span, 1.0)))))
+
+
+def stop_here(steps, values, tol: float = 0.02, min_points: int = 6) -> bool:
+    """The stopping rule on a validation curve so far (lower is better): flat by the convergence
+    gate's own test (``reprozoo.claims.plateau``: improvement over the last 30 % <= ``tol``, at
+    least ``min_points`` points there), not rising by more than ``tol`` either (a loss spike at a
+    high rate passes the one-sided test but is no plateau: training goes on until it has
+    recovered), and no new best in the tail (its best within ``tol`` of the best before it: a
+    flat stretch of noise after a late drop is not a plateau yet). Stricter than the gate, never
+    looser, so a run it stops is one the gate accepts."""
+    from reprozoo.claims import TAIL, plateau, tail_fit
+
+    xs, f = np.asarray(steps, float), np.asarray(values, float)
+    if not plateau(xs, f, tol=tol, min_points=min_points):
+        return False
+    if tail_fit(xs, f, min_points=min_points)["improvement"] < -tol:
+        return False
+    tail = xs >= xs[0] + (1 - TAIL) * (xs[-1] - xs[0])
+    return bool(np.min(f[tail]) >= (1 - tol) * np.min(f[~tail]))
 
 
 def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, batch_size: int = 4,
                   lr_final_factor: float = 0.1, energy_weight: float = 1.0, force_weight: float = 10.0,
                   grad_clip: float | None = 10.0, seed: int = 0, vals: list[AtomsData] | None = None,
                   eval_at: list[int] | None = None, eval_every: int | None = None, stop: dict | None = None,
-                  progress=None) -> dict:
-    """Train tied ``models`` on their systems for at most ``steps`` steps (the cosine schedule
-    spans ``steps``); returns a history with ``seconds`` and ``cpu_seconds`` (training only:
+                  progress=None, decay_frac: float = 1.0) -> dict:
+    """Train ``models`` on their systems for at most ``steps`` steps (:func:`cosine_lr` with
+    ``decay_frac``: the decay spans ``decay_frac`` x ``steps``, then the rate is held). Tied models
+    (:func:`tie`) are one backbone with a head per system (joint training, fine-tunes); untied ones
+    are independent models trained side by side (the specialists: the loss is a sum of separate
+    terms, so each model gets its own gradient; Adam is invariant to the 1/len(models) factor), and
+    a single model is plain training (the foundation's pre-training); returns a history with ``seconds`` and ``cpu_seconds`` (training only:
     validations are not timed), ``steps`` (run), ``stopped`` (at a plateau) and, with ``vals``,
     ``curve`` = [(step, [metrics per system], lr)] at ``eval_at`` (or every ``eval_every`` steps,
     step 0 and the last included). ``stop`` = {"tol", "min_points", "min_steps"}: stop at the first
     validation (at or after ``min_steps``) where the mean force MAE curve so far passes
     ``reprozoo.claims.plateau`` with that tolerance and at least ``min_points`` points in its tail,
-    and the best value in that tail is no more than ``tol`` below the best before it."""
+    the tail does not rise by more than ``tol`` either (a spike is not a plateau), and the best
+    value in that tail is no more than ``tol`` below the best before it."""
     dtype = next(models[0].parameters()).dtype
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     params = unique_parameters(models)
+    untied = len(models) > 1 and not any(m.embedding is models[0].embedding for m in models[1:])
+    # untied: each model its own loss and its own clipping, exactly as if trained alone
+    groups = [list(m.parameters()) for m in models] if untied else [params]
     opt = torch.optim.Adam(params, lr=lr)
     total = max(int(steps), 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, total, 1.0, lr_final_factor))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, total, 1.0, lr_final_factor, decay_frac))
     streams = [_cycle(d, batch_size, rng, dtype) for d in trains]
     if eval_every:
         eval_at = list(range(0, total, int(eval_every))) + [total]
@@ -109,23 +140,15 @@ def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, 
         """Validate at ``step`` if due; True when the stopping rule says the curve is flat."""
         if vals is None or step not in eval_at:
             return False
-        hist["curve"].append((step, evaluate_systems(models, vals), cosine_lr(step, total, lr, lr_final_factor)))
+        hist["curve"].append((step, evaluate_systems(models, vals), cosine_lr(step, total, lr, lr_final_factor, decay_frac)))
         f = [1e3 * np.mean([m["force_mae"] for m in ev]) for _, ev, _ in hist["curve"]]
         if progress and (len(f) % 5 == 1 or step == total):
             progress(f"step {step}/{steps}: val force MAE {f[-1]:.1f} meV/A")
         min_points = int(stop.get("min_points", 6)) if stop is not None else 0
         if stop is None or step < int(stop.get("min_steps", 0)) or len(f) < min_points:
             return False  # (too few points for a tail of min_points: plateau() would say no)
-        from reprozoo.claims import TAIL, plateau
-
-        xs = np.array([st for st, _, _ in hist["curve"]], float)
-        tol = float(stop.get("tol", 0.02))
-        if not plateau(xs, f, tol=tol, min_points=min_points):
-            return False
-        # and no new best in the tail: its best is within tol of the best before it (a flat
-        # stretch of noise after a late drop is not a plateau yet)
-        tail = xs >= xs[0] + (1 - TAIL) * (xs[-1] - xs[0])
-        return bool(np.min(np.asarray(f)[tail]) >= (1 - tol) * np.min(np.asarray(f)[~tail]))
+        xs = [st for st, _, _ in hist["curve"]]
+        return stop_here(xs, f, float(stop.get("tol", 0.02)), min_points)
 
     record(0)
     for m in models:
@@ -136,11 +159,12 @@ def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, 
         loss = 0.0
         for m, s in zip(models, streams):
             li, _, _ = loss_terms(m, next(s), energy_weight, force_weight)
-            loss = loss + li / len(models)
+            loss = loss + (li if untied else li / len(models))
         opt.zero_grad()
         loss.backward()
         if grad_clip:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            for g in groups:
+                torch.nn.utils.clip_grad_norm_(g, grad_clip)
         opt.step()
         sched.step()
         seconds += time.perf_counter() - t0
