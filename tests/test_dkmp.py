@@ -297,6 +297,32 @@ def test_step_timer_counts_cpu_time_not_waiting():
     assert timer(lambda: sum(range(300_000))) > 0.0
 
 
+def test_loop_timer_and_direct_graph_time_is_positive():
+    """Each cost is the per-call mean of a loop lasting >= min_loop_s (a fake clock: 3 calls of
+    0.1 s reach 0.25 s), the median of >= 5 loops; graph construction is timed on its own, so it
+    is > 0 at every size (it was a difference of best-of-3 single calls, which went negative)."""
+    import itertools
+
+    import reprozoo.methods.dkmp.method as M
+
+    ticks = itertools.count()
+    assert abs(M.loop_seconds(lambda: None, 0.25, clock=lambda: 0.1 * next(ticks)) - 0.1) < 1e-9
+    assert M.loop_seconds(lambda: sum(range(10_000)), 0.01) > 0.0
+    cells = M.bulk_cells([2, 3], seed=0)
+    arch = {"dkmp": {"shells": DKMP, "select": "dilated"}, "dense_same_field": {"shells": DENSE}}
+    mcfg = {"n_features": 8, "n_rbf": 6, "window_width": 0.3}
+    pos, num = _cluster(2)
+    train = {**_frames(pos, num), "energy": [-3.5 * len(num)], "forces": [np.zeros_like(pos)]}
+    with pytest.raises(ValueError):
+        M.measure_costs(arch, mcfg, cells, train, 0, repeats=3, progress=lambda *_: None)
+    out = M.measure_costs(arch, mcfg, cells, train, 0, repeats=5, progress=lambda *_: None, min_loop_s=0.0)
+    for v in arch:
+        assert out[v]["graph_positive"] and all(g > 0 for g in out[v]["graph_ms"])
+        assert all(len(r) == 5 for r in out[v]["graph_reps_ms"])
+        np.testing.assert_allclose(out[v]["graph_ms"], np.median(out[v]["graph_reps_ms"], axis=1))
+        assert all(0.2 < r < 5 for r in out[v]["md_step_parts_ratio"])
+
+
 
 # --- by-construction properties of the design (tests, not claims) ----------------------------------
 

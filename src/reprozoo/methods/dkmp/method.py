@@ -19,12 +19,13 @@ boundaries. The variants differ only in their graphs (shells from the config):
 train_shared (per seed): cost of one MD step of each architecture that a cost variant names, on
 periodic bulk fcc Cu cells (no surface, so edges per atom are the same at every size and a log-log
 slope measures the method, not the cluster geometry), interleaved in one process: energy + forces
-with the graph given, and the whole step (graph built from the positions, then energy + forces)
-timed as one call (graph construction: their difference), for star variants also that whole step
+with the graph given, graph construction alone, and the whole step (graph built from the
+positions, then energy + forces) timed as one call, for star variants also that whole step
 with its candidates from a naive O(N^2) all-pairs search (the planted control of the scaling
-claim: the same graph, a cost that grows faster); best CPU time over the repeats and every repeat
-(the slopes' standard error for the timing-precision precondition; one thread: CPU time is
-compute time, whatever else runs on the cores); peak torch tensor memory (allocator events
+claim: the same graph, a cost that grows faster); each quantity timed as the per-call mean of a
+loop of calls lasting >= ``cost.min_loop_s`` CPU seconds, the median over >= 5 such loops reported
+and every loop kept (the slopes' standard error for the timing-precision precondition; one
+thread: CPU time is compute time, whatever else runs on the cores); peak torch tensor memory (allocator events
 replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors; edges per layer; and one
 training step on a Cu309 frame -> ``cost.json``.
 train (per training variant x seed): fit on the Cu309 training frames (shared ``fit``, the same
@@ -223,18 +224,42 @@ def step_seconds(device: str = "cpu"):
     return cpu
 
 
+def loop_seconds(fn, min_seconds: float = 0.2, device: str = "cpu", clock=None) -> float:
+    """Per-call mean time of ``fn`` over a loop of calls lasting at least ``min_seconds`` (at
+    least one call): one short call is at the mercy of the timer's resolution, the allocator and
+    the scheduler, a loop averages them out. CPU time on CPU (see :func:`step_seconds`),
+    synchronised wall time on CUDA."""
+    cuda = str(device).startswith("cuda")
+    if clock is None:
+        clock = time.perf_counter if cuda else time.process_time
+    sync = (lambda: __import__("torch").cuda.synchronize()) if cuda else (lambda: None)
+    n = 0
+    sync()
+    t0 = clock()
+    while True:
+        fn()
+        n += 1
+        sync()
+        dt = clock() - t0
+        if dt >= min_seconds:
+            return dt / n
+
+
 def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: dict, seed: int,
-                  repeats: int = 2, device: str = "cpu", progress=print) -> dict:
+                  repeats: int = 5, device: str = "cpu", progress=print, min_loop_s: float = 0.2) -> dict:
     """Interleaved per-cell cost of every variant, from one process.
 
     Per cell and variant: ``time_step_ms`` (energy + forces, graph given), ``time_md_step_ms`` (the
     whole MD step: graph built from the positions, then energy + forces, timed as one call),
-    ``graph_ms`` (their difference: neighbour search + star selection + collation into tensors),
-    ``mem_step_mb`` (peak torch tensor memory of energy + forces above the inputs), ``graph_mb``
-    (the step's graph tensors: edge_index int64 and shifts), ``mem_md_step_mb`` (their sum),
-    ``edges_layer``. Times (CPU time on CPU, see :func:`step_seconds`) are the best over
-    ``repeats`` (``*_reps``: every repeat, [cell][repeat], for the timing-precision precondition);
-    the variant order alternates between repeats. Training step time/memory on ``train_frames``
+    ``graph_ms`` (graph construction timed on its own: neighbour search + star selection +
+    collation into tensors; must be > 0, else this raises), ``mem_step_mb`` (peak torch tensor
+    memory of energy + forces above the inputs), ``graph_mb`` (the step's graph tensors:
+    edge_index int64 and shifts), ``mem_md_step_mb`` (their sum), ``edges_layer``. Each timing of
+    a quantity is the per-call mean of a loop of calls lasting at least ``min_loop_s`` (CPU time on
+    CPU, see :func:`loop_seconds`); the reported time is the median over ``repeats`` such loops
+    (``*_reps``: every repeat, [cell][repeat], for the timing-precision precondition); the variant
+    order alternates between repeats. ``md_step_parts_ratio``: whole step / (graph + step with the
+    graph given), a consistency check (about 1). Training step time/memory on ``train_frames``
     (one frame)."""
     import torch
 
@@ -244,7 +269,12 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     names = list(variants)
     models, batches, out = {}, {}, {}
     sizes = [len(c["numbers"][0]) for c in cells]
-    seconds = step_seconds(device)
+    if repeats < 5:
+        raise ValueError(f"cost repeats must be >= 5 (a median of loops), got {repeats}")
+
+    def seconds(fn):
+        return loop_seconds(fn, min_loop_s, device)
+
     for v in names:
         m = build_model(variants[v], mcfg, seed)
         td = build_data(train_frames, variants[v], device)
@@ -281,6 +311,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         return ef(v, all_pairs_data(cells[s], variants[v], device).collate([0], dtype=torch.float32))
 
     kinds = {"time_step_ms": lambda v, s: ef(v, batches[v][s]),
+             "graph_ms": graph,
              "time_md_step_ms": lambda v, s: ef(v, graph(v, s)),
              "time_md_step_naive_ms": naive_md_step}
     # the naive search only for the star variants (the control of the scaling claim reads DKMP's)
@@ -301,13 +332,17 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         progress(f"cost repeat {r + 1}/{repeats} done")
     for v in names:
         for k in kinds_of[v]:
-            out[v][k] = [1e3 * float(np.min(ts)) for ts in t[k][v]]
+            out[v][k] = [1e3 * float(np.median(ts)) for ts in t[k][v]]
             out[v][k.removesuffix("_ms") + "_reps_ms"] = [[1e3 * x for x in ts] for ts in t[k][v]]
-        out[v]["graph_ms"] = list(np.subtract(out[v]["time_md_step_ms"], out[v]["time_step_ms"]))
+        out[v]["graph_positive"] = bool(np.all(np.asarray(out[v]["graph_ms"]) > 0))
+        if not out[v]["graph_positive"]:
+            raise RuntimeError(f"{v}: graph construction time not > 0: {out[v]['graph_ms']}")
+        out[v]["md_step_parts_ratio"] = list(np.divide(out[v]["time_md_step_ms"],
+                                                       np.add(out[v]["graph_ms"], out[v]["time_step_ms"])))
         out[v]["mem_step_mb"] = [peak_tensor_bytes(lambda: ef(v, batches[v][s]), device)[0] / 2**20
                                  for s in range(len(sizes))]
         out[v]["mem_md_step_mb"] = list(np.add(out[v]["mem_step_mb"], out[v]["graph_mb"]))
-        out[v]["time_train_ms"] = 1e3 * float(np.min(ttrain[v]))
+        out[v]["time_train_ms"] = 1e3 * float(np.median(ttrain[v]))
         out[v]["mem_train_mb"] = peak_tensor_bytes(lambda: train_step(v), device)[0] / 2**20
         out[v]["n_atoms_train"] = int(batches[v]["train"].numbers.shape[0])
         progress(f"{v}: MD step ms (graph given / with graph) {['%.1f' % x for x in out[v]['time_step_ms']]} / "
@@ -349,7 +384,8 @@ def train_shared(ctx) -> None:
     train_frame = frames_of(md, _system_ids(md, p["train_systems"])[:1], split="train", first_only=True)
     t0 = time.perf_counter()
     cost = measure_costs(cost_architectures(p["variants"]), p["model"], cells, train_frame, ctx.seed,
-                         p.get("cost", {}).get("repeats", 2), p.get("device", "cpu"), ctx.progress)
+                         p.get("cost", {}).get("repeats", 5), p.get("device", "cpu"), ctx.progress,
+                         p.get("cost", {}).get("min_loop_s", 0.2))
     ctx.metrics.scalar("cost_seconds", time.perf_counter() - t0)
     (ctx.outdir / "cost.json").write_text(json.dumps(cost, indent=1))
 
