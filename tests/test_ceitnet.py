@@ -365,11 +365,7 @@ def test_eval_only_cells_leave_the_main_set_alone(tmp_path):
         at = AseAtomsAdaptor.get_atoms(Structure.from_dict(r["structure"]))
         return emt_elastic._invariant_key(at)[:2] + tuple(np.round(emt_elastic._invariant_key(at)[2:], 3))
     assert not {key(r) for r in ev if r["prototype"] == "random"} & {key(r) for r in main if r["prototype"] == "random"}
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    (raw / "emt_records.json").write_text(json.dumps({"seed": 5, "records": both}))
-    emt_elastic.preprocess(raw, tmp_path, {})
-    ds = common.load(tmp_path)
+    ds = _preprocessed(tmp_path, both)
     e = ds.split_index("eval")
     assert len(e) == 4 and np.isnan(ds.C_full[e]).all() and np.isfinite(ds.eps_like[e]).all()
     assert np.isfinite(ds.piezo_like[e]).all() and np.isfinite(ds.C_full[np.setdiff1d(np.arange(len(ds)), e)]).all()
@@ -402,11 +398,7 @@ def test_eval_cells_with_elastic_tensors(tmp_path):
         assert np.allclose(c, c.T) and np.linalg.eigvalsh(c)[0] > 0
         direct = emt_elastic.elastic_tensor(AseAtomsAdaptor.get_atoms(Structure.from_dict(r["structure"])))["C"]
         assert np.allclose(direct, c, rtol=1e-3, atol=0.5)
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    (raw / "emt_records.json").write_text(json.dumps({"seed": 5, "records": withc}))
-    emt_elastic.preprocess(raw, tmp_path, {})
-    ds = common.load(tmp_path)
+    ds = _preprocessed(tmp_path, withc)
     e = ds.split_index("eval")
     assert len(e) == 4 and np.isfinite(ds.C_voigt[e]).reshape(4, -1).all(axis=1).sum() == 2
 
@@ -474,3 +466,16 @@ def test_trained_float32_models_equivariant(variant):
         assert e32 <= 1e-5, (order, e32)
         assert e64 <= 1e-10, (order, e64)
         assert off > 1e-4, (order, off)
+
+
+def _preprocessed(tmp_path, records):
+    """The crystals dataset preprocessed from raw EMT records (seed 5), as the pipeline would."""
+    import json
+
+    from reprozoo.data.crystals import common, emt_elastic
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "emt_records.json").write_text(json.dumps({"seed": 5, "records": records}))
+    emt_elastic.preprocess(raw, tmp_path, {})
+    return common.load(tmp_path)
