@@ -376,12 +376,10 @@ def test_eval_cells_with_elastic_tensors(tmp_path):
     """n_eval_elastic: the same evaluation-only cells (bit-identical structures and order-2/3 targets), a
     random subset of them with an elastic tensor computed exactly like a main cell's (symmetric, positive
     definite, equal to a direct recomputation)."""
-    import json
-
     from pymatgen.core import Structure
     from pymatgen.io.ase import AseAtomsAdaptor
 
-    from reprozoo.data.crystals import common, emt_elastic
+    from reprozoo.data.crystals import emt_elastic
 
     tiny = {"elements": ["Cu", "Al", "Ni"], "elemental": ["fcc"], "ordered": ["B2"], "n_ordered": 1,
             "n_random": 1, "n_distorted": 1, "random_sizes": [3], "random_species": [2],
