@@ -309,3 +309,30 @@ def test_inconclusive_says_what_would_decide_it():
 def test_expression_errors_are_claim_errors():
     with pytest.raises(ClaimError):
         measure("v@a +", ">", 0, scalars({"a": [1.0]}), [0])
+
+
+def test_a_curve_gates_only_the_claims_it_names():
+    """ceitnet trains one head per tensor order in each variant: its order-2 head still falling
+    must hold back the order-2 claim, not the order-4 one (spec ``convergence: claims:``)."""
+    falling = _loss_table(tail_slope=0.5, lr_end=5e-4)
+    flat = _loss_table(tail_slope=0.0, lr_end=5e-4)
+    flat = flat[flat.metric != "v"].assign(metric=lambda d: d.metric.replace({"val_loss": "val_o4", "lr": "lr_o4"}))
+    t = pd.concat([falling, flat], ignore_index=True)
+    o2 = Claim("o2", "a good at order 2", "v@a", ">", 0.5, paper_value="-")
+    o4 = Claim("o4", "a good at order 4", "v@a", ">", 0.5, paper_value="-")
+    scoped = [Convergence(curve="val_loss", lr="lr", claims=("o2",)), Convergence(curve="val_o4", lr="lr_o4")]
+    st = convergence(scoped, t)
+    assert not st["a"]["converged"]  # the variant as a whole still shows its stalled head
+    got = {r["id"]: r["verdict"] for r in verify([o2, o4], t, converged=st)}
+    assert got == {"o2": "not converged", "o4": "holds"}
+    # unscoped, the stalled head holds back every claim of the variant (the default)
+    st = convergence([Convergence(curve="val_loss", lr="lr"), Convergence(curve="val_o4", lr="lr_o4")], t)
+    assert {r["verdict"] for r in verify([o2, o4], t, converged=st)} == {"not converged"}
+
+
+def test_a_convergence_entry_naming_an_unknown_claim_is_refused():
+    from reprozoo.registry import _convergence
+
+    with pytest.raises(RegistryError, match="unknown claim"):
+        _convergence([{"curve": "val", "claims": ["typo"]}], "spec", {"a"}, {"o2", "o4"})
+    assert _convergence([{"curve": "val", "claims": ["o2"]}], "spec", {"a"}, {"o2"})[0].gates("o2")

@@ -457,10 +457,24 @@ def convergence(specs: list[Convergence], table: pd.DataFrame, variants: list[st
                 s, first = next(iter(bad.items()))
                 rec["reason"] = f"{name}: seed {s}: {first.get('reason')}" + (
                     f" (and {len(bad) - 1} more seed(s))" if len(bad) > 1 else "")
+            gate = {"curve": name, "claims": list(conv.claims), "converged": rec["converged"],
+                    "reason": rec.get("reason")}
             prev = out.get(v)
+            entries = (prev or {}).get("curves", []) + [gate]
             if prev is None or (prev["converged"] and not rec["converged"]):
                 out[v] = rec
+            out[v]["curves"] = entries
     return out
+
+
+def _gate_for(claim_id: str, state: dict) -> dict:
+    """A variant's convergence as one claim sees it: only the curves that gate that claim
+    (``Convergence.claims``; every curve when it names none)."""
+    curves = [c for c in state.get("curves", []) if not c["claims"] or claim_id in c["claims"]]
+    if "curves" not in state:  # a record written before curves were scoped
+        return {"converged": state["converged"], "reason": state.get("reason")}
+    stalled = [c for c in curves if not c["converged"]]
+    return {"converged": not stalled, "reason": stalled[0]["reason"] if stalled else None}
 
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -552,8 +566,7 @@ def verify(claims: list[Claim], table: pd.DataFrame, selected_variants: list[str
             out.append(rec)
             continue
         read = sorted(_variants_of(c.expr) | (_variants_of(control.expr) if control else set()))
-        rec["convergence"] = {v: {"converged": converged[v]["converged"], "reason": converged[v].get("reason")}
-                              for v in read if v in converged}
+        rec["convergence"] = {v: _gate_for(c.id, converged[v]) for v in read if v in converged}
         unmet = [r for r in rec["requires"] if r["verdict"] != "holds"]
         stalled = [v for v, s in rec["convergence"].items() if not s["converged"]]
         if unmet:

@@ -83,13 +83,21 @@ class Convergence:
     if the method records it; ``variants``: the variants that train (default: every variant that
     records the curve); ``tol``: the largest relative improvement over the last 30 % of training
     that still counts as flat; ``scale``: relative to the curve's level (``value``) or to its whole
-    improvement since the first point (``range``, for losses that cross zero such as an NLL)."""
+    improvement since the first point (``range``, for losses that cross zero such as an NLL);
+    ``claims``: the claim ids this curve gates (default: every claim that reads the variant). A
+    variant that trains several heads (one per tensor order, pre-training and fine-tuning) declares
+    one curve per head, and a claim is held back only by the heads it reads: an unfinished order-2
+    head says nothing about an order-4 verdict."""
     curve: str
     mode: str = "min"
     lr: str | None = None
     variants: tuple = ()
     tol: float = 0.02
     scale: str = "value"
+    claims: tuple = ()
+
+    def gates(self, claim_id: str) -> bool:
+        return not self.claims or claim_id in self.claims
 
     def curve_for(self, variant: str) -> str:
         return self.curve.replace("{variant}", variant)
@@ -156,7 +164,7 @@ SPEC_KEYS = REQUIRED_KEYS + ("train_shared", "resources", "convergence", "traini
 OPS = ("<=", "<", ">=", ">")
 CLAIM_REQUIRED = ("id", "text", "expr", "op", "threshold", "paper_value")
 CLAIM_KEYS = CLAIM_REQUIRED + ("unit", "control", "requires", "exact", "margin")
-CONVERGENCE_KEYS = ("curve", "mode", "lr", "variants", "tol", "scale")
+CONVERGENCE_KEYS = ("curve", "mode", "lr", "variants", "tol", "scale", "claims")
 _COND = re.compile(r"^(?P<expr>.+?)\s*(?P<op><=|>=|<|>)\s*(?P<thr>[-+0-9.eE]+|inf|-inf)\s*$")
 
 
@@ -291,7 +299,7 @@ def _claim(c: Any, where: str, variants: set[str]) -> Claim:
                  requires=tuple(requires), exact=exact, margin=margin)
 
 
-def _convergence(raw: Any, where: str, variants: set[str]) -> list[Convergence]:
+def _convergence(raw: Any, where: str, variants: set[str], claim_ids: set[str] = frozenset()) -> list[Convergence]:
     if raw is None:
         return []
     entries = raw if isinstance(raw, list) else [raw]
@@ -311,9 +319,15 @@ def _convergence(raw: Any, where: str, variants: set[str]) -> list[Convergence]:
         bad = [v for v in vs if v not in variants]
         if bad:
             raise RegistryError(f"{w}: unknown variant(s) {bad}; variants: {sorted(variants)}")
+        cs = e.get("claims") or []
+        if not isinstance(cs, list):
+            raise RegistryError(f"{w}: claims must be a list of claim ids")
+        bad = [c for c in cs if c not in claim_ids]
+        if bad:
+            raise RegistryError(f"{w}: unknown claim(s) {bad}; claims: {sorted(claim_ids)}")
         out.append(Convergence(curve=str(e["curve"]), mode=e.get("mode", "min"), lr=e.get("lr"),
                                variants=tuple(vs), tol=_number(e.get("tol", 0.02), f"{w} tol"),
-                               scale=e.get("scale", "value")))
+                               scale=e.get("scale", "value"), claims=tuple(cs)))
     return out
 
 
@@ -342,7 +356,7 @@ def _load_spec(folder: Path) -> MethodSpec:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise RegistryError(f"{where}: claim id(s) {dupes} appear twice")
-    convergence = _convergence(raw.get("convergence"), where, vids)
+    convergence = _convergence(raw.get("convergence"), where, vids, set(ids))
     ds = raw["datasets"]
     if isinstance(ds, list):
         ds = {"default": ds}
