@@ -1,21 +1,32 @@
-"""Data of the miniature: a coupled synthetic system with known pairwise laws, and macrodata.
+"""Data of the miniature: a coupled seasonal system with known pairwise laws, and macrodata.
 
-Synthetic system (ours). ``n_drivers`` drivers are stochastic damped oscillators, AR(2)
-processes with a random period P and pole radius r (unit variance after scaling):
+Synthetic system (ours). A *system* (:func:`draw_system`, drawn once per seed) fixes everything
+but the noise; :func:`simulate` then draws independent realisations (episodes) of it, so the
+training series, the validation episodes and the test episodes are independent draws of one
+stationary process and every test episode is an independent test unit.
 
-    d_t = 2 r cos(2 pi / P) d_{t-1} - r^2 d_{t-2} + eps_t,        eps_t ~ N(0, 1)
+``n_drivers`` drivers, each the sum of two unit-variance parts (weights ``season_share`` and
+1 - ``season_share`` of the variance):
 
-and each of ``n_drivers`` targets y is driven by one driver (a seed-dependent permutation) through
-one coupling law, with observation noise sigma on every channel:
+* a *seasonal* part with a long period P (``season_period``, longer than the short lookback):
+  s_t = phi s_{t-P} + sqrt(1 - phi^2) e_t, with e a moving average of white noise over
+  ``season_smooth`` steps (unit variance). The season's shape is random and drifts from cycle to
+  cycle, so it cannot be memorised by the weights: the only way to forecast s_{t+h} is to read
+  s_{t+h-P} from the input, which a lookback L sees only when P - h <= L - 1;
+* a stochastic damped oscillator, an AR(2) process with a random period and pole radius r:
+  o_t = 2 r cos(2 pi / period) o_{t-1} - r^2 o_{t-2} + eps_t (scaled by its stationary std).
+
+Each of ``n_drivers`` targets y is driven by one driver (a seed-dependent permutation) through one
+coupling law, with observation noise sigma on every channel:
 
     linear        y_t =  a d_{t - lag}                 (a = 0.9, lag = short_lag)
     delayed       y_t =  d_{t - long_lag}
     sign_flipped  y_t = -d_{t - lag}
     nonlinear     y_t =  (d_{t - lag}^2 - 1) / sqrt(2)  (frequency doubling; zero mean, unit variance)
 
-Channels are ordered [drivers..., targets...]. ``coupling_types`` returns the (N, N) map of the
-true law for (query = target i, key = source j), 0 where channel j does not drive channel i: the
-map the learned pairwise filters are compared with.
+Channels are ordered [drivers..., targets...]. The (N, N) map of the true law for (query = target
+i, key = source j) is 0 where channel j does not drive channel i: the map the learned pairwise
+filters are compared with.
 
 Macrodata (statsmodels, 203 quarters, 12 variables): level series that grow (GDP, consumption,
 investment, government spending, income, CPI, M1, population) enter as quarterly log-growth
@@ -33,39 +44,82 @@ MACRO_GROWTH = ("realgdp", "realcons", "realinv", "realgovt", "realdpi", "cpi", 
 MACRO_RATES = ("tbilrate", "unemp", "infl", "realint")
 
 
-def ar2_oscillators(rng: np.random.Generator, n: int, length: int, periods=(12.0, 60.0),
-                    radius=(0.95, 0.99), burn: int = 500) -> np.ndarray:
-    """(length, n) unit-variance damped stochastic oscillators (AR(2) with complex poles r e^{+-i w})."""
-    P = rng.uniform(*periods, size=n)
-    r = rng.uniform(*radius, size=n)
-    a1, a2 = 2 * r * np.cos(2 * np.pi / P), -r ** 2
-    eps = rng.standard_normal((length + burn, n))
-    x = np.zeros((length + burn, n))
+def ar2_variance(a1: np.ndarray, a2: np.ndarray) -> np.ndarray:
+    """Stationary variance of x_t = a1 x_{t-1} + a2 x_{t-2} + eps_t with unit-variance eps."""
+    return (1 - a2) / ((1 + a2) * ((1 - a2) ** 2 - a1 ** 2))
+
+
+def ar2_oscillators(rng: np.random.Generator, a1: np.ndarray, a2: np.ndarray, n_episodes: int, length: int,
+                    burn: int = 500) -> np.ndarray:
+    """(n_episodes, length, n) unit-variance AR(2) processes, one column per coefficient pair."""
+    n = len(a1)
+    eps = rng.standard_normal((n_episodes, length + burn, n))
+    x = np.zeros_like(eps)
     for t in range(2, length + burn):
-        x[t] = a1 * x[t - 1] + a2 * x[t - 2] + eps[t]
-    x = x[burn:]
-    return (x - x.mean(0)) / x.std(0)
+        x[:, t] = a1 * x[:, t - 1] + a2 * x[:, t - 2] + eps[:, t]
+    return x[:, burn:] / np.sqrt(ar2_variance(a1, a2))
 
 
-def coupled_system(rng: np.random.Generator, length: int, n_drivers: int = 4, short_lag: int = 6,
-                   long_lag: int = 72, noise: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
-    """(length, 2 n_drivers) series and the (N, N) integer map of true coupling laws (index into LAWS)."""
-    pad = max(short_lag, long_lag)
-    d = ar2_oscillators(rng, n_drivers, length + pad)
+def seasonal_ar(rng: np.random.Generator, n_episodes: int, length: int, n: int, period: int, phi: float,
+                smooth: int) -> np.ndarray:
+    """(n_episodes, length, n) stationary seasonal AR: s_t = phi s_{t-P} + sqrt(1 - phi^2) e_t.
+
+    e is a moving average of white noise over ``smooth`` steps (unit variance); the first period is
+    e itself, so the process starts in its stationary distribution (variance 1, no burn-in)."""
+    w = rng.standard_normal((n_episodes, length + smooth - 1, n))
+    c = np.cumsum(np.concatenate([np.zeros((n_episodes, 1, n)), w], axis=1), axis=1)
+    e = (c[:, smooth:] - c[:, :-smooth]) / np.sqrt(smooth)
+    s = e.copy()
+    k = np.sqrt(1 - phi ** 2)
+    for start in range(period, length, period):
+        stop = min(start + period, length)
+        s[:, start:stop] = phi * s[:, start - period:stop - period] + k * e[:, start:stop]
+    return s
+
+
+def draw_system(rng: np.random.Generator, n_drivers: int = 4, short_lag: int = 6, long_lag: int = 72,
+                noise: float = 0.1, season_period: int = 90, season_phi: float = 0.9, season_smooth: int = 5,
+                season_share: float = 0.5, osc_periods=(12.0, 60.0), osc_radius=(0.95, 0.99)) -> dict:
+    """Everything that defines one coupled system except the noise realisation."""
+    P = rng.uniform(*osc_periods, size=n_drivers)
+    r = rng.uniform(*osc_radius, size=n_drivers)
     types = [1 + (k % 4) for k in range(n_drivers)]  # linear, delayed, sign_flipped, nonlinear, ...
     source = rng.permutation(n_drivers)
     N = 2 * n_drivers
-    y = np.zeros((length, n_drivers))
     cmap = np.zeros((N, N), dtype=int)
     for k, (law, s) in enumerate(zip(types, source)):
-        lag = long_lag if LAWS[law] == "delayed" else short_lag
-        x = d[pad - lag: pad - lag + length, s]
-        y[:, k] = {"linear": 0.9 * x, "delayed": x, "sign_flipped": -x,
-                   "nonlinear": (x ** 2 - 1) / np.sqrt(2)}[LAWS[law]]
         cmap[n_drivers + k, s] = law
-    series = np.concatenate([d[pad:], y], axis=1)
-    series = series + noise * rng.standard_normal(series.shape)
-    return series.astype(np.float32), cmap
+    return {"a1": 2 * r * np.cos(2 * np.pi / P), "a2": -r ** 2, "types": types, "source": source, "cmap": cmap,
+            "short_lag": int(short_lag), "long_lag": int(long_lag), "noise": float(noise),
+            "season_period": int(season_period), "season_phi": float(season_phi),
+            "season_smooth": int(season_smooth), "season_share": float(season_share)}
+
+
+def simulate(system: dict, rng: np.random.Generator, n_episodes: int, length: int) -> np.ndarray:
+    """(n_episodes, length, 2 n_drivers) float32 independent realisations of ``system``."""
+    n = len(system["a1"])
+    pad = max(system["short_lag"], system["long_lag"])
+    w = system["season_share"]
+    s = seasonal_ar(rng, n_episodes, length + pad, n, system["season_period"], system["season_phi"],
+                    system["season_smooth"])
+    o = ar2_oscillators(rng, system["a1"], system["a2"], n_episodes, length + pad)
+    d = np.sqrt(w) * s + np.sqrt(1 - w) * o
+    y = np.zeros((n_episodes, length, n))
+    for k, (law, src) in enumerate(zip(system["types"], system["source"])):
+        lag = system["long_lag"] if LAWS[law] == "delayed" else system["short_lag"]
+        x = d[:, pad - lag: pad - lag + length, src]
+        y[:, :, k] = {"linear": 0.9 * x, "delayed": x, "sign_flipped": -x,
+                      "nonlinear": (x ** 2 - 1) / np.sqrt(2)}[LAWS[law]]
+    series = np.concatenate([d[:, pad:], y], axis=2)
+    series = series + system["noise"] * rng.standard_normal(series.shape)
+    return series.astype(np.float32)
+
+
+def coupled_system(rng: np.random.Generator, length: int, n_drivers: int = 4, short_lag: int = 6,
+                   long_lag: int = 72, noise: float = 0.1, **season) -> tuple[np.ndarray, np.ndarray]:
+    """One (length, 2 n_drivers) series of a freshly drawn system and its (N, N) coupling map."""
+    system = draw_system(rng, n_drivers, short_lag, long_lag, noise, **season)
+    return simulate(system, rng, 1, length)[0], system["cmap"]
 
 
 def load_macrodata(folder: Path | str | None) -> tuple[np.ndarray, list[str]]:
@@ -114,3 +168,9 @@ def windows(series: np.ndarray, starts: np.ndarray, lookback: int, horizon: int)
     idx = starts[:, None] + np.arange(lookback + horizon)[None]
     w = series[idx]
     return w[:, :lookback], w[:, lookback:]
+
+
+def episode_windows(episodes: np.ndarray, max_lookback: int, lookback: int, horizon: int):
+    """Inputs (E, lookback, N) and targets (E, horizon, N) of independent episodes whose forecast
+    origin is row ``max_lookback``: every lookback and horizon forecasts the same future."""
+    return episodes[:, max_lookback - lookback:max_lookback], episodes[:, max_lookback:max_lookback + horizon]
