@@ -5,12 +5,13 @@ import torch
 
 from reprozoo.blocks.neural_field import CoordinateMLP, grid_coordinates
 from reprozoo.methods.antic.flow import enstrophy, make_flow, run_insitu
-from reprozoo.methods.antic.neural_codec import (ContinualCodec, _linears, antic_bytes, delta_size, forward_with_delta,
-                                                 n_params, scratch_width)
+from reprozoo.methods.antic.neural_codec import (ContinualCodec, ScratchCodec, _linears, antic_bytes, delta_size,
+                                                 forward_with_delta, lr_at, n_params, scratch_config, scratch_params,
+                                                 scratch_width)
 from reprozoo.methods.antic.selection import AdaptiveSelector, UniformSelector, interpolate_frames
 
-CFG = dict(width=16, depth=2, n_features=16, sigma=2.0, rank=2, batch=256, lr=1e-2, delta_lr=2e-2,
-           base_steps=300, delta_steps=150, scratch_steps=50)
+CFG = dict(width=16, depth=2, n_features=16, sigma=2.0, rank=2, batch=256, lr=1e-2, delta_lr=2e-2, scratch_lr=1e-2,
+           lr_floor=0.1, eval_every=5, base_steps=300, delta_steps=150, scratch_steps=50)
 
 
 def _deltas(model, rank, rng):
@@ -35,10 +36,38 @@ def test_merged_residual_equals_delta_forward():
 
 
 def test_scratch_width_counts_the_network_exactly():
-    for w in (4, 10, 20):
-        m = CoordinateMLP(2, 1, width=w, depth=2, n_features=w // 2, sigma=1.0)
-        assert scratch_width(n_params(m), 2) == w
-        assert scratch_width(n_params(m) - 1, 2) < w
+    for w, f in ((4, 2), (10, 16), (20, 32)):
+        m = CoordinateMLP(2, 1, width=w, depth=2, n_features=f, sigma=1.0)
+        assert scratch_params(w, 2, f) == n_params(m)
+        assert scratch_width(n_params(m), 2, f) == w
+        assert scratch_width(n_params(m) - 1, 2, f) < w
+
+
+def test_scratch_baseline_stores_at_most_antics_bytes_with_antics_encoding():
+    """Equal storage by construction: per kept frame, the scratch network (ANTIC's Fourier features)
+    plus its normalisation never exceeds ANTIC's bytes, and its codec counts exactly those bytes."""
+    n = 16
+    x = np.arange(n) / n
+    f0 = np.sin(2 * np.pi * x)[:, None] * np.cos(2 * np.pi * x)[None, :]
+    for k in (2, 5, 30):
+        width, nbytes = scratch_config(CFG, k)
+        assert nbytes <= antic_bytes(CFG, k)
+        # one more hidden unit would exceed ANTIC's bytes
+        assert 2 * (scratch_params(width + 1, 2, CFG["n_features"]) + 2) * k > antic_bytes(CFG, k)
+    cfg = {**CFG, "scratch_steps": 5}
+    width, nbytes = scratch_config(cfg, 3)
+    c = ScratchCodec(n, cfg, 0, width)
+    for i in range(3):
+        c.add(i, f0 * (1 + 0.1 * i))
+    assert c.stored_bytes == nbytes
+
+
+def test_cosine_rate_stays_above_the_gate_floor():
+    peak, floor, steps = 1e-2, 0.1, 150
+    lrs = [lr_at(s, steps, peak, floor) for s in range(steps + 1)]
+    assert lrs[0] == pytest.approx(peak) and lrs[-1] == pytest.approx(floor * peak)
+    assert all(b <= a + 1e-15 for a, b in zip(lrs, lrs[1:]))
+    assert min(lrs) >= floor * peak * (1 - 1e-12)  # the convergence gate's rule: >= 0.1 x peak in the tail
 
 
 def test_enstrophy_closed_form():
@@ -165,3 +194,86 @@ def test_loglog_interpolation_is_exact_on_a_power_law_and_refuses_to_extrapolate
     for q in (150.0, 999.0, 2500.0):
         assert loglog_at(q, xs[::-1], ys[::-1]) == pytest.approx(7.0 * q**-1.3, rel=1e-12)
     assert loglog_at(50.0, xs, ys) is None and loglog_at(6000.0, xs, ys) is None
+
+
+def test_fit_curve_is_the_decoded_frames_error_and_branches_count_their_bytes():
+    """The validation curve each fit records is the whole-grid MSE of what the decoder gets (up to
+    float16 rounding); a branch at another rank shares the base and stores exactly antic_bytes."""
+    n = 16
+    x = np.arange(n) / n
+    frames = [np.sin(2 * np.pi * (x[:, None] + 0.05 * i)) * np.cos(2 * np.pi * x[None, :]) + 0.3 for i in range(4)]
+    cfg = {**CFG, "base_steps": 100, "delta_steps": 30}
+    c = ContinualCodec(n, cfg, 0)
+    for i, f in enumerate(frames):
+        c.add(i, f)
+    for fit, rec, f in zip(c.fits, c.recon, frames):
+        s = float(np.float16(f.std()))
+        mse = np.mean(((rec - f) / s) ** 2)
+        assert fit["y"][-1] == pytest.approx(mse, rel=0.05, abs=1e-5)
+        assert fit["x"][-1] == (cfg["base_steps"] if fit["kind"] == "base" else cfg["delta_steps"])
+        assert min(fit["lr"]) >= cfg["lr_floor"] * max(fit["lr"]) * (1 - 1e-12)
+    assert c.stored_bytes == antic_bytes(cfg, 4)
+    sizes = []
+    for r in (1, 2, 3):
+        b = c.branch(r)
+        assert b.recon[0] is c.recon[0] and b.kept_idx == [0]
+        for i in range(1, 4):
+            b.add(i, frames[i])
+        assert b.stored_bytes == antic_bytes(cfg, 4, r)
+        sizes.append(b.stored_bytes)
+    assert sizes[0] < sizes[1] < sizes[2]
+
+
+def test_least_converged_fit_is_the_one_the_gate_would_fail():
+    from reprozoo.claims import plateau
+    from reprozoo.methods.antic.method import least_converged
+
+    xs = list(range(0, 101, 5))
+    flat = {"x": xs, "y": [1.0 + 0.5 * np.exp(-s / 5) for s in xs], "lr": [1.0] * len(xs), "frame": 3}
+    falling = {"x": xs, "y": [(s + 1.0) ** -0.5 for s in xs], "lr": [1.0] * len(xs), "frame": 7}
+    assert plateau(flat["x"], flat["y"]) and not plateau(falling["x"], falling["y"])
+    worst, tails = least_converged([flat, falling, flat])
+    assert worst is falling and tails[1] == max(tails)
+
+
+def test_per_frame_errors_at_bytes_interpolate_log_log_and_fall_back_outside():
+    from reprozoo.methods.antic.zfp_codec import frame_errors, frame_errors_at, loglog_at
+
+    nbytes = np.array([200.0, 800.0, 3000.0, 9000.0])
+    amp = np.array([1.0, 3.0, 0.2])  # three frames, each a power law in the bytes
+    per_frame = [amp * b**-0.8 for b in nbytes]
+    for q in (250.0, 1000.0, 8000.0):
+        fe, case = frame_errors_at(q, nbytes[::-1], per_frame[::-1])
+        assert case == "inside"
+        np.testing.assert_allclose(fe, amp * q**-0.8, rtol=1e-12)
+        assert fe[0] == pytest.approx(loglog_at(q, nbytes, [p[0] for p in per_frame]), rel=1e-12)
+    fe, case = frame_errors_at(1e5, nbytes, per_frame)
+    assert case == "above" and np.allclose(fe, per_frame[-1])
+    fe, case = frame_errors_at(10.0, nbytes, per_frame)
+    assert case == "below" and np.all(fe == 1.0)
+    rng = np.random.default_rng(0)
+    t, r = rng.normal(size=(2, 5, 4, 4))
+    np.testing.assert_allclose(frame_errors(t + 0.1 * r, t),
+                               [np.linalg.norm(0.1 * r[i]) / np.linalg.norm(t[i]) for i in range(5)])
+
+
+def test_drift_contrast_sees_a_planted_burst_and_not_a_steady_drift():
+    from reprozoo.methods.antic.method import drift_contrast
+
+    g = np.linspace(0, 2 * np.pi, 16, endpoint=False)
+    t = np.arange(100)
+    steady = np.array([np.sin(g[:, None] + 0.05 * i) * np.cos(g[None, :]) for i in t])
+    phase = np.cumsum(np.where(t < 20, 0.3, 0.02))
+    burst = np.array([np.sin(g[:, None] + p) * np.cos(g[None, :]) for p in phase])
+    assert drift_contrast(steady) == pytest.approx(1.0, rel=1e-6)
+    assert drift_contrast(burst) > 10
+
+
+def test_zfp_targets_are_antics_rate_sweep_and_the_scratch_bytes():
+    from reprozoo.methods.antic.method import zfp_targets
+
+    p = {"codec": CFG, "rd_ranks": [1, 2, 4, 8]}
+    t = zfp_targets(p, 12)
+    assert [t[f"rd{j}"] for j in range(4)] == [antic_bytes(CFG, 12, r) for r in (1, 2, 4, 8)]
+    assert t["rd1"] == antic_bytes(CFG, 12)  # the config's own rank (2) is one of the sweep's points
+    assert t["scratch"] == scratch_config(CFG, 12)[1] <= t["rd1"]

@@ -1,24 +1,29 @@
 """ANTIC in miniature: in-situ compression of a running 2-D Kolmogorov flow.
 
 Variants (all see the same trajectory per seed: the solver is deterministic):
-  antic             adaptive selector + neural field with continual rank-r residual fine-tuning
+  antic             adaptive selector + neural field with continual rank-r residual fine-tuning; the
+                    same job replays its kept frames at every rank of ``rd_ranks`` from its float16
+                    base network (ANTIC's rate-distortion sweep)
   uniform_continual uniform selection at the adaptive selector's kept count, same spatial codec
-  adaptive_scratch  adaptive selection, a fresh network per kept frame at ANTIC's bytes per kept frame
+  adaptive_scratch  adaptive selection, a fresh network per kept frame (ANTIC's Fourier encoding) at
+                    most ANTIC's bytes per kept frame
   zfp               zfpy on every frame, 2-D (classical lossy compressor, spatial only)
   zfp_kept          zfpy 2-D on the adaptive selector's kept frames, the same linear interpolation
   zfp_3d            zfpy's 3-D mode over (t, x, y) on every frame
   zfp_kept_3d       zfpy 3-D over the kept frames stacked in time, the same interpolation
-                    (each zfp variant: a tolerance sweep fixed in advance, and its error at ANTIC's
-                    stored bytes; ``zfp_codec.py``)
+                    (each zfp variant: a tolerance sweep fixed in advance, read per frame at every
+                    point of ANTIC's rate sweep and at the scratch baseline's bytes; ``zfp_codec.py``)
 
 Stages: ``train_shared`` runs the solver once with the adaptive selector only (the kept count
-K the uniform baseline and the scratch size need). ``train`` runs the solver again with the
-variant's compressor as the ``record`` callback (single streaming pass), reconstructs every frame
-(linear interpolation in time between kept reconstructions) and scores it. ``antic`` also runs
-the same solver without the callback in the same job: the in-situ overhead as a wall-time ratio.
+K the uniform baseline and the scratch size need) and chooses each fit type's peak learning rate
+from one grid. ``train`` runs the solver again with the variant's compressor as the ``record``
+callback (single streaming pass), reconstructs every frame (linear interpolation in time between
+kept reconstructions) and scores it. ``antic`` also runs the same solver without the callback in
+the same job: the in-situ overhead as a wall-time ratio.
 
 Units: vorticity in solver units (1/time); compression ratio = raw float32 bytes of all frames /
-stored bytes; errors are relative L2 over all frames (and the enstrophy curve's relative L2).
+stored bytes; ``frame_err``: relative L2 error of every frame (per-unit values: the claims'
+intervals resample frames); ``rel_l2``: relative L2 over all frames at once.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import numpy as np
 
 from .flow import enstrophy, make_flow, run_insitu
 from .selection import AdaptiveSelector, UniformSelector, interpolate_frames
+from .zfp_codec import frame_errors
 from reprozoo.figures import save_figure
 
 VARIANT_ORDER = ["antic", "uniform_continual", "adaptive_scratch", "zfp", "zfp_kept", "zfp_3d", "zfp_kept_3d"]
@@ -44,13 +50,26 @@ def _adaptive(p):
 
 
 def train_shared(ctx) -> None:
+    """The adaptive selector's kept frames (the count K every variant is matched on) and the peak
+    learning rate of each fit type, chosen from one grid on the first two kept frames."""
+    from .neural_codec import choose_lrs
+
     p = ctx.params
     solver, w_hat0, t_save = make_flow(p["flow"], ctx.seed)
     sel = _adaptive(p)
-    kept = []
-    wall, _ = run_insitu(solver, w_hat0, t_save, lambda i, w: kept.append(i) if sel.keep(i, w) else None)
+    kept, first = [], []
+
+    def on_frame(i, w):
+        if sel.keep(i, w):
+            kept.append(i)
+            if len(first) < 2:
+                first.append(w.copy())
+
+    wall, _ = run_insitu(solver, w_hat0, t_save, on_frame)
     ctx.progress(f"reference pass: {len(kept)} of {len(t_save)} frames kept by the adaptive selector, {wall:.2f} s")
-    (Path(ctx.outdir) / "selection.json").write_text(json.dumps({"kept": kept, "n_frames": len(t_save)}))
+    lrs = choose_lrs(first, kept, int(p["flow"]["n"]), p["codec"], ctx.seed, p["lr_grid"])
+    ctx.progress(f"learning rates chosen on the first kept frames: {({k: v for k, v in lrs.items() if k != 'errors'})}")
+    (Path(ctx.outdir) / "selection.json").write_text(json.dumps({"kept": kept, "n_frames": len(t_save), "lrs": lrs}))
     ctx.metrics.scalar("n_kept", len(kept))
 
 
@@ -58,14 +77,46 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def drift_contrast(truth: np.ndarray, blocks: int = 5) -> float:
+    """How non-stationary the trajectory is: the frame-to-frame relative drift averaged over
+    ``blocks`` consecutive stretches of the run, fastest stretch / slowest (1: uniform change)."""
+    d = np.linalg.norm(np.diff(truth, axis=0), axis=(1, 2)) / np.linalg.norm(truth[:-1], axis=(1, 2))
+    means = [float(np.mean(b)) for b in np.array_split(d, blocks)]
+    return max(means) / min(means)
+
+
 def _score(ctx, truth, recon, stored_bytes, n_keep, prefix=""):
     raw = truth.size * RAW_BYTES
     z_true, z_rec = enstrophy(truth), enstrophy(recon)
+    ctx.metrics.units(prefix + "frame_err", frame_errors(recon, truth))  # per frame: the claims' units
     ctx.metrics.scalar(prefix + "compression_ratio", raw / stored_bytes)
     ctx.metrics.scalar(prefix + "rel_l2", rel_l2(recon, truth))
     ctx.metrics.scalar(prefix + "enstrophy_err", rel_l2(z_rec, z_true))
     ctx.metrics.scalar(prefix + "bytes_per_kept_frame", stored_bytes / n_keep)
     return z_true, z_rec
+
+
+def least_converged(fits: list[dict]) -> tuple[dict, list[float]]:
+    """The fit whose validation curve still improves most over its last 30 % (the convergence
+    gate's own measure, ``claims.tail_fit``), and every fit's improvement: the gate reads the
+    least converged fit, so it passes only if every fit does."""
+    from reprozoo.claims import tail_fit
+
+    tails = [float(tail_fit(f["x"], f["y"])["improvement"]) for f in fits]
+    return fits[int(np.argmax(tails))], tails
+
+
+def _record_fits(ctx, fits: list[dict], name: str) -> None:
+    """The gate's curve ``{name}_fit`` (least converged fit, whole-grid MSE per step) with its rate
+    ``{name}_lr``, and the spread of every fit's tail improvement."""
+    if not fits:
+        return
+    worst, tails = least_converged(fits)
+    ctx.metrics.curve(f"{name}_fit", worst["x"], worst["y"])
+    ctx.metrics.curve(f"{name}_lr", worst["x"], worst["lr"])
+    ctx.metrics.scalar(f"{name}_tail_max", max(tails))
+    ctx.metrics.scalar(f"{name}_tail_median", float(np.median(tails)))
+    ctx.metrics.scalar(f"{name}_worst_frame", worst["frame"])
 
 
 def train(ctx) -> None:
@@ -81,12 +132,11 @@ def train(ctx) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from .neural_codec import ContinualCodec, ScratchCodec, antic_bytes, scratch_width
+    from .neural_codec import ContinualCodec, ScratchCodec, scratch_config
 
-    cfg = p["codec"]
+    cfg = {**p["codec"], **{k: shared["lrs"][k] for k in ("lr", "delta_lr", "scratch_lr")}}
     if ctx.variant == "adaptive_scratch":
-        target = antic_bytes(cfg, K) // (2 * K) - 2  # parameters per kept frame at ANTIC's bytes per kept frame
-        width = scratch_width(target, int(cfg["depth"]))
+        width, _ = scratch_config(cfg, K)  # at most ANTIC's bytes per kept frame, ANTIC's Fourier encoding
         codec, sel = ScratchCodec(n, cfg, ctx.seed, width), _adaptive(p)
         ctx.metrics.scalar("scratch_width", width)
     else:
@@ -109,23 +159,51 @@ def train(ctx) -> None:
         ctx.metrics.scalar("insitu_wall_ratio", wall / wall_plain)
         ctx.metrics.scalar("insitu_cpu_ratio", run_insitu.cpu_s / cpu_plain)
         ctx.metrics.scalar("callback_wall_fraction", in_callback / wall)
-    recon = interpolate_frames(codec.kept_idx, codec.recon, N)
-    z_true, z_rec = _score(ctx, truth, recon, codec.stored_bytes, len(codec.kept_idx))
-    kept_err = float(np.mean([rel_l2(r, truth[i]) for i, r in zip(codec.kept_idx, codec.recon)]))
-    ctx.metrics.scalar("kept_rel_l2", kept_err)
-    ctx.metrics.scalar("n_kept", len(codec.kept_idx))
+    kept = list(codec.kept_idx)
+    recon = interpolate_frames(kept, codec.recon, N)
+    z_true, z_rec = _score(ctx, truth, recon, codec.stored_bytes, len(kept))
+    ctx.metrics.scalar("kept_err", float(np.mean([rel_l2(r, truth[i]) for i, r in zip(kept, codec.recon)])))
+    # the selection alone: interpolating the exact kept frames (no spatial codec, no training)
+    ctx.metrics.units("interp_err", frame_errors(interpolate_frames(kept, truth[kept], N), truth))
+    ctx.metrics.scalar("n_kept", len(kept))
     ctx.metrics.curve("enstrophy_true", t_save, z_true)
     ctx.metrics.curve("enstrophy_rec", t_save, z_rec)
-    ctx.metrics.curve("frame_rel_l2", t_save, [rel_l2(r, t) for r, t in zip(recon, truth)])
-    ctx.metrics.curve("kept_frames", [t_save[i] for i in codec.kept_idx], codec.kept_idx)
-    step = max(1, len(codec.losses) // 200)
-    ctx.metrics.curve("fit_loss", range(0, len(codec.losses), step), codec.losses[::step])
-    per_frame = codec.losses[-int(cfg["scratch_steps" if ctx.variant == "adaptive_scratch" else "delta_steps"]):]
-    tail = max(2, len(per_frame) // 5)  # final slope of the last frame's loss: relative drop over its last fifth
-    ctx.metrics.scalar("last_fit_loss_drop", float(1 - np.mean(per_frame[-tail // 2:]) / np.mean(per_frame[-tail:-tail // 2])))
+    ctx.metrics.curve("frame_rel_l2", t_save, frame_errors(recon, truth))
+    ctx.metrics.curve("kept_frames", [t_save[i] for i in kept], kept)
+    for kind in ("base", "delta", "scratch"):
+        _record_fits(ctx, [f for f in codec.fits if f["kind"] == kind], kind)
+    if ctx.variant == "antic":
+        ctx.metrics.scalar("drift_contrast", drift_contrast(truth))
+        _rate_sweep(ctx, codec, truth, p)
     picks = sorted({0, N // 3, 2 * N // 3, N - 1})  # the same times for every variant (fields figure)
     np.savez_compressed(Path(ctx.outdir) / "frames.npz", t=t_save[picks], idx=np.array(picks),
                         truth=truth[picks].astype(np.float32), recon=recon[picks].astype(np.float32))
+
+
+def _rate_sweep(ctx, codec, truth, p) -> None:
+    """ANTIC's rate-distortion sweep: the same kept frames, the same float16 base network, residuals
+    of every rank in ``rd_ranks`` (the in-situ run's own rank is one of them and is reused). Per
+    rank j: stored bytes, compression ratio and per-frame errors (``frame_err_rd{j}``)."""
+    N = len(truth)
+    ranks = [int(r) for r in p["rd_ranks"]]
+    if int(codec.rank) not in ranks:
+        raise ValueError(f"rd_ranks {ranks} must contain the codec's rank {codec.rank}")
+    sweep_fits = []
+    for j, r in enumerate(ranks):
+        c = codec
+        if r != codec.rank:
+            c = codec.branch(r)
+            for i in codec.kept_idx[1:]:
+                c.add(i, truth[i])
+            sweep_fits += [f for f in c.fits if f["kind"] == "delta"]
+        rec = interpolate_frames(c.kept_idx, c.recon, N)
+        ctx.metrics.units(f"frame_err_rd{j}", frame_errors(rec, truth))
+        ctx.metrics.scalar(f"rank_rd{j}", r)
+        ctx.metrics.scalar(f"bytes_rd{j}", c.stored_bytes)
+        ctx.metrics.scalar(f"ratio_rd{j}", truth.size * RAW_BYTES / c.stored_bytes)
+        ctx.metrics.scalar(f"rel_l2_rd{j}", rel_l2(rec, truth))
+        ctx.progress(f"rate sweep: rank {r}: {c.stored_bytes} bytes, relative L2 {rel_l2(rec, truth):.4f}")
+    _record_fits(ctx, sweep_fits, "sweep")
 
 
 _TRAJ: dict = {}  # the zfp variants of one seed share one solver run (within a batched job)
@@ -144,10 +222,21 @@ def _trajectory(solver, w_hat0, t_save, key):
     return _TRAJ[key]
 
 
+def zfp_targets(p: dict, n_keep: int) -> dict[str, int]:
+    """The stored bytes at which each zfp baseline is read: every point of ANTIC's rate sweep
+    (``rd{j}``) and the scratch baseline's bytes, all from the architecture and the kept count, as
+    those codecs count them."""
+    from .neural_codec import antic_bytes, scratch_config
+
+    out = {f"rd{j}": antic_bytes(p["codec"], n_keep, int(r)) for j, r in enumerate(p["rd_ranks"])}
+    out["scratch"] = scratch_config(p["codec"], n_keep)[1]
+    return out
+
+
 def _train_zfp(ctx, solver, w_hat0, t_save, truth, kept):
-    """One zfp baseline (``zfp_codec.MODES``): its tolerance sweep and its error at ANTIC's bytes."""
+    """One zfp baseline (``zfp_codec.MODES``): its tolerance sweep, read at every target's bytes."""
     from .neural_codec import antic_bytes
-    from .zfp_codec import encode, loglog_at, values_compressed
+    from .zfp_codec import encode, frame_errors_at, loglog_at, values_compressed
 
     p = ctx.params
     truth[:] = _trajectory(solver, w_hat0, t_save, (repr(sorted(p["flow"].items())), ctx.seed))
@@ -157,27 +246,30 @@ def _train_zfp(ctx, solver, w_hat0, t_save, truth, kept):
     sweep = [encode(truth, kept, ctx.variant, tolerance=2.0**k * scale) for k in exps]
     nbytes = [b for b, _ in sweep]
     errs = [rel_l2(rec, truth) for _, rec in sweep]
+    per_frame = [frame_errors(rec, truth) for _, rec in sweep]
     ctx.metrics.curve("zfp_ratio_vs_tol", exps, [raw / b for b in nbytes])
     ctx.metrics.curve("zfp_err_vs_tol", exps, errs)
-    # ANTIC's stored bytes, from its architecture and the adaptive selector's kept count (as its own run counts them)
-    budget = antic_bytes(p["codec"], len(kept))
-    ctx.metrics.scalar("antic_bytes", budget)
-    # zfp's error at ANTIC's bytes: its sweep interpolated log-log; beyond the sweep, its most accurate point
-    # (ANTIC's bytes above zfp's largest stream) or 1, the error of storing nothing (below zfp's smallest)
-    err_acc = loglog_at(budget, nbytes, errs)
-    if err_acc is None:
-        err_acc = min(errs) if budget > max(nbytes) else 1.0
-    ctx.metrics.scalar("err_at_antic_bytes", err_acc)
-    ratio_target = loglog_at(float(p["target_rel_l2"]), errs, [raw / b for b in nbytes])
-    if ratio_target is not None:
-        ctx.metrics.scalar("ratio_at_target_err", ratio_target)
+    ctx.metrics.curve("zfp_frame_err_vs_tol", exps, [float(np.mean(f)) for f in per_frame])
+    for name, budget in zfp_targets(p, len(kept)).items():
+        fe, case = frame_errors_at(budget, nbytes, per_frame)
+        ctx.metrics.units(f"err_at_{name}", fe)
+        ctx.metrics.scalar(f"target_bytes_{name}", budget)
+        ctx.metrics.scalar(f"bracketed_{name}", float(case == "inside"))
+    # zfp's ratio at the target error (log-log in the sweep; the nearest end outside it)
+    ratios = [raw / b for b in nbytes]
+    tgt = float(p["target_rel_l2"])
+    r_t = loglog_at(tgt, errs, ratios)
+    if r_t is None:
+        r_t = ratios[int(np.argmin(np.abs(np.log(np.asarray(errs) / tgt))))]
+    ctx.metrics.scalar("ratio_at_target_err", r_t)
     # the scored reconstruction: the sweep's most accurate point within ANTIC's bytes (else its smallest)
+    budget = antic_bytes(p["codec"], len(kept))
     fits = [j for j, b in enumerate(nbytes) if b <= budget]
     stored, rec = sweep[min(fits, key=lambda j: errs[j])] if fits else sweep[int(np.argmin(nbytes))]
     z_true, z_rec = _score(ctx, truth, rec, stored, values_compressed(truth, kept, ctx.variant) // truth[0].size)
     ctx.metrics.curve("enstrophy_true", t_save, z_true)
     ctx.metrics.curve("enstrophy_rec", t_save, z_rec)
-    ctx.metrics.curve("frame_rel_l2", t_save, [rel_l2(r, t) for r, t in zip(rec, truth)])
+    ctx.metrics.curve("frame_rel_l2", t_save, frame_errors(rec, truth))
     picks = sorted({0, len(t_save) // 3, 2 * len(t_save) // 3, len(t_save) - 1})
     np.savez_compressed(Path(ctx.outdir) / "frames.npz", t=t_save[picks], idx=np.array(picks),
                         truth=truth[picks].astype(np.float32), recon=rec[picks].astype(np.float32))
@@ -204,28 +296,35 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     def vals(metric, v):
         return sc[(sc.metric == metric) & (sc.variant == v)].sort_values("seed").value.to_numpy()
 
-    # ratio vs error: NF variants as seed points with mean, zfp as its tolerance sweep per seed
-    fig, ax = plt_.subplots(figsize=(5.5, 4))
+    # rate-distortion: ANTIC's rank sweep and every zfp's tolerance sweep per seed (mean per-frame
+    # error, the claims' unit), uniform / scratch as points
+    fig, ax = plt_.subplots(figsize=(6, 4.2))
+    seeds = sorted(set(table.seed))
+    n_rd = len(set(m for m in sc.metric if m.startswith("ratio_rd")))
     for v in variants:
-        if v.startswith("zfp"):
-            for s in sorted(set(table[table.variant == v].seed)):
+        for s in seeds:
+            first = s == seeds[0]
+            if v.startswith("zfp"):
                 r = table[(table.variant == v) & (table.seed == s) & (table.metric == "zfp_ratio_vs_tol")].sort_values("x")
-                e = table[(table.variant == v) & (table.seed == s) & (table.metric == "zfp_err_vs_tol")].sort_values("x")
-                ax.plot(e.value.to_numpy(), r.value.to_numpy(), "-o", color=COLORS[v], ms=3, alpha=0.7,
-                        label=f"{v} (tolerance sweep)" if s == min(table.seed) else None)
-            e, r = vals("err_at_antic_bytes", v), vals("compression_ratio", "antic")
-            if len(e) and len(e) == len(r):  # the claim's point: zfp's error at ANTIC's bytes
-                ax.plot(e, r, "x", color=COLORS[v], ms=8, mew=2)
-        else:
-            e, r = vals("rel_l2", v), vals("compression_ratio", v)
-            if len(e):
-                ax.plot(e, r, "o", color=COLORS[v], alpha=0.5)
-                ax.plot(e.mean(), r.mean(), "s", color=COLORS[v], ms=9, mec="k", label=v)
+                e = table[(table.variant == v) & (table.seed == s) & (table.metric == "zfp_frame_err_vs_tol")].sort_values("x")
+                ax.plot(e.value.to_numpy(), r.value.to_numpy(), "-o", color=COLORS[v], ms=3, alpha=0.6,
+                        label=f"{v} (tolerance sweep)" if first else None)
+            elif v == "antic" and n_rd:
+                pts = [(sc[(sc.metric == f"frame_err_rd{j}") & (sc.variant == v) & (sc.seed == s)].value,
+                        sc[(sc.metric == f"ratio_rd{j}") & (sc.variant == v) & (sc.seed == s)].value) for j in range(n_rd)]
+                pts = [(float(e.iloc[0]), float(r.iloc[0])) for e, r in pts if len(e) and len(r)]
+                if pts:
+                    ax.plot(*zip(*pts), "-s", color=COLORS[v], ms=5, lw=2, label="antic (rank sweep)" if first else None)
+            else:
+                e, r = vals("frame_err", v), vals("compression_ratio", v)
+                if len(e) and first:
+                    ax.plot(e, r, "o", color=COLORS[v], ms=6, mec="k", label=v)
     tgt = float(params.get("target_rel_l2", 0.05))
     ax.axvline(tgt, color="gray", ls=":")
     ax.axhline(100, color="gray", ls=":")
     ax.set_xscale("log"), ax.set_yscale("log")
-    _finish(plt_, fig, ax, "relative L2 error over all frames (-)", "compression ratio (raw float32 bytes / stored bytes)", "Bytes vs error (x: each zfp at ANTIC's bytes)", plots_dir / "ratio_vs_error.png")
+    _finish(plt_, fig, ax, "mean relative L2 error per frame (-)", "compression ratio (raw float32 bytes / stored bytes)",
+            "Rate-distortion: ANTIC's rank sweep against zfp's tolerance sweeps", plots_dir / "ratio_vs_error.png")
 
     # enstrophy over time, true vs reconstructed (seed 0 of each variant) + kept frames
     s0 = min(table.seed)
@@ -251,14 +350,16 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.set_yscale("log")
     _finish(plt_, fig, ax, "simulation time t (solver units)", "relative L2 error of the frame (-)", "Where in time does each compressor lose accuracy?", plots_dir / "frame_error.png")
 
-    # fit loss curves (convergence)
-    fig, ax = plt_.subplots(figsize=(6.5, 3.5))
+    # the convergence gate's curves: each variant's least converged fit of each kind (seed s0)
+    fig, ax = plt_.subplots(figsize=(6.5, 3.8))
     for v in variants:
-        r = table[(table.variant == v) & (table.seed == s0) & (table.metric == "fit_loss")]
-        if len(r):
-            ax.plot(r.x, r.value, color=COLORS[v], lw=0.8, label=v)
+        for kind, ls in (("base", "-"), ("delta", "--"), ("sweep", ":"), ("scratch", "-.")):
+            r = table[(table.variant == v) & (table.seed == s0) & (table.metric == f"{kind}_fit")].sort_values("x")
+            if len(r):
+                ax.plot(r.x, r.value, ls, color=COLORS[v], lw=1, label=f"{v}: {kind}")
     ax.set_yscale("log")
-    _finish(plt_, fig, ax, "optimizer step (all kept frames, in stream order)", "training MSE (normalised units)", "Does each neural fit converge within its step budget?", plots_dir / "fit_loss.png")
+    _finish(plt_, fig, ax, "optimizer step within the fit", "whole-grid MSE (normalised units)",
+            f"Least converged fit of each kind (seed {s0}): flat over its last 30 %?", plots_dir / "fit_loss.png")
 
     # fields side by side: the cells' frames.npz next to the plots folder (skipped when absent)
     frames = {}

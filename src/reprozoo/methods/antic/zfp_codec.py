@@ -17,8 +17,10 @@ many frames needs the header once, and ANTIC is not charged for one.
 
 Rate-distortion: each variant is swept over fixed-accuracy tolerances fixed in advance
 (``tol = 2^k * std(first frame)``, powers of two because zfp's fixed-accuracy mode acts on
-floor(log2 tol) only), giving a (bytes, error) curve. Its error *at ANTIC's bytes* is the log-log
-interpolation of that curve at ANTIC's stored bytes. zfp's fixed-rate mode (exact bytes) is not used:
+floor(log2 tol) only), giving a (bytes, error) curve per frame. Its errors *at a given number of
+bytes* (each point of ANTIC's rate sweep, the scratch baseline's bytes) are every frame's error
+interpolated log-log in the sweep's bytes (``frame_errors_at``): per-frame values, so the claims'
+intervals resample frames. zfp's fixed-rate mode (exact bytes) is not used:
 zfpy 1.0.1 corrupts the heap in 2-D fixed-rate mode below about 1 bit per value.
 """
 from __future__ import annotations
@@ -67,6 +69,30 @@ def loglog_at(x_query: float, xs, ys) -> float | None:
     if not xs[0] <= x_query <= xs[-1]:
         return None
     return float(np.exp(np.interp(np.log(x_query), np.log(xs), np.log(ys))))
+
+
+def frame_errors(rec: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Relative L2 error of every frame (the per-unit values of the claims)."""
+    axes = tuple(range(1, truth.ndim))
+    return np.sqrt(np.sum((rec - truth) ** 2, axis=axes) / np.sum(truth**2, axis=axes))
+
+
+def frame_errors_at(budget: float, nbytes, per_frame) -> tuple[np.ndarray, str]:
+    """Every frame's error at ``budget`` stored bytes, from a sweep (``nbytes[j]``, ``per_frame[j]``):
+    each frame's error interpolated log-log in the sweep's bytes (as ``loglog_at``). Outside the
+    sweep: its most accurate point (budget above its largest stream) or 1, the error of storing
+    nothing (below its smallest). Returns the errors and which case applied."""
+    nb = np.asarray(nbytes, dtype=float)
+    pf = np.maximum(np.asarray(per_frame, dtype=float), 1e-300)
+    order = np.argsort(nb)
+    nb, pf = nb[order], pf[order]
+    if budget > nb[-1]:
+        return pf[int(np.argmin(pf.mean(axis=1)))].copy(), "above"
+    if budget < nb[0]:
+        return np.ones(pf.shape[1]), "below"
+    j = int(np.clip(np.searchsorted(nb, budget, side="right") - 1, 0, len(nb) - 2))
+    s = 0.0 if nb[j + 1] == nb[j] else (np.log(budget) - np.log(nb[j])) / (np.log(nb[j + 1]) - np.log(nb[j]))
+    return np.exp((1 - s) * np.log(pf[j]) + s * np.log(pf[j + 1])), "inside"
 
 
 def values_compressed(truth: np.ndarray, kept: list[int], variant: str) -> int:
