@@ -1,15 +1,23 @@
 """What is measured on a trained network, identically for every variant.
 
+* **accuracy per test sample** (``correct``: 1/0 per sample, the platform's test units).
+* **synaptic operations per test sample** (the paper's energy measure): every spike of conv
+  layer 1 reaches c2 x k synapses of conv layer 2, every spike of layer 2 reaches the 10 read-out
+  units (after pooling); SOPs = Σ spikes x fan-out, per sample. The first layer's multiply-
+  accumulates on the real-valued input are the same for every variant and not counted.
 * **sharpness** (loss-landscape curvature proxy, forward passes only, so independent of the
   surrogate): for K random directions d, each weight tensor's slice d_W ~ N(0, I) rescaled to
   ρ ‖W‖ (layer-wise relative norm, so that BN's scale invariance does not favour any variant),
   sharpness = mean_k L(w + d_k) - L(w), the cross-entropy on a fixed training subset, BN in eval
-  mode. For a quadratic basin L(w + d) - L(w) = ½ dᵀHd on average, ∝ ρ² tr(H)-weighted.
-* **cross-time-step gradient consistency**: the per-step gradients g_t = dL/dδ_t (see ``snn``)
-  over all conv and read-out weights, concatenated; the mean cosine over pairs t < t'. Measured with
-  each variant's own surrogate, since these are the directions its training follows.
-* **firing rate** per layer: spikes per neuron per time step on the test set (the energy proxy,
-  with synaptic operations = Σ spikes x fan-out).
+  mode. For a quadratic basin L(w + d) - L(w) = ½ dᵀHd on average.
+* **cross-time-step consistency of the weight gradient**: the weights are shared over time, so
+  dL/dW = Σ_t g_t; g_t = dL/dδ_t (see ``snn``) over all conv and read-out weights, concatenated;
+  the mean cosine over pairs t < t'. Measured with each variant's own surrogate (the directions
+  its training follows).
+* **local-gradient statistics** (the paper's quantities), δ^l[t] = ∂L/∂v^l[t] with each variant's
+  own surrogate: ``sgv`` = Var/Mean|.| of δ^l[T], ``cv`` = std/Mean|.| of δ^l[T] (scale-free,
+  Theorem 4.2's coefficient of variation), ``tgc`` = cos(δ^l[t], δ^l[t+1]); means over layers (and
+  t for tgc).
 """
 from __future__ import annotations
 
@@ -18,13 +26,22 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from ...blocks.spiking import firing_rate, synaptic_ops
+from ...blocks.spiking import firing_rate
 from .snn import WEIGHTS
+from .surrogates import cosine, sgv
 
 
 @torch.no_grad()
 def loss_on(model, surrogate, x, y) -> float:
     return float(F.cross_entropy(model(x, surrogate), y))
+
+
+@torch.no_grad()
+def loss_acc(model, surrogate, x, y) -> tuple[float, float]:
+    """Cross-entropy and accuracy, BN in eval mode (the validation curve)."""
+    model.eval()
+    logits = model(x, surrogate)
+    return float(F.cross_entropy(logits, y)), float((logits.argmax(1) == y).float().mean())
 
 
 @torch.no_grad()
@@ -64,20 +81,51 @@ def gradient_cosine(g: torch.Tensor) -> float:
     return float(sum(float(g[i] @ g[j]) for i, j in pairs) / len(pairs))
 
 
+def local_gradients(model, surrogate, x, y) -> list[list[torch.Tensor]]:
+    """δ^l[t] = ∂L/∂v^l[t] (flattened over batch and neurons), per layer and step, BN in eval mode."""
+    model.eval()
+    trace: dict = {}
+    loss = F.cross_entropy(model(x, surrogate, trace=trace), y)
+    vs = [v for layer in trace["v"] for v in layer]
+    grads = torch.autograd.grad(loss, vs)
+    T = model.T
+    return [[grads[l * T + t].reshape(-1) for t in range(T)] for l in range(len(trace["v"]))]
+
+
+def local_gradient_stats(deltas: list[list[torch.Tensor]]) -> dict:
+    """The paper's SGV (final step), the coefficient of variation there, and TGC (adjacent steps)."""
+    sg, cv, tg = [], [], []
+    for d in deltas:
+        last = d[-1]
+        m = float(last.abs().mean())
+        if m > 0:
+            sg.append(float(sgv(last)))
+            cv.append(float(last.std(unbiased=False)) / m)
+        for t in range(len(d) - 1):
+            c = cosine(d[t], d[t + 1])
+            if torch.isfinite(c):
+                tg.append(float(c))
+    nan = float("nan")
+    mean = lambda v: sum(v) / len(v) if v else nan  # noqa: E731
+    return {"sgv": mean(sg), "cv": mean(cv), "tgc": mean(tg)}
+
+
 @torch.no_grad()
 def evaluate(model, surrogate, x, y) -> dict:
-    """Accuracy, loss, firing rate per layer and per step, synaptic operations per sample."""
+    """Accuracy and SOPs per sample (test units), loss, firing rate per layer and per step."""
     model.eval()
     logits, spikes = model(x, surrogate, record=True)
-    out = {"acc": float((logits.argmax(1) == y).float().mean()), "loss": float(F.cross_entropy(logits, y))}
+    correct = (logits.argmax(1) == y).float()
+    out = {"acc": float(correct.mean()), "correct": correct.tolist(),
+           "loss": float(F.cross_entropy(logits, y))}
     fan_out = [model.conv2.weight.shape[0] * model.conv2.weight[0, 0].numel(), model.fc.out_features]
-    sops = 0.0
+    sops = torch.zeros(len(y), device=y.device)
     for l, s in enumerate(spikes):
-        st = s
-        out[f"fr_l{l + 1}"] = firing_rate(st)
-        out[f"fr_l{l + 1}_t"] = [firing_rate(st[t]) for t in range(st.shape[0])]
-        # each spike of layer 1 reaches c2 x k^d synapses; layer 2's pooled spikes reach the read-out
-        sops += synaptic_ops(st, fan_out[l])
-    out["sops"] = sops / len(y)
+        out[f"fr_l{l + 1}"] = firing_rate(s)
+        out[f"fr_l{l + 1}_t"] = [firing_rate(s[t]) for t in range(s.shape[0])]
+        # per sample: spikes summed over steps and neurons, times the synapses each reaches
+        sops += s.transpose(0, 1).reshape(len(y), -1).sum(1) * fan_out[l]
+    out["sops_units"] = sops.tolist()
+    out["sops"] = float(sops.mean())
     out["fr"] = (out["fr_l1"] + out["fr_l2"]) / 2
     return out

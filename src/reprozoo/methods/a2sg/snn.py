@@ -45,15 +45,21 @@ class SpikingCNN(nn.Module):
         self.conv = F.conv2d if dim == 2 else F.conv1d
         self.pool = F.avg_pool2d if dim == 2 else F.avg_pool1d
 
-    def _lif(self, cur: torch.Tensor, layer: int, surrogate) -> torch.Tensor:
-        """LIF over time-major input current (T, B, ...), surrogate per (layer, t)."""
+    def _lif(self, cur: torch.Tensor, layer: int, surrogate, trace: dict | None = None) -> torch.Tensor:
+        """LIF over time-major input current (T, B, ...), surrogate per (layer, t). With ``trace``,
+        the per-step membrane potentials v_t and spikes s_t (graph tensors) are appended to
+        ``trace["v"]`` / ``trace["s"]`` (one list per layer): ∂L/∂v_t is the local gradient δ_t."""
         v = s = None
-        out = []
+        out, vs = [], []
         for t in range(cur.shape[0]):
             v = cur[t] if v is None else self.beta * v * (1 - s.detach()) + cur[t]
             u = v - self.threshold
             s = spike(u, surrogate(layer, t, u))
             out.append(s)
+            vs.append(v)
+        if trace is not None:
+            trace.setdefault("v", []).append(vs)
+            trace.setdefault("s", []).append(out)
         return torch.stack(out)
 
     def _per_step(self, fn, h: torch.Tensor, name: str, deltas, **kw) -> torch.Tensor:
@@ -65,11 +71,13 @@ class SpikingCNN(nn.Module):
             return y.view(T, B, *y.shape[1:])
         return torch.stack([fn(h[t], W + deltas[name][t], **kw) for t in range(h.shape[0])])
 
-    def forward(self, x: torch.Tensor, surrogate, deltas: dict | None = None, record: bool = False):
+    def forward(self, x: torch.Tensor, surrogate, deltas: dict | None = None, record: bool = False,
+                trace: dict | None = None):
         """x: (B, *spatial) or (B, 1, *spatial). Returns logits (B, classes) and, with ``record``,
         the spike tensors (T, B, ...) of both layers. Layer by layer over all steps at once
         (no feedback from layer 2 to layer 1, so this equals the step-by-step recursion); BN sees
-        the T x B currents of a layer together (threshold-dependent BN, as in tdBN)."""
+        the T x B currents of a layer together (threshold-dependent BN, as in tdBN). ``trace``: a
+        dict that receives the per-step membrane potentials and spikes of every layer (``_lif``)."""
         x = x.unsqueeze(1) if x.dim() == self.dim + 1 else x
         pad = self.conv1.kernel_size[0] // 2
         h = x.unsqueeze(0).expand(self.T, *x.shape)          # direct encoding: same input each step
@@ -78,7 +86,7 @@ class SpikingCNN(nn.Module):
             cur = self._per_step(self.conv, h, f"conv{l + 1}.weight", deltas, padding=pad)
             T, B = cur.shape[:2]
             cur = bn(cur.flatten(0, 1)).view(cur.shape)
-            s = self._lif(cur, l, surrogate)
+            s = self._lif(cur, l, surrogate, trace)
             spikes.append(s.detach())
             h = self.pool(s.flatten(0, 1), 2).view(T, B, *s.shape[2:-self.dim], *[n // 2 for n in s.shape[-self.dim:]])
         logits = self._per_step(F.linear, h.flatten(2), "fc.weight", deltas) + self.fc.bias
