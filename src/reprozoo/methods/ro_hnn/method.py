@@ -1,150 +1,263 @@
-"""RO-HNN in miniature: FPU-beta chain (N = 50, 100-dim phase space), three reduced-order models.
+"""RO-HNN in miniature: a trapped sine-Gordon kink on a 48-site chain (96-dim phase space).
 
-Variants (all latent dimension 2n, same data, same optimiser, same step budgets):
-  ro_hnn    symplectic autoencoder (cotangent lift of a nonlinear embedding, reductions.py)
-            + latent HNN integrated by leapfrog                                   [the paper]
-  psd_hnn   linear PSD (cotangent lift by SVD) + the same latent HNN and leapfrog   [linear MOR]
-  ae_node   plain autoencoder + latent neural ODE integrated by RK4                 [no structure]
+The kink's states lie on a curved two-dimensional submanifold parametrised by its position and
+velocity (``sine_gordon.py``): the setting in which a nonlinear symplectic reduction with one degree
+of freedom can follow the dynamics and a linear one cannot. Variants (same data, same optimiser
+rule, same learning-rate grid, same step budget):
+  ro_hnn    symplectic autoencoder, n = 1 (cotangent lift of a nonlinear embedding, reductions.py)
+            + latent HNN integrated by leapfrog                                        [the paper]
+  psd_hnn   linear PSD, n = 1 (cotangent lift by SVD) + the same latent HNN and leapfrog [linear MOR]
+  ae_node   plain autoencoder, 2n = 2 + latent neural ODE integrated by RK4            [no structure]
+  full_hnn  HNN on the full 96-dim phase space, leapfrog with sub-steps                [no reduction]
 
-Stages per cell: (1) fit the reduction on training snapshots (the autoencoders for ae_steps Adam
-steps; PSD is a closed-form SVD); (2) encode the training trajectories and fit the latent model
-on K-step rollout windows for dyn_steps Adam steps; (3) from encoded held-out initial states,
-roll out 10x the training horizon, decode and compare with the leapfrog reference.
-Units: dimensionless chain (m = k = a = 1), time in sqrt(m/k). Errors are relative:
-state error |x_hat - x| / |x| with x = (q, p), energy error |H(x_hat) - H(x_0)| / H(x_0) under the
-true FPU Hamiltonian.
+Stages per cell: (1) fit the reduction on training snapshots (PSD: closed-form SVD; full_hnn: none);
+(2) encode the training and validation trajectories and fit the dynamics on K-step rollout windows;
+(3) from encoded held-out initial states, roll out 10x the training horizon, decode and compare with
+the leapfrog reference. Every fit: Adam at a constant rate from ``fit.lr_grid`` (``pilot_steps``
+each, the best validation loss continues), stopped when the validation curve passes the platform's
+plateau test (``reprozoo.claims.plateau``) at half the gate's tolerance, or at ``max_steps``; the
+best-validation weights are kept.
+Errors: state error |x_hat - x| with q and p each scaled by the test trajectory's RMS fluctuation
+about its time mean; energy error (drift) |H(x_hat(t)) - H(x_hat(0))| / (H(x0) - E_rest) under the
+true chain Hamiltonian, E_rest the energy of the kink at rest at the trap centre; the constant
+encode-decode offset |H(x_hat(0)) - H(x0)| / (H(x0) - E_rest) is recorded apart (energy_offset).
 """
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
 
 from ...io import save_npz
-from . import fpu
+from .sine_gordon import KinkChain
 
-GENERIC_CURVES = {"ae_loss": ("training step", "autoencoder reconstruction loss (scaled MSE)"),
-                  "dyn_loss": ("training step", "latent rollout loss (scaled MSE)")}
+GENERIC_CURVES = {"val_ae": ("training step", "validation reconstruction loss (scaled MSE)"),
+                  "val_dyn": ("training step", "validation rollout loss (scaled MSE)")}
+
+
+def _chain(p) -> KinkChain:
+    return KinkChain.from_config(p["system"])
 
 
 def train_shared(ctx) -> None:
-    """Training and held-out test trajectories of the FPU chain (leapfrog reference), per seed."""
+    """Training, validation and held-out test trajectories of the kink chain (leapfrog), per seed."""
     p = ctx.params
     s = p["system"]
+    chain = _chain(p)
     rng = ctx.rng(0)
     every = int(round(p["h"] / s["dt"]))
-    n_train_pts = int(round(p["t_train"] / p["h"]))
-    q0, p0 = fpu.initial_states(p["n_train"] + p["n_test"], s["n"], s["modes"], tuple(s["amp"]), rng)
-    t0 = time.perf_counter()
-    q, pm = fpu.simulate(q0, p0, s["beta"], s["dt"], every, n_train_pts * p["horizon_factor"])
-    ctx.metrics.scalar("reference_seconds", time.perf_counter() - t0)
-    e = fpu.energy(q, pm, s["beta"])
+    n_pts = int(round(p["t_train"] / p["h"]))
+    k, kv = p["n_train"], p["n_train"] + p["n_val"]
+    q0, p0 = chain.initial_states(kv + p["n_test"], s["x0"], tuple(s["speed"]), rng)
+    t0 = time.process_time()
+    q, pm = chain.simulate(q0, p0, s["dt"], every, n_pts * p["horizon_factor"])
+    ctx.metrics.scalar("reference_cpu_s", time.process_time() - t0)
+    e = chain.energy(q, pm)
     ctx.metrics.scalar("reference_energy_err", float(np.max(np.abs(e / e[:, :1] - 1))))
-    k = p["n_train"]
-    ctx.metrics.scalar("slaving_r2", slaving_r2(q[:k, :n_train_pts + 1].reshape(-1, s["n"]), s["modes"]))
-    save_npz(ctx.shared_dir / "fpu.npz", q_train=q[:k, :n_train_pts + 1], p_train=pm[:k, :n_train_pts + 1],
-             q_test=q[k:], p_test=pm[k:])
-
-
-def slaving_r2(q: np.ndarray, modes) -> float:
-    """Share of the unexcited modes' variance that a cubic polynomial of the excited modal
-    amplitudes explains: 1 if the higher modes are slaved to the excited ones (a curved
-    submanifold a nonlinear reduction can capture and a linear one cannot), 0 if they move freely."""
-    s, _ = fpu.normal_modes(q.shape[-1])
-    a = q @ s
-    x = a[:, [k - 1 for k in modes]]
-    feats = [np.ones(len(x))]
-    for deg in (1, 2, 3):
-        for idx in np.ndindex(*(len(modes),) * deg):
-            if list(idx) == sorted(idx):
-                feats.append(np.prod(x[:, list(idx)], axis=1))
-    f = np.stack(feats, 1)
-    rest = np.delete(a, [k - 1 for k in modes], axis=1)
-    resid = rest - f @ np.linalg.lstsq(f, rest, rcond=None)[0]
-    return float(1 - (resid**2).sum() / ((rest - rest.mean(0)) ** 2).sum())
+    ctx.metrics.scalar("charge_drift", float(np.max(np.abs(chain.charge(q) - 1))))
+    r2 = chain.manifold_r2(q[:k, :n_pts + 1], pm[:k, :n_pts + 1])
+    ctx.metrics.scalar("slaving_r2", r2)
+    e_rest = float(chain.energy(*chain.kink(0.0, 0.0)))
+    save_npz(ctx.shared_dir / "chain.npz", q_train=q[:k, :n_pts + 1], p_train=pm[:k, :n_pts + 1],
+             q_val=q[k:kv, :n_pts + 1], p_val=pm[k:kv, :n_pts + 1], q_test=q[kv:], p_test=pm[kv:],
+             slaving_r2=np.array(r2), e_rest=np.array(e_rest))
 
 
 def _load(ctx):
-    return dict(np.load(ctx.shared_dir / "fpu.npz"))
+    return dict(np.load(ctx.shared_dir / "chain.npz"))
 
 
-def fit_reduction(variant: str, q: np.ndarray, pm: np.ndarray, cfg: dict, seed: int, progress=print):
-    """Reduction fitted on snapshots q, pm [M, N]; returns (model, loss curve)."""
+# --- the training rule (every fitted model) ---------------------------------------------------
+
+class _Run:
+    """One model at one constant learning rate, advanced in stages, validated every ``every`` steps."""
+
+    def __init__(self, model, lr: float, train_loss, val_loss, every: int, gen):
+        import torch
+
+        self.model, self.lr, self.train_loss, self.val_loss, self.every, self.gen = \
+            model, lr, train_loss, val_loss, every, gen
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
+        self.step, self.steps, self.vals, self.lrs, self.losses = 0, [], [], [], []
+        self.best, self.best_state = float("inf"), None
+        self.evaluate()
+
+    def evaluate(self):
+        v = float(self.val_loss(self.model))
+        v = v if np.isfinite(v) else 1e6
+        self.steps.append(self.step)
+        self.vals.append(v)
+        self.lrs.append(self.opt.param_groups[0]["lr"])
+        if v < self.best:
+            self.best, self.best_state = v, copy.deepcopy(self.model.state_dict())
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+    def advance(self, until: int, min_steps: int | None = None, tol: float = 0.0) -> bool:
+        """Train to step ``until``; with ``min_steps``, stop (True) once the plateau test holds."""
+        from ...claims import plateau
+
+        while self.step < until:
+            loss = self.train_loss(self.model, self.gen)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.losses.append(float(loss.detach()))
+            self.step += 1
+            if self.step % self.every == 0:
+                self.evaluate()
+                if min_steps is not None and self.step >= min_steps and plateau(self.steps, self.vals, tol):
+                    return True
+        return False
+
+
+def fit_adam(build, train_loss, val_loss, f: dict, seed: int, label: str, progress=print):
+    """The training rule of the module docstring. ``build(gen)`` makes a fresh model (the same
+    initial weights for every rate). Returns (model, record) with the chosen run's curves."""
     import torch
 
-    from .reductions import LinearPSD, PlainAE, SymplecticAE, psd_cotangent_lift
+    from ...claims import plateau
 
+    runs = []
+    for lr in f["lr_grid"]:
+        model = build(torch.Generator().manual_seed(seed))
+        run = _Run(model, float(lr), train_loss, val_loss, int(f["eval_every"]),
+                   torch.Generator().manual_seed(seed + 7))
+        run.advance(int(f["pilot_steps"]))
+        runs.append(run)
+    run = min(runs, key=lambda r: r.best)
+    tol, top, first = float(f["flat_tol"]), int(f["max_steps"]), int(f["min_steps"])
+    stopped = run.advance(top, min_steps=first, tol=tol)
+    drop_step = None
+    if stopped and f.get("lr_drop") and run.step <= top // 2:
+        # once, if the first plateau came in the first half of the budget: continue at lr_drop x the
+        # rate to a second plateau (the rate stays above the gate's floor of a tenth of its peak)
+        drop_step = run.step
+        run.set_lr(run.lr * float(f["lr_drop"]))
+        stopped = run.advance(top, min_steps=run.step + int(f["eval_every"]) * 5, tol=tol)
+    stopped = stopped or plateau(run.steps, run.vals, tol)
+    run.model.load_state_dict(run.best_state)
+    drop = "" if drop_step is None else f" (x{f['lr_drop']} from step {drop_step})"
+    progress(f"{label}: lr {run.lr:g}{drop}, {run.step} steps ({'plateau' if stopped else 'max steps'}), "
+             f"best validation loss {run.best:.3e}")
+    return run.model, {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
+                       "drop_step": drop_step, "plateau": stopped, "losses": run.losses,
+                       "pilot_best": {float(r.lr): r.best for r in runs}}
+
+
+# --- the reductions -----------------------------------------------------------------------------
+
+def _snapshots(d, split):
+    big = d["q_train"].shape[-1]
+    return d[f"q_{split}"].reshape(-1, big), d[f"p_{split}"].reshape(-1, big)
+
+
+def fit_reduction(variant: str, d: dict, cfg: dict, f: dict, seed: int, progress=print):
+    """Reduction fitted on the training snapshots; returns (model, fit record or None)."""
+    import torch
+
+    from .reductions import Identity, LinearPSD, PlainAE, SymplecticAE, psd_cotangent_lift
+
+    q, pm = _snapshots(d, "train")
+    qv, pv = (torch.as_tensor(a) for a in _snapshots(d, "val"))
+    if variant == "full_hnn":
+        return Identity(), None
     n = cfg["latent_dof"]
-    phi = psd_cotangent_lift(q, pm, n)
+    q_ref = q.mean(0)
+    phi = psd_cotangent_lift(q - q_ref, pm, n)
     if variant == "psd_hnn":
-        return LinearPSD(phi), []
-    gen = torch.Generator().manual_seed(seed)
-    s_q, s_p = float(q.std()), float(pm.std())
+        return LinearPSD(phi, q_ref), None
+    s_q, s_p = float((q - q_ref).std()), float(pm.std())
     qt, pt = torch.as_tensor(q), torch.as_tensor(pm)
+    iso = cfg["isometry_weight"] if variant == "ro_hnn" else 0.0
+
     if variant == "ro_hnn":
-        s_lat = (q @ phi).std(0)
-        model = SymplecticAE(phi, cfg["ae_width"], s_q, s_lat, gen)
+        s_lat = ((q - q_ref) @ phi).std(0)
+
+        def build(gen):
+            return SymplecticAE(phi, q_ref, cfg["ae_width"], s_q, s_lat, gen)
     else:
-        x = np.concatenate([q / s_q, pm / s_p], 1)
+        x = np.concatenate([(q - q_ref) / s_q, pm / s_p], 1)
         u, _, _ = np.linalg.svd(x.T, full_matrices=False)
-        model = PlainAE(u[:, :2 * n], cfg["ae_width"], s_q, s_p, gen)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg["ae_steps"])
-    losses = []
-    for step in range(cfg["ae_steps"]):
-        idx = torch.randint(len(qt), (cfg["batch"],), generator=gen)
-        qz, pz = model.encode(qt[idx], pt[idx])
+
+        def build(gen):
+            return PlainAE(u[:, :2 * n], q_ref, cfg["ae_width"], s_q, s_p, gen)
+
+    def objective(model, qb, pb):
+        qz, pz = model.encode(qb, pb)
         qh, ph = model.decode(qz, pz)
-        loss = ((qh - qt[idx]) ** 2).mean() / s_q**2 + ((ph - pt[idx]) ** 2).mean() / s_p**2
-        if variant == "ro_hnn":
-            loss = loss + cfg["isometry_weight"] * model.isometry_penalty(qz)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-    progress(f"{variant}: reduction loss {np.mean(losses[-20:]):.3e}")
-    return model, losses
+        loss = ((qh - qb) ** 2).mean() / s_q**2 + ((ph - pb) ** 2).mean() / s_p**2
+        return loss + iso * model.isometry_penalty(qz) if iso else loss
+
+    def train_loss(model, gen):
+        idx = torch.randint(len(qt), (cfg["batch"],), generator=gen)
+        return objective(model, qt[idx], pt[idx])
+
+    def val_loss(model):
+        with torch.no_grad():
+            return float(objective(model, qv, pv))
+
+    return fit_adam(build, train_loss, val_loss, f, seed, f"{variant} reduction", progress)
 
 
-def fit_latent(variant: str, qz: np.ndarray, pz: np.ndarray, cfg: dict, h: float, seed: int, progress=print):
-    """Latent model trained on K-step rollouts of encoded trajectories qz, pz [traj, T, n]."""
+# --- the dynamics -------------------------------------------------------------------------------
+
+def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, seed: int, progress=print):
+    """Dynamics trained on K-step rollouts of (encoded) trajectories z = (Q, P) [traj, T, n] each."""
     import torch
 
     from .latent_dynamics import LatentHNN, LatentNODE, rollout
 
-    gen = torch.Generator().manual_seed(seed + 1)
+    (qz, pz), (qv, pv) = z_train, z_val
     n = qz.shape[-1]
-    s_z = np.concatenate([qz.reshape(-1, n).std(0), pz.reshape(-1, n).std(0)])
-    if variant == "ae_node":
-        model = LatentNODE(n, cfg["dyn_width"], s_z, gen)
+    if variant == "full_hnn":  # one scale per half: sites far from the kink barely move
+        s_q, s_p = float((qz - qz.reshape(-1, n).mean(0)).std()), float(pz.std())
+        s_z = np.concatenate([np.full(n, s_q), np.full(n, s_p)])
     else:
-        model = LatentHNN(n, cfg["dyn_width"], s_z[:n], gen)
+        s_z = np.concatenate([qz.reshape(-1, n).std(0), pz.reshape(-1, n).std(0)])
+    q_mean = qz.reshape(-1, n).mean(0)
+
+    def build(gen):
+        if variant == "ae_node":
+            return LatentNODE(n, cfg["dyn_width"], s_z, gen)
+        if variant == "full_hnn":
+            return LatentHNN(n, cfg["full_width"], s_z[:n], gen, q_mean, cfg["full_substeps"])
+        return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, q_mean)
+
     qt, pt = torch.as_tensor(qz), torch.as_tensor(pz)
     w = torch.as_tensor(1.0 / s_z**2)
     k = cfg["window"]
-    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg["dyn_steps"])
-    losses = []
-    model.train()
-    for step in range(cfg["dyn_steps"]):
+    # validation windows: every trajectory, starts every k // 2 steps
+    starts = np.arange(0, qv.shape[1] - k, max(1, k // 2))
+    vts = torch.as_tensor(starts[:, None] + np.arange(k + 1))
+    vq = torch.as_tensor(qv)[:, vts].reshape(-1, k + 1, n)
+    vp = torch.as_tensor(pv)[:, vts].reshape(-1, k + 1, n)
+
+    def window_loss(model, tq, tp):
+        rq, rp = rollout(model, tq[:, 0], tp[:, 0], h, k)
+        return (((torch.cat([rq, rp], -1) - torch.cat([tq, tp], -1)) ** 2) * w).mean()
+
+    def train_loss(model, gen):
+        model.train()
         tr = torch.randint(qt.shape[0], (cfg["batch"],), generator=gen)
         t0 = torch.randint(qt.shape[1] - k, (cfg["batch"],), generator=gen)
         ts = t0[:, None] + torch.arange(k + 1)
-        tq, tp = qt[tr[:, None], ts], pt[tr[:, None], ts]
-        rq, rp = rollout(model, tq[:, 0], tp[:, 0], h, k)
-        loss = (((torch.cat([rq, rp], -1) - torch.cat([tq, tp], -1)) ** 2) * w).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        return window_loss(model, qt[tr[:, None], ts], pt[tr[:, None], ts])
+
+    def val_loss(model):
+        model.eval()
+        with torch.no_grad():
+            return float(window_loss(model, vq.clone(), vp.clone()))
+
+    model, rec = fit_adam(build, train_loss, val_loss, f, seed + 1, f"{variant} dynamics", progress)
     model.eval()
-    progress(f"{variant}: latent loss {np.mean(losses[-20:]):.3e}")
-    return model, losses
+    return model, rec
 
 
-def predict(reduction, latent, q0: np.ndarray, p0: np.ndarray, h: float, steps: int):
+def predict(reduction, dynamics, q0: np.ndarray, p0: np.ndarray, h: float, steps: int):
     """Encode, roll out, decode: q, p [batch, steps + 1, N]."""
     import torch
 
@@ -152,39 +265,54 @@ def predict(reduction, latent, q0: np.ndarray, p0: np.ndarray, h: float, steps: 
 
     with torch.no_grad():
         qz, pz = reduction.encode(torch.as_tensor(q0), torch.as_tensor(p0))
-    rq, rp = rollout(latent, qz.detach(), pz.detach(), h, steps)
+    rq, rp = rollout(dynamics, qz.detach().clone(), pz.detach().clone(), h, steps)
     with torch.no_grad():
         qh, ph = reduction.decode(rq.detach(), rp.detach())
     return qh.numpy(), ph.numpy()
 
 
-def relative_state_error(q, pm, qh, ph):
-    """|x_hat - x| per time with q and p each scaled by their RMS over the trajectory, / sqrt(2).
+# --- metrics ------------------------------------------------------------------------------------
 
-    The instantaneous |x(t)| is a bad denominator here: |p| ~ omega |q| with omega ~ 0.1, so |x|
-    nearly vanishes at every zero crossing of q. Scaling each half by its trajectory RMS weighs
-    positions and momenta alike; a zero prediction scores 1 in the time-RMS, an uncorrelated one about sqrt(2).
-    """
-    rq = np.sqrt((q**2).sum(-1).mean(-1, keepdims=True))
-    rp = np.sqrt((pm**2).sum(-1).mean(-1, keepdims=True))
+def relative_state_error(q, pm, qh, ph):
+    """|x_hat - x| per time, q and p each scaled by the trajectory's RMS fluctuation about its time
+    mean, / sqrt(2): predicting the trajectory's time mean scores 1 in the time-RMS. [..., T]"""
+    rq = np.sqrt(((q - q.mean(-2, keepdims=True)) ** 2).sum(-1).mean(-1, keepdims=True))
+    rp = np.sqrt(((pm - pm.mean(-2, keepdims=True)) ** 2).sum(-1).mean(-1, keepdims=True))
     return np.sqrt((((qh - q) ** 2).sum(-1) / rq**2 + ((ph - pm) ** 2).sum(-1) / rp**2) / 2)
 
 
-def long_horizon_metrics(q, pm, qh, ph, beta: float, n_train_pts: int) -> dict:
-    """Relative state and energy errors against the reference, per time (mean over trajectories)."""
+def long_horizon_metrics(chain: KinkChain, q, pm, qh, ph, e_rest: float, n_train_pts: int) -> dict:
+    """State and energy errors against the reference: per time (mean over trajectories, ``*_t``)
+    and per test trajectory (arrays over the first axis)."""
     with np.errstate(over="ignore", invalid="ignore"):
         err = relative_state_error(q, pm, qh, ph)
-        e_true = fpu.energy(q[:, 0], pm[:, 0], beta)[:, None]
-        e_hat = fpu.energy(qh, ph, beta)
-        e_err = np.abs(e_hat / e_true - 1)
+        e0 = chain.energy(q[:, 0], pm[:, 0])[:, None]
+        e_hat = chain.energy(qh, ph)
+        e_err = np.abs(e_hat - e_hat[:, :1]) / (e0 - e_rest)  # drift along the prediction
+        offset = np.abs(e_hat[:, 0] - e0[:, 0]) / (e0[:, 0] - e_rest)  # the encode-decode offset at t = 0
     err = np.where(np.isfinite(err), err, 1e3)  # a blow-up counts as a large finite error
     e_err = np.where(np.isfinite(e_err), e_err, 1e3)
     k = n_train_pts
-    return {"state_err_t": err.mean(0), "energy_err_t": e_err.mean(0), "energy_ratio_t": e_hat[0] / e_true[0, 0],
-            "state_err_train": float(err[:, :k + 1].mean()), "state_err_long": float(err.mean()),
-            "state_err_max": float(err.max()),
-            "energy_err_first": float(e_err[:, :k + 1].mean()), "energy_err_last": float(e_err[:, -k:].mean()),
-            "energy_err_long": float(e_err.mean())}
+    return {"state_err_t": err.mean(0), "energy_err_t": e_err.mean(0),
+            "excitation_ratio_t": ((e_hat - e_rest) / (e0 - e_rest))[0],
+            "state_err_long": err.mean(1), "state_err_train": err[:, :k + 1].mean(1), "state_err_max": err.max(1),
+            "energy_err_first": e_err[:, :k + 1].mean(1), "energy_err_last": e_err[:, -(k + 1):].mean(1),
+            "energy_err_long": e_err.mean(1), "energy_offset": offset}
+
+
+def _record_fit(ctx, name: str, rec: dict | None) -> None:
+    if rec is None:
+        return
+    ctx.metrics.curve(f"val_{name}", rec["steps"], rec["vals"])
+    ctx.metrics.curve(f"lr_{name}", rec["steps"], rec["lrs"])
+    ls = rec["losses"]
+    every = max(1, len(ls) // 100)
+    ctx.metrics.curve(f"{name}_loss", range(0, len(ls), every), ls[::every])
+    ctx.metrics.scalar(f"lr_chosen_{name}", rec["lr"])
+    ctx.metrics.scalar(f"stop_step_{name}", rec["stop"])
+    ctx.metrics.scalar(f"lr_drop_step_{name}", -1 if rec["drop_step"] is None else rec["drop_step"])
+    ctx.metrics.scalar(f"plateau_{name}", float(rec["plateau"]))
+    ctx.metrics.scalar(f"val_best_{name}", min(rec["vals"]))
 
 
 def train(ctx) -> None:
@@ -193,48 +321,65 @@ def train(ctx) -> None:
     torch.set_num_threads(ctx.threads)
     torch.manual_seed(ctx.seed)
     p = ctx.params
+    chain = _chain(p)
     d = _load(ctx)
     n_train_pts = d["q_train"].shape[1] - 1
     big = d["q_train"].shape[-1]
-    t0 = time.perf_counter()
-    red, ae_losses = fit_reduction(ctx.variant, d["q_train"].reshape(-1, big), d["p_train"].reshape(-1, big),
-                                   p["model"], ctx.seed, ctx.progress)
+    ctx.metrics.scalar("slaving_r2", float(d["slaving_r2"]))
+    if ctx.variant == "full_hnn":  # leapfrog on the true chain must be stable at the sub-step
+        courant = p["h"] / p["model"]["full_substeps"] * chain.max_frequency()
+        if courant >= 2:
+            raise ValueError(f"full_hnn: sub-step x highest chain frequency = {courant:.2f} >= 2 (leapfrog "
+                             "unstable on the true chain); raise model.full_substeps")
+        ctx.metrics.scalar("full_courant", courant)
+    t0, c0 = time.perf_counter(), time.process_time()
+    red, ae_rec = fit_reduction(ctx.variant, d, p["model"], p["fit"], ctx.seed, ctx.progress)
     with torch.no_grad():
-        qz, pz = red.encode(torch.as_tensor(d["q_train"]), torch.as_tensor(d["p_train"]))
-    lat, dyn_losses = fit_latent(ctx.variant, qz.detach().numpy(), pz.detach().numpy(), p["model"], p["h"],
-                                 ctx.seed, ctx.progress)
+        z_train = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_train"]), torch.as_tensor(d["p_train"]))]
+        z_val = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_val"]), torch.as_tensor(d["p_val"]))]
+    dyn, dyn_rec = fit_dynamics(ctx.variant, z_train, z_val, p["model"], p["fit"], p["h"], ctx.seed, ctx.progress)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
+    ctx.metrics.scalar("train_cpu_s", time.process_time() - c0)
+    _record_fit(ctx, "ae", ae_rec)
+    _record_fit(ctx, "dyn", dyn_rec)
+
     steps = d["q_test"].shape[1] - 1
-    qh, ph = predict(red, lat, d["q_test"][:, 0], d["p_test"][:, 0], p["h"], steps)
-    m = long_horizon_metrics(d["q_test"], d["p_test"], qh, ph, p["system"]["beta"], n_train_pts)
-    with torch.no_grad():  # reconstruction alone (no dynamics) on the test states
-        rq, rp = red.decode(*red.encode(torch.as_tensor(d["q_test"]), torch.as_tensor(d["p_test"])))
-    ctx.metrics.scalar("recon_err", float(relative_state_error(d["q_test"], d["p_test"], rq.numpy(), rp.numpy()).mean()))
-    with torch.no_grad():
-        rq, rp = red.decode(*red.encode(torch.as_tensor(d["q_train"]), torch.as_tensor(d["p_train"])))
-    ctx.metrics.scalar("recon_err_train",
-                       float(relative_state_error(d["q_train"], d["p_train"], rq.numpy(), rp.numpy()).mean()))
-    for key, val in m.items():
-        if not key.endswith("_t"):
-            ctx.metrics.scalar(key, val)
+    qh, ph = predict(red, dyn, d["q_test"][:, 0], d["p_test"][:, 0], p["h"], steps)
+    m = long_horizon_metrics(chain, d["q_test"], d["p_test"], qh, ph, float(d["e_rest"]), n_train_pts)
+    for key in ("state_err_long", "energy_err_first", "energy_err_last", "energy_err_long"):
+        ctx.metrics.units(key, m[key])  # one unit per held-out trajectory
+    ctx.metrics.scalar("state_err_train", float(m["state_err_train"].mean()))
+    ctx.metrics.scalar("state_err_max", float(m["state_err_max"].max()))
+    ctx.metrics.scalar("energy_offset", float(np.mean(np.minimum(m["energy_offset"], 1e3))))
+    with torch.no_grad():  # reconstruction alone (no dynamics) on the test trajectories, and on the training ones
+        for split, key in (("test", "recon_err"), ("train", "recon_err_train")):
+            rq, rp = red.decode(*red.encode(torch.as_tensor(d[f"q_{split}"]), torch.as_tensor(d[f"p_{split}"])))
+            ctx.metrics.units(key, relative_state_error(d[f"q_{split}"], d[f"p_{split}"], rq.numpy(), rp.numpy()).mean(1))
+    if ctx.variant == "ro_hnn":
+        with torch.no_grad():
+            qz, _ = red.encode(torch.as_tensor(d["q_test"]), torch.as_tensor(d["p_test"]))
+            ctx.metrics.scalar("isometry_defect", float(red.isometry_penalty(qz.reshape(-1, qz.shape[-1]))))
+    if ctx.variant == "psd_hnn":  # how many PSD modes the test reconstruction needs
+        q, pm = _snapshots(d, "train")
+        q_ref = q.mean(0)
+        from .reductions import LinearPSD, psd_cotangent_lift
+        modes = [m_ for m_ in p["psd_modes"] if m_ <= big]
+        errs = []
+        for n_modes in modes:
+            lin = LinearPSD(psd_cotangent_lift(q - q_ref, pm, n_modes), q_ref)
+            rq, rp = lin.decode(*lin.encode(torch.as_tensor(d["q_test"]), torch.as_tensor(d["p_test"])))
+            errs.append(float(relative_state_error(d["q_test"], d["p_test"], rq.numpy(), rp.numpy()).mean()))
+        ctx.metrics.curve("psd_recon_vs_modes", modes, errs)
+
     times = np.arange(steps + 1) * p["h"]
     sel = np.unique(np.linspace(0, steps, p["curve_points"]).round().astype(int))
     ctx.metrics.curve("state_err", times[sel], m["state_err_t"][sel])
     ctx.metrics.curve("energy_err", times[sel], m["energy_err_t"][sel])
-    ctx.metrics.curve("energy_ratio", times[sel], m["energy_ratio_t"][sel])
-    e_ref = fpu.energy(d["q_test"][0], d["p_test"][0], p["system"]["beta"])
-    ctx.metrics.curve("energy_ratio_true", times[sel], (e_ref / e_ref[0])[sel])
+    ctx.metrics.curve("excitation_ratio", times[sel], m["excitation_ratio_t"][sel])
+    ctx.metrics.curve("kink_x", times[sel], chain.position(qh[0])[sel])
+    ctx.metrics.curve("kink_x_true", times[sel], chain.position(d["q_test"][0])[sel])
     ctx.metrics.curve("snapshot_q", np.arange(1, big + 1), qh[0, -1])
     ctx.metrics.curve("snapshot_q_true", np.arange(1, big + 1), d["q_test"][0, -1])
-    for name, ls in (("ae_loss", ae_losses), ("dyn_loss", dyn_losses)):
-        if ls:
-            every = max(1, len(ls) // 50)
-            ctx.metrics.curve(name, range(0, len(ls), every), ls[::every])
-            tail = np.asarray(ls[-max(len(ls) // 5, 2):])
-            ctx.metrics.scalar(f"{name}_final", float(tail.mean()))
-            # fractional change per 1000 steps over the last fifth: how flat the curve ended
-            slope = np.polyfit(np.arange(len(tail)), np.log(tail), 1)[0]
-            ctx.metrics.scalar(f"{name}_final_slope_per_1k", float(slope * 1000))
 
 
 from .plots import plot  # noqa: E402,F401

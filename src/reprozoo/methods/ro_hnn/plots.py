@@ -1,4 +1,5 @@
-"""Figures: energy over the long horizon, state error on log scale with seed bands, a snapshot.
+"""Figures: the kink's position over the long horizon, energy, state error with seed bands, a
+snapshot, and how many PSD modes the reconstruction needs.
 
 Every figure reads the long table only (columns method, variant, seed, metric, x, value).
 """
@@ -6,10 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-ORDER = ["ro_hnn", "psd_hnn", "ae_node"]
-COLORS = {"ro_hnn": "tab:red", "psd_hnn": "tab:blue", "ae_node": "tab:green"}
+ORDER = ["ro_hnn", "psd_hnn", "ae_node", "full_hnn"]
+COLORS = {"ro_hnn": "tab:red", "psd_hnn": "tab:blue", "ae_node": "tab:green", "full_hnn": "tab:purple"}
 
 
 def _variants(table):
@@ -44,31 +43,48 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         return
     seed = int(table.seed.min())
 
-    fig, axes = pyplot.subplots(1, 2, figsize=(11, 4))
-    x, e = _one(table, "energy_ratio_true", variants[0], seed)
-    axes[0].plot(x / t_train, e, color="k", lw=2, label="leapfrog reference")
+    fig, ax = pyplot.subplots(figsize=(9, 4))
+    x, k = _one(table, "kink_x_true", variants[0], seed)
+    ax.plot(x / t_train, k, color="k", lw=2.5, label="leapfrog reference")
     for v in variants:
-        x, e = _one(table, "energy_ratio", v, seed)
+        x, k = _one(table, "kink_x", v, seed)
+        ax.plot(x / t_train, k, color=COLORS[v], lw=1.2, label=v)
+    ax.axvline(1.0, color="grey", ls=":", lw=1)
+    system = params.get("system", {})
+    if "n" in system and "a" in system:  # the chain's extent: a prediction that leaves it runs off the plot
+        half = 0.5 * float(system["n"]) * float(system["a"])
+        ax.set_ylim(-half, half)
+    ax.set(xlabel="time / training horizon T", ylabel="kink position X (read off the decoded state)",
+           title=f"Where is the kink? One held-out trajectory over 10 T (seed {seed})")
+    ax.legend(fontsize=8, ncol=5)
+    fig.savefig(plots_dir / "curve_kink_x.png", dpi=110, bbox_inches="tight")
+    pyplot.close(fig)
+
+    fig, axes = pyplot.subplots(1, 2, figsize=(11, 4))
+    for v in variants:
+        x, e = _one(table, "excitation_ratio", v, seed)
         axes[0].plot(x / t_train, e, color=COLORS[v], label=v)
-    axes[0].set(xlabel="time / training horizon T", ylabel="H(x(t)) / H(x(0))  (true FPU energy)",
-                title=f"one held-out trajectory (seed {seed})")
+    axes[0].axhline(1.0, color="k", lw=2, label="reference (conserved)")
+    axes[0].set(xlabel="time / training horizon T", ylabel="(H(x_hat) - E_rest) / (H(x0) - E_rest)",
+                title=f"one held-out trajectory (seed {seed}; y clipped to [0, 3])", ylim=(0.0, 3.0))
     for v in variants:
         _band(axes[1], table, "energy_err", v, t_train)
-    axes[1].set(xlabel="time / training horizon T", ylabel="|H(x_hat) - H0| / H0", yscale="log",
+    axes[1].set(xlabel="time / training horizon T", ylabel="drift |H(x_hat(t)) - H(x_hat(0))| / (H0 - E_rest)",
+                yscale="log",
                 title="mean over held-out trajectories (band: seed min-max)")
     for ax in axes:
         ax.axvline(1.0, color="grey", ls=":", lw=1)
         ax.legend(fontsize=8)
     fig.suptitle("Does the decoded prediction keep the chain's energy over 10x the training horizon?")
-    fig.savefig(plots_dir / "curve_energy_ratio.png", dpi=110, bbox_inches="tight")
+    fig.savefig(plots_dir / "curve_energy_err.png", dpi=110, bbox_inches="tight")
     pyplot.close(fig)
 
     fig, ax = pyplot.subplots(figsize=(6.5, 4.2))
     for v in variants:
         _band(ax, table, "state_err", v, t_train)
     ax.axvline(1.0, color="grey", ls=":", lw=1, label="end of training horizon")
-    ax.set(xlabel="time / training horizon T", ylabel="relative state error (RMS-scaled q and p)", yscale="log",
-           title="Which reduced model tracks the 100-dim FPU chain longest?")
+    ax.set(xlabel="time / training horizon T", ylabel="relative state error (1: time-mean prediction)",
+           yscale="log", title="Which model tracks the 96-dim kink chain longest?")
     ax.legend(fontsize=8)
     fig.savefig(plots_dir / "curve_state_err.png", dpi=110, bbox_inches="tight")
     pyplot.close(fig)
@@ -79,8 +95,22 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     for v in variants:
         i, q = _one(table, "snapshot_q", v, seed)
         ax.plot(i, q, color=COLORS[v], marker=".", ms=3, label=v)
-    ax.set(xlabel="oscillator index i", ylabel="displacement q_i (lattice units)",
-           title=f"Chain displacement at t = 10T: true vs predicted (seed {seed}, trajectory 0)")
+    ax.set(xlabel="site index i", ylabel="angle q_i",
+           title=f"Chain at t = 10T: true vs predicted (seed {seed}, trajectory 0)")
     ax.legend(fontsize=8)
     fig.savefig(plots_dir / "curve_snapshot_q.png", dpi=110, bbox_inches="tight")
     pyplot.close(fig)
+
+    if "psd_hnn" in variants:
+        fig, ax = pyplot.subplots(figsize=(6, 4))
+        _band(ax, table, "psd_recon_vs_modes", "psd_hnn", 1.0)
+        sub = table[(table.metric == "recon_err") & (table.variant == "ro_hnn") & table.x.isna()]
+        if not sub.empty:
+            ax.axhline(float(sub.value.mean()), color=COLORS["ro_hnn"], ls="--",
+                       label="symplectic AE, n = 1 (mean over seeds)")
+        ax.set(xscale="log", yscale="log", xlabel="PSD latent degrees of freedom n",
+               ylabel="test reconstruction error (state error, no dynamics)",
+               title="How many linear modes match one nonlinear coordinate?")
+        ax.legend(fontsize=8)
+        fig.savefig(plots_dir / "curve_psd_recon_vs_modes.png", dpi=110, bbox_inches="tight")
+        pyplot.close(fig)
