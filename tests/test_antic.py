@@ -277,3 +277,64 @@ def test_zfp_targets_are_antics_rate_sweep_and_the_scratch_bytes():
     assert [t[f"rd{j}"] for j in range(4)] == [antic_bytes(CFG, 12, r) for r in (1, 2, 4, 8)]
     assert t["rd1"] == antic_bytes(CFG, 12)  # the config's own rank (2) is one of the sweep's points
     assert t["scratch"] == scratch_config(CFG, 12)[1] <= t["rd1"]
+
+
+def test_full_batch_constant_rate_fit_is_deterministic_gradient_descent_on_the_whole_grid():
+    """batch >= grid points: every step sees the whole grid (no sampling noise: two codecs with
+    different generators give the same network) and lr_floor 1 keeps the recorded rate constant."""
+    n = 16
+    x = np.arange(n) / n
+    f0 = np.sin(2 * np.pi * x)[:, None] * np.cos(2 * np.pi * x)[None, :]
+    cfg = {**CFG, "batch": n * n, "lr_floor": 1.0, "base_steps": 40}
+    a, b = ContinualCodec(n, cfg, 0), ContinualCodec(n, cfg, 0)
+    b.gen.manual_seed(123)  # a different minibatch stream: must not matter at full batch
+    a.add(0, f0), b.add(0, f0)
+    np.testing.assert_array_equal(a.recon[0], b.recon[0])
+    assert set(a.fits[0]["lr"]) == {cfg["lr"]}
+    assert a.fits[0]["y"][-1] < 0.5 * a.fits[0]["y"][0]
+
+
+def test_stale_base_is_the_base_network_on_every_frame_with_its_own_normalisation():
+    n = 16
+    x = np.arange(n) / n
+    f0 = np.sin(2 * np.pi * x)[:, None] * np.cos(2 * np.pi * x)[None, :]
+    f1 = 3.0 * f0 + 2.0 + 0.5 * np.sin(4 * np.pi * x)[:, None]
+    c = ContinualCodec(n, {**CFG, "base_steps": 100, "delta_steps": 60}, 0)
+    c.add(0, f0), c.add(1, f1)
+    st = c.stale_recon()
+    np.testing.assert_allclose(st[0], c.recon[0], rtol=0, atol=1e-12)  # the base frame is its own stale frame
+    (m0, s0), (m1, s1) = c.norms
+    np.testing.assert_allclose((st[1] - m1) / s1, (st[0] - m0) / s0, atol=1e-9)  # same network, rescaled
+    err = lambda r: np.linalg.norm(r - f1) / np.linalg.norm(f1)
+    assert err(c.recon[1]) < err(st[1])  # the residual adds what the stale base cannot
+
+
+def test_random_control_selection_keeps_k_frames_with_both_ends_and_is_seeded():
+    from reprozoo.methods.antic.method import random_kept
+
+    k = random_kept(200, 37, 1)
+    assert len(k) == 37 and k[0] == 0 and k[-1] == 199 and k == sorted(set(k))
+    assert k == random_kept(200, 37, 1) and k != random_kept(200, 37, 2)
+
+
+def test_ratio_at_target_error_reads_the_rate_sweep_log_log_and_is_conservative_outside():
+    from reprozoo.methods.antic.method import ratio_at_error
+
+    errs = np.array([0.08, 0.04, 0.02, 0.01])  # ranks 1, 2, 4, 8: more bytes, less error
+    ratios = 3.0 * errs**-1.5
+    r, case = ratio_at_error(0.05, errs, ratios)
+    assert case == "inside" and r == pytest.approx(3.0 * 0.05**-1.5, rel=1e-12)
+    assert ratio_at_error(0.05, errs / 10, ratios) == (pytest.approx(ratios.max()), "below")
+    assert ratio_at_error(0.05, errs * 10, ratios) == (0.0, "above")
+
+
+def test_pearson_reference_selector_keeps_on_decorrelation_and_every_window_frames():
+    from reprozoo.methods.antic.selection import PearsonSelector
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(8, 8))
+    steady = PearsonSelector(23, 0.9, 5)
+    assert [i for i in range(23) if steady.keep(i, base * (1 + 0.01 * i))] == [0, 5, 10, 15, 20, 22]
+    jumpy = PearsonSelector(10, 0.9, 5)
+    frames = [base] * 3 + [rng.normal(size=(8, 8))] * 7  # decorrelated at frame 3
+    assert [i for i in range(10) if jumpy.keep(i, frames[i])] == [0, 3, 8, 9]

@@ -5,7 +5,7 @@ convergence paragraph; not part of the pipeline).
 
 Runs the smoke configuration's solver and adaptive selector, then fits the first kept frame (base),
 the second (one rank-r residual from that base) and a scratch network on the first, each with its
-step budget multiplied by every factor (the same cosine-to-floor rate, peak chosen as in
+step budget multiplied by every factor (the config's rate schedule and batch, rate chosen as in
 ``train_shared``), and prints each fit's improvement over its last 30 % (the gate's ``tail_fit``;
 the gate passes at <= 2 %), its final relative error and its CPU seconds.
 """

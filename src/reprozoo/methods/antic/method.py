@@ -11,6 +11,9 @@ Variants (all see the same trajectory per seed: the solver is deterministic):
   zfp_kept          zfpy 2-D on the adaptive selector's kept frames, the same linear interpolation
   zfp_3d            zfpy's 3-D mode over (t, x, y) on every frame
   zfp_kept_3d       zfpy 3-D over the kept frames stacked in time, the same interpolation
+  pearson_ref       the reference code's selector alone (correlation to the last kept frame < 0.9,
+                    a forced keep every 5 frames), interpolating its exact kept frames: our
+                    drift / enstrophy selector is an ablation of it (selection only, no codec)
                     (each zfp variant: a tolerance sweep fixed in advance, read per frame at every
                     point of ANTIC's rate sweep and at the scratch baseline's bytes; ``zfp_codec.py``)
 
@@ -19,7 +22,9 @@ K the uniform baseline and the scratch size need) and chooses each fit type's pe
 from one grid. ``train`` runs the solver again with the variant's compressor as the ``record``
 callback (single streaming pass), reconstructs every frame (linear interpolation in time between
 kept reconstructions) and scores it. ``antic`` also runs the same solver without the callback in
-the same job: the in-situ overhead as a wall-time ratio.
+the same job (the in-situ overhead as a wall-time ratio) and records the controls: a seeded random
+selection at the same kept count (exact frames interpolated, and through the same codec from the
+same base) and the stale base network on every kept frame (no residuals).
 
 Units: vorticity in solver units (1/time); compression ratio = raw float32 bytes of all frames /
 stored bytes; ``frame_err``: relative L2 error of every frame (per-unit values: the claims'
@@ -33,12 +38,13 @@ from pathlib import Path
 import numpy as np
 
 from .flow import enstrophy, make_flow, run_insitu
-from .selection import AdaptiveSelector, UniformSelector, interpolate_frames
+from .selection import AdaptiveSelector, PearsonSelector, UniformSelector, interpolate_frames
 from .zfp_codec import frame_errors
 from reprozoo.figures import save_figure
 
-VARIANT_ORDER = ["antic", "uniform_continual", "adaptive_scratch", "zfp", "zfp_kept", "zfp_3d", "zfp_kept_3d"]
-COLORS = {"antic": "C0", "uniform_continual": "C1", "adaptive_scratch": "C2", "zfp": "C3", "zfp_kept": "C4",
+VARIANT_ORDER = ["antic", "uniform_continual", "adaptive_scratch", "zfp", "zfp_kept", "zfp_3d", "zfp_kept_3d",
+                 "pearson_ref"]
+COLORS = {"pearson_ref": "C7", "antic": "C0", "uniform_continual": "C1", "adaptive_scratch": "C2", "zfp": "C3", "zfp_kept": "C4",
           "zfp_3d": "C5", "zfp_kept_3d": "C6"}
 GENERIC_CURVES: dict = {}  # plot() draws every figure
 RAW_BYTES = 4  # float32 per grid value
@@ -128,6 +134,8 @@ def train(ctx) -> None:
     truth = np.empty((N, n, n))
     if ctx.variant.startswith("zfp"):
         return _train_zfp(ctx, solver, w_hat0, t_save, truth, shared["kept"])
+    if ctx.variant == "pearson_ref":
+        return _train_selection_only(ctx, solver, w_hat0, t_save, truth)
 
     import torch
 
@@ -174,10 +182,75 @@ def train(ctx) -> None:
         _record_fits(ctx, [f for f in codec.fits if f["kind"] == kind], kind)
     if ctx.variant == "antic":
         ctx.metrics.scalar("drift_contrast", drift_contrast(truth))
+        _controls(ctx, codec, truth, N, K)
         _rate_sweep(ctx, codec, truth, p)
     picks = sorted({0, N // 3, 2 * N // 3, N - 1})  # the same times for every variant (fields figure)
     np.savez_compressed(Path(ctx.outdir) / "frames.npz", t=t_save[picks], idx=np.array(picks),
                         truth=truth[picks].astype(np.float32), recon=recon[picks].astype(np.float32))
+
+
+def _train_selection_only(ctx, solver, w_hat0, t_save, truth) -> None:
+    """The reference code's selector alone (no spatial codec): its kept count and the error of
+    interpolating its exact kept frames, per frame (the same units as ``interp_err`` of the others)."""
+    s = ctx.params.get("pearson_selector", {})
+    sel = PearsonSelector(len(t_save), float(s.get("rho", 0.9)), int(s.get("window", 5)))
+    kept = []
+
+    def on_frame(i, w):
+        truth[i] = w
+        if sel.keep(i, w):
+            kept.append(i)
+
+    run_insitu(solver, w_hat0, t_save, on_frame)
+    N = len(t_save)
+    ctx.metrics.units("interp_err", frame_errors(interpolate_frames(kept, truth[kept], N), truth))
+    ctx.metrics.scalar("n_kept", len(kept))
+    ctx.metrics.curve("kept_frames", [t_save[i] for i in kept], kept)
+    ctx.progress(f"reference (Pearson) selector: {len(kept)} of {N} frames kept")
+
+
+def random_kept(n_frames: int, n_keep: int, seed: int) -> list[int]:
+    """A seeded random selection of ``n_keep`` frames (the first and last always kept, as every
+    selector does): the selection control, which knows nothing about the flow."""
+    rng = np.random.default_rng(10_007 + seed)
+    inner = rng.choice(np.arange(1, n_frames - 1), size=max(0, min(n_keep, n_frames) - 2), replace=False)
+    return sorted({0, n_frames - 1, *inner.tolist()})
+
+
+def _controls(ctx, codec, truth, N: int, K: int) -> None:
+    """The controls recorded by the antic job (each a case where the claimed effect must be absent).
+    Selection: a seeded random selection at the same kept count K, interpolated from its exact
+    frames (``interp_err_random``) and through the same continual codec from the same base
+    (``frame_err_random``; its residual fits join the ``sweep`` gate curve). Codec: the stale base,
+    the base network alone on every kept frame with that frame's stored mean and std, no
+    residuals (``frame_err_stale``)."""
+    rk = random_kept(N, K, ctx.seed)
+    ctx.metrics.units("interp_err_random", frame_errors(interpolate_frames(rk, truth[rk], N), truth))
+    c = codec.branch(codec.rank)
+    for i in rk[1:]:
+        c.add(i, truth[i])
+    ctx.metrics.units("frame_err_random", frame_errors(interpolate_frames(c.kept_idx, c.recon, N), truth))
+    ctx.metrics.scalar("n_kept_random", len(rk))
+    codec.control_fits = [f for f in c.fits if f["kind"] == "delta"]
+    stale = interpolate_frames(codec.kept_idx, codec.stale_recon(), N)
+    ctx.metrics.units("frame_err_stale", frame_errors(stale, truth))
+    ctx.metrics.scalar("rel_l2_stale", rel_l2(stale, truth))
+
+
+def ratio_at_error(target: float, errs, ratios) -> tuple[float, str]:
+    """The compression ratio at ``target`` error along a rate sweep, interpolated log-log (as zfp's
+    ``ratio_at_target_err``). Outside the sweep, the conservative end: every point more accurate
+    than the target gives the sweep's largest ratio (a lower bound); every point less accurate gives
+    0 (the sweep never reaches the target). Returns the ratio and which case applied."""
+    from .zfp_codec import loglog_at
+
+    errs, ratios = np.asarray(errs, dtype=float), np.asarray(ratios, dtype=float)
+    r = loglog_at(target, errs, ratios)
+    if r is not None:
+        return r, "inside"
+    if np.all(errs < target):
+        return float(np.max(ratios)), "below"
+    return 0.0, "above"
 
 
 def _rate_sweep(ctx, codec, truth, p) -> None:
@@ -188,7 +261,8 @@ def _rate_sweep(ctx, codec, truth, p) -> None:
     ranks = [int(r) for r in p["rd_ranks"]]
     if int(codec.rank) not in ranks:
         raise ValueError(f"rd_ranks {ranks} must contain the codec's rank {codec.rank}")
-    sweep_fits = []
+    sweep_fits = list(getattr(codec, "control_fits", []))
+    errs, ratios = [], []
     for j, r in enumerate(ranks):
         c = codec
         if r != codec.rank:
@@ -202,7 +276,14 @@ def _rate_sweep(ctx, codec, truth, p) -> None:
         ctx.metrics.scalar(f"bytes_rd{j}", c.stored_bytes)
         ctx.metrics.scalar(f"ratio_rd{j}", truth.size * RAW_BYTES / c.stored_bytes)
         ctx.metrics.scalar(f"rel_l2_rd{j}", rel_l2(rec, truth))
+        errs.append(rel_l2(rec, truth))
+        ratios.append(truth.size * RAW_BYTES / c.stored_bytes)
         ctx.progress(f"rate sweep: rank {r}: {c.stored_bytes} bytes, relative L2 {rel_l2(rec, truth):.4f}")
+    # ANTIC's ratio at the target error (relative L2 over all frames), read from its rank sweep
+    r_t, case = ratio_at_error(float(p["target_rel_l2"]), errs, ratios)
+    ctx.metrics.scalar("ratio_at_target_err", r_t)
+    ctx.metrics.scalar("target_err_bracketed", float(case == "inside"))
+    ctx.progress(f"ratio at {p['target_rel_l2']} error along the rank sweep: {r_t:.1f} ({case})")
     _record_fits(ctx, sweep_fits, "sweep")
 
 

@@ -20,10 +20,12 @@ most as many bytes per kept frame as ANTIC does on average (base included): the 
 at equal storage, which is the same statement as "fewer bytes at equal error" for monotone
 rate-error curves.
 
-Optimisation (every fit, every codec): Adam on minibatches of grid points, the learning rate
-cosine-annealed from its peak to ``lr_floor`` x peak (never below it, so the convergence gate reads
-a curve whose rate is still up), the peak chosen per fit type on the encoder's own frame from one
-grid (``choose_lrs``). Each fit records its validation curve: the MSE on the *whole* grid (what the
+Optimisation (every fit, every codec): Adam on the whole grid (full batch: at 64 x 64 the grid has
+4096 points, so minibatches only add noise) at a constant learning rate (``lr_floor`` = 1: the
+rate is recorded with the curve and stays at its peak, so the convergence gate reads a curve whose
+rate is up; ``lr_floor`` < 1 gives a cosine to ``lr_floor`` x peak), the rate chosen per fit type
+on the encoder's own frame from one grid (``choose_lrs``). ``batch`` smaller than the grid gives
+random minibatches instead. Each fit records its validation curve: the MSE on the *whole* grid (what the
 decoder reconstructs, in normalised units) every ``eval_every`` steps, with the rate at that step.
 """
 from __future__ import annotations
@@ -84,22 +86,27 @@ def lr_at(step: int, steps: int, peak: float, floor: float) -> float:
 
 
 def _fit(params, loss_fn, steps: int, lr: float, batch_idx, floor: float, eval_every: int) -> dict:
-    """Adam with the cosine-to-floor rate; ``loss_fn(idx)`` is the MSE on grid points ``idx``
+    """Adam at the rate ``lr_at`` gives (constant for floor 1); ``loss_fn(idx)`` is the MSE on grid points ``idx``
     (``slice(None)``: the whole grid). Returns the fit's curve: step, whole-grid MSE, rate."""
     opt = torch.optim.Adam(params, lr=lr)
     xs, ys, lrs = [], [], []
     for s in range(steps + 1):
         cur = lr_at(s, steps, lr, floor)
+        idx = batch_idx(s) if s < steps else None
+        full = isinstance(idx, slice) and idx == slice(None)  # full batch: the step's loss is the whole-grid MSE
+        loss = loss_fn(idx) if s < steps else None
         if s % eval_every == 0 or s == steps:
-            with torch.no_grad():
-                xs.append(s)
-                ys.append(float(loss_fn(slice(None))))
-                lrs.append(cur)
+            xs.append(s)
+            if full:
+                ys.append(float(loss.detach()))
+            else:
+                with torch.no_grad():
+                    ys.append(float(loss_fn(slice(None))))
+            lrs.append(cur)
         if s == steps:
             break
         for g in opt.param_groups:
             g["lr"] = cur
-        loss = loss_fn(batch_idx(s))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -118,15 +125,19 @@ class FieldCodec:
         self.stored_bytes = 0
         self.kept_idx: list[int] = []
         self.recon: list[np.ndarray] = []
+        self.norms: list[tuple[float, float]] = []  # the stored (mean, std) of every kept frame
 
     def _target(self, w: np.ndarray):
         m, s = float(w.mean()), float(w.std())
         m, s = float(np.float16(m)), float(np.float16(s))
         self.stored_bytes += NORM_NUMBERS * BYTES_STORED
+        self.norms.append((m, s))
         return torch.tensor(((w - m) / s).reshape(-1, 1), dtype=torch.float32), m, s
 
     def _batches(self):
         npts = self.n * self.n
+        if self.batch >= npts:  # full batch: every step sees the whole grid
+            return lambda _s: slice(None)
         return lambda _s: torch.randint(npts, (self.batch,), generator=self.gen)
 
     def _run(self, params, loss_fn, steps_key: str, lr_key: str, kind: str, frame: int) -> None:
@@ -181,6 +192,16 @@ class ContinualCodec(FieldCodec):
         if self._base is None:
             self._base = (copy.deepcopy(self.model.state_dict()), self.stored_bytes)
 
+    def stale_recon(self) -> list[np.ndarray]:
+        """The control without residuals: the float16 base network alone, decoded on every kept
+        frame with that frame's own stored mean and std (what the stream would give if no
+        residual were ever learned)."""
+        if self._base is None:
+            raise ValueError("stale_recon() needs the base frame first")
+        base = copy.deepcopy(self.model)
+        base.load_state_dict(self._base[0])
+        return [self._decode(base, None, m, s) for m, s in self.norms]
+
     def branch(self, rank: int, cfg: dict | None = None) -> "ContinualCodec":
         """A codec at another rank (or config) that shares this one's base: the same float16 base
         network, first kept frame, its reconstruction and bytes. Later frames are added to it."""
@@ -190,6 +211,7 @@ class ContinualCodec(FieldCodec):
         c.model.load_state_dict(self._base[0])
         c.stored_bytes = self._base[1]
         c.kept_idx, c.recon, c.fits = self.kept_idx[:1], self.recon[:1], self.fits[:1]
+        c.norms = self.norms[:1]
         c.gen = torch.Generator().manual_seed(1000 * self.seed + 17 * rank + 1)
         return c
 

@@ -7,6 +7,9 @@ kept frame w_k by more than a relative bound in either the field or its enstroph
 
 and the first and last frames are always kept (the decoder interpolates between kept frames). The
 decision uses only the current and the last kept frame, so it runs in situ in O(1) memory.
+Pearson (the reference code's selector, ``PearsonSelector``): correlation to the last kept frame
+below 0.9, or a forced keep every ``window`` frames; a selection-only variant, ours is the
+enstrophy / field-drift bound above.
 Uniform: the same number of kept frames at equal spacing (the baseline at equal budget).
 Frames that are not kept are reconstructed by linear interpolation in time between the two
 neighbouring kept reconstructions.
@@ -29,6 +32,24 @@ class AdaptiveSelector:
             if drift <= self.tau_f and abs(z - z_ref) / z_ref <= self.tau_z:
                 return False
         self.last = w.copy()
+        return True
+
+
+class PearsonSelector:
+    """The reference code's selector (AndreiB137/ANTIC, our reading): frame i is kept when its
+    Pearson correlation with the last kept frame drops below ``rho`` (0.9), and in any case once
+    ``window`` (5) frames have passed since the last kept one; the first and last frames are kept."""
+
+    def __init__(self, n_frames: int, rho: float = 0.9, window: int = 5):
+        self.n, self.rho, self.window = n_frames, float(rho), int(window)
+        self.last, self.last_i = None, None
+
+    def keep(self, i: int, w: np.ndarray) -> bool:
+        if self.last is not None and i != self.n - 1 and i - self.last_i < self.window:
+            a, b = w.ravel() - w.mean(), self.last.ravel() - self.last.mean()
+            if float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= self.rho:
+                return False
+        self.last, self.last_i = w.copy(), i
         return True
 
 
