@@ -62,10 +62,14 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
     fig, axes = plt.subplots(1, len(pdes), figsize=(4.2 * len(pdes), 3.4), squeeze=False)
     for ax, pde in zip(axes[0], pdes):
         for v in variants:
-            vals = [np.asarray(_scalar(table, f"err_{pde}_L{d}").get(v, [np.nan]), float) for d in depths]
+            got = {d: np.asarray(_scalar(table, f"err_{pde}_L{d}")[v], float) for d in depths
+                   if v in _scalar(table, f"err_{pde}_L{d}")}  # the depths this variant trains
+            ds, vals = list(got), list(got.values())
+            if not ds:
+                continue
             mean = [np.exp(np.mean(np.log(x))) for x in vals]
-            ax.plot(depths, mean, "o-", color=COLORS[v], label=v)
-            ax.fill_between(depths, [x.min() for x in vals], [x.max() for x in vals], color=COLORS[v], alpha=0.2)
+            ax.plot(ds, mean, "o-", color=COLORS[v], label=v)
+            ax.fill_between(ds, [x.min() for x in vals], [x.max() for x in vals], color=COLORS[v], alpha=0.2)
         ax.set_xscale("log", base=2), ax.set_yscale("log")
         ax.set_xticks(depths, [str(d) for d in depths])
         ax.set_xlabel("depth L (hidden blocks)"), ax.set_ylabel("relative L2 error (dimensionless)")
