@@ -2,11 +2,19 @@
 
 Shapes: a line image x is (B, 1, H, W); the spiking path is time-major (T, B, C, H, W).
 
-* InkCoder (coarse-to-fine stream). Step t of T sees the image blurred by a Gaussian of width
-  σ_t = σ_max (T - t) / (T - 1), t = 1..T: the first step carries only broad stroke regions,
-  the last step the sharp image (σ_T = 0). Blurring conserves ink (kernel sums to 1) and removes
-  high spatial frequencies, so the steps differ in detail, not in brightness. The paper's InkCoder
-  is learned; ours is this fixed pyramid (see README).
+* InkCoder (coarse-to-fine stream, ``InkCoder``). Step t of T sees the image low-passed by a
+  Gaussian of width σ_t, B_t = G_{σ_t} * x, with part d_t of the removed detail added back:
+  I_t = B_t + d_t (x - B_t) + b_t. Its response to a spatial frequency ω is
+  r_t(ω) = d_t + (1 - d_t) Ĝ_{σ_t}(ω), with 0 < Ĝ <= 1 growing as σ shrinks. ``learned`` (the
+  method): σ_1 >= σ_2 >= ... >= σ_T (σ_T = softplus(u_T), σ_t = σ_{t+1} + softplus(u_t), capped at
+  σ_cap) and 0 <= d_1 <= d_2 <= ... <= d_T <= 1 (d_t = sigmoid(v + Σ_{s<=t} softplus(w_s))), so that
+  r_{t+1}(ω) >= r_t(ω) at every frequency: each step is at least as sharp as the one before, by
+  construction; u, v, w, b are trained with the network (init: σ = (σ_max, ..., σ_last), d ≈ 0.02,
+  b = 0, i.e. the blur pyramid). ``fixed`` (the ablation, the miniature's former coder):
+  σ_t = σ_max (T - t)/(T - 1), I_t = B_t, nothing trained. The paper's InkCoder is learned but its
+  parametrisation is not available to us (see README); this one is our reading of "early steps
+  cover broad stroke regions, later steps emphasise sharper stroke details". Blurring conserves
+  ink (kernel sums to 1).
 * Spiking encoder: three 3x3 conv + BatchNorm (statistics over T·B) + LIF layers
   (``blocks.spiking.lif``, v_t = β v_{t-1}(1 - s_{t-1}) + I_t, s_t = H(v_t - θ), arctan surrogate),
   max-pooling after the first two (2x2 then 2x1 by default; pooling binary spikes keeps them
@@ -16,14 +24,16 @@ Shapes: a line image x is (B, 1, H, W); the spiking path is time-major (T, B, C,
   p(blank) and the argmax class. A position is kept if its argmax is a character or if it is
   uncertain (p(blank) < τ); each maximal run of the remaining confident-blank positions is
   averaged into ONE position (so that the blank separating two equal characters survives).
-  The mixer then sees L' <= L positions.
-* Mixer and head: one bidirectional LSTM over the (reduced) sequence and a linear CTC head
+  The mixer then sees L' <= L positions. ``reduce="drop"`` (a control, never trained) removes
+  those runs instead of merging them, so that two equal characters may become adjacent;
+  ``reduce="off"`` keeps every position (the aux head still runs and is counted).
+* Mixer and head: one bidirectional LSTM (two directions, ``mix``) over the (reduced) sequence and a linear CTC head
   (K+1 classes, 0 = blank), the same in every variant.
 
 Costs per line (``costs``): synaptic operations (AC, one per spike per reached synapse,
 ``blocks.spiking.synaptic_ops``) for spike-driven layers, multiply-accumulates (MAC) for layers
 with real-valued input (the first conv on the analog InkCoder stream, the aux head, the mixer and
-head). Energy = 0.9 pJ·AC + 4.6 pJ·MAC (45 nm, 32-bit; Horowitz 2014, the usual SNN proxy).
+head, and InkCoder's filters). Energy = 0.9 pJ·AC + 4.6 pJ·MAC (45 nm, 32-bit; Horowitz 2014, the usual SNN proxy).
 """
 from __future__ import annotations
 
@@ -38,46 +48,119 @@ E_AC_PJ, E_MAC_PJ = 0.9, 4.6  # Horowitz (ISSCC 2014), 45 nm, 32-bit float
 
 
 # ------------------------------------------------------------------ InkCoder
-def gaussian_kernel(sigma: float, radius: int) -> torch.Tensor:
-    """Normalised 1-d Gaussian of length 2·radius + 1 (a delta for sigma = 0)."""
+def gaussian_kernel(sigma, radius: int) -> torch.Tensor:
+    """Normalised 1-d Gaussian of length 2·radius + 1 (a delta for sigma = 0); differentiable in a
+    tensor ``sigma``."""
     x = torch.arange(-radius, radius + 1, dtype=torch.float32)
-    if sigma <= 0:
+    if not torch.is_tensor(sigma) and sigma <= 0:
         return (x == 0).float()
+    sigma = torch.as_tensor(sigma, dtype=torch.float32).clamp(min=1e-3)
     k = torch.exp(-0.5 * (x / sigma) ** 2)
     return k / k.sum()
 
 
+def blur(x: torch.Tensor, sigma, radius: int) -> torch.Tensor:
+    """Separable Gaussian blur of (B, 1, H, W) with replicate padding."""
+    k = gaussian_kernel(sigma, radius)
+    y = nn.functional.pad(x, (radius, radius, radius, radius), mode="replicate")
+    y = nn.functional.conv2d(y, k.view(1, 1, 1, -1))
+    return nn.functional.conv2d(y, k.view(1, 1, -1, 1))
+
+
+def fixed_sigmas(T: int, sigma_max: float) -> list[float]:
+    """The fixed pyramid: σ_t = σ_max (T - t)/(T - 1), t = 1..T (the last step sharp)."""
+    return [sigma_max * (T - t) / max(1, T - 1) for t in range(1, T + 1)]
+
+
 def inkcoder(x: torch.Tensor, T: int, sigma_max: float) -> torch.Tensor:
-    """Coarse-to-fine stream (T, B, 1, H, W): step t blurred with σ_t = σ_max (T-t)/(T-1)."""
+    """The fixed coarse-to-fine stream (T, B, 1, H, W) (``InkCoder(learned=False)``)."""
     radius = max(1, math.ceil(3 * sigma_max))
-    steps = []
-    for t in range(1, T + 1):
-        sigma = sigma_max * (T - t) / max(1, T - 1)
-        k = gaussian_kernel(sigma, radius)
-        y = nn.functional.pad(x, (radius, radius, radius, radius), mode="replicate")
-        y = nn.functional.conv2d(y, k.view(1, 1, 1, -1))
-        y = nn.functional.conv2d(y, k.view(1, 1, -1, 1))
-        steps.append(y)
-    return torch.stack(steps)
+    return torch.stack([blur(x, s, radius) for s in fixed_sigmas(T, sigma_max)])
+
+
+def _inv_softplus(y: float) -> float:
+    return math.log(math.expm1(y))
+
+
+class InkCoder(nn.Module):
+    """Static image (B, 1, H, W) -> coarse-to-fine input stream (T, B, 1, H, W); see the module doc."""
+
+    def __init__(self, T: int, sigma_max: float = 1.0, learned: bool = True, sigma_last: float = 0.3,
+                 sigma_cap: float = 2.0, detail_init: float = 0.02):
+        super().__init__()
+        self.T, self.learned, self.sigma_max, self.sigma_cap = T, learned, sigma_max, sigma_cap
+        if learned:
+            init = [sigma_max + (sigma_last - sigma_max) * t / max(1, T - 1) for t in range(T)]
+            steps = [init[t] - init[t + 1] for t in range(T - 1)] + [init[-1]]
+            self.u = nn.Parameter(torch.tensor([_inv_softplus(max(v, 1e-3)) for v in steps]))
+            self.v = nn.Parameter(torch.tensor(math.log(detail_init / (1 - detail_init)) - 1e-3))
+            self.w = nn.Parameter(torch.full((T,), _inv_softplus(1e-3)))
+            self.bias = nn.Parameter(torch.zeros(T))
+            self.radius = max(1, math.ceil(3 * sigma_cap))
+        else:
+            self.radius = max(1, math.ceil(3 * sigma_max))
+
+    def sigmas(self) -> torch.Tensor:
+        """σ_1 >= ... >= σ_T (a reversed cumulative sum of positive increments)."""
+        if not self.learned:
+            return torch.tensor(fixed_sigmas(self.T, self.sigma_max))
+        inc = nn.functional.softplus(self.u)
+        return inc.flip(0).cumsum(0).flip(0).clamp(max=self.sigma_cap)
+
+    def details(self) -> torch.Tensor:
+        """0 <= d_1 <= ... <= d_T <= 1: the share of the high-pass detail each step adds back."""
+        if not self.learned:
+            return torch.zeros(self.T)
+        return torch.sigmoid(self.v + nn.functional.softplus(self.w).cumsum(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sig = self.sigmas()
+        if self.learned:
+            det = self.details()
+        steps = []
+        for t in range(self.T):
+            low = blur(x, sig[t] if self.learned else float(sig[t]), self.radius)
+            if self.learned:
+                low = low + det[t] * (x - low) + self.bias[t]
+            steps.append(low)
+        return torch.stack(steps)
+
+    def macs(self, H: int, W: int) -> float:
+        """Multiply-accumulates per image: the separable blur (2 (2r+1) per pixel and step), and
+        for the learned coder the mix B + d (x - B) + b (3 per pixel and step)."""
+        per_px = 2 * (2 * self.radius + 1) + (3 if self.learned else 0)
+        return float(self.T * H * W * per_px)
 
 
 # ------------------------------------------------------------------ reducer
-def ctc_guided_reduce(feat: torch.Tensor, aux_logp: torch.Tensor, tau: float):
+def ctc_guided_reduce(feat: torch.Tensor, aux_logp: torch.Tensor, tau: float, mode: str = "merge"):
     """Keep likely-character / uncertain positions, merge each confident-blank run into one.
 
     ``feat`` (B, L, d), ``aux_logp`` (B, L, K+1) log-probabilities of the auxiliary CTC head.
-    Returns (pooled (B, L'max, d), new lengths (B,), keep mask (B, L), segment id (B, L))."""
+    ``mode="drop"`` (a control) removes the confident-blank runs instead (a line with no kept
+    position keeps its first one). Returns (pooled (B, L'max, d), new lengths (B,), keep mask
+    (B, L), segment id (B, L); -1 for a dropped position)."""
+    if mode not in ("merge", "drop"):
+        raise ValueError(f"mode must be 'merge' or 'drop', got {mode!r}")
     B, L, d = feat.shape
     with torch.no_grad():
         keep = (aux_logp.argmax(-1) != 0) | (aux_logp[..., 0].exp() < tau)
-        prev_keep = torch.cat([torch.ones_like(keep[:, :1]), keep[:, :-1]], dim=1)
-        start = keep | prev_keep                       # a kept position, or the first of a blank run
+        if mode == "merge":
+            prev_keep = torch.cat([torch.ones_like(keep[:, :1]), keep[:, :-1]], dim=1)
+            start = keep | prev_keep                   # a kept position, or the first of a blank run
+            member = torch.ones_like(keep)
+        else:
+            keep = keep.clone()
+            keep[~keep.any(1), 0] = True
+            start = member = keep
         seg = start.long().cumsum(1) - 1
         n_seg = seg[:, -1] + 1
+        seg = torch.where(member, seg, torch.full_like(seg, -1))
     Lr = int(n_seg.max())
-    idx = seg.unsqueeze(-1).expand(-1, -1, d)
-    pooled = feat.new_zeros(B, Lr, d).scatter_add(1, idx, feat)
-    counts = feat.new_zeros(B, Lr, 1).scatter_add(1, seg.unsqueeze(-1), torch.ones_like(feat[..., :1]))
+    w = member.unsqueeze(-1).to(feat.dtype)
+    idx = seg.clamp(min=0)
+    pooled = feat.new_zeros(B, Lr, d).scatter_add(1, idx.unsqueeze(-1).expand(-1, -1, d), feat * w)
+    counts = feat.new_zeros(B, Lr, 1).scatter_add(1, idx.unsqueeze(-1), w)
     return pooled / counts.clamp(min=1), n_seg, keep, seg
 
 
@@ -88,12 +171,17 @@ class Recognizer(nn.Module):
     def __init__(self, height: int, n_classes: int, channels=(16, 32, 48), d_model: int = 64,
                  hidden: int = 64, spiking: bool = True, reducer: bool = False, T: int = 2,
                  sigma_max: float = 1.5, beta: float = 0.5, threshold: float = 1.0, tau: float = 0.9,
-                 pools=((2, 2), (2, 1), (1, 1)), readout: str = "spikes"):
+                 pools=((2, 2), (2, 1), (1, 1)), readout: str = "spikes", coder: str = "learned",
+                 sigma_last: float = 0.3, sigma_cap: float = 2.0):
         super().__init__()
+        if coder not in ("learned", "fixed"):
+            raise ValueError(f"coder must be 'learned' or 'fixed', got {coder!r}")
         c1, c2, c3 = channels
         self.spiking, self.use_reducer, self.T, self.readout = spiking, reducer, T, readout
         self.sigma_max, self.beta, self.threshold, self.tau = sigma_max, beta, threshold, tau
         self.surrogate = arctan(2.0)
+        self.coder = InkCoder(T, sigma_max, learned=coder == "learned", sigma_last=sigma_last,
+                              sigma_cap=sigma_cap) if spiking else None
         self.convs = nn.ModuleList([nn.Conv2d(1, c1, 3, padding=1, bias=False),
                                     nn.Conv2d(c1, c2, 3, padding=1, bias=False),
                                     nn.Conv2d(c2, c3, 3, padding=1, bias=False)])
@@ -103,7 +191,8 @@ class Recognizer(nn.Module):
         self.stride = math.prod(k[1] for k in self.pools)   # pixel columns per width position
         self.proj = nn.Linear(c3 * self.h_out, d_model)
         self.aux_head = nn.Linear(d_model, n_classes + 1)
-        self.mixer = nn.LSTM(d_model, hidden, batch_first=True, bidirectional=True)
+        self.mixer_f = nn.LSTM(d_model, hidden, batch_first=True)   # the BiLSTM's two directions
+        self.mixer_b = nn.LSTM(d_model, hidden, batch_first=True)
         self.head = nn.Linear(2 * hidden, n_classes + 1)
         self.d_model, self.hidden, self.n_out = d_model, hidden, n_classes + 1
 
@@ -111,7 +200,7 @@ class Recognizer(nn.Module):
     def encode(self, x: torch.Tensor):
         acts = []                                      # inputs of convs[1], convs[2], proj
         if self.spiking:
-            h = inkcoder(x, self.T, self.sigma_max)    # (T, B, 1, H, W)
+            h = self.coder(x)                          # (T, B, 1, H, W)
             T, B = h.shape[:2]
             for i, (conv, bn, pool) in enumerate(zip(self.convs, self.bns, self.pools)):
                 cur = bn(conv(h.flatten(0, 1)))
@@ -135,22 +224,36 @@ class Recognizer(nn.Module):
         feat = self.proj(rate.flatten(1, 2).transpose(1, 2))   # (B, L, d)
         return feat, acts
 
-    def forward(self, x: torch.Tensor, tau: float | None = None):
+    def forward(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge"):
         """Returns dict: log-probs of the head (B, L', K+1), lengths L', aux log-probs (B, L, K+1),
-        keep mask, the encoder activations (for cost counting)."""
+        keep mask, the encoder activations (for cost counting). ``reduce`` (reducer variants only):
+        "merge" (the method), "drop" (control: blank runs removed), "off" (every position kept)."""
         feat, acts = self.encode(x)
         aux_logp = self.aux_head(feat).log_softmax(-1)
         B, L, _ = feat.shape
-        if self.use_reducer:
-            seq, lengths, keep, _ = ctc_guided_reduce(feat, aux_logp, self.tau if tau is None else tau)
+        if self.use_reducer and reduce != "off":
+            seq, lengths, keep, _ = ctc_guided_reduce(feat, aux_logp, self.tau if tau is None else tau, reduce)
         else:
             seq, lengths = feat, torch.full((B,), L, dtype=torch.long)
             keep = torch.ones(B, L, dtype=torch.bool)
-        packed = nn.utils.rnn.pack_padded_sequence(seq, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = self.mixer(packed)
-        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=seq.shape[1])
+        out = self.mix(seq, lengths)
         return {"logp": self.head(out).log_softmax(-1), "lengths": lengths, "aux_logp": aux_logp,
                 "keep": keep, "acts": acts, "L": L}
+
+    def mix(self, seq: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Bidirectional LSTM over padded sequences of the given lengths: the forward direction
+        reads each line left to right (padding only follows the valid part), the backward one reads
+        each line reversed within its own length. Outputs beyond a line's length are meaningless
+        (CTC and decoding never read them). The same as a packed BiLSTM, without packing."""
+        B, Lmax, _ = seq.shape
+        i = torch.arange(Lmax).expand(B, -1)
+        n = lengths.view(B, 1).to(i.device)
+        rev = torch.where(i < n, n - 1 - i, i)          # reverse inside the valid part, an involution
+        g = rev.unsqueeze(-1)
+        fwd, _ = self.mixer_f(seq)
+        bwd, _ = self.mixer_b(seq.gather(1, g.expand(-1, -1, seq.shape[2])))
+        bwd = bwd.gather(1, g.expand(-1, -1, bwd.shape[2]))
+        return torch.cat([fwd, bwd], dim=-1)
 
     @torch.no_grad()
     def costs(self, x: torch.Tensor, out: dict) -> dict:
@@ -160,18 +263,21 @@ class Recognizer(nn.Module):
         ac = mac = 0.0
         c1 = self.convs[0].out_channels
         T = self.T if self.spiking else 1
+        if self.spiking:
+            mac += self.coder.macs(H, W)                # InkCoder's filters on the analog image
         mac += T * H * W * c1 * 9                       # first conv reads analog pixels
         fan = [self.convs[1].out_channels * 9, self.convs[2].out_channels * 9, self.d_model]
         for a, f in zip(out["acts"], fan):
             if self.spiking and not (a is out["acts"][-1] and self.readout == "membrane"):
                 ac += synaptic_ops(a, f) / B
-            elif self.spiking:                         # membrane readout: real-valued, T steps
-                mac += a[:, 0].numel() * f
+            elif self.spiking:                         # membrane readout: mean over T (T adds), one projection
+                ac += a[:, 0].numel()
+                mac += a[0, 0].numel() * f
             else:                                      # dense layer: every input x its fan-out
                 mac += a[0].numel() * f
         n_pos = float(out["lengths"].float().mean())
         mixer_mac = n_pos * (2 * 4 * self.hidden * (self.d_model + self.hidden) + 2 * self.hidden * self.n_out)
-        if self.use_reducer:
+        if self.use_reducer:                           # (also with reduce="off": the head still runs)
             mac += out["L"] * self.d_model * self.n_out  # the aux CTC head runs on every position
             ac += out["L"] * self.d_model                # pooling adds
         mac += mixer_mac
