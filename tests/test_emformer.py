@@ -1,11 +1,18 @@
 """EMFormer numerics: QG invariants and a closed-form Rossby wave, the single-conv block equal to
-the multi-branch one (outputs, gradients, parameters, receptive field), the context attention, skill."""
+the multi-branch one (outputs, gradients, parameters, receptive field), the context attention, skill
+scores, the paper's composite loss, the persistence control and the skill window."""
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from reprozoo.data.pde.common import march
-from reprozoo.methods.emformer.method import composite_loss, loss_weight
+from reprozoo.methods.emformer.loss import CompositeLoss
+from reprozoo.methods.emformer.method import (anomaly_autocorrelation, block_speed, forecast_skill, make_data,
+                                              start_states)
 from reprozoo.methods.emformer.model import EMFormerNet, MultiBranchConv, SingleConvMultiScale, rollout
 from reprozoo.methods.emformer.qg import QG2D
 from reprozoo.methods.emformer.skill import latitude_weights, weighted_acc, weighted_rmse
@@ -130,12 +137,104 @@ def test_skill_scores_closed_forms():
     np.testing.assert_allclose(weighted_acc(-(t - clim) + clim, t, clim), -1.0)
 
 
-def test_sinusoidal_weight_has_the_fixed_weight_as_mean_and_gradient_term_ignores_offsets():
-    S = 1000
-    ws = np.array([loss_weight("sin", s, S) for s in range(S)])
-    assert ws[0] == 0.0 and abs(ws.mean() - loss_weight("fixed", 0, S)) < 1e-3 and ws.max() <= 1.0
-    lat = torch.ones(32, 1)
-    t = torch.randn(2, 2, 32, 64)
-    # a constant offset has zero gradient error: only the field term sees it
-    assert float(composite_loss(t + 1.0, t, 1.0, lat)) < 1e-10
-    assert abs(float(composite_loss(t + 1.0, t, 0.0, lat)) - 1.0) < 1e-6
+def _loss_pair(seed=0):
+    torch.manual_seed(seed)
+    pred, target = torch.randn(3, 2, 2, 32, 64, dtype=torch.float64), torch.randn(3, 2, 2, 32, 64, dtype=torch.float64)
+    lat = torch.from_numpy(latitude_weights(32))[:, None]
+    return pred, target, lat
+
+
+def test_composite_loss_terms_match_their_definitions():
+    """L_gen = mean_c(MSE_c e^-s_c + s_c) (plain grid mean), L_rmse = mean of the per-field latitude-
+    weighted RMSE (skill.weighted_rmse); lambda = 0 at the reference's initial theta, 1/2 for the fixed rule."""
+    pred, target, lat = _loss_pair()
+    sin, fixed = CompositeLoss(2, "sin").double(), CompositeLoss(2, "fixed").double()
+    with torch.no_grad():
+        sin.logvar.copy_(torch.tensor([0.3, -0.7], dtype=torch.float64))
+        gen, rmse = sin.terms(pred, target, lat)
+    mse = ((pred - target) ** 2).mean(dim=(0, 1, 3, 4)).numpy()
+    s = np.array([0.3, -0.7])
+    np.testing.assert_allclose(float(gen), np.mean(mse * np.exp(-s) + s), rtol=1e-12)
+    np.testing.assert_allclose(float(rmse), weighted_rmse(pred.numpy(), target.numpy()).mean(), rtol=1e-12)
+    assert abs(float(sin.weight().detach())) < 1e-12 and float(fixed.weight()) == 0.5
+    with torch.no_grad():
+        np.testing.assert_allclose(float(sin(pred, target, lat)), float(gen), rtol=1e-12)
+        g0, r0 = fixed.terms(pred, target, lat)
+        np.testing.assert_allclose(float(fixed(pred, target, lat)), 0.5 * float(g0 + r0), rtol=1e-12)
+    with pytest.raises(ValueError):
+        CompositeLoss(2, "cosine")
+
+
+def test_learned_log_variance_is_optimal_at_the_log_mse():
+    """dL_gen/ds_c = (1 - MSE_c e^-s_c) / C vanishes at s_c = log MSE_c, where L_gen = mean(1 + log MSE_c)."""
+    pred, target, lat = _loss_pair(1)
+    loss = CompositeLoss(2, "sin").double()
+    mse = ((pred - target) ** 2).mean(dim=(0, 1, 3, 4))
+    with torch.no_grad():
+        loss.logvar.copy_(torch.log(mse))
+    gen, _ = loss.terms(pred, target, lat)
+    (g,) = torch.autograd.grad(gen, [loss.logvar])
+    assert g.abs().max() < 1e-12
+    np.testing.assert_allclose(float(gen.detach()), float((1 + torch.log(mse)).mean()), rtol=1e-12)
+
+
+def test_sinusoidal_weight_gradient_and_its_stationary_point():
+    """dL/dtheta = cos(theta) (L_rmse - L_gen) / 2 (autograd against the closed form); it vanishes at the
+    reference's initial theta = -pi/2, and the fixed rule has no weight parameter to learn."""
+    pred, target, lat = _loss_pair(2)
+    loss = CompositeLoss(2, "sin").double()
+    for theta in (0.4, -1.1, -math.pi / 2):
+        with torch.no_grad():
+            loss.theta.fill_(theta)
+        (g,) = torch.autograd.grad(loss(pred, target, lat), [loss.theta])
+        gen, rmse = loss.terms(pred, target, lat)
+        np.testing.assert_allclose(float(g), math.cos(theta) * float((rmse - gen).detach()) / 2, atol=1e-12)
+    assert abs(float(g)) < 1e-12
+    assert [n for n, _ in CompositeLoss(2, "fixed").named_parameters()] == ["logvar"]
+
+
+def _toy_data(rng, n_traj=2, n_frames=12):
+    test = rng.normal(size=(n_traj, n_frames, 2, 32, 64)).astype(np.float32)
+    return {"test": test, "clim": rng.normal(size=(2, 32, 64)).astype(np.float32) * 0.1}
+
+
+def test_persistence_skill_is_the_lagged_self_comparison_and_units_are_the_start_states():
+    rng = np.random.default_rng(0)
+    data = _toy_data(rng)
+    starts = start_states(2, 12, 4, 3)
+    assert starts == [(0, 0), (0, 3), (0, 6), (1, 0), (1, 3), (1, 6)]  # every start has 4 leads inside
+    rmse, acc, f0, t0 = forecast_skill(None, data, 4, 0, starts)
+    assert rmse.shape == acc.shape == (6, 4, 2)
+    a, b = starts[4]
+    for k in range(1, 5):
+        x0, xk = data["test"][a, b], data["test"][a, b + k]
+        np.testing.assert_allclose(rmse[4, k - 1], weighted_rmse(x0, xk), rtol=1e-5)
+        np.testing.assert_allclose(acc[4, k - 1], weighted_acc(x0, xk, data["clim"]), rtol=1e-5)
+    np.testing.assert_array_equal(f0[2], data["test"][0, 0])
+    np.testing.assert_array_equal(t0[2], data["test"][0, 3])
+    # a forecaster that returns its input is persistence: same scores through the network path
+    net = EMFormerNet(dim=8, depth=1, heads=2)  # zero head: x_{t+1} = x_t
+    rmse_n, acc_n, _, _ = forecast_skill(net, data, 4, 0, starts)
+    np.testing.assert_allclose(rmse_n, rmse, rtol=1e-5)
+    np.testing.assert_allclose(acc_n, acc, rtol=1e-4, atol=1e-6)
+
+
+def test_skill_window_sits_where_the_anomaly_autocorrelation_decays():
+    """The claims' window (smoke config, leads 4-8) is where persistence loses its skill on the simulated
+    atmosphere: psi autocorrelation about 1/2 at the first lead of the window, near 0 at the last."""
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/smoke.yaml").read_text())
+    lo, hi = p["eval"]["window"]
+    assert (lo, hi) == (4, 8) and p["eval"]["leads"] == hi
+    p["sim"].update(n_traj=4, n_val=1, n_test=1, n_frames=30)
+    data = make_data(p, np.random.default_rng(0))
+    ac = anomaly_autocorrelation(data["train"], data["clim"], hi)[:, 0]
+    assert np.all(np.diff(ac[:lo]) < 0)
+    assert ac[lo - 2] > 0.55 and 0.3 < ac[lo - 1] < 0.7 and abs(ac[hi - 1]) < 0.2
+
+
+def test_block_speed_reports_the_ratios_and_an_aa_control():
+    sp = block_speed(6, 4, 8, 2, repeats=1, target_s=0.002)
+    for m in ("fwd", "fwdbwd"):
+        np.testing.assert_allclose(sp[f"speedup_{m}"], sp[f"multibranch_{m}_ms"] / sp[f"single_{m}_ms"])
+        np.testing.assert_allclose(sp[f"speedup_{m}_aa"], sp[f"multibranch_copy_{m}_ms"] / sp[f"multibranch_{m}_ms"])
+        assert sp[f"speedup_{m}_aa"] > 0

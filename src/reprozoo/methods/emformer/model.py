@@ -12,8 +12,8 @@ three kernels as parameters (same parameter count: 1 + 9 + 25 per channel) and b
 call, so training (autograd through the merge) and inference both run a single convolution; the
 reference code fuses the same three kernels in one CUDA kernel. Receptive field: 5 x 5 for both.
 
-Forecaster (``EMFormerNet``). A field x of shape (B, C_var, 32, 64) is embedded by 2 x 2 patches
-into (B, D, 16, 32); each block is pre-norm residual:
+Forecaster (``EMFormerNet``). A field x of shape (B, C_var, 32, 64) is embedded by p x p patches
+into (B, D, 32/p, 64/p), plus a learned position embedding; each block is pre-norm residual:
 
     x += Proj(Attention(MS(QKV(LN x))))     the multi-scale conv aggregates q, k, v (reference: MultiConvAttention)
     x += Linear(GELU(MS(LN x)))             multi-scale conv MLP (reference: MultiConvMlp)
@@ -109,10 +109,14 @@ class Block(nn.Module):
 
 class EMFormerNet(nn.Module):
     def __init__(self, channels: int = 2, dim: int = 32, depth: int = 2, heads: int = 4, patch: int = 2,
-                 kind: str = "single"):
+                 kind: str = "single", grid: tuple[int, int] = (32, 64)):
         super().__init__()
         self.patch = patch
         self.embed = nn.Conv2d(channels, dim, patch, stride=patch)
+        # learned absolute position embedding, zero at start (the reference's ``pos_embed``): the
+        # forcing and the latitude weighting are fixed in space, which a translation-equivariant
+        # network could not otherwise place
+        self.pos_embed = nn.Parameter(torch.zeros(1, dim, grid[0] // patch, grid[1] // patch))
         self.blocks = nn.ModuleList([Block(dim, heads, kind) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.ConvTranspose2d(dim, channels, patch, stride=patch)
@@ -122,7 +126,7 @@ class EMFormerNet(nn.Module):
     def forward(self, x: torch.Tensor, context: list | None = None):
         """One forecast step. ``context``: per earlier step, the list of per-block (k, v), or None
         (Markov step). Returns x_{t+1} and this step's per-block (k, v)."""
-        z = self.embed(x)
+        z = self.embed(x) + self.pos_embed
         b, d, h, w = z.shape
         z = z.flatten(2).transpose(1, 2)
         kv = []

@@ -10,7 +10,7 @@ from .method import VARIABLES, VARIANTS, snapshot_leads
 from reprozoo.figures import save_figure
 
 LABELS = {"psi": "streamfunction ψ", "zeta": "vorticity ζ"}
-COLORS = {"emformer": "C0", "rollout_ft": "C1", "fixed_loss": "C2", "pretrained": "C7"}
+COLORS = {"emformer": "C0", "rollout_ft": "C1", "pretrained": "C7", "persistence": "k"}
 
 
 def _plt():
@@ -22,7 +22,7 @@ def _plt():
     return plt
 
 
-def plot_skill(table, plots_dir: Path, metric: str, ylabel: str, question: str) -> None:
+def plot_skill(table, plots_dir: Path, metric: str, ylabel: str, question: str, window=None) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, len(VARIABLES), figsize=(10, 3.8))
     for ax, var in zip(axes, VARIABLES):
@@ -35,7 +35,9 @@ def plot_skill(table, plots_dir: Path, metric: str, ylabel: str, question: str) 
             m, lo, hi = g.mean(axis=1), g.min(axis=1), g.max(axis=1)
             ax.plot(g.index, m, color=COLORS[v], label=f"{v} (n={g.shape[1]})")
             ax.fill_between(g.index, lo, hi, color=COLORS[v], alpha=0.2)
-        ax.set_xlabel("lead time (model time units)")
+        if window is not None:
+            ax.axvspan(window[0] - 0.5, window[1] + 0.5, color="0.9", zorder=0, label="claim window")
+        ax.set_xlabel("lead (steps of 0.5 model time units)")
         ax.set_ylabel(ylabel)
         ax.set_title(LABELS[var])
         ax.grid(alpha=0.3)
@@ -68,7 +70,7 @@ def plot_snapshots(table, plots_dir: Path, params: dict) -> None:
         for i, (name, f) in enumerate(panels):
             ax = axes[i, j]
             im = ax.imshow(f, origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="equal")
-            ax.set_title(f"{name}, lead {k * dt:g}", fontsize=9)
+            ax.set_title(f"{name}, lead {k} ({k * dt:g} time units)", fontsize=9)
             ax.set_xticks([])
             ax.set_yticks([])
         fig.colorbar(im, ax=axes[:, j].tolist(), shrink=0.8, label="ψ (std units)")
@@ -80,8 +82,9 @@ def plot_snapshots(table, plots_dir: Path, params: dict) -> None:
 def plot_all(table, plots_dir, params) -> None:
     plots_dir = Path(plots_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
+    window = params["eval"]["window"]
     plot_skill(table, plots_dir, "rmse", "latitude-weighted RMSE (std units)",
-               "Does accumulative context lower long-lead RMSE?")
+               "Does accumulative context lower RMSE?", window)
     plot_skill(table, plots_dir, "acc", "latitude-weighted ACC (1)",
-               "Does accumulative context keep anomaly correlation longer?")
+               "Does accumulative context keep anomaly correlation in the skill window?", window)
     plot_snapshots(table, plots_dir, params)
