@@ -22,7 +22,8 @@ def _problem():
         return ((m(x[i]).squeeze(-1) - y[i]) ** 2).mean()
 
     def val_loss(m):
-        return float(((m(xv).squeeze(-1) - yv) ** 2).mean())
+        with torch.no_grad():
+            return float(((m(xv).squeeze(-1) - yv) ** 2).mean())
 
     return (lambda gen: torch.nn.Linear(4, 1)), train_loss, val_loss
 

@@ -13,7 +13,8 @@ Usage::
         return Net(generator=gen)
     def train_loss(model, gen):  # one minibatch loss (a scalar tensor); gen draws the batch
         ...
-    def val_loss(model):       # the held-out validation loss (float), no gradient needed
+    def val_loss(model):       # the held-out validation loss (float); called in eval mode, with
+                               # autograd on (wrap in torch.no_grad() unless the model needs it)
         ...
     model, rec = fit_to_plateau(build, train_loss, val_loss, cfg["fit"], seed, label="ours")
     log_fit(ctx.metrics, "ours", rec)   # curves val_ours and lr_ours for the gate, chosen rate
@@ -51,12 +52,11 @@ class PlateauRun:
         self.evaluate()
 
     def evaluate(self) -> None:
-        import torch
-
+        # gradients stay enabled: Hamiltonian and force models differentiate inside their forward pass;
+        # a val_loss that needs none wraps itself in torch.no_grad()
         was = self.model.training
         self.model.eval()
-        with torch.no_grad():
-            v = float(self.val_loss(self.model))
+        v = float(self.val_loss(self.model))
         self.model.train(was)
         v = v if np.isfinite(v) else 1e6  # a diverged rate loses the pilot instead of crashing it
         self.steps.append(self.step)
