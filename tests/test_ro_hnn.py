@@ -271,19 +271,6 @@ def test_decoded_one_dof_hamiltonian_rollout_has_bounded_true_energy_error():
     np.testing.assert_array_less(0.95 * err[:, :window].max(1), err[:, -window:].max(1) + 1e-9)
 
 
-def test_full_hnn_substep_is_stable_on_the_true_chain():
-    """The full-dimensional HNN's leapfrog sub-step must be one at which leapfrog on the true chain is
-    stable (h / substeps x highest frequency < 2) and keeps its energy bounded: otherwise the baseline
-    would fail from its integrator, not from learning."""
-    cfg = _smoke()
-    chain = KinkChain.from_config(cfg["system"])
-    dt = cfg["h"] / cfg["model"]["full_substeps"]
-    assert dt * chain.max_frequency() < 2
-    q, p = _traj(chain, dt, 1280.0, 4, count=2, x0=4.0)
-    e = chain.energy(q, p)
-    assert np.abs(e / e[:, :1] - 1).max() < 1e-2
-
-
 def test_state_error_scale():
     chain = _chain()
     q, p = _traj(chain, 0.1, 60.0, 10)

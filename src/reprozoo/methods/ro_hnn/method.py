@@ -8,15 +8,16 @@ rule, same learning-rate grid, same step budget):
             + latent HNN integrated by leapfrog                                        [the paper]
   psd_hnn   linear PSD, n = 1 (cotangent lift by SVD) + the same latent HNN and leapfrog [linear MOR]
   ae_node   plain autoencoder, 2n = 2 + latent neural ODE integrated by RK4            [no structure]
-  full_hnn  HNN on the full 96-dim phase space, leapfrog with sub-steps                [no reduction]
+  psd8_hnn  linear PSD with 8 modes (the reconstruction RO-HNN reaches with one) + latent HNN
+                                                                         [linear MOR, matched accuracy]
 
-Stages per cell: (1) fit the reduction on training snapshots (PSD: closed-form SVD; full_hnn: none);
+Stages per cell: (1) fit the reduction on training snapshots (PSD: closed-form SVD);
 (2) encode the training and validation trajectories and fit the dynamics on K-step rollout windows;
 (3) from encoded held-out initial states, roll out 10x the training horizon, decode and compare with
-the leapfrog reference. Every fit: Adam at a constant rate from ``fit.lr_grid`` (``pilot_steps``
-each, the best validation loss continues), stopped when the validation curve passes the platform's
-plateau test (``reprozoo.claims.plateau``) at half the gate's tolerance, or at ``max_steps``; the
-best-validation weights are kept.
+the leapfrog reference. Every fit follows the platform's shared rule (``reprozoo.blocks.fitting``):
+Adam at a constant rate from ``fit.lr_grid`` (``pilot_steps`` each, the best validation loss
+continues), stopped when the validation curve passes the plateau test at half the gate's tolerance,
+or at ``max_steps``; the best-validation weights are kept.
 Errors: state error |x_hat - x| with q and p each scaled by the test trajectory's RMS fluctuation
 about its time mean; energy error (drift) |H(x_hat(t)) - H(x_hat(0))| / (H(x0) - E_rest) under the
 true chain Hamiltonian, E_rest the energy of the kink at rest at the trap centre; the constant
@@ -24,11 +25,11 @@ encode-decode offset |H(x_hat(0)) - H(x0)| / (H(x0) - E_rest) is recorded apart 
 """
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
 
+from ...blocks.fitting import fit_to_plateau
 from ...io import save_npz
 from .sine_gordon import KinkChain
 
@@ -68,86 +69,6 @@ def _load(ctx):
     return dict(np.load(ctx.shared_dir / "chain.npz"))
 
 
-# --- the training rule (every fitted model) ---------------------------------------------------
-
-class _Run:
-    """One model at one constant learning rate, advanced in stages, validated every ``every`` steps."""
-
-    def __init__(self, model, lr: float, train_loss, val_loss, every: int, gen):
-        import torch
-
-        self.model, self.lr, self.train_loss, self.val_loss, self.every, self.gen = \
-            model, lr, train_loss, val_loss, every, gen
-        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
-        self.step, self.steps, self.vals, self.lrs, self.losses = 0, [], [], [], []
-        self.best, self.best_state = float("inf"), None
-        self.evaluate()
-
-    def evaluate(self):
-        v = float(self.val_loss(self.model))
-        v = v if np.isfinite(v) else 1e6
-        self.steps.append(self.step)
-        self.vals.append(v)
-        self.lrs.append(self.opt.param_groups[0]["lr"])
-        if v < self.best:
-            self.best, self.best_state = v, copy.deepcopy(self.model.state_dict())
-
-    def set_lr(self, lr: float) -> None:
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-
-    def advance(self, until: int, min_steps: int | None = None, tol: float = 0.0) -> bool:
-        """Train to step ``until``; with ``min_steps``, stop (True) once the plateau test holds."""
-        from ...claims import plateau
-
-        while self.step < until:
-            loss = self.train_loss(self.model, self.gen)
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            self.losses.append(float(loss.detach()))
-            self.step += 1
-            if self.step % self.every == 0:
-                self.evaluate()
-                if min_steps is not None and self.step >= min_steps and plateau(self.steps, self.vals, tol):
-                    return True
-        return False
-
-
-def fit_adam(build, train_loss, val_loss, f: dict, seed: int, label: str, progress=print):
-    """The training rule of the module docstring. ``build(gen)`` makes a fresh model (the same
-    initial weights for every rate). Returns (model, record) with the chosen run's curves."""
-    import torch
-
-    from ...claims import plateau
-
-    runs = []
-    for lr in f["lr_grid"]:
-        model = build(torch.Generator().manual_seed(seed))
-        run = _Run(model, float(lr), train_loss, val_loss, int(f["eval_every"]),
-                   torch.Generator().manual_seed(seed + 7))
-        run.advance(int(f["pilot_steps"]))
-        runs.append(run)
-    run = min(runs, key=lambda r: r.best)
-    tol, top, first = float(f["flat_tol"]), int(f["max_steps"]), int(f["min_steps"])
-    stopped = run.advance(top, min_steps=first, tol=tol)
-    drop_step = None
-    if stopped and f.get("lr_drop") and run.step <= top // 2:
-        # once, if the first plateau came in the first half of the budget: continue at lr_drop x the
-        # rate to a second plateau (the rate stays above the gate's floor of a tenth of its peak)
-        drop_step = run.step
-        run.set_lr(run.lr * float(f["lr_drop"]))
-        stopped = run.advance(top, min_steps=run.step + int(f["eval_every"]) * 5, tol=tol)
-    stopped = stopped or plateau(run.steps, run.vals, tol)
-    run.model.load_state_dict(run.best_state)
-    drop = "" if drop_step is None else f" (x{f['lr_drop']} from step {drop_step})"
-    progress(f"{label}: lr {run.lr:g}{drop}, {run.step} steps ({'plateau' if stopped else 'max steps'}), "
-             f"best validation loss {run.best:.3e}")
-    return run.model, {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
-                       "drop_step": drop_step, "plateau": stopped, "losses": run.losses,
-                       "pilot_best": {float(r.lr): r.best for r in runs}}
-
-
 # --- the reductions -----------------------------------------------------------------------------
 
 def _snapshots(d, split):
@@ -159,16 +80,14 @@ def fit_reduction(variant: str, d: dict, cfg: dict, f: dict, seed: int, progress
     """Reduction fitted on the training snapshots; returns (model, fit record or None)."""
     import torch
 
-    from .reductions import Identity, LinearPSD, PlainAE, SymplecticAE, psd_cotangent_lift
+    from .reductions import LinearPSD, PlainAE, SymplecticAE, psd_cotangent_lift
 
     q, pm = _snapshots(d, "train")
     qv, pv = (torch.as_tensor(a) for a in _snapshots(d, "val"))
-    if variant == "full_hnn":
-        return Identity(), None
-    n = cfg["latent_dof"]
+    n = cfg["psd_matched_dof"] if variant == "psd8_hnn" else cfg["latent_dof"]
     q_ref = q.mean(0)
     phi = psd_cotangent_lift(q - q_ref, pm, n)
-    if variant == "psd_hnn":
+    if variant in ("psd_hnn", "psd8_hnn"):
         return LinearPSD(phi, q_ref), None
     s_q, s_p = float((q - q_ref).std()), float(pm.std())
     qt, pt = torch.as_tensor(q), torch.as_tensor(pm)
@@ -200,7 +119,7 @@ def fit_reduction(variant: str, d: dict, cfg: dict, f: dict, seed: int, progress
         with torch.no_grad():
             return float(objective(model, qv, pv))
 
-    return fit_adam(build, train_loss, val_loss, f, seed, f"{variant} reduction", progress)
+    return fit_to_plateau(build, train_loss, val_loss, f, seed, f"{variant} reduction", progress)
 
 
 # --- the dynamics -------------------------------------------------------------------------------
@@ -213,18 +132,12 @@ def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, see
 
     (qz, pz), (qv, pv) = z_train, z_val
     n = qz.shape[-1]
-    if variant == "full_hnn":  # one scale per half: sites far from the kink barely move
-        s_q, s_p = float((qz - qz.reshape(-1, n).mean(0)).std()), float(pz.std())
-        s_z = np.concatenate([np.full(n, s_q), np.full(n, s_p)])
-    else:
-        s_z = np.concatenate([qz.reshape(-1, n).std(0), pz.reshape(-1, n).std(0)])
+    s_z = np.concatenate([qz.reshape(-1, n).std(0), pz.reshape(-1, n).std(0)])
     q_mean = qz.reshape(-1, n).mean(0)
 
     def build(gen):
         if variant == "ae_node":
             return LatentNODE(n, cfg["dyn_width"], s_z, gen)
-        if variant == "full_hnn":
-            return LatentHNN(n, cfg["full_width"], s_z[:n], gen, q_mean, cfg["full_substeps"])
         return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, q_mean)
 
     qt, pt = torch.as_tensor(qz), torch.as_tensor(pz)
@@ -252,7 +165,7 @@ def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, see
         with torch.no_grad():
             return float(window_loss(model, vq.clone(), vp.clone()))
 
-    model, rec = fit_adam(build, train_loss, val_loss, f, seed + 1, f"{variant} dynamics", progress)
+    model, rec = fit_to_plateau(build, train_loss, val_loss, f, seed + 1, f"{variant} dynamics", progress)
     model.eval()
     return model, rec
 
@@ -326,12 +239,6 @@ def train(ctx) -> None:
     n_train_pts = d["q_train"].shape[1] - 1
     big = d["q_train"].shape[-1]
     ctx.metrics.scalar("slaving_r2", float(d["slaving_r2"]))
-    if ctx.variant == "full_hnn":  # leapfrog on the true chain must be stable at the sub-step
-        courant = p["h"] / p["model"]["full_substeps"] * chain.max_frequency()
-        if courant >= 2:
-            raise ValueError(f"full_hnn: sub-step x highest chain frequency = {courant:.2f} >= 2 (leapfrog "
-                             "unstable on the true chain); raise model.full_substeps")
-        ctx.metrics.scalar("full_courant", courant)
     t0, c0 = time.perf_counter(), time.process_time()
     red, ae_rec = fit_reduction(ctx.variant, d, p["model"], p["fit"], ctx.seed, ctx.progress)
     with torch.no_grad():

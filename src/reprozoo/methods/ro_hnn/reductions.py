@@ -146,16 +146,3 @@ class PlainAE(nn.Module):
         x = z @ self.L.T + self.dec(z)
         big = x.shape[-1] // 2
         return self.q_ref + x[..., :big] * self.s_q, x[..., big:] * self.s_p
-
-
-class Identity:
-    """No reduction (the full-dimensional HNN): z = x."""
-
-    def parameters(self):
-        return []
-
-    def encode(self, q, p):
-        return q, p
-
-    def decode(self, qz, pz):
-        return qz, pz
