@@ -19,7 +19,8 @@ def studies():
     rng = np.random.default_rng(7)
     head = head_model(list(TEN_TWENTY), study.PLANTED, P["n_subjects"], rng)
     return {"planted": study.simulate_study(P, rng, head=head, effect=True),
-            "null": study.simulate_study(P, rng, head=head, effect=False)}
+            "null": study.simulate_study(P, rng, head=head, effect=False),
+            "partial": study.simulate_study(P, rng, head=head, effect=True, missed_fraction=0.4)}
 
 
 def _diff(d, a, b):
@@ -133,3 +134,95 @@ def test_real_data_loader_reads_bids_like_folder(tmp_path):
     assert d["subjects"] == ["00", "01"]
     assert d["evoked"]["detected"].shape == (2, len(TEN_TWENTY), 101)  # 100 Hz, -0.2..0.8 s
     assert np.bincount(d["labels"], minlength=4)[1:].tolist() == [16, 12, 8]
+
+
+ROI = {"n400": "Cz", "p600": "Pz"}
+
+
+def test_pathway_index_is_the_window_mean_of_planted_components():
+    """Analytic check: a -2 uV Gaussian at Cz (400 ms) and a +1 uV Gaussian at Pz (600 ms) give
+    -(window mean at Cz) + (window mean at Pz) = the two Gaussians' window means, other channels ignored."""
+    t = np.round(np.arange(81) * 0.01, 10)  # 0..0.8 s at 100 Hz, both window ends on the grid
+    g = lambda mu, sd: np.exp(-0.5 * ((t - mu) / sd) ** 2)  # noqa: E731
+    diff = np.zeros((3, len(TEN_TWENTY), len(t)))
+    diff[:, TEN_TWENTY.index("Cz")] = -2.0 * g(0.4, 0.045)
+    diff[:, TEN_TWENTY.index("Pz")] = 1.0 * g(0.6, 0.055)
+    diff[:, TEN_TWENTY.index("Fz")] = 50.0  # outside the ROI: must not count
+    idx = erp_stats.pathway_index(diff, t, TEN_TWENTY, ROI, WIN)
+    m4 = (t >= 0.25 - 1e-9) & (t <= 0.5 + 1e-9)
+    m6 = (t >= 0.5 - 1e-9) & (t <= 0.8 + 1e-9)
+    expect = 2.0 * g(0.4, 0.045)[m4].mean() + g(0.6, 0.055)[m6].mean()
+    np.testing.assert_allclose(idx, expect, rtol=1e-12)
+    # the Riemann mean is close to the integral over the window (continuous-time check)
+    assert expect == pytest.approx(2.0 * 0.045 * np.sqrt(2 * np.pi) / 0.26 + 0.055 * np.sqrt(2 * np.pi) / 0.31, rel=0.03)
+
+
+def test_tost_equivalence_needs_the_interval_inside_the_bounds():
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(200)
+    z = (z - z.mean()) / z.std(ddof=1)  # mean 0, sd 1 exactly: SE = 1/sqrt(200)
+    se = 1.0 / np.sqrt(200)
+    assert erp_stats.tost_p(z, -0.3, 0.3) < 1e-4  # bounds 4 SE away: equivalent
+    assert erp_stats.tost_p(z + 0.25, -0.3, 0.3) > 0.05  # 0.05 from the bound: not shown
+    assert erp_stats.tost_p(z + 0.5, -0.3, 0.3) > 0.95  # outside the bounds: clearly not
+    # at the bound the larger one-sided p is exactly 0.5; symmetric in the sign of the shift
+    assert erp_stats.tost_p(z + 0.3, -0.3, 0.3) == pytest.approx(0.5, abs=1e-9)
+    assert erp_stats.tost_p(z - 0.1, -0.3, 0.3) == pytest.approx(erp_stats.tost_p(z + 0.1, -0.3, 0.3), rel=1e-9)
+    from scipy import stats
+    # TOST at alpha = the (1 - 2 alpha) CI inside the bounds: p = alpha where the CI touches a bound
+    q = stats.t.ppf(0.95, 199) * se
+    assert erp_stats.tost_p(z + 0.3 - q, -0.3, 0.3) == pytest.approx(0.05, rel=1e-6)
+
+
+def test_missed_fraction_scales_the_planted_effect_exactly():
+    """Same random stream: a missed trial with fraction f carries f x the detected extra amplitude,
+    f = 0 is identical to a correct trial."""
+    t = np.arange(0, 1.0, 0.01)
+    subj = {"lat_s": 0.0, "effect_uv": 3.0}
+
+    def src(cond, f):
+        return study.trial_sources(cond, t, P, subj, np.random.default_rng(5), True, f)
+
+    base, det = src("correct", 0.4), src("detected", 0.4)
+    for f in (0.0, 0.4):
+        miss = src("missed", f)
+        for k in ("n400", "p600"):
+            np.testing.assert_allclose(miss[k] - base[k], f * (det[k] - base[k]), atol=1e-12)
+        np.testing.assert_allclose(miss["p3"], base["p3"])
+
+
+def test_equivalence_separates_absent_from_partial_missed_response(studies):
+    """The window-mean index recovers 0 x and 0.4 x the detected effect in missed trials; the
+    missed - correct t-test sees the partial response, the TOST (+-0.2 of the detected index)
+    accepts the absent one and rejects the partial one, while the cluster test is the weakest."""
+    post = studies["planted"]["times"] >= 0
+    out = {}
+    for name in ("planted", "partial"):
+        d = studies[name]
+        tp = d["times"][post]
+        idx = {c: erp_stats.pathway_index(_diff(d, c, "correct")[0], tp, TEN_TWENTY, ROI, WIN)
+               for c in ("missed", "detected")}
+        bound = 0.2 * idx["detected"].mean()
+        out[name] = {"ratio": idx["missed"].mean() / idx["detected"].mean(),
+                     "tost": erp_stats.tost_p(idx["missed"], -bound, bound),
+                     "t_p": __import__("scipy").stats.ttest_1samp(idx["missed"], 0.0).pvalue}
+    assert abs(out["planted"]["ratio"]) < 0.2, out
+    assert 0.2 < out["partial"]["ratio"] < 0.6, out
+    assert out["partial"]["t_p"] < 0.05 and out["planted"]["t_p"] > 0.05, out
+    assert out["partial"]["tost"] > 0.05, out
+
+
+def test_spec_margin_matches_config():
+    """The claim's threshold and the TOST bound of the code are one number; the partial study is the
+    review's 40 %."""
+    from pathlib import Path
+
+    import yaml
+
+    folder = Path(study.__file__).parent
+    spec = yaml.safe_load((folder / "spec.yaml").read_text())
+    claim = {c["id"]: c for c in spec["claims"]}["missed_equivalent"]
+    for scale in ("ci", "smoke", "paper"):
+        cfg = yaml.safe_load((folder / "configs" / f"{scale}.yaml").read_text())
+        assert cfg["equivalence_margin"] == claim["threshold"] == 0.2
+        assert cfg["missed_partial_fraction"] == 0.4

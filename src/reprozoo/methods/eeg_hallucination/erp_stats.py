@@ -16,6 +16,13 @@ around it (the sampling step at 100 Hz is 10 ms, the tolerance of the claim). A 
 the 50 % fractional-area latency at the peak electrode inside the a-priori window, is the estimator
 the ERP literature recommends for broad components (peak picking is noise-sensitive).
 
+Equivalence (is a contrast *absent*, not merely not significant?): the a-priori window-mean
+"pathway index" of a contrast per subject, ``-mean_{N400 window} D(Cz) + mean_{P600 window} D(Pz)``
+(uV; positive = the verification response of detected hallucinations), and the two one-sided
+tests (TOST, Schuirmann 1987; Lakens 2017) of its subject mean against the bounds +-``margin``:
+equivalence at ``alpha`` when both one-sided p-values are below ``alpha``, i.e. when the
+(1 - 2 alpha) confidence interval lies inside the bounds.
+
 Baseline for the correction (``uncorrected``): a paired t-test at every (channel, time) sample at
 ``alpha``, no correction for the ~1500 tests.
 """
@@ -120,3 +127,27 @@ def uncorrected_hits(diff: np.ndarray, alpha: float) -> np.ndarray:
 
     t = ttest_1samp_no_p(diff)
     return np.abs(t) > t_threshold(len(diff), alpha)
+
+
+def pathway_index(diff: np.ndarray, times: np.ndarray, ch_names, roi: dict, windows: dict) -> np.ndarray:
+    """Per subject, the a-priori window-mean index of a contrast ``diff`` (n_subj, n_ch, n_times)
+    in uV: minus the mean over the N400 window at ``roi["n400"]`` plus the mean over the P600 window
+    at ``roi["p600"]`` (``windows[k]`` in ms, inclusive). Positive = a larger N400 and P600."""
+    t_ms = np.asarray(times) * 1e3
+    out = np.zeros(len(diff))
+    for k, sign in (("n400", -1.0), ("p600", 1.0)):
+        lo, hi = windows[k]
+        m = (t_ms >= lo - 1e-6) & (t_ms <= hi + 1e-6)
+        out += sign * diff[:, list(ch_names).index(roi[k])][:, m].mean(-1)
+    return out
+
+
+def tost_p(x: np.ndarray, low: float, high: float) -> float:
+    """Two one-sided t-tests of the mean of ``x`` against the equivalence bounds ``low < high``:
+    the larger of the two one-sided p-values (equivalent at alpha when it is below alpha)."""
+    from scipy import stats
+
+    x = np.asarray(x, dtype=float)
+    p_low = stats.ttest_1samp(x, low, alternative="greater").pvalue
+    p_high = stats.ttest_1samp(x, high, alternative="less").pvalue
+    return float(max(p_low, p_high))

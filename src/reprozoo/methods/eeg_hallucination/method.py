@@ -5,13 +5,17 @@ Stages
 1. ``train_shared`` (per seed): one mne forward model (sphere head, 19 electrodes of the 10-20
    system, planted dipoles jittered per subject), then two studies drawn with it
    (:mod:`.study`): ``planted`` (detected hallucinations carry a larger N400 at ``n400_ms`` and
-   P600 at ``p600_ms``; missed hallucinations are like correct content) and ``null`` (no condition
-   effect at all). Each subject's continuous EEG goes through mne: average reference, FIR
+   P600 at ``p600_ms``; missed hallucinations are like correct content), ``null`` (no condition
+   effect at all) and ``partial`` (as ``planted``, but missed hallucinations carry
+   ``missed_partial_fraction`` of each subject's detected effect: the positive control of the
+   "missed like correct" claims). Each subject's continuous EEG goes through mne: average reference, FIR
    band-pass ``l_freq``-``h_freq`` Hz, epochs ``tmin``..``tmax`` s with baseline correction and
    peak-to-peak rejection at ``reject_uv`` uV, evoked averages per condition. Saved: evoked
    averages (V), single trials binned to ``bin_s`` for decoding, the truth of the planted effects.
 2. ``train`` (per variant): group statistics (:mod:`.erp_stats`) over the post-stimulus window
-   0..``tmax`` s and leave-one-subject-out decoding (:mod:`.decoding`).
+   0..``tmax`` s and leave-one-subject-out decoding (:mod:`.decoding`); per subject, the a-priori
+   window-mean pathway index of missed - correct and detected - correct
+   (:func:`.erp_stats.pathway_index`) for the equivalence claim and its TOST.
 
 Variants
 * ``erp_pipeline`` (method): planted study; spatio-temporal cluster permutation tests of
@@ -22,6 +26,9 @@ Variants
 * ``uncorrected`` (baseline): pointwise paired t-tests at ``alpha``, no multiple-comparison
   correction, on the same null contrasts: what the cluster correction buys.
 * ``raw_lr`` (baseline): decoding without the xDAWN spatial filter (same features, folds, C).
+* ``missed_partial`` (baseline, positive control): the ``partial`` study through the same
+  missed - correct analysis (cluster test, window-mean index, TOST): what a real but partial
+  missed-trial response looks like to the tests that call missed "like correct".
 
 Units: latencies ms, amplitudes uV (evoked stored in V), AUC and balanced accuracy in [0, 1].
 """
@@ -55,9 +62,11 @@ def train_shared(ctx) -> None:
     p = _study_params(ctx.params)
     rng = ctx.rng()
     head = head_model(list(TEN_TWENTY), study.PLANTED, p["n_subjects"], rng)
-    for name, effect, n_shuf in (("planted", True, 0), ("null", False, int(ctx.params["n_shuffles"]))):
+    studies = [("planted", True, 0, 0.0), ("null", False, int(ctx.params["n_shuffles"]), 0.0),
+               ("partial", True, 0, float(ctx.params["missed_partial_fraction"]))]  # drawn last: the
+    for name, effect, n_shuf, frac in studies:  # planted and null studies keep their random streams
         ctx.progress(f"simulating the {name} study ({p['n_subjects']} subjects)")
-        d = study.simulate_study(p, rng, head=head, effect=effect, n_shuffles=n_shuf)
+        d = study.simulate_study(p, rng, head=head, effect=effect, n_shuffles=n_shuf, missed_fraction=frac)
         Xb, tb = decoding.bin_time(d["trials"], d["times"], ctx.params["decode_tmin"], p["tmax"], ctx.params["bin_s"])
         np.savez(Path(ctx.shared_dir) / f"{name}.npz", times=d["times"], trials=Xb.astype(np.float32), bin_times=tb,
                  labels=d["labels"], groups=d["groups"], shuffled=d["shuffled"],
@@ -174,6 +183,44 @@ def _fpr(ctx, contrasts, adj, tp, lat_ms, kind: str) -> None:
                  f"anywhere {np.mean(anywhere):.2f} over {len(contrasts)} null contrasts")
 
 
+def _missed_effect(ctx, d, ch_names, post, tp, prefix: str = "") -> None:
+    """The equivalence analysis of missed - correct: per subject the a-priori window-mean pathway
+    index of missed - correct and of detected - correct (units: subjects), the two-sided t-test
+    of the missed index (can the pipeline see a missed-trial response?) and the TOST of the
+    missed index against +-``equivalence_margin`` times the study's mean detected index."""
+    from scipy import stats
+
+    from . import erp_stats
+
+    p = ctx.params
+    if not all(ch in ch_names for ch in p["roi"].values()):
+        ctx.progress(f"window-mean index skipped: ROI {p['roi']} not among the channels")
+        return
+    win = {k: p[f"{k}_window_ms"] for k in ("n400", "p600")}
+    idx = {c: erp_stats.pathway_index(_contrast(d, c, "correct", post), tp, ch_names, p["roi"], win)
+           for c in ("missed", "detected")}
+    ctx.metrics.units(f"{prefix}missed_effect_uv", idx["missed"])
+    ctx.metrics.units(f"{prefix}detected_effect_uv", idx["detected"])
+    ratio = idx["missed"].mean() / idx["detected"].mean()
+    ctx.metrics.scalar(f"{prefix}missed_ratio", ratio)
+    p_t = float(stats.ttest_1samp(idx["missed"], 0.0).pvalue)
+    ctx.metrics.scalar(f"{prefix}missed_roi_p", p_t)
+    bound = p["equivalence_margin"] * abs(idx["detected"].mean())
+    p_tost = erp_stats.tost_p(idx["missed"], -bound, bound)
+    ctx.metrics.scalar(f"{prefix}missed_tost_p", p_tost)
+    ctx.progress(f"window index: missed {idx['missed'].mean():.2f} uV, detected {idx['detected'].mean():.2f} uV "
+                 f"(ratio {ratio:.3f}); missed t-test p={p_t:.3g}, TOST (+-{bound:.2f} uV) p={p_tost:.3g}")
+
+
+def _min_p(ctx, d, cname: str, adj, post, prefix: str = "") -> None:
+    from . import erp_stats
+
+    p = ctx.params
+    a, b = CONTRASTS[cname]
+    cl = erp_stats.cluster_test(_contrast(d, a, b, post), adj, p["n_permutations"], p["alpha"], ctx.seed)
+    ctx.metrics.scalar(f"{prefix}{cname}_min_p", min([c["p"] for c in cl], default=1.0))
+
+
 def _decode(ctx, d, kind: str, prefix: str = "") -> None:
     from . import decoding
 
@@ -196,6 +243,7 @@ def _real_analysis(ctx) -> None:
     d, meta = _load(ctx, "real")
     post, tp = _post(d)
     adj = erp_stats.adjacency(meta["ch_names"], meta["sfreq"])
+    _missed_effect(ctx, d, meta["ch_names"], post, tp, prefix="real_")
     for cname, (a, b) in CONTRASTS.items():
         diff = _contrast(d, a, b, post)
         cl = erp_stats.cluster_test(diff, adj, p["n_permutations"], p["alpha"], ctx.seed)
@@ -215,9 +263,8 @@ def train(ctx) -> None:
     from . import erp_stats
 
     mne.set_log_level("ERROR")
-    p = ctx.params
     v = ctx.variant
-    name = "null" if v in ("null_study", "uncorrected") else "planted"
+    name = {"null_study": "null", "uncorrected": "null", "missed_partial": "partial"}.get(v, "planted")
     d, meta = _load(ctx, name)
     post, tp = _post(d)
     adj = erp_stats.adjacency(meta["ch_names"], meta["sfreq"])
@@ -226,9 +273,8 @@ def train(ctx) -> None:
     if v == "erp_pipeline":
         res = _cluster_recovery(ctx, d, meta, adj, post, tp)
         for cname in ("missed_vs_correct", "detected_vs_missed"):
-            a, b = CONTRASTS[cname]
-            cl = erp_stats.cluster_test(_contrast(d, a, b, post), adj, p["n_permutations"], p["alpha"], ctx.seed)
-            ctx.metrics.scalar(f"{cname}_min_p", min([c["p"] for c in cl], default=1.0))
+            _min_p(ctx, d, cname, adj, post)
+        _missed_effect(ctx, d, meta["ch_names"], post, tp)
         _record_erp(ctx, d, meta, res, post)
         _decode(ctx, d, "xdawn")
         if (Path(ctx.shared_dir) / "real.npz").exists():
@@ -236,14 +282,18 @@ def train(ctx) -> None:
     elif v == "null_study":
         res = _cluster_recovery(ctx, d, meta, adj, post, tp)  # same analysis, nothing planted
         _record_erp(ctx, d, meta, res, post)
+        _min_p(ctx, d, "detected_vs_missed", adj, post)  # the control of detected_vs_missed
         _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "cluster")
         _decode(ctx, d, "xdawn")
     elif v == "uncorrected":
         _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "uncorrected")
     elif v == "raw_lr":
         _decode(ctx, d, "raw")
+    elif v == "missed_partial":  # the positive control: the same missed - correct analysis
+        _min_p(ctx, d, "missed_vs_correct", adj, post)
+        _missed_effect(ctx, d, meta["ch_names"], post, tp)
     else:
-        raise ValueError(f"unknown variant {v!r}: erp_pipeline, null_study, uncorrected, raw_lr")
+        raise ValueError(f"unknown variant {v!r}: erp_pipeline, null_study, uncorrected, raw_lr, missed_partial")
 
 
 def plot(table, plots_dir, params) -> None:

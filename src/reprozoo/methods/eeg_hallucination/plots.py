@@ -7,6 +7,10 @@
 * ``decoding_per_subject.png``: LOSO balanced accuracy per held-out subject, xDAWN vs raw vs the null study
   (mean and range over seeds).
 * ``null_fpr.png``: false-positive rate over null contrasts, cluster test vs uncorrected.
+* ``missed_equivalence.png``: missed - correct as a fraction of detected - correct (window-mean
+  index) per seed with the +-margin equivalence band, and the p-values of the tests that call
+  missed "like correct" (cluster test, window t-test, TOST), with missed trials carrying nothing
+  (planted study) or 40 % of the effect (partial study).
 """
 from __future__ import annotations
 
@@ -141,10 +145,44 @@ def plot_fpr(table, plots_dir: Path, params) -> None:
     _save(fig, ax, plots_dir / "null_fpr.png")
 
 
+def plot_equivalence(table, plots_dir: Path, params) -> None:
+    import matplotlib.pyplot as plt
+
+    rows = [(v, lab) for v, lab in (("erp_pipeline", "missed: nothing planted"),
+                                    ("missed_partial", f"missed: {100 * params['missed_partial_fraction']:.0f} % planted"))
+            if not table[(table.variant == v) & (table.metric == "missed_ratio")].empty]
+    if not rows:
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    m = params["equivalence_margin"]
+    a1.axhspan(-m, m, color="tab:green", alpha=0.15, label=f"equivalence band +-{m:g}")
+    for i, (v, lab) in enumerate(rows):
+        r = table[(table.variant == v) & (table.metric == "missed_ratio")].value
+        a1.plot(np.full(len(r), i), r, "o", color="k", ms=4)
+        a1.plot([i - 0.2, i + 0.2], [r.mean()] * 2, color="tab:red", lw=2)
+    a1.axhline(params["missed_partial_fraction"], color="tab:orange", ls=":", lw=1, label="planted partial fraction")
+    a1.set_xticks(range(len(rows)), [lab for _, lab in rows], fontsize=8)
+    a1.set(ylabel="missed - correct / detected - correct\n(window-mean index, per seed)")
+    a1.set_title("Is the missed-trial response absent, or only not significant?", fontsize=10)
+    a1.legend(fontsize=7)
+    tests = (("missed_vs_correct_min_p", "cluster test (min p)", "s"), ("missed_roi_p", "window t-test", "o"),
+             ("missed_tost_p", "TOST (equivalence)", "^"))
+    for j, (metric, lab, mk) in enumerate(tests):
+        for i, (v, _) in enumerate(rows):
+            t = table[(table.variant == v) & (table.metric == metric)].value
+            a2.semilogy(np.full(len(t), i + 0.15 * (j - 1)), np.clip(t, 1e-6, 1), mk, ms=5,
+                        color=f"C{j}", label=lab if i == 0 else None)
+    a2.axhline(params["alpha"], color="r", ls=":", label=f"alpha = {params['alpha']}")
+    a2.set_xticks(range(len(rows)), [lab for _, lab in rows], fontsize=8)
+    a2.set(ylabel="p (per seed)", ylim=(None, 1.5))
+    a2.set_title("Which test sees the partial response? Which shows equivalence?", fontsize=10)
+    _save(fig, a2, plots_dir / "missed_equivalence.png")
+
+
 def plot_all(table, plots_dir: Path, params) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     plots_dir.mkdir(parents=True, exist_ok=True)
-    for f in (plot_erps, plot_topomaps, plot_decoding, plot_fpr):
+    for f in (plot_erps, plot_topomaps, plot_decoding, plot_fpr, plot_equivalence):
         f(table, plots_dir, params)

@@ -12,7 +12,9 @@ description word that is correct or hallucinated):
     - ``detected`` (hallucination, judged wrong): N400 and P600 larger by ``effect_uv`` (per
       subject N(effect_uv, effect_sd_uv)) - the "verification pathway" of the paper;
     - ``missed`` (hallucination judged correct): exactly like ``correct`` (the paper's finding
-      that misjudged hallucinations fail to trigger the verification pathway).
+      that misjudged hallucinations fail to trigger the verification pathway), or, with
+      ``missed_fraction`` > 0 (the ``partial`` study), carrying that fraction of the subject's
+      detected effect: the positive control that an equivalence test must reject.
   The ``null`` study plants ``effect_uv = 0``: the three conditions are physiologically identical.
 * variability: per subject a latency shift N(0, ``subj_lat_sd_ms``) and jittered source
   position/orientation (:func:`reprozoo.data.eeg.simulate.head_model`); per trial an amplitude
@@ -43,11 +45,13 @@ def gauss(t: np.ndarray, mu: float, sd: float) -> np.ndarray:
 
 
 def trial_sources(cond: str, t: np.ndarray, p: dict, subj: dict, rng: np.random.Generator,
-                  effect: bool) -> dict[str, np.ndarray]:
-    """Source time courses (uV at peak electrode) of one trial, ``t`` in seconds from onset."""
+                  effect: bool, missed_fraction: float = 0.0) -> dict[str, np.ndarray]:
+    """Source time courses (uV at peak electrode) of one trial, ``t`` in seconds from onset.
+    ``missed_fraction``: the share of the subject's detected effect that missed trials carry."""
     amp = max(0.0, 1.0 + 0.3 * rng.standard_normal())
     jit = subj["lat_s"] + p["trial_lat_sd_ms"] * 1e-3 * rng.standard_normal()
-    extra = subj["effect_uv"] if (effect and cond == "detected") else 0.0
+    share = {"detected": 1.0, "missed": float(missed_fraction)}.get(cond, 0.0)
+    extra = share * subj["effect_uv"] if effect else 0.0
     p1n1 = 2.0 * gauss(t, 0.100 + jit / 4, 0.02) - 3.0 * gauss(t, 0.170 + jit / 4, 0.03)
     return {"p1n1_left": amp * p1n1, "p1n1_right": amp * p1n1,
             "p3": amp * 3.0 * gauss(t, 0.300 + jit, 0.06),
@@ -64,7 +68,8 @@ def blink_topography(ch_names) -> np.ndarray:
     return w / w.max()
 
 
-def simulate_subject(head, s: int, p: dict, rng: np.random.Generator, effect: bool, blink_topo: np.ndarray):
+def simulate_subject(head, s: int, p: dict, rng: np.random.Generator, effect: bool, blink_topo: np.ndarray,
+                     missed_fraction: float = 0.0):
     """Continuous EEG (V) of subject ``s`` and its events array (sample, 0, condition code 1..3)."""
     sfreq = p["sfreq"]
     counts = {c: p["n_trials"][c] for c in CONDITIONS}
@@ -79,7 +84,7 @@ def simulate_subject(head, s: int, p: dict, rng: np.random.Generator, effect: bo
     src = {k: np.zeros(n) for k in names}
     tw = np.arange(int(1.0 * sfreq)) / sfreq  # a trial's sources span 1 s after onset
     for code, i0 in zip(order, onsets):
-        tr = trial_sources(CONDITIONS[code - 1], tw, p, subj, rng, effect)
+        tr = trial_sources(CONDITIONS[code - 1], tw, p, subj, rng, effect, missed_fraction)
         for k in names:
             src[k][i0:i0 + len(tw)] += tr[k]
     x = sensors(head, s, src, n, sfreq, rng, background_uv=p["background_uv"], white_uv=p["white_uv"])
@@ -115,7 +120,8 @@ def preprocess_raw(raw, events: np.ndarray, p: dict):
                       reject={"eeg": p["reject_uv"] * 1e-6}, preload=True, verbose="ERROR")
 
 
-def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = True, n_shuffles: int = 0) -> dict:
+def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = True, n_shuffles: int = 0,
+                   missed_fraction: float = 0.0) -> dict:
     """All subjects of one study: per-condition evoked averages, single trials, ground truth.
 
     Returns arrays in volts: ``evoked[cond]`` (n_subj, n_ch, n_times); ``trials`` (n_trials,
@@ -133,7 +139,7 @@ def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = 
     shuffled = [[[], []] for _ in range(n_shuffles)]
     trials, labels, groups, n_rej, n_blink = [], [], [], 0, 0
     for s in range(n_subj):
-        x, events, nb = simulate_subject(head, s, p, rng, effect, topo)
+        x, events, nb = simulate_subject(head, s, p, rng, effect, topo, missed_fraction)
         epochs = preprocess(x, events, info, p)
         n_rej += len(events) - len(epochs)
         n_blink += nb
