@@ -7,10 +7,9 @@
   latent kinetic energy |P|^2 / 2 (orthonormal PSD basis; isometry penalty of the symplectic AE).
 * Neural ODE (plain AE baseline): dz/dt = f_theta(z), an MLP, integrated by classical RK4
   (``blocks.ode.rk_increment``): no conserved quantity is built in.
-* Full-dimensional HNN (baseline): the same separable HNN on the whole chain, z = x = (q, p),
-  V_theta(q) an MLP on the N (smoke: 48) scaled site angles; its leapfrog takes ``substeps`` steps per
-  sampling interval so that the chain's fast (phonon) frequencies, which a learned V may carry,
-  stay inside leapfrog's stability limit.
+* Latent HNNs with many modes (the 8-mode PSD baseline) take ``substeps`` leapfrog steps per
+  sampling interval, so that the chain's faster modes, which such a latent carries, stay inside
+  leapfrog's stability limit.
 All are trained on the same windows of (encoded) training trajectories, by rolling out K sampling
 intervals and matching the (encoded) states (MSE scaled by each coordinate's spread).
 """
