@@ -76,9 +76,10 @@ def test_packing_distance_is_symmetry_and_permutation_invariant():
 def test_replica_exchange_satisfies_detailed_balance():
     """Two one-member 'populations' at betas b1 > b2 exchanging states of known quality: the
     fraction of time the better state sits in the cold slot must be the product-target value
-    pi(x_good cold) / (sum over both placements) = 1 / (1 + exp(-(b1 - b2) xi dq / T))."""
-    task = T.CirclePackingTask(2, temperature=1.0)
-    good, bad = S.Candidate("g", 1.0, "g", 0), S.Candidate("b", 0.0, "b", 0)
+    pi(x_good cold) / (sum over both placements) = 1 / (1 + exp(-(b1 - b2) xi (log r_g - log r_b))),
+    with log r the reference's log reward (packing: ln(sum of radii / 2.635))."""
+    task = T.CirclePackingTask(2)
+    good, bad = S.Candidate("g", 2.0, "g", 0), S.Candidate("b", 1.0, "b", 0)
     cfg = {**CFG, "swap_size": 1, "elites": 0}
     search = S.TemperedSearch(task, None, None, cfg, np.random.default_rng(5))
     cold, hot = S.Population(0.8, 1, [bad]), S.Population(0.2, 1, [good])
@@ -87,8 +88,40 @@ def test_replica_exchange_satisfies_detailed_balance():
         search.xi = 2.5  # freeze the adaptive scale: the target is then fixed
         search.exchange(cold, hot)
         good_cold += cold.members[0] is good
-    expected = 1.0 / (1.0 + np.exp(-(0.8 - 0.2) * 2.5 * 1.0))
+    expected = 1.0 / (1.0 + np.exp(-(0.8 - 0.2) * 2.5 * np.log(2.0)))
     assert abs(good_cold / n - expected) < 0.015
+
+
+def test_rewards_are_the_reference_codes_not_a_tuned_temperature(coulomb):
+    """Equations: log r = -ln NMSE (the reference's log MSE), score -NMSE; packing: the score is
+    OpenEvolve's combined_score = sum of radii / 2.635 and log r its logarithm."""
+    tree = ex.parse("q1 * q2 / r", coulomb.names)
+    q = coulomb.score(tree)[0]
+    f = ex.evaluate(tree, coulomb.X)
+    A = np.stack([f, np.ones_like(f)], 1)
+    resid = coulomb.y - A @ np.linalg.lstsq(A, coulomb.y, rcond=None)[0]
+    nmse = np.mean(resid**2) / np.var(coulomb.y)
+    np.testing.assert_allclose(coulomb.log_reward(q), -np.log(nmse), rtol=1e-9)
+    np.testing.assert_allclose(coulomb.ref_score(q), -nmse, rtol=1e-9)
+    pack = T.CirclePackingTask(26)
+    np.testing.assert_allclose(pack.ref_score(2.635), 1.0)
+    np.testing.assert_allclose(pack.log_reward(2.0), np.log(2.0 / 2.635))
+
+
+def test_swap_pairing_draws_both_populations_by_softmax_of_beta_score():
+    """The reference pairs swap members by softmax(beta * score) in BOTH populations (no uniform
+    draw over the cold non-elites): with scores 0, 1, 2 (combined_score units: sum / 2.635) and a
+    large beta the single draw follows softmax(beta * score), the best (an elite) included."""
+    task = T.CirclePackingTask(2)
+    search = S.TemperedSearch(task, None, None, CFG, np.random.default_rng(11))
+    members = [S.Candidate(str(i), 2.635 * i, str(i), 0) for i in range(3)]
+    for beta in (2.0, 0.2):
+        pop = S.Population(beta, 3, members)
+        draws = np.bincount([search.pairing(pop, 1)[0] for _ in range(20000)], minlength=3) / 20000
+        w = np.exp(beta * np.arange(3.0))
+        np.testing.assert_allclose(draws, w / w.sum(), atol=0.015)
+    # without replacement: m draws are m distinct members
+    assert sorted(search.pairing(S.Population(0.8, 3, members), 3)) == [0, 1, 2]
 
 
 def test_gumbel_topk_samples_without_replacement_proportionally():
@@ -182,3 +215,19 @@ def test_offline_is_the_default(monkeypatch, coulomb):
     assert isinstance(P.make_proposer(coulomb, "auto"), P.SymbolicProposer)
     with pytest.raises(lb.BackendError):
         P.make_proposer(coulomb, "llm")
+
+
+def test_every_configured_formula_is_within_the_search_space():
+    """The formulas of every scale can be written in the grammar within the size and depth
+    limits the search enforces (so recovery is possible at all), and score exactly."""
+    from pathlib import Path
+
+    import yaml
+
+    folder = Path(T.__file__).parent / "configs"
+    for scale in ("ci", "smoke", "paper"):
+        cfg = yaml.safe_load((folder / f"{scale}.yaml").read_text())
+        for fid in cfg["formulas"]:
+            task = T.EquationTask.sample(fid, 50, np.random.default_rng(3), max_size=cfg["max_size"])
+            assert task.valid(task.truth), (scale, fid, ex.size(task.truth), ex.depth(task.truth))
+            assert task.score(task.truth)[0] == T.Q_MAX

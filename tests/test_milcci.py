@@ -6,7 +6,8 @@ import pytest
 from reprozoo.methods.milcci import milcci as ML
 from reprozoo.methods.milcci.baselines import fit_cp, fit_pca
 from reprozoo.methods.milcci.data import make_dataset
-from reprozoo.methods.milcci.recovery import abs_corr, heldout_r2, match, per_category_structure
+from reprozoo.methods.milcci.recovery import (abs_corr, heldout_r2, map_corr_per_condition, match,
+                                               per_category_structure)
 
 
 def _trace_objective_grad(A, Y, Phi, lam_s):
@@ -149,3 +150,47 @@ def test_labels_split_components_that_a_label_blind_fit_cannot():
     Am = fit.trial_maps(d.labels)
     same0 = np.flatnonzero(d.labels[:, 0] == d.labels[0, 0])
     assert all(np.array_equal(Am[m][:, :2], Am[0][:, :2]) for m in same0)
+
+
+def test_fit_stops_only_where_the_convergence_gate_sees_a_plateau():
+    from reprozoo.claims import plateau
+
+    d = make_dataset(np.random.default_rng(10), n_channels=20, n_time=30, trials_per_condition=2)
+    # a loose tolerance that alone would stop after a handful of iterations
+    fit = ML.fit_milcci(d.Y, d.labels, d.n_values, (2, 2), n_iter=60, inner_iter=10, n_restarts=1, tol=1e-2,
+                        use_labels=False, min_iter=20)
+    J = np.asarray(fit.objective)
+    assert len(J) >= 20
+    assert plateau(np.arange(1, len(J) + 1), J)
+
+
+def test_similarity_term_pulls_label_variants_together():
+    d = make_dataset(np.random.default_rng(11), n_channels=20, n_time=30, trials_per_condition=1, noise_std=0.5)
+    start = ML.contrast_init(d.Y, d.labels, d.n_values, (2, 2))
+    spread = {}
+    for lam in (0.0, 0.05, 1.0):
+        fit = ML._fit_once(d.Y, d.labels, d.n_values, (2, 2), start, 0.0, lam, 1.0, 30, 15, (False, False), 0.0,
+                           True)
+        # distance of each label value's maps from the category's mean map, relative to the maps' size
+        spread[lam] = np.mean([np.linalg.norm(A - A.mean(0)) / np.linalg.norm(A) for A in fit.maps])
+    assert spread[0.0] > spread[0.05] > spread[1.0]
+    assert spread[1.0] < 0.5 * spread[0.0]
+
+
+def test_per_condition_nmf_recovers_each_conditions_maps_in_one_order():
+    from reprozoo.methods.milcci.baselines import fit_nmf_percond
+
+    d = make_dataset(np.random.default_rng(12), n_channels=24, n_time=60, trials_per_condition=3, noise_std=0.0)
+    pc = fit_nmf_percond(d.Y, d.cond, len(d.conditions), 4, n_restarts=3, seed=0, max_iter=3000, tol=1e-8)
+    assert pc.maps.shape == d.A_true.shape and pc.traces.shape == d.Phi_true.shape
+    recon = np.einsum("mnp,mtp->mnt", pc.maps[d.cond], pc.traces)
+    assert np.linalg.norm(recon - d.Y) / np.linalg.norm(d.Y) < 0.05
+    # each condition's own maps are found (scored with a matching per condition) ...
+    assert map_corr_per_condition(pc.maps, d.A_true) > 0.9
+    # ... and that score is invariant to a different component order in every condition
+    shuffled = np.stack([m[:, np.random.default_rng(k).permutation(4)] for k, m in enumerate(pc.maps)])
+    assert map_corr_per_condition(shuffled, d.A_true) == pytest.approx(map_corr_per_condition(pc.maps, d.A_true))
+    assert map_corr_per_condition(d.A_true, d.A_true) == pytest.approx(1.0)
+    # held-out prediction uses the map set of the trial's own condition
+    observed, hidden = np.arange(0, 24, 2), np.arange(1, 24, 2)
+    assert heldout_r2(d.Y[:6], pc.predict(d.Y[:6], d.cond[:6], observed), hidden) > 0.8

@@ -101,7 +101,7 @@ def test_rector_is_equivariant_to_channel_order():
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     net2 = models.TokenTransformer("rector", 5, 3, pos[perm], ids[perm], 3, dim=16, depth=2, heads=2, anat_logit=1.0)
     sd = net.state_dict()
-    sd["pos"], sd["part_logits"] = pos[perm], sd["part_logits"][perm]
+    sd["pos"], sd["part_theta"] = pos[perm], sd["part_theta"][perm]
     net2.load_state_dict(sd)
     net.eval(), net2.eval()
     x = torch.randn(3, 6, 3, 5)
@@ -128,16 +128,85 @@ def test_pretrain_losses_have_gradients_and_mask_what_they_say():
     L = models.pretrain_losses(net, heads, x, corr, gen, 0.3, 0.3, 0.2)
     sum(L.values()).backward()
     assert all(torch.isfinite(v) for v in L.values())
-    assert net.part_logits.grad is not None and float(net.part_logits.grad.abs().sum()) > 0
+    assert net.part_theta.grad is not None and float(net.part_theta.grad.abs().sum()) > 0
 
 
 def test_splits_label_sets_and_drop_sets():
     rng = np.random.default_rng(0)
     subjects = [f"S{i}" for i in range(8) for _ in range(3)]
     sp = method.subject_split(subjects, rng)
-    assert sorted(sp.values()).count("test") == 2 and sorted(sp.values()).count("val") == 1
+    assert sorted(sp.values()).count("test") == 4 and sorted(sp.values()).count("val") == 1
+    two = method.subject_split(["A", "B"], rng)  # ci: one subject tests, one trains (and validates)
+    assert sorted(two.values()) == ["test", "train"]
     y = np.array([0, 1, 2] * 20)
     sets = method.nested_label_sets(y, np.arange(60), [2, 5], rng)
     assert set(sets[2]) <= set(sets[5]) and np.bincount(y[sets[5]]).tolist() == [5, 5, 5]
     d = method.drop_sets(20, [0.0, 0.1, 0.5], 3, rng)
     assert (d.sum(2) == np.array([20, 18, 10])[:, None]).all()
+
+
+def _rector(mult, fixed=False, seed=0):
+    torch.manual_seed(seed)
+    pos = torch.randn(6, 3)
+    ids = torch.tensor([i % 3 for i in range(6)])
+    return models.TokenTransformer("rector", 5, 3, pos, ids, 3, dim=16, depth=1, heads=2, anat_logit=2.0,
+                                   part_lr_mult=mult, fixed_partition=fixed)
+
+
+def test_partition_learning_rate_multiplier_scales_the_logit_step_and_not_the_start():
+    """L = m theta: the same anatomical start for any m, and Adam's first step moves every logit
+    with a gradient by m x lr (Adam's first step is lr x sign(gradient) per element)."""
+    lr = 1e-3
+    moved = {}
+    for mult in (1.0, 10.0):
+        net = _rector(mult)
+        L0 = net.part_logits.detach().clone()
+        torch.testing.assert_close(L0, 2.0 * torch.nn.functional.one_hot(torch.tensor([i % 3 for i in range(6)]), 3).float())
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        x = torch.randn(4, 6, 3, 5)
+        net(x, torch.ones(4, 6, dtype=torch.bool)).pow(2).sum().backward()
+        opt.step()
+        moved[mult] = (net.part_logits.detach() - L0).abs()
+    assert float(moved[1.0].max()) == pytest.approx(lr, rel=1e-3)
+    assert float(moved[10.0].max()) == pytest.approx(10 * lr, rel=1e-3)
+
+
+def test_fixed_partition_is_not_trained_and_stays_anatomical():
+    net = _rector(10.0, fixed=True)
+    assert "part_theta" not in dict(net.named_parameters())
+    P0 = net.partition.detach().clone()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        net(torch.randn(4, 6, 3, 5), torch.ones(4, 6, dtype=torch.bool)).pow(2).sum().backward()
+        opt.step()
+    torch.testing.assert_close(net.partition, P0)
+    assert float(P0[0, 0]) == pytest.approx(np.exp(2) / (np.exp(2) + 2), rel=1e-6)  # logit 2 over 3 regions
+
+
+def test_relative_drop_is_scale_free_and_per_subject():
+    """Rows: drop fractions (row 0 intact), columns: subjects. A model that keeps its F1 scores 0,
+    one that halves scores 0.5; scaling every F1 by c leaves the relative drop unchanged while the
+    absolute fall scales by c (why the claims read the relative one)."""
+    f = np.array([[0.9, 0.6], [0.9, 0.3], [0.9, 0.3]])
+    np.testing.assert_allclose(method.relative_drop(f), [0.0, 0.5])
+    np.testing.assert_allclose(method.relative_drop(0.5 * f), method.relative_drop(f))
+    y = np.array([0, 1, 2, 0, 1, 2])
+    pred = np.array([0, 1, 2, 1, 1, 1])
+    subj = np.array([3, 3, 3, 5, 5, 5])
+    per = method.per_subject_f1(y, pred, subj)
+    assert per[0] == 1.0 and per[1] == pytest.approx(method.weighted_f1(y[3:], pred[3:]))
+
+
+def test_per_subject_standardisation_removes_a_subject_gain_and_offset():
+    """Two subjects with the same epochs up to a gain and an offset per channel come out identical;
+    each subject's channels then have mean 0 and sd 1 over epochs and time."""
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(10, 4, 50))
+    gain, off = rng.uniform(0.5, 3, (1, 4, 1)), rng.normal(size=(1, 4, 1))
+    x = np.concatenate([a, gain * a + off])
+    subj = np.repeat([0, 1], 10)
+    z = method.per_subject_standardise(x, subj, (0, 2))
+    np.testing.assert_allclose(z[:10], z[10:], atol=1e-4)
+    np.testing.assert_allclose(z[10:].mean((0, 2)), 0, atol=1e-5)
+    np.testing.assert_allclose(z[10:].std((0, 2)), 1, atol=1e-4)

@@ -14,7 +14,8 @@ Metrics (quality units: decades of NMSE for formulas, sum of radii for packings)
     eq_topk_quality, eq_diversity       mean over formulas of the top-k quality / mean pairwise
                                         subtree-Jaccard distance of the final populations' top-k
     eq_best, eq_recovered               best quality; fraction of formulas found exactly (q >= 10)
-    eq_ood_topk_quality                 the same top-k re-fitted on out-of-range points
+    eq_ood_topk_quality                 the same top-k re-validated on out-of-range points (the
+                                        "more expensive downstream validation" of the paper)
     cp_topk_quality, cp_diversity       the same for the packing (matched-centre distance, unit square)
     *_archive_*                         the same over everything evaluated, not only the final set
     *_best_vs_calls (curves)            best quality against oracle calls
@@ -125,7 +126,7 @@ def train(ctx) -> None:
     xs = checkpoints(p["eq_budget"])
     ctx.metrics.curve("eq_best_vs_calls", xs, np.mean([r["best_curve"] for r in per_formula], axis=0))
 
-    task = CirclePackingTask(p["n_circles"], temperature=p["cp_temperature"], crowd_sigma=p["cp_crowd_sigma"])
+    task = CirclePackingTask(p["n_circles"], crowd_sigma=p["cp_crowd_sigma"])
     oracle, info = _search(ctx, task, p, p["cp_budget"], 9000)
     res = summarise(ctx, "cp", task, oracle, info["final"], p)
     ctx.metrics.scalar("cp_swap_rate", info["swap_rate"])

@@ -1,27 +1,32 @@
 """Evolutionary hypothesis search at a fixed oracle budget: tempered populations vs one greedy one.
 
-Sampling view (EvoDiverse). Population i targets pi_i(x) ~ r(x)^beta_i with log r(x) = q(x) / T
-(q the oracle's quality, T the task's ``temperature``). A cold population (beta = 0.8) exploits,
-a hot one (beta = 0.2) explores; each generation a population
-  1. draws parents with probability ~ exp(beta q / T) (2 % uniform mixed in),
+Sampling view (EvoDiverse). Population i targets pi_i(x) ~ r(x)^beta_i, with r the reference
+code's reward for the task (``task.log_reward``: -ln NMSE for formulas, ln(sum of radii / 2.635)
+for packings; no temperature of ours). A cold population (beta = 0.8) exploits, a hot one
+(beta = 0.2) explores; each generation a population
+  1. draws parents with probability ~ r^beta (2 % uniform mixed in),
   2. asks the proposer for ``offspring`` children, each scored by the oracle (one call per new
      hypothesis; a hypothesis already scored is looked up for free),
   3. keeps ``size`` members of parents + children, duplicates (same hypothesis) removed: the
      ``elites`` best always, the rest drawn without replacement with weights
-     exp(beta q / T - alpha * crowding) (Gumbel top-k); crowding = mean similarity to the 5
-     nearest others, applied in hot populations only (beta < 0.5), as in the reference code.
-Every ``swap_every`` generations, ``swap_size`` members of the cold and the hot population are
-paired (cold: uniform over non-elites; hot: ~ exp(beta q / T)) and each pair is exchanged with
-the replica-exchange (parallel-tempering) probability
+     r^beta * exp(-alpha * crowding) (Gumbel top-k); crowding = mean similarity to the 5
+     nearest others, applied in hot populations only (beta < 0.5). Steps 1 and 3 are our
+     reading of the paper's sampling view (the reference's LLM-SR pools keep the best).
+Every ``swap_every`` generations, ``swap_size`` members of each population are drawn, as in the
+reference (``pt_migration_softmax_random_inplace``): without replacement with probabilities
+softmax(beta * score) in BOTH populations, score being the reference's raw score
+(``task.ref_score``: -NMSE, or sum of radii / 2.635). Each pair is exchanged with the
+replica-exchange (parallel-tempering) probability
 
     A = min(1, exp((beta_a - beta_b) * xi * (log r_b - log r_a))),
 
 which keeps pi_a x pi_b invariant: a better hypothesis found hot moves cold, a worse one found
-cold moves hot. xi (start 2.5) is adapted from the cumulative acceptance (x0.9 below 0.3, x1.1
-above 0.5), as in the reference code.
+cold moves hot. A hypothesis already held by the receiving population is not copied in (each
+direction checked on its own, as in the reference). xi (start 2.5) is adapted from the
+cumulative acceptance (x0.9 below 0.3, x1.1 above 0.5), as in the reference code.
 
 Greedy baseline (FunSearch / OpenEvolve-style elitist GA): one population of the same total size
-and the same offspring per generation; parents ~ exp(beta_cold q / T), survival by truncation
+and the same offspring per generation; parents ~ r^beta_cold, survival by truncation
 (the ``size`` best). ``pt_noswap`` is EvoDiverse without the exchange step.
 
 Every variant spends exactly ``budget`` oracle calls and starts from the same random hypotheses.
@@ -104,18 +109,17 @@ class Population:
 class TemperedSearch:
     def __init__(self, task, proposer, oracle: Oracle, cfg: dict, rng: np.random.Generator):
         self.task, self.proposer, self.oracle, self.cfg, self.rng = task, proposer, oracle, cfg, rng
-        self.T = float(task.temperature)
         self.xi = float(cfg.get("xi0", 2.5))
         self.swap_proposed = self.swap_accepted = 0
         self._sim_cache: dict[tuple, float] = {}
 
     # -- selection --------------------------------------------------------------------------------
     def parents(self, pop: Population, n: int) -> list[Candidate]:
-        q = pop.qualities()
+        lr = self.task.log_reward(pop.qualities())
         beta = pop.beta if pop.beta is not None else self.cfg["greedy_parent_beta"]
-        w = np.exp(beta * (q - q.max()) / self.T)
+        w = np.exp(beta * (lr - lr.max()))
         p = 0.98 * w / w.sum() + 0.02 / len(w)
-        idx = self.rng.choice(len(q), size=min(n, len(q)), replace=False, p=p)
+        idx = self.rng.choice(len(lr), size=min(n, len(lr)), replace=False, p=p)
         chosen = [pop.members[i] for i in idx]
         return sorted(chosen, key=lambda c: -c.quality)
 
@@ -146,7 +150,7 @@ class TemperedSearch:
         if pop.beta is None:  # greedy: truncation
             take = np.argsort(-q, kind="stable")[:n]
         else:
-            logw = pop.beta * q / self.T
+            logw = pop.beta * self.task.log_reward(q)
             if pop.beta < 0.5 and self.cfg["alpha_div"] > 0:
                 logw = logw - self.cfg["alpha_div"] * self.crowding(cands)
             order = np.argsort(-logw, kind="stable")
@@ -156,28 +160,33 @@ class TemperedSearch:
         pop.members = [cands[i] for i in take]
 
     # -- replica exchange -----------------------------------------------------------------------------
+    def pairing(self, pop: Population, m: int) -> np.ndarray:
+        """m members drawn without replacement with probabilities softmax(beta * score), score the
+        reference's raw score (the reference's swap pairing, in every population)."""
+        z = pop.beta * self.task.ref_score(pop.qualities())
+        w = np.exp(z - z.max())
+        return self.rng.choice(len(w), size=m, replace=False, p=w / w.sum())
+
     def exchange(self, cold: Population, hot: Population) -> None:
-        m = min(self.cfg["swap_size"], len(cold.members) - self.cfg["elites"], len(hot.members))
+        m = min(self.cfg["swap_size"], len(cold.members), len(hot.members))
         if m <= 0:
             return
-        qc, qh = cold.qualities(), hot.qualities()
-        protected = set(np.argsort(-qc, kind="stable")[: self.cfg["elites"]])
-        free = np.array([i for i in range(len(qc)) if i not in protected])
-        ia = self.rng.choice(free, size=m, replace=False)
-        w = np.exp(hot.beta * (qh - qh.max()) / self.T)
-        ib = self.rng.choice(len(qh), size=m, replace=False, p=w / w.sum())
+        ia, ib = self.pairing(cold, m), self.pairing(hot, m)
         keys_c = {c.skey for c in cold.members}
         keys_h = {c.skey for c in hot.members}
         for a, b in zip(ia, ib):
             ca, cb = cold.members[a], hot.members[b]
-            log_a = (cold.beta - hot.beta) * self.xi * (cb.quality - ca.quality) / self.T
+            lr_a, lr_b = self.task.log_reward(ca.quality), self.task.log_reward(cb.quality)
+            log_a = (cold.beta - hot.beta) * self.xi * (lr_b - lr_a)
             self.swap_proposed += 1
             if np.log(self.rng.random()) <= min(0.0, log_a):
                 self.swap_accepted += 1
-                if cb.skey not in keys_c and ca.skey not in keys_h:
-                    keys_c.discard(ca.skey), keys_h.discard(cb.skey)
-                    keys_c.add(cb.skey), keys_h.add(ca.skey)
-                    cold.members[a], hot.members[b] = cb, ca
+                if cb.skey not in keys_c:  # into the cold population, unless it holds cb already
+                    keys_c.discard(ca.skey), keys_c.add(cb.skey)
+                    cold.members[a] = cb
+                if ca.skey not in keys_h:  # and the other way round, checked on its own
+                    keys_h.discard(cb.skey), keys_h.add(ca.skey)
+                    hot.members[b] = ca
         rate = self.swap_accepted / self.swap_proposed
         if rate < 0.3:
             self.xi *= 0.9

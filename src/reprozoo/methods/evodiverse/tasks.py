@@ -17,8 +17,15 @@ Circle packing in the unit square (n circles, maximise the sum of radii; AlphaEv
     distance    mean distance between matched centres (optimal assignment), minimised over the
                 8 symmetries of the square (unit-square lengths)
 
-``temperature`` is the quality difference that counts as one unit of log-reward in the
-tempering weights exp(beta * q / temperature): one decade of NMSE, 0.02 in sum of radii.
+No temperature is ours: each task states the reference code's reward and score, and the search
+uses them as they are (fixed before any measurement, no knob):
+    ``log_reward(q)``  log r, the energy of the replica-exchange rule and of the tempered target
+                       r^beta. Equations: the reference's log MSE (LLM-SR pools), here
+                       -ln NMSE = q ln 10 (the normalisation by var y cancels in differences).
+                       Packing: the reference's log combined_score, ln(sum of radii / 2.635).
+    ``ref_score(q)``   the raw score the reference feeds to softmax(beta * score) when it draws
+                       the members of a swap: -NMSE for equations (the reference: -MSE),
+                       sum of radii / 2.635 for packing.
 """
 from __future__ import annotations
 
@@ -38,6 +45,10 @@ FEYNMAN = {
     "I.12.2": (("q1", "q2", "r"), ((1.0, 5.0), (1.0, 5.0), (1.0, 5.0)), "q1 * q2 / r**2"),
     "I.10.7": (("m0", "v", "c"), ((1.0, 5.0), (1.0, 2.0), (3.0, 10.0)), "m0 / sqrt(1 - v**2 / c**2)"),
     "I.13.4": (("m", "v", "u", "w"), ((1.0, 5.0),) * 4, "m * (v**2 + u**2 + w**2)"),
+    "I.34.8": (("q", "v", "B", "p"), ((1.0, 5.0),) * 4, "q * v * B / p"),
+    "I.27.6": (("d1", "d2", "n"), ((1.0, 5.0),) * 3, "1 / (1 / d1 + n / d2)"),
+    "I.8.14": (("x1", "x2", "y1", "y2"), ((1.0, 5.0),) * 4, "sqrt((x2 - x1)**2 + (y2 - y1)**2)"),
+    "I.38.12": (("eps", "h", "m", "q"), ((1.0, 5.0),) * 4, "eps * h**2 / (m * q**2)"),
 }
 
 
@@ -53,7 +64,6 @@ class EquationTask:
     y: np.ndarray
     max_size: int = 15
     max_depth: int = 6
-    temperature: float = 1.0
     kind: str = "equation"
     names: tuple = field(init=False)
 
@@ -100,6 +110,17 @@ class EquationTask:
 
     def key(self, tree) -> str:
         return ex.key(tree)
+
+    # -- the reference's reward and score (see the module docstring) --
+    @staticmethod
+    def log_reward(q):
+        """-ln NMSE: the reference's log-MSE energy, in nats (q is in decades)."""
+        return np.log(10.0) * np.asarray(q, dtype=float)
+
+    @staticmethod
+    def ref_score(q):
+        """-NMSE: the reference's score (-MSE) on our normalised scale."""
+        return -(10.0 ** -np.asarray(q, dtype=float))
 
     def valid(self, tree) -> bool:
         return ex.size(tree) <= self.max_size and ex.depth(tree) <= self.max_depth
@@ -186,7 +207,6 @@ def matched_distance(a: np.ndarray, b: np.ndarray, symmetric: bool = True) -> fl
 @dataclass
 class CirclePackingTask:
     n_circles: int = 26
-    temperature: float = 0.02
     crowd_sigma: float = 0.05
     kind: str = "packing"
     best_known: float = 2.635  # n = 26, AlphaEvolve (2025)
@@ -197,6 +217,13 @@ class CirclePackingTask:
 
     def key(self, centres) -> str:
         return np.round(centres, 5).tobytes().hex()
+
+    # -- the reference's reward and score: OpenEvolve's combined_score = sum of radii / 2.635 --
+    def ref_score(self, q):
+        return np.asarray(q, dtype=float) / self.best_known
+
+    def log_reward(self, q):
+        return np.log(np.maximum(self.ref_score(q), 1e-12))
 
     def valid(self, centres) -> bool:
         return centres.shape == (self.n_circles, 2) and bool(np.all((centres >= 0) & (centres <= 1)))

@@ -26,7 +26,9 @@ non-negative lasso against the residual of the other categories' components over
 with l_c = v, by FISTA with the exact Lipschitz constant. (2) Each trial's traces solve the
 Sylvester equation (A_m^T A_m) X + lam_s X (D^T D) = A_m^T Y_m, X = Phi_m^T, in closed form through
 the eigenbases of both sides. After (1) each map column is rescaled to unit mean L2 norm over its
-variants (the traces absorb the scale), as the reference normalises A.
+variants (the traces absorb the scale), as the reference normalises A. The fit stops when the
+relative change of J falls to ``tol``, and only once at least ``min_iter`` outer iterations have run
+and ``reprozoo.claims.plateau`` (the convergence gate's own test) calls the curve flat.
 
 The penalties are given dimensionless: lam1 and lam_sim as fractions of the data term's curvature
 in each block (||Y_S||_F^2 / P over the block's trials S), lam_s per unit map norm.
@@ -165,7 +167,7 @@ def label_variance_share(Phi: np.ndarray, labels: np.ndarray, n_values) -> np.nd
 
 
 def blind_init(Y: np.ndarray, labels: np.ndarray, n_values, comps, lam1, lam_s, n_iter, inner_iter, tol,
-               nonneg_traces) -> list[np.ndarray]:
+               nonneg_traces, min_iter: int = 20) -> list[np.ndarray]:
     """Label-blind fit (one map per component), then each component to the category whose labels
     explain most of its trace variance (assignment with P_c slots per category)."""
     from scipy.optimize import linear_sum_assignment
@@ -173,7 +175,8 @@ def blind_init(Y: np.ndarray, labels: np.ndarray, n_values, comps, lam1, lam_s, 
     P = int(sum(comps))
     ones = np.zeros((len(Y), 1), dtype=int)
     A0 = contrast_init(Y, ones, (1,), (P,))
-    blind = _fit_once(Y, ones, (1,), (P,), A0, lam1, 0.0, lam_s, n_iter, inner_iter, (False,), tol, nonneg_traces)
+    blind = _fit_once(Y, ones, (1,), (P,), A0, lam1, 0.0, lam_s, n_iter, inner_iter, (False,), tol, nonneg_traces,
+                      min_iter)
     eta = label_variance_share(blind.Phi, labels, n_values)
     slot_category = np.repeat(np.arange(len(comps)), comps)
     rows, cols = linear_sum_assignment(-eta[:, slot_category])        # component row -> slot col
@@ -200,7 +203,9 @@ def objective(Y, labels, fit: MilcciFit, lam1_blocks, lam_sim_blocks, weights, D
 
 
 def _fit_once(Y, labels, n_values, comps, maps, lam1, lam_sim, lam_s, n_iter, inner_iter, ordinal, tol,
-              nonneg_traces):
+              nonneg_traces, min_iter: int = 20):
+    from reprozoo.claims import plateau
+
     M, N, T = Y.shape
     C = len(comps)
     slots = np.split(np.arange(sum(comps)), np.cumsum(comps)[:-1])
@@ -247,7 +252,10 @@ def _fit_once(Y, labels, n_values, comps, maps, lam1, lam_sim, lam_s, n_iter, in
             fit.Phi[:, :, sl] *= scale[None, None, :]
         update_traces()
         fit.objective.append(objective(Y, labels, fit, lam1_b, lam_sim_b, weights, D))
-        if it > 5 and abs(fit.objective[-2] - fit.objective[-1]) <= tol * abs(fit.objective[-1]):
+        # stop on the tolerance, but only once the platform's own plateau test (the convergence
+        # gate's: flat over the last 30 % of at least min_iter >= 17 iterations) agrees
+        if (it + 1 >= min_iter and abs(fit.objective[-2] - fit.objective[-1]) <= tol * abs(fit.objective[-1])
+                and plateau(np.arange(1, it + 2), fit.objective)):
             break
     return fit
 
@@ -255,7 +263,7 @@ def _fit_once(Y, labels, n_values, comps, maps, lam1, lam_sim, lam_s, n_iter, in
 def fit_milcci(Y: np.ndarray, labels: np.ndarray, n_values, comps, *, lam1: float = 0.001,
                lam_sim: float = 0.01, lam_s: float = 1.0, n_iter: int = 100, inner_iter: int = 30,
                n_restarts: int = 3, ordinal=None, tol: float = 1e-6, seed: int = 0,
-               use_labels: bool = True, nonneg_traces: bool = True) -> MilcciFit:
+               use_labels: bool = True, nonneg_traces: bool = True, min_iter: int = 20) -> MilcciFit:
     """Fit MILCCI to Y (M, N, T) with labels (M, C); ``use_labels=False`` is the label-blind
     ablation (one category with one value: every trial shares the same P maps)."""
     labels = np.asarray(labels, dtype=int)
@@ -270,7 +278,8 @@ def fit_milcci(Y: np.ndarray, labels: np.ndarray, n_values, comps, *, lam1: floa
         if r == 0:
             maps = contrast_init(Y, labels, n_values, comps)
         elif r == 1 and len(comps) > 1:
-            maps = blind_init(Y, labels, n_values, comps, lam1, lam_s, n_iter, inner_iter, tol, nonneg_traces)
+            maps = blind_init(Y, labels, n_values, comps, lam1, lam_s, n_iter, inner_iter, tol, nonneg_traces,
+                              min_iter)
         else:
             maps = []
             for V, Pc in zip(n_values, comps):
@@ -278,7 +287,7 @@ def fit_milcci(Y: np.ndarray, labels: np.ndarray, n_values, comps, *, lam1: floa
                 A /= np.linalg.norm(A, axis=0, keepdims=True)
                 maps.append(np.repeat(A[None], V, axis=0))
         fit = _fit_once(Y, labels, n_values, comps, maps, lam1, lam_sim, lam_s, n_iter, inner_iter,
-                        ordinal, tol, nonneg_traces)
+                        ordinal, tol, nonneg_traces, min_iter)
         if best is None or fit.objective[-1] < best.objective[-1]:
             best = fit
     return best

@@ -7,6 +7,9 @@ the Hungarian assignment maximising S_map + S_trace, pairs them for all conditio
 A method with one map per component (PCA, NMF, CP, the label-blind ablation) is scored with
 that map in every condition.
 
+``map_corr_percond``: the same map score with a separate matching in each condition (the maps
+alone), generous to methods whose conditions were fitted separately (per-condition NMF).
+
 Per-category structure (MILCCI variants only). ``category_acc``: the fraction of matched pairs
 whose estimated component sits in the category that drives the planted one. ``label_effect_corr``:
 for an estimated component of category c matched to a planted component of category c, the
@@ -43,6 +46,18 @@ def match(maps_hat: np.ndarray, A_true: np.ndarray, Phi_hat: np.ndarray, Phi_tru
     perm[cols] = rows
     q = np.arange(A_true.shape[2])
     return perm, float(S_map[perm, q].mean()), float(S_tr[perm, q].mean())
+
+
+def map_corr_per_condition(maps_hat: np.ndarray, A_true: np.ndarray) -> float:
+    """Mean over conditions k of the matched |corr| of the maps with condition k's own Hungarian
+    matching (maps only): no common component order across conditions is asked for. Scores the
+    per-condition NMF, whose separate fits have no common order, and every other method the same way."""
+    vals = []
+    for k in range(len(A_true)):
+        S = abs_corr(maps_hat[k], A_true[k])
+        rows, cols = linear_sum_assignment(-S)
+        vals.append(S[rows, cols].mean())
+    return float(np.mean(vals))
 
 
 def per_category_structure(maps_by_value: list[np.ndarray], comp_category_hat: np.ndarray, perm: np.ndarray,

@@ -1,25 +1,36 @@
 """RECTOR in miniature: simulated motor-imagery EEG, self-supervised pre-training, few-label fine-tuning.
 
-Variants (same data, same per-seed subject split, same labelled subsets, same fine-tuning budget):
+Variants (same data, same per-seed subject split, same labelled subsets, same training rule):
 - ``rector``: hierarchical region-channel-temporal attention with adaptive functional partitioning
-  (models.py), pre-trained on the unlabelled windows of the training and validation subjects with
-  the three objectives (masked predictive modelling, topological structure modelling, cross-view
+  (models.py; the partition logits start at a soft anatomical one-hot and have their own, faster
+  learning rate), pre-trained on the unlabelled windows of the training subjects with the three
+  objectives (masked predictive modelling, topological structure modelling, cross-view
   consistency), then fine-tuned with k labels per class;
-- ``rector_scratch``: ablation, the same network fine-tuned from random initialisation (what the
+- ``rector_fixedp``: ablation, the same pre-trained network with the partition frozen at the
+  anatomical regions (what adaptive partitioning adds);
+- ``rector_scratch``: ablation, the RECTOR network fine-tuned from random initialisation (what the
   pre-training adds);
-- ``dense_tf``: a dense transformer of about the same parameter count on the same DE tokens;
+- ``dense_tf``: a dense transformer of about the same parameter count on the same DE tokens,
+  pre-trained with the same three objectives on the same windows, then fine-tuned;
 - ``eegnet``: an EEGNet-style CNN on the raw (band-passed) epochs;
 - ``de_lr``: whole-window differential-entropy features (channels x 5 bands) + logistic regression.
 
+Training rule (every network, every stage): ``reprozoo.blocks.fitting.fit_to_plateau``: the same
+learning-rate grid piloted on the validation subject, the best rate continued at a constant rate
+until the platform's plateau test holds, best-validation weights kept. Pre-training validates on
+the validation subject's masked-modelling loss (fixed masks), fine-tuning on its cross-entropy.
+
 Stages. train_shared (per seed): DE tokens and alpha-band correlations (features.py, mne filters),
-a subject-wise split drawn from the seed, standardisation on the training subjects, nested labelled
-subsets (k per class), and the channel-drop sets of the robustness test, all shared by the variants.
-train (per variant x seed): fit at each label count; record test weighted-F1 ``wf1`` at the main
-count and ``f1_vs_labels``; at the main count also ``f1_vs_drop`` (10-50 % of channels removed at
-test time, averaged over drop sets) and ``f1_drop`` = F1(0 %) - mean F1(10-50 %).
+a subject-wise split drawn from the seed (4 test subjects of 8 at smoke), per-subject
+standardisation (each subject's own mean and sd, no labels), nested labelled subsets (k per class), and the channel-drop sets of the
+robustness test, all shared by the variants. train (per variant x seed): fit at each label count;
+record per test subject (units) the weighted-F1 ``wf1`` at the main count, ``wf1_low`` (mean over
+the low counts) and ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 % of channels removed at test
+time)) / F1(0 %), the relative fall.
 """
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
@@ -28,20 +39,35 @@ from reprozoo.figures import save_figure
 
 DATASET = "eeg_motor_imagery"
 CURVE_VARIANTS = ("rector", "rector_scratch", "de_lr")
+PRETRAINED = ("rector", "rector_fixedp", "dense_tf")
 
 
 # --- shared per-seed work ----------------------------------------------------------------------
 
-def subject_split(subjects: list[str], rng: np.random.Generator) -> dict[str, str]:
-    """Seeded subject-wise split: ~25 % test, one validation subject (from 4 subjects), rest train."""
+def subject_split(subjects: list[str], rng: np.random.Generator, n_test: int = 4, n_val: int = 1) -> dict[str, str]:
+    """Seeded subject-wise split: ``n_test`` test subjects, ``n_val`` validation subjects, the rest
+    train; with few subjects the counts shrink so that at least one subject trains."""
     uniq = sorted(set(subjects))
     order = rng.permutation(len(uniq))
     n = len(uniq)
-    n_test = max(1, round(0.25 * n)) if n >= 2 else 0
-    n_val = 1 if n >= 4 else 0
+    n_val = max(0, min(n_val, n - 2))
+    n_test = max(0, min(n_test, n - 1 - n_val))
     out = {}
     for rank, i in enumerate(order):
         out[uniq[i]] = "test" if rank < n_test else "val" if rank < n_test + n_val else "train"
+    return out
+
+
+def per_subject_standardise(a: np.ndarray, subj: np.ndarray, axes: tuple) -> np.ndarray:
+    """Each subject's epochs standardised with that subject's own mean and sd over ``axes`` (epochs
+    first; e.g. epochs and segments for DE tokens, so each channel x band is standardised). The
+    SEED-style per-subject normalisation: it removes the subject's gain and noise level, uses no
+    labels, and is the same for every variant."""
+    out = np.empty(a.shape, np.float32)
+    for s in np.unique(subj):
+        m = subj == s
+        x = a[m].astype(np.float64)
+        out[m] = (x - x.mean(axes, keepdims=True)) / (x.std(axes, keepdims=True) + 1e-6)
     return out
 
 
@@ -70,28 +96,30 @@ def train_shared(ctx) -> None:
     t0 = time.process_time()
     tokens, whole, corr = de_features(d.X, d.sfreq, float(p["segment_s"]))
     y = d.labels.astype(np.int64)
-    split = subject_split(list(d.epochs["subject"]), ctx.rng(0))
+    sp = p.get("split", {})
+    subjects = list(d.epochs["subject"])
+    split = subject_split(subjects, ctx.rng(0), int(sp.get("n_test", 4)), int(sp.get("n_val", 1)))
     part = d.epochs["subject"].map(split).to_numpy()
+    codes = {s: i for i, s in enumerate(sorted(set(subjects)))}
+    subj = d.epochs["subject"].map(codes).to_numpy().astype(np.int64)
     tr, va, te = (np.flatnonzero(part == s) for s in ("train", "val", "test"))
     if len(va) == 0:
         va = tr
-    mu, sd = tokens[tr].mean((0, 2), keepdims=True), tokens[tr].std((0, 2), keepdims=True) + 1e-6
-    tokens = (tokens - mu) / sd
-    wmu, wsd = whole[tr].mean(0, keepdims=True), whole[tr].std(0, keepdims=True) + 1e-6
-    whole = (whole - wmu) / wsd
-    raw = d.X / (d.X[tr].std() + 1e-9)
+    tokens, whole, raw = (per_subject_standardise(a, subj, axes) for a, axes in
+                          ((tokens, (0, 2)), (whole, (0,)), (d.X, (0, 2))))
     labels = nested_label_sets(y, tr, [int(k) for k in p["label_counts"]], ctx.rng(1))
     present = drop_sets(len(d.ch_names), [float(f) for f in p["drop_fracs"]], int(p["drop_reps"]), ctx.rng(2))
     regions = sorted(set(d.channels["region"]))
     region_ids = d.channels["region"].map({r: i for i, r in enumerate(regions)}).to_numpy()
     np.savez(ctx.shared_dir / "features.npz", tokens=tokens.astype(np.float32), whole=whole.astype(np.float32),
-             corr=corr, raw=raw.astype(np.float32), y=y, train=tr, val=va, test=te, present=present,
+             corr=corr, raw=raw.astype(np.float32), y=y, subj=subj, train=tr, val=va, test=te, present=present,
              pos=d.channels[["x", "y", "z"]].to_numpy(float) / 0.1, region_ids=region_ids,
              regions=np.array(regions), ch_names=np.array(d.ch_names),
              **{f"labels_{k}": v for k, v in labels.items()})
     ctx.metrics.scalar("feature_cpu_s", time.process_time() - t0)
     ctx.metrics.scalar("n_train_epochs", len(tr))
     ctx.metrics.scalar("n_test_epochs", len(te))
+    ctx.metrics.scalar("n_test_subjects", len(set(subj[te])))
 
 
 # --- per variant ---------------------------------------------------------------------------------
@@ -100,6 +128,18 @@ def weighted_f1(y: np.ndarray, pred: np.ndarray) -> float:
     from sklearn.metrics import f1_score
 
     return float(f1_score(y, pred, average="weighted"))
+
+
+def per_subject_f1(y: np.ndarray, pred: np.ndarray, subj: np.ndarray) -> np.ndarray:
+    """Weighted-F1 of each test subject (subjects in increasing id order): the claims' units."""
+    return np.array([weighted_f1(y[subj == s], pred[subj == s]) for s in np.unique(subj)])
+
+
+def relative_drop(f1_by_frac: np.ndarray) -> np.ndarray:
+    """(F1(0 %) - mean F1 over the dropped fractions) / F1(0 %), per column (subject); row 0 is the
+    intact test. A model that loses nothing scores 0, one that falls to zero scores 1."""
+    f = np.asarray(f1_by_frac, float)
+    return (f[0] - f[1:].mean(0)) / np.maximum(f[0], 1e-9)
 
 
 def build_net(variant: str, f: dict, p: dict):
@@ -111,96 +151,94 @@ def build_net(variant: str, f: dict, p: dict):
     if variant == "eegnet":
         return EEGNet(f["raw"].shape[1], f["raw"].shape[2], n_classes, **p["eegnet"])
     kind = "dense" if variant == "dense_tf" else "rector"
-    cfg = p["dense"] if kind == "dense" else p["rector"]
+    cfg = dict(p["dense"] if kind == "dense" else p["rector"])
+    if variant == "rector_fixedp":
+        cfg["fixed_partition"] = True
     _, C, T, F = f["tokens"].shape
     return TokenTransformer(kind, F, T, torch.as_tensor(f["pos"]), torch.as_tensor(f["region_ids"]),
                             len(f["regions"]), n_classes=n_classes, **cfg)
 
 
-def pretrain(net, f: dict, p: dict, seed: int, ctx):
-    """Masked topology and representation learning on unlabelled train + val windows."""
+def pretrain(variant: str, f: dict, p: dict, seed: int, ctx):
+    """Masked topology and representation learning on the unlabelled windows of the training
+    subjects, fitted to the plateau of the validation subject's loss (the same masks at every
+    evaluation). Returns the encoder with its best-validation weights."""
     import torch
 
-    from .models import PretrainHeads, cosine_lr, pretrain_losses
+    from reprozoo.blocks.fitting import fit_to_plateau, log_fit
+
+    from .models import PretrainHeads, PretrainModel, pretrain_losses
 
     q = p["pretrain"]
-    idx = np.unique(np.concatenate([f["train"], f["val"]]))
-    x = torch.as_tensor(f["tokens"][idx])
-    corr = torch.as_tensor(f["corr"][idx])
-    heads = PretrainHeads(net.embed.out_features, x.shape[-1])
-    params = list(net.parameters()) + list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=float(q["lr"]), weight_decay=float(q["weight_decay"]))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, int(q["steps"])))
-    gen = torch.Generator().manual_seed(seed)
-    w = q["weights"]
-    hist = {k: [] for k in ("total", "mpm", "tsm", "cvc")}
-    steps, bs = int(q["steps"]), min(int(q["batch"]), len(idx))
-    for s in range(steps):
-        b = torch.randperm(len(idx), generator=gen)[:bs]
-        L = pretrain_losses(net, heads, x[b], corr[b], gen, float(q["token_frac"]), float(q["channel_frac"]),
-                            float(q["tau"]))
-        loss = sum(float(w[k]) * L[k] for k in L)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        hist["total"].append(float(loss.detach()))
-        for k in L:
-            hist[k].append(float(L[k].detach()))
-        if s % 50 == 0:
-            ctx.progress(f"pretrain {s}/{steps} loss {float(loss):.3f}")
-    return hist
+    w = {k: float(v) for k, v in q["weights"].items()}
+    x, corr = torch.as_tensor(f["tokens"][f["train"]]), torch.as_tensor(f["corr"][f["train"]])
+    xv, corrv = torch.as_tensor(f["tokens"][f["val"]]), torch.as_tensor(f["corr"][f["val"]])
+    bs = min(int(q["batch"]), len(x))
+    fr = (float(q["token_frac"]), float(q["channel_frac"]), float(q["tau"]))
+
+    def build(gen):
+        torch.manual_seed(seed)
+        net = build_net(variant, f, p)
+        return PretrainModel(net, PretrainHeads(net.embed.out_features, x.shape[-1]))
+
+    def total(m, xb, cb, gen):
+        L = pretrain_losses(m.net, m.heads, xb, cb, gen, *fr)
+        return sum(w[k] * L[k] for k in L)
+
+    def train_loss(m, gen):
+        b = torch.randperm(len(x), generator=gen)[:bs]
+        return total(m, x[b], corr[b], gen)
+
+    def val_loss(m):
+        with torch.no_grad():
+            return float(total(m, xv, corrv, torch.Generator().manual_seed(1234)))
+
+    model, rec = fit_to_plateau(build, train_loss, val_loss, q["fit"], seed, label=f"{variant} pretrain",
+                                progress=ctx.progress)
+    log_fit(ctx.metrics, "pt", rec)
+    return model.net
 
 
-def predict(net, X, present_mask, fill: bool = False) -> np.ndarray:
+def predict(net, X, present_mask) -> np.ndarray:
     import torch
 
     net.eval()
     with torch.no_grad():
-        args = (torch.as_tensor(X), torch.as_tensor(present_mask)) + ((True,) if fill else ())
-        out = net(*args).argmax(1).numpy()
+        out = net(torch.as_tensor(X), torch.as_tensor(present_mask)).argmax(1).numpy()
     net.train()
     return out
 
 
-def finetune(net, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray, p: dict, seed: int):
-    """Supervised training with a fixed budget (steps, AdamW, cosine schedule); every variant the same.
-    Returns the (step, train loss, val loss) history."""
+def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray, p: dict, seed: int,
+             label: str, progress):
+    """Supervised fit of a fresh copy (``make()``) with fit_to_plateau: the same grid, batch and
+    stopping rule for every network. Returns (net, record)."""
     import torch
     import torch.nn.functional as F
 
-    from .models import cosine_lr
+    from reprozoo.blocks.fitting import fit_to_plateau
 
-    q = p["finetune"]
-    steps, bs = int(q["steps"]), min(int(q["batch"]), len(y))
-    opt = torch.optim.AdamW(net.parameters(), lr=float(q["lr"]), weight_decay=float(q["weight_decay"]))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, steps))
-    gen = torch.Generator().manual_seed(seed + 7)
+    q = p["fit"]
+    bs = min(int(q["batch"]), len(y))
     X, y, Xv, yv = (torch.as_tensor(a) for a in (X, y, Xv, yv))
     full, fullv = torch.ones(len(X), X.shape[1], dtype=torch.bool), torch.ones(len(Xv), Xv.shape[1], dtype=torch.bool)
-    hist = []
-    every = max(1, steps // 20)  # at least 5 validation points in the convergence gate's window (last 30 %)
-    for s in range(steps):
+
+    def train_loss(net, gen):
         b = torch.randperm(len(y), generator=gen)[:bs]
-        loss = F.cross_entropy(net(X[b], full[b]), y[b])
-        hist_loss = float(loss.detach())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if s % every == 0 or s == steps - 1:
-            net.eval()
-            with torch.no_grad():
-                vl = float(F.cross_entropy(net(Xv, fullv), yv))
-            net.train()
-            hist.append((s + 1, hist_loss, vl))
-    return hist
+        return F.cross_entropy(net(X[b], full[b]), y[b])
+
+    def val_loss(net):
+        return float(F.cross_entropy(net(Xv, fullv), yv))
+
+    return fit_to_plateau(lambda gen: make(), train_loss, val_loss, q, seed, label=label, progress=progress)
 
 
-def robustness(predict_fn, Xte, yte, present: np.ndarray, fracs) -> list[float]:
-    """Test weighted-F1 at each drop fraction, averaged over the seed's drop sets."""
-    return [float(np.mean([weighted_f1(yte, predict_fn(Xte, np.repeat(m[None], len(yte), 0))) for m in present[i]]))
-            for i in range(len(fracs))]
+def robustness(predict_fn, Xte, yte, subj, present: np.ndarray) -> np.ndarray:
+    """Test weighted-F1 per drop fraction (rows) and test subject (columns), averaged over the
+    seed's drop sets."""
+    n = len(yte)
+    return np.array([np.mean([per_subject_f1(yte, predict_fn(Xte, np.repeat(m[None], n, 0)), subj) for m in sets], 0)
+                     for sets in present])
 
 
 def _lr_fit(Xtr, ytr, p):
@@ -209,16 +247,30 @@ def _lr_fit(Xtr, ytr, p):
     return LogisticRegression(C=float(p["de_lr"]["C"]), max_iter=2000).fit(Xtr.reshape(len(Xtr), -1), ytr)
 
 
+def _record_partition(ctx, net, anat: np.ndarray, prefix: str = "") -> None:
+    """The learned channel-to-region assignment and how far it moved from the anatomical start."""
+    P = net.partition.detach().numpy()
+    own = P[np.arange(len(P)), anat]
+    ctx.metrics.scalar(prefix + "p_own", float(own.mean()))
+    ctx.metrics.scalar(prefix + "p_moved_channels", float((P.argmax(1) != anat).sum()))
+    if not prefix:
+        ctx.metrics.curve("partition", np.arange(P.size), P.ravel())
+        ctx.metrics.scalar("n_regions", P.shape[1])
+
+
 def train(ctx) -> None:
     p = ctx.params
     v = ctx.variant
     f = dict(np.load(ctx.shared_dir / "features.npz"))
     y, tr, va, te = f["y"], f["train"], f["val"], f["test"]
+    subj = f["subj"][te]
     main = int(p["main_label_count"])
-    # the label-count curve is the pre-training ablation's (and the free linear model's); the
-    # supervised network baselines are trained at the main count only (CPU budget)
+    low = int(p["low_label_max"])
+    # the label-count curve is the pre-training ablation's (and the free linear model's); the other
+    # networks are trained at the main count only (CPU budget)
     counts = [int(k) for k in p["label_counts"]] if v in CURVE_VARIANTS else [main]
     fracs = [float(x) for x in p["drop_fracs"]]
+    full_te = np.ones((len(te), f["present"].shape[2]), bool)
     f1s, t0 = {}, time.process_time()
     if v == "de_lr":
         X = f["whole"]
@@ -229,70 +281,57 @@ def train(ctx) -> None:
             def pred(Xs, m, clf=clf):  # a missing channel's features are set to the training mean (0)
                 return clf.predict((Xs * m[..., None]).reshape(len(Xs), -1))
 
-            f1s[k] = weighted_f1(y[te], pred(X[te], np.ones((len(te), X.shape[1]), bool)))
+            f1s[k] = per_subject_f1(y[te], pred(X[te], full_te), subj)
             if k == main:
-                drop = robustness(pred, X[te], y[te], f["present"], fracs)
+                drop = robustness(pred, X[te], y[te], subj, f["present"])
     else:
         import torch
 
-        torch.manual_seed(ctx.seed)
-        X = f["raw"] if v == "eegnet" else f["tokens"]
-        net0 = build_net(v, f, p)
+        from reprozoo.blocks.fitting import log_fit
+
         from .models import n_params
 
+        torch.manual_seed(ctx.seed)
+        X = f["raw"] if v == "eegnet" else f["tokens"]
+        anat = f["region_ids"].astype(int)
+        if v in PRETRAINED:
+            net0 = pretrain(v, f, p, ctx.seed, ctx)
+            if v == "rector":
+                _record_partition(ctx, net0, anat, prefix="pretrained_")
+        else:
+            torch.manual_seed(ctx.seed)
+            net0 = build_net(v, f, p)
         ctx.metrics.scalar("n_params", n_params(net0))
-        if v == "rector":
-            hist = pretrain(net0, f, p, ctx.seed, ctx)
-            s = np.arange(1, len(hist["total"]) + 1)
-            for key, vals in hist.items():
-                ctx.metrics.curve(f"pretrain_{key}", s, _smooth(vals))
-        state = {k: t.clone() for k, t in net0.state_dict().items()}
         for k in counts:
-            net0.load_state_dict(state)
             idx = f[f"labels_{k}"]
-            hist = finetune(net0, X[idx], y[idx], X[va], y[va], p, ctx.seed)
+            net, rec = finetune(lambda: copy.deepcopy(net0), X[idx], y[idx], X[va], y[va], p, ctx.seed,
+                                f"{v} k={k}", ctx.progress)
+            log_fit(ctx.metrics, "ft" if k == main else f"ft{k}", rec)
 
-            def pred(Xs, m, net=net0):
+            def pred(Xs, m, net=net):
                 return predict(net, Xs, m)
 
-            f1s[k] = weighted_f1(y[te], pred(X[te], np.ones((len(te), X.shape[1]), bool)))
-            ctx.progress(f"k={k}/class: test wF1 {f1s[k]:.3f}")
+            f1s[k] = per_subject_f1(y[te], pred(X[te], full_te), subj)
+            ctx.progress(f"k={k}/class: test wF1 per subject {np.round(f1s[k], 3).tolist()}")
             if k == main:
-                steps_, trl, vl = zip(*hist)
-                ctx.metrics.curve("train_loss", steps_, trl)
-                ctx.metrics.curve("val_loss", steps_, vl)
-                n = max(2, len(vl) // 4)  # final slope of the val loss, per 100 steps, over the last quarter
-                ctx.metrics.scalar("val_loss_final_slope", 100 * np.polyfit(steps_[-n:], vl[-n:], 1)[0])
-                drop = robustness(pred, X[te], y[te], f["present"], fracs)
-                if v != "eegnet":  # secondary protocol: missing channels as mask tokens
-                    dm = robustness(lambda Xs, m, net=net0: predict(net, Xs, m, fill=True), X[te], y[te],
-                                    f["present"], fracs)
-                    ctx.metrics.curve("f1_vs_drop_masktoken", fracs, dm)
-                    ctx.metrics.scalar("f1_drop_masktoken", dm[0] - float(np.mean(dm[1:])))
-                if v == "rector" or v == "rector_scratch":
-                    P = net0.partition.detach().numpy()
-                    ctx.metrics.curve("partition", np.arange(P.size), P.ravel())
-                    ctx.metrics.scalar("n_regions", P.shape[1])
-    ctx.metrics.scalar("wf1", f1s[main])
+                drop = robustness(pred, X[te], y[te], subj, f["present"])
+                if v in ("rector", "rector_scratch", "rector_fixedp"):
+                    _record_partition(ctx, net, anat)
+    ctx.metrics.units("wf1", f1s[main])
     if v in CURVE_VARIANTS:
-        ctx.metrics.curve("f1_vs_labels", counts, [f1s[k] for k in counts])
-        ctx.metrics.scalar("wf1_low", float(np.mean([f1s[k] for k in counts if k <= int(p["low_label_max"])])))
-    ctx.metrics.curve("f1_vs_drop", fracs, drop)
-    ctx.metrics.scalar("f1_drop", drop[0] - float(np.mean([d for fr, d in zip(fracs, drop) if fr > 0])))
-    # the same fall relative to the intact F1 (recorded, not claimed: an absolute fall favours weak models)
-    ctx.metrics.scalar("f1_drop_rel", ctx.metrics.scalars["f1_drop"] / max(drop[0], 1e-9))
+        ctx.metrics.curve("f1_vs_labels", counts, [float(np.mean(f1s[k])) for k in counts])
+        ctx.metrics.units("wf1_low", np.mean([f1s[k] for k in counts if k <= low], 0))
+    ctx.metrics.curve("f1_vs_drop", fracs, drop.mean(1))
+    ctx.metrics.units("f1_drop_rel", relative_drop(drop))
+    # the absolute fall in F1 points (recorded, not claimed: it favours weak models)
+    ctx.metrics.units("f1_drop", drop[0] - drop[1:].mean(0))
     ctx.metrics.scalar("train_cpu_s", time.process_time() - t0)
-
-
-def _smooth(vals, w: int = 10) -> np.ndarray:
-    v = np.asarray(vals, float)
-    c = np.cumsum(np.insert(v, 0, 0.0))
-    return np.array([(c[i + 1] - c[max(0, i + 1 - w)]) / (i + 1 - max(0, i + 1 - w)) for i in range(len(v))])
 
 
 # --- plots -------------------------------------------------------------------------------------
 
-GENERIC_CURVES = ["val_loss", "pretrain_total"]
+GENERIC_CURVES = {"val_ft": ("fine-tuning step (main label count)", "validation cross-entropy"),
+                  "val_pt": ("pre-training step", "validation pre-training loss (fixed masks)")}
 
 
 def _band(ax, sub, label):

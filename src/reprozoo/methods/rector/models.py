@@ -15,7 +15,11 @@ RECTOR-SA (one block, pre-LayerNorm residual updates):
 4. an MLP.
 Adaptive Functional Partitioning: P = softmax(L) row-wise, L initialised at ``anat_logit`` x
 one-hot(anatomical region) and learned with everything else, so the regions can move from the
-anatomical definition to functional groups (the learned P is recorded as ``partition``).
+anatomical definition to functional groups (the learned P is recorded as ``partition``). P gets its
+own learning rate through the parametrisation L = ``part_lr_mult`` x theta: Adam's step on theta is
+about the learning rate whatever the gradient's size, so L moves ``part_lr_mult`` times faster than
+an ordinary weight (weight decay acts on theta, i.e. on L, at the shared rate). With
+``fixed_partition`` L is a buffer: the anatomical partition, never learned (the fixed-P ablation).
 
 Readout: each channel's state averaged over segments, concatenated over channels, linear head (the
 same for RECTOR and the dense transformer). Missing channels: a channel that is absent is excluded
@@ -23,8 +27,6 @@ as a key (bias -1e4), from the region pooling and from the readout (zeros); its 
 reach a present one.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +117,8 @@ class TokenTransformer(nn.Module):
 
     def __init__(self, kind: str, n_feat: int, n_times: int, pos: torch.Tensor, region_ids: torch.Tensor,
                  n_regions: int, dim: int, depth: int, heads: int, mlp_ratio: float = 2.0,
-                 anat_logit: float = 4.0, n_classes: int = 3):
+                 anat_logit: float = 4.0, n_classes: int = 3, part_lr_mult: float = 1.0,
+                 fixed_partition: bool = False):
         super().__init__()
         self.kind = kind
         self.register_buffer("pos", pos.float())
@@ -126,16 +129,21 @@ class TokenTransformer(nn.Module):
         # adaptive functional partitioning: logits start at the anatomical one-hot
         # (the dense transformer has no regions: its blocks ignore P)
         onehot = F.one_hot(region_ids.long(), n_regions).float()
-        if kind == "rector":
-            self.part_logits = nn.Parameter(anat_logit * onehot)
+        self.part_lr_mult = float(part_lr_mult) if kind == "rector" and not fixed_partition else 1.0
+        if kind == "rector" and not fixed_partition:
+            self.part_theta = nn.Parameter(anat_logit * onehot / self.part_lr_mult)
         else:
-            self.register_buffer("part_logits", anat_logit * onehot)
+            self.register_buffer("part_theta", anat_logit * onehot)
         block = HierBlock if kind == "rector" else DenseBlock
         self.blocks = nn.ModuleList(block(dim, heads, mlp_ratio) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         # readout: each channel's state averaged over segments, concatenated over channels (an absent
         # channel contributes zeros), so the classifier keeps which electrode said what
         self.head = nn.Sequential(nn.LayerNorm(len(pos) * dim), nn.Dropout(0.25), nn.Linear(len(pos) * dim, n_classes))
+
+    @property
+    def part_logits(self) -> torch.Tensor:
+        return self.part_lr_mult * self.part_theta
 
     @property
     def partition(self) -> torch.Tensor:
@@ -242,11 +250,13 @@ def pretrain_losses(model: TokenTransformer, heads: PretrainHeads, x: torch.Tens
     return {"mpm": mpm, "tsm": tsm, "cvc": nt_xent(zs[0], zs[1], tau)}
 
 
+class PretrainModel(nn.Module):
+    """The encoder and its pre-training decoders as one module (one optimiser, one state to keep)."""
+
+    def __init__(self, net: TokenTransformer, heads: PretrainHeads):
+        super().__init__()
+        self.net, self.heads = net, heads
+
+
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def cosine_lr(step: int, total: int, warmup: int = 10) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))

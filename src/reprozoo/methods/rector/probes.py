@@ -1,0 +1,59 @@
+"""The hand-run probe the README quotes (not part of the pipeline; run after a smoke run of
+seed 0, from the project root):
+
+    python -m reprozoo.methods.rector.probes eegnet 16 1e-3 3e-3 1e-2   # EEGNet on 48 labels
+    python -m reprozoo.methods.rector.probes eegnet all 1e-3 3e-3       # ... on every training epoch
+
+Why they exist: EEGNet sits at chance at 16 labels per class, and the probe shows it lacks labels,
+not steps.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+FEATURES = "results/smoke/rector/_shared/seed0/features.npz"
+
+
+def eegnet(labels: str, rates: list[float], steps: int = 300) -> None:
+    """AdamW, batch 16, every 50 steps: (step, validation CE, test weighted-F1)."""
+    import torch
+    import torch.nn.functional as F
+
+    from . import method, models
+
+    torch.set_num_threads(1)
+    f = dict(np.load(FEATURES))
+    y, tr, va, te = f["y"], f["train"], f["val"], f["test"]
+    X, Y = torch.as_tensor(f["raw"]), torch.as_tensor(y)
+    idx = torch.as_tensor(f["labels_16"] if labels == "16" else tr)
+    full = torch.ones(len(X), X.shape[1], dtype=torch.bool)
+    for lr in rates:
+        torch.manual_seed(0)
+        net = models.EEGNet(X.shape[1], X.shape[2], 3, F1=8, D=2, F2=16, kern=32, dropout=0.25)
+        opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
+        g = torch.Generator().manual_seed(0)
+        out, t = [], time.process_time()
+        for s in range(steps + 1):
+            if s % 50 == 0:
+                net.eval()
+                with torch.no_grad():
+                    vl = float(F.cross_entropy(net(X[va], full[va]), Y[va]))
+                    p = net(X[te], full[te]).argmax(1).numpy()
+                net.train()
+                out.append((s, round(vl, 3), round(method.weighted_f1(y[te], p), 3)))
+            b = idx[torch.randperm(len(idx), generator=g)[:16]]
+            loss = F.cross_entropy(net(X[b], full[b]), Y[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(f"lr {lr:g}: (step, val CE, test wF1) {out}; {time.process_time() - t:.1f} CPU-s")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["eegnet"]:
+        eegnet(sys.argv[2], [float(a) for a in sys.argv[3:]])
+    else:
+        raise SystemExit(__doc__)
