@@ -241,3 +241,68 @@ def test_sbc_flags_overconfidence():
     over = mean[None] + 0.5 * sd * rng.normal(size=(L, n, 2))
     assert sbc_summary(theta, exact)["cov_err"] < 0.08
     assert sbc_summary(theta, over)["cov_err"] > 0.2
+
+
+def test_window_accuracy_matches_simulated_trials():
+    """acc(w) = 1 - mean min(err, log w) / (2 log w): the expected accuracy of a model whose threshold is
+    off by err, on amplitudes log-uniform in [thr/w, w thr] (Monte Carlo with step responses); a perfect
+    model scores 1 at every window, a model off by more than the window scores 0.5, and the same model
+    scores higher on wider windows (the window, not the model, sets the level)."""
+    from reprozoo.methods.hh_mea.method import window_accuracy
+
+    rng = np.random.default_rng(0)
+    err_signed = rng.normal(0.0, 0.3, size=400)
+    widths = np.array([1.1, 1.5, 2.0, 4.0])
+    acc = window_accuracy(np.abs(err_signed), widths)
+    la = rng.uniform(-1, 1, size=(4000, 1)) * np.log(widths)[:, None, None]    # (w, trials, 1) log(a / thr)
+    mc = ((la >= 0) == (la >= err_signed[None, None])).mean((1, 2))
+    assert np.allclose(acc, mc, atol=0.01), (acc, mc)
+    assert np.all(np.diff(acc) > 0)
+    assert np.allclose(window_accuracy(np.zeros(5), widths), 1.0)
+    assert np.allclose(window_accuracy(np.full(5, 2.0), widths), 0.5)
+
+
+def test_window_accuracy_agrees_with_the_simulated_cell(exp):
+    """The same formula on the simulator: a model whose only error is a 25 % stronger gNa, trials
+    log-uniform in [thr/2, 2 thr] labelled by simulating the true cell and predicted by simulating the
+    model, agrees with window_accuracy of its bisected threshold error (responses are monotone in
+    amplitude, the formula's one assumption)."""
+    from reprozoo.methods.hh_mea.cell_model import random_patterns
+    from reprozoo.methods.hh_mea.method import window_accuracy
+
+    rng = np.random.default_rng(3)
+    th, psi = exp.sample_theta(8, rng), exp.sample_geometry(8, rng)
+    th_hat = th + np.log([1.25, 1.0, 1.0, 1.0])
+    pats = random_patterns(exp, psi, 1, rng)[:, 0]
+    thr = exp.thresholds(th, psi, pats, iters=14).numpy()
+    thr_hat = exp.thresholds(th_hat, psi, pats, iters=14).numpy()
+    ok = np.flatnonzero(np.isfinite(thr) & np.isfinite(thr_hat))[:4]      # patterns both cells respond to
+    assert len(ok) == 4
+    th, th_hat, psi, pats, thr, thr_hat = th[ok], th_hat[ok], psi[ok], pats[ok], thr[ok], thr_hat[ok]
+    err = np.abs(np.log(thr_hat / thr))
+    assert np.all(err > 0.02)                                           # the planted error moves thresholds
+    n = 60
+    a = thr[:, None] * np.exp(np.linspace(-np.log(2), np.log(2), n))[None]     # a uniform grid in log a
+    cur = (pats[:, None] * a[..., None]).reshape(4 * n, -1)
+    rep = lambda x: np.repeat(x, n, 0)
+    truth = exp.respond(rep(th), rep(psi), cur).numpy()
+    pred = exp.respond(rep(th_hat), rep(psi), cur).numpy()
+    assert abs((truth == pred).mean() - window_accuracy(err, [2.0])[0]) < 2.5 / n
+
+
+def test_gradient_fit_recovers_a_planted_cell(exp):
+    """The gradient-fit baseline under the shared plateau rule, from the defaults, on noise-free EIs of
+    cells with planted gNa, gK: it cuts the EI error at least 10-fold and moves gNa, gK towards the truth."""
+    from reprozoo.methods.hh_mea.inference import gradient_fit
+
+    rng = np.random.default_rng(2)
+    psi = exp.sample_geometry(2, rng)
+    th = np.repeat(exp.theta_default[None], 2, 0) + np.array([[0.3, -0.25, 0, 0], [-0.25, 0.3, 0, 0]])
+    ei = exp.record(th, psi)
+    fit = {"lr_grid": [0.3, 1.0], "pilot_steps": 3, "eval_every": 1, "min_steps": 15, "max_steps": 30,
+           "flat_tol": 0.01}
+    theta, rec = gradient_fit(exp, ei, psi, exp.prior_low, exp.prior_high, fit, 0, progress=lambda s: None)
+    assert min(rec["vals"]) < 0.1 * rec["vals"][0], rec["vals"]
+    before = np.abs(exp.theta_default[None, :2] - th[:, :2])
+    assert np.all(np.abs(theta[:, :2] - th[:, :2]) < 0.5 * before), (theta, th)
+    assert np.all(theta >= exp.prior_low) and np.all(theta <= exp.prior_high)

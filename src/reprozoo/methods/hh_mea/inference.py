@@ -68,30 +68,39 @@ def sbc_summary(theta_true: np.ndarray, draws: np.ndarray) -> dict:
             "ks_p_min": float(pvals.min()), "ks_p": pvals}
 
 
-def gradient_fit(exp, ei_obs: torch.Tensor, psi: np.ndarray, theta0: np.ndarray, steps: int, lr: float,
-                 low: np.ndarray, high: np.ndarray, progress=None):
-    """θ (B, 4) minimising Σ_t,e (EI(θ) - EI_obs)² / Σ EI_obs² per cell, Adam through the simulator;
-    θ is kept in the prior box by clamping after each step. Returns (θ, mean loss per step)."""
-    th = torch.tensor(theta0, dtype=exp.dtype, requires_grad=True)
+def gradient_fit(exp, ei_obs: torch.Tensor, psi: np.ndarray, low: np.ndarray, high: np.ndarray, fit: dict,
+                 seed: int, progress=print):
+    """θ (B, 4) minimising the normalised EI error Σ_t,e (EI(θ) - EI_obs)² / Σ EI_obs² of every cell,
+    by Adam through the differentiable simulator under the shared training rule
+    (``blocks.fitting.fit_to_plateau``: a learning-rate grid piloted on the loss, the best rate kept
+    constant until the loss passes the plateau test, best iterate kept). θ lives in the prior box as
+    θ = low + (high - low) σ(u); u = 0 is the box centre, which is the textbook (default) HH cell, so
+    every fit starts from the defaults. The fit has no held-out data: its "validation" loss is the
+    mean per-cell EI error itself (deterministic: all cells, every step). Returns (θ, fit record)."""
+    from ...blocks.fitting import fit_to_plateau
+
     psi_t = exp._t(psi)
-    lo, hi = torch.as_tensor(low, dtype=exp.dtype), torch.as_tensor(high, dtype=exp.dtype)
+    lo, span = torch.as_tensor(low, dtype=exp.dtype), torch.as_tensor(high - low, dtype=exp.dtype)
     obs = ei_obs.to(exp.dtype)
     norm = (obs**2).mean((1, 2))
-    opt = torch.optim.Adam([th], lr=lr)
-    losses = []
-    best, best_loss = th.detach().clone(), torch.full((len(th),), float("inf"))
-    for k in range(steps):
-        ei = exp._record(th, psi_t)
-        per_cell = ((ei - obs) ** 2).mean((1, 2)) / norm
-        with torch.no_grad():                                    # keep each cell's best iterate
-            better = per_cell < best_loss
-            best[better], best_loss[better] = th.detach()[better], per_cell[better]
-        opt.zero_grad()
-        per_cell.sum().backward()
-        opt.step()
+
+    class _Theta(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.u = torch.nn.Parameter(torch.zeros(len(obs), 4, dtype=exp.dtype))
+
+        def theta(self):
+            return lo + span * torch.sigmoid(self.u)
+
+    def per_cell(model):
+        return ((exp._record(model.theta(), psi_t) - obs) ** 2).mean((1, 2)) / norm
+
+    def val_loss(model):
         with torch.no_grad():
-            th.copy_(torch.maximum(torch.minimum(th, hi), lo))
-        losses.append(float(per_cell.detach().mean()))
-        if progress and k % max(1, steps // 5) == 0:
-            progress(f"gradient fit step {k}/{steps} loss {losses[-1]:.4f}")
-    return best.numpy().astype(np.float64), losses
+            return float(per_cell(model).mean())
+
+    model, rec = fit_to_plateau(lambda gen: _Theta(), lambda m, gen: per_cell(m).sum(), val_loss, fit, seed,
+                                "gradient_fit", progress)
+    with torch.no_grad():
+        theta = model.theta().numpy().astype(np.float64)
+    return theta, rec
