@@ -8,16 +8,22 @@ Stages and units:
   Records the tokenizer ceilings (voxel r and pixel r of tokenise -> detokenise on test).
 * ``train`` (per variant x seed): masked-token transformers (``blocks/masked_token_transformer``)
   trained with the masked diffusion loss (nats per masked token) on the joint token sequences of
-  ``tasks.py``; the best-on-validation checkpoint is kept; every task is then decoded greedily on
-  the test split and scored (``tasks.py``).
+  ``tasks.py``, each by the shared rule ``blocks/fitting.fit_to_plateau`` (AdamW at every rate of
+  one grid for a pilot, the best on validation continued at that constant rate until the platform's
+  plateau test holds, best-validation weights kept; validation CE with all targets masked, averaged
+  over the model's tasks); every task is then decoded greedily on the test split, scored, and
+  chance-corrected (``tasks.chance_corrected``).
 
-Variants (identical architecture, optimiser, schedule, data, decoding; budget stated per task):
+Variants (identical architecture, optimiser, learning-rate grid, stopping rule, data, decoding):
 
-* ``joint`` (method, Mind-Omni): ONE model; every step draws ``batch_per_task`` examples of EACH of
-  the seven tasks (batch 7 x b) for ``steps`` steps;
-* ``single_task`` (baseline): SEVEN models of the same size, one per task, each ``steps`` steps of
-  ``batch_per_task`` examples of its own task. Each task therefore gets the same steps x batch in
-  both variants (and the seven single models together cost what the joint model costs).
+* ``joint`` (method, Mind-Omni): ONE model; every step draws ``batch_per_task`` = b examples of EACH
+  of the seven tasks (batch 7 b). Its weights after ``control_step`` updates are scored too
+  (``cc_early_*``): the weakened control every claim must fail on;
+* ``single_task_joint_batch`` (baseline, the claims' comparison): SEVEN models of the same size, one
+  per task, each 7 b examples of its own task per step, the joint model's batch size: the control
+  for the batch-size confound the review named;
+* ``single_task`` (baseline): seven models, b examples of their task per step (the joint model's
+  per-task batch, the paper-style single-task baseline).
 """
 from __future__ import annotations
 
@@ -105,65 +111,77 @@ def _eval_sets(d, lay, split, tasks):
     return out
 
 
-def train_model(d, tasks: list[str], cfg: dict, seed: int, progress=print):
-    """One masked-token transformer on ``tasks`` (b examples of each per step); returns the
-    best-on-validation model and curves (step, train loss; step, val loss per task)."""
+def variant_plan(variant: str, b: int) -> tuple[list[list[str]], int]:
+    """(task groups, one model per group; examples of EACH task of a group per step).
+
+    joint: one group of all seven tasks, ``b`` of each per step (batch 7 b); single_task: seven
+    groups, ``b`` per step (batch b); single_task_joint_batch: seven groups, ``7 b`` per step (batch
+    7 b, the joint model's batch: the control for the batch-size confound)."""
+    tasks = list(T.TASKS)
+    if variant == "joint":
+        return [tasks], b
+    if variant == "single_task":
+        return [[t] for t in tasks], b
+    if variant == "single_task_joint_batch":
+        return [[t] for t in tasks], b * len(tasks)
+    raise ValueError(f"variant '{variant}' unknown (joint, single_task, single_task_joint_batch)")
+
+
+def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: int, label: str,
+                snap_step: int | None = None, progress=print):
+    """One masked-token transformer on ``tasks`` (``per_task`` examples of each per step), trained by
+    the shared rule ``blocks.fitting.fit_to_plateau`` on the mean validation CE over its tasks.
+    Returns (model with its best-validation weights, fit record, per-task validation curves of the
+    chosen run, the chosen run's weights after ``snap_step`` updates or None)."""
     import torch
 
+    from ...blocks.fitting import fit_to_plateau
     from ...blocks.masked_token_transformer import MaskedTokenTransformer, masked_token_loss
 
-    torch.manual_seed(seed)
     lay = _layout(d)
     bias = torch.tensor(lay.logit_bias())
-    model = MaskedTokenTransformer(lay.vocab, lay.seq_len, cfg["dim"], cfg["depth"], cfg["heads"], cfg["mlp_ratio"])
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg["lr"], total_steps=cfg["steps"],
-                                                pct_start=max(0.05, 2.0 / cfg["steps"]))
-    rng = np.random.default_rng(seed + 17)
-    gen = torch.Generator().manual_seed(seed + 29)
-    b, train = cfg["batch_per_task"], d["train"]
+    train = d["train"]
     val = {k: (torch.tensor(x), torch.tensor(t)) for k, (x, t) in _eval_sets(d, lay, "val", tasks).items()}
+    rngs, counts, snaps, per_task_vals = {}, {}, {}, {}
 
-    def val_losses():
-        """CE (nats per token) of every target token with ALL targets masked: the first reverse step."""
-        model.eval()
-        out = {}
-        with torch.no_grad():
-            for k, (x, t) in val.items():
-                logits = model(torch.where(t, torch.full_like(x, model.mask_id), x)) + bias
-                out[k] = torch.nn.functional.cross_entropy(logits[t], x[t]).item()
-        model.train()
-        return out
+    def build(gen):
+        torch.manual_seed(seed)     # the same initial weights for every rate of the grid
+        return MaskedTokenTransformer(lay.vocab, lay.seq_len, cfg["dim"], cfg["depth"], cfg["heads"],
+                                      cfg["mlp_ratio"])
 
-    curves = {"step": [], "train": [], **{f"val_{k}": [] for k in tasks}}
-    best, best_state, run = np.inf, None, []
-    for step in range(1, cfg["steps"] + 1):
+    def train_loss(model, gen):
+        key = id(model)
+        rng = rngs.setdefault(key, np.random.default_rng(seed + 17))   # the same batches for every rate
         xs, ts = [], []
         for task in tasks:
-            idx = rng.choice(train, b)
-            x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), b))
+            idx = rng.choice(train, per_task)
+            x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), per_task))
             xs.append(x)
             ts.append(t)
-        loss = masked_token_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
+        if snap_step is not None and counts.get(key, 0) == snap_step:
+            snaps[key] = copy.deepcopy(model.state_dict())
+        counts[key] = counts.get(key, 0) + 1
+        return masked_token_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
                                  bias, gen)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        run.append(loss.item())
-        if step % cfg["eval_every"] == 0 or step == cfg["steps"]:
-            vl = val_losses()
-            curves["step"].append(step)
-            curves["train"].append(float(np.mean(run)))
-            run = []
-            for k, v in vl.items():
-                curves[f"val_{k}"].append(v)
-            m = float(np.mean(list(vl.values())))
-            if m < best:
-                best, best_state = m, copy.deepcopy(model.state_dict())
-    model.load_state_dict(best_state)
+
+    def val_loss(model):
+        """CE (nats per token) of every target token with ALL targets masked (the first reverse
+        step), mean over the model's tasks."""
+        out = {}
+        for k, (x, t) in val.items():
+            logits = model(torch.where(t, torch.full_like(x, model.mask_id), x)) + bias
+            out[k] = torch.nn.functional.cross_entropy(logits[t], x[t]).item()
+        per_task_vals.setdefault(id(model), []).append(out)
+        return float(np.mean(list(out.values())))
+
+    model, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, label=label, progress=progress)
     model.eval()
-    return model, curves
+    hist = per_task_vals[id(model)]
+    curves = {k: [h[k] for h in hist] for k in tasks}
+    snap = snaps.get(id(model))
+    if snap_step is not None and snap is None:
+        raise ValueError(f"{label}: control_step {snap_step} not reached (the run took {rec['stop']} steps)")
+    return model, rec, curves, snap
 
 
 # --- evaluation -------------------------------------------------------------------------------------
@@ -205,41 +223,44 @@ def evaluate(model, d, tasks: list[str], steps: int) -> tuple[dict, dict]:
         out["score_brain2txt"] = out["word_acc_brain2txt"]
     if "brain2imgtxt" in tasks:
         out["score_brain2imgtxt"] = 0.5 * (out["id_acc_brain2imgtxt"] + out["word_acc_brain2imgtxt"])
+    for task in tasks:
+        out[f"cc_{task}"] = T.chance_corrected(task, out[f"score_{task}"])
     return out, gen
-
-
-def _final_slope(steps, ys, frac: float = 0.25) -> float:
-    """Least-squares slope of a curve over its last ``frac`` of steps, per 1000 steps."""
-    s, y = np.asarray(steps, float), np.asarray(ys, float)
-    keep = s >= s[-1] * (1 - frac)
-    return float(np.polyfit(s[keep], y[keep], 1)[0] * 1000) if keep.sum() >= 2 else float("nan")
 
 
 def train(ctx) -> None:
     import torch
 
+    from ...blocks.fitting import log_fit
+
     torch.set_num_threads(max(1, ctx.threads))
     p, d = ctx.params, load_shared(ctx.shared_dir)
-    cfg, all_tasks = p["model"], list(T.TASKS)
-    groups = [all_tasks] if ctx.variant == "joint" else [[t] for t in all_tasks] \
-        if ctx.variant == "single_task" else None
-    if groups is None:
-        raise ValueError(f"variant '{ctx.variant}' unknown (joint, single_task)")
-    scalars, train_curves, slopes, gens = {}, [], [], {}
+    cfg, fit = p["model"], p["fit"]
+    groups, per_task = variant_plan(ctx.variant, cfg["batch_per_task"])
+    scalars, gens = {}, {}
     for g in groups:
-        model, c = train_model(d, g, cfg, ctx.seed, ctx.progress)
+        label = "joint" if len(g) > 1 else g[0]
+        snap_step = p["control_step"] if ctx.variant == "joint" else None
+        model, rec, curves, snap = train_model(d, g, per_task, cfg, fit, ctx.seed, label, snap_step, ctx.progress)
+        # the gate's curves: val_<label> (mean CE over the model's tasks) and lr_<label>
+        log_fit(ctx.metrics, label, rec)
+        ctx.metrics.scalar(f"examples_per_task_{label}", rec["stop"] * per_task)
+        steps = rec["steps"]
+        for k in g:
+            ctx.metrics.curve(f"val_loss_{k}", steps, curves[k])      # per task, for the plot
+        # training loss: the chosen run's mean over each evaluation interval
+        every = int(fit["eval_every"])
+        ctx.metrics.curve(f"train_{label}", steps[1:], [float(np.mean(rec["losses"][a - every:a])) for a in steps[1:]])
         s, gen = evaluate(model, d, g, p["decode_steps"])
         scalars.update(s)
         gens.update(gen)
-        train_curves.append(c["train"])
-        for k in g:
-            ctx.metrics.curve(f"val_loss_{k}", c["step"], c[f"val_{k}"])
-            slopes.append(_final_slope(c["step"], c[f"val_{k}"]))
-        ctx.progress(f"{'+'.join(g)}: best val {min(np.mean([c[f'val_{k}'] for k in g], 0)):.3f} nats")
-    # train loss: the mean over the variant's models (joint: one model on the task mixture)
-    ctx.metrics.curve("train_loss", c["step"], np.mean(train_curves, 0))
-    ctx.metrics.scalar("val_loss_final_slope_max", max(slopes))
-    ctx.metrics.scalar("train_examples_per_task", cfg["steps"] * cfg["batch_per_task"])
+        if snap is not None:
+            # the weakened control: the same joint run after control_step updates
+            model.load_state_dict(snap)
+            s_early, _ = evaluate(model, d, g, p["decode_steps"])
+            scalars.update({k.replace("score_", "score_early_").replace("cc_", "cc_early_"): v
+                            for k, v in s_early.items() if k.startswith(("score_", "cc_"))})
+    ctx.metrics.scalar("batch_size", per_task * len(groups[0]))
     for k, v in scalars.items():
         ctx.metrics.scalar(k, v)
     if ctx.seed == min(p["seeds"]):

@@ -2,9 +2,10 @@
 
 * ``reconstructions.png``: a few test digits: the image, its 'fMRI' map, brain -> image from the
   joint and the single-task model, and the brain -> caption each produced (seed 0);
-* ``score_per_task.png``: each task's score, joint vs single-task, mean +- std over seeds;
-* ``curve_train_loss.png`` / ``curve_val_loss.png``: training loss and per-task validation loss
-  (nats per masked token) against steps, mean with a +- std band over seeds.
+* ``score_per_task.png``: each task's chance-corrected score (what the claims compare), joint, the
+  two single-task baselines and the weakened joint control, mean +- std over seeds;
+* ``curve_val_loss.png``: per-task validation loss (nats per masked token) against steps, every
+  variant, mean with a +- std band over seeds; the last panel is the joint model's training loss.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from . import data as D
 from .tasks import TASKS
 from reprozoo.figures import save_figure
 
-VARIANTS = ("joint", "single_task")
-COLORS = {"joint": "C0", "single_task": "C1"}
+VARIANTS = ("joint", "single_task_joint_batch", "single_task")
+COLORS = {"joint": "C0", "single_task_joint_batch": "C1", "single_task": "C2", "joint_early": "C7"}
 SCORE_LABEL = {"img2brain": "image->brain\nvoxel r", "txt2brain": "caption->brain\nvoxel r",
                "imgtxt2brain": "image+caption\n->brain voxel r", "brain2img": "brain->image\nident. acc",
                "brain2txt": "brain->caption\nword acc", "brain2imgtxt": "brain->image+caption\nmean",
@@ -62,26 +63,29 @@ def plot_reconstructions(table, path: Path, pl) -> None:
 
 
 def plot_scores(table, path: Path, pl) -> None:
-    fig, ax = pl.subplots(figsize=(9, 4))
+    fig, ax = pl.subplots(figsize=(10, 4))
     tasks = list(TASKS)
-    w = 0.38
-    for i, v in enumerate(VARIANTS):
+    bars = [(v, "cc_", v) for v in VARIANTS] + [("joint", "cc_early_", "joint_early")]
+    w = 0.8 / len(bars)
+    for i, (v, pre, name) in enumerate(bars):
         means, sds, pts = [], [], []
         for t in tasks:
-            vals = table[(table.metric == f"score_{t}") & (table.variant == v)].value.to_numpy()
+            vals = table[(table.metric == f"{pre}{t}") & (table.variant == v)].value.to_numpy()
             means.append(vals.mean() if len(vals) else np.nan)
             sds.append(vals.std(ddof=1) if len(vals) > 1 else 0.0)
             pts.append(vals)
-        x = np.arange(len(tasks)) + (i - 0.5) * w
-        ax.bar(x, means, w, yerr=sds, color=COLORS[v], alpha=0.8, capsize=3, label=v)
+        x = np.arange(len(tasks)) + (i - (len(bars) - 1) / 2) * w
+        label = "joint after control_step updates (control)" if name == "joint_early" else name
+        ax.bar(x, means, w, yerr=sds, color=COLORS[name], alpha=0.8, capsize=2, label=label)
         for xi, p in zip(x, pts):
             ax.plot(np.full(len(p), xi), p, "k.", ms=3)
+    ax.axhline(0.0, color="k", lw=0.6)
     ax.set_xticks(np.arange(len(tasks)))
     ax.set_xticklabels([SCORE_LABEL[t] for t in tasks], fontsize=7)
-    ax.set_ylabel("task score (r or fraction correct)")
-    ax.set_title("Does joint training on all seven tasks beat one model per task? (test split, mean +- std over "
-                 "seeds, dots = seeds)", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("chance-corrected score\n(score - chance) / (1 - chance)")
+    ax.set_title("Does joint training on all seven tasks beat one model per task at the same batch size? "
+                 "(test split, mean +- std over seeds, dots = seeds)", fontsize=9)
+    ax.legend(fontsize=7)
     save_figure(fig, path, dpi=110)
 
 
@@ -96,14 +100,6 @@ def _band(ax, table, metric, variant, **kw):
 
 
 def plot_losses(table, plots_dir: Path, pl) -> None:
-    fig, ax = pl.subplots(figsize=(6, 4))
-    for v in VARIANTS:
-        _band(ax, table, "train_loss", v, color=COLORS[v], label=v)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("masked-token CE (nats per masked token)")
-    ax.set_title("Training loss (joint: task mixture; single_task: mean of 7 models)", fontsize=9)
-    ax.legend(fontsize=8)
-    save_figure(fig, plots_dir / "curve_train_loss.png", dpi=110)
     tasks = list(TASKS)
     fig, axes = pl.subplots(2, 4, figsize=(13, 6), squeeze=False)
     for a, t in zip(axes.ravel(), tasks):
@@ -112,10 +108,15 @@ def plot_losses(table, plots_dir: Path, pl) -> None:
         a.set_title(t, fontsize=9)
         a.set_xlabel("training step")
         a.set_ylabel("val CE, all targets masked (nats/token)", fontsize=7)
-    axes.ravel()[-1].axis("off")
+    last = axes.ravel()[-1]
+    _band(last, table, "train_joint", "joint", color=COLORS["joint"], label="joint, training")
+    _band(last, table, "val_joint", "joint", color="k", label="joint, validation (gate)")
+    last.set_title("joint: task mixture", fontsize=9)
+    last.set_xlabel("training step")
+    last.legend(fontsize=7)
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle("Have both variants finished learning? Validation loss per task (mean +- std over seeds)",
-                 fontsize=10)
+    fig.suptitle("Have all models finished learning? Validation loss per task (each model at its constant rate "
+                 "until the plateau test; mean +- std over seeds)", fontsize=10)
     save_figure(fig, plots_dir / "curve_val_loss.png", dpi=110)
 
 

@@ -9,7 +9,8 @@ and may also hold NONE (modality absent from this task). A task names the segmen
 on (visible) and the segments it generates (targets, masked by the diffusion process); all other
 segments are NONE, so the model reads the task from which segments are present, masked or absent.
 
-Metrics (all higher is better; ``score_<task>`` is the one the claims compare):
+Metrics (all higher is better; ``score_<task>``, chance-corrected by ``chance_corrected`` below into
+``cc_<task>``, is what the claims compare):
   encoding (image / caption / both -> brain): voxel-wise Pearson r across test images between the
       detokenised generated brain map and the measured continuous map, mean over voxels;
   brain -> image: pairwise identification accuracy, the fraction of (i, j != i) for which the
@@ -119,3 +120,23 @@ def pixel_correlation(recon: np.ndarray, true: np.ndarray) -> float:
     """Mean over images of the Pearson r between reconstruction and image."""
     c = _row_corr(recon.reshape(len(recon), -1), true.reshape(len(true), -1))
     return float(np.diag(c).mean())
+
+
+# --- chance levels and chance-corrected scores ---------------------------------------------------------
+# Uniform guessing among the tokens a position may emit (the logit bias restricts each caption slot to
+# its own word list; a question's answer is among its own options). Encoding: voxel r of an unrelated
+# prediction is 0. brain -> image: pairwise identification 0.5. brain -> caption: the mean over the three
+# slots of 1 / (slot size): (1/10 + 1/2 + 1/3) / 3. BQA: the mean over the four questions of
+# 1 / (options): which digit (1/10), even / greater than four / thick ink (1/2 each).
+WORD_CHANCE = float(np.mean([1.0 / (hi - lo) for lo, hi in D.CAPTION_SLOTS]))
+BQA_CHANCE = float(np.mean([1.0 / 10, 0.5, 0.5, 0.5]))
+CHANCE = {"img2brain": 0.0, "txt2brain": 0.0, "imgtxt2brain": 0.0, "brain2img": 0.5,
+          "brain2txt": WORD_CHANCE, "brain2imgtxt": 0.5 * (0.5 + WORD_CHANCE), "bqa": BQA_CHANCE}
+
+
+def chance_corrected(task: str, score: float) -> float:
+    """(score - chance) / (1 - chance): 0 at chance, 1 when perfect, on every task. The claims compare
+    these as differences (joint minus single-task), never as ratios: a ratio of two scores near chance
+    (a caption -> brain voxel r of 0.06) is dominated by its denominator."""
+    c = CHANCE[task]
+    return float((score - c) / (1.0 - c))
