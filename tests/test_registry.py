@@ -63,3 +63,11 @@ def test_datasets_may_differ_by_scale():
 def test_no_method_folder_is_broken():
     """A folder whose spec does not load is left out of runs with a warning; CI must not pass then."""
     assert registry.broken() == {}, registry.broken()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_spec_passes_the_lints(method):
+    """spec_lint's rules (claims that cannot discriminate on a tie) hold for every method."""
+    from reprozoo import spec_lint
+
+    spec_lint.check(registry.get(method))

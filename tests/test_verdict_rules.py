@@ -336,3 +336,41 @@ def test_a_convergence_entry_naming_an_unknown_claim_is_refused():
     with pytest.raises(RegistryError, match="unknown claim"):
         _convergence([{"curve": "val", "claims": ["typo"]}], "spec", {"a"}, {"o2", "o4"})
     assert _convergence([{"curve": "val", "claims": ["o2"]}], "spec", {"a"}, {"o2"})[0].gates("o2")
+
+
+def test_a_claim_that_holds_on_a_tie_needs_a_declared_control():
+    """A ratio '<= 1' passes when the method is the baseline, and a non-inferiority '<= 1.05' (or a
+    difference '>= -margin') with no control has an A/A control that holds by construction: the lint
+    refuses both before any job runs, naming the fix."""
+    from reprozoo.registry import _claim
+    from reprozoo.spec_lint import tie_problem, tie_value
+
+    assert tie_value("v@a / v@b") == 1.0 and tie_value("1 - v@a / v@b") == 0.0
+    assert tie_value("v@a") is None and tie_value("v@a / w@b") is None  # one variant; not a comparison
+    base = {"id": "t", "text": "-", "paper_value": "-"}
+
+    def problem(**kw):
+        return tie_problem(_claim({**base, **kw}, "spec", {"a", "b", "c"}))
+
+    assert "passes on a tie" in problem(expr="v@a / v@b", op="<=", threshold=1.0)
+    assert "declare a control" in problem(expr="v@a / v@b", op="<=", threshold=1.05)
+    assert "declare a control" in problem(expr="v@a - v@b", op=">=", threshold=-0.1)
+    assert "declare a control" in problem(expr="v@a - v@b", op=">=", threshold=0.0, margin=0.1)
+    # accepted: a strict win, or a non-inferiority with the control it must fail
+    assert problem(expr="v@a / v@b", op="<", threshold=1.0) is None
+    assert problem(expr="v@a / v@b", op="<=", threshold=1.05, control={"a": "c"}) is None
+    assert problem(expr="v@a - v@b", op=">=", threshold=0.0, margin=0.1, control={"a": "c"}) is None
+
+
+def test_the_plan_refuses_a_spec_whose_claim_holds_on_a_tie(monkeypatch):
+    """The lint runs where runs start (config.plan: the workflow and `reprozoo run`), before any job."""
+    import dataclasses
+
+    from reprozoo import config, registry
+
+    spec = registry.get("rex")
+    bad = dataclasses.replace(spec.claims[0], expr="v@a / v@b", op="<=", threshold=1.05, control=None, margin=None)
+    monkeypatch.setattr(registry, "get", lambda m: dataclasses.replace(spec, claims=[bad]))
+    monkeypatch.setattr(registry, "check_metrics", lambda s: None)
+    with pytest.raises(RegistryError, match="declare a control"):
+        config.plan({"scale": "ci", "methods": ["rex"], "seeds": "auto", "tracking": {}})

@@ -257,11 +257,15 @@ def method_params(config: dict, method: str) -> dict[str, Any]:
 
 def plan(config: dict, check_specs: bool = True) -> Plan:
     """What to run. ``check_specs`` (the invocation's main process; jobs re-planning on a cluster
-    node skip it) also checks that every metric a selected claim reads is recorded by its code."""
+    node skip it) also checks that every metric a selected claim reads is recorded by its code and
+    that every selected spec passes ``spec_lint`` (claims that cannot discriminate on a tie)."""
     methods = selected_methods(config)
     if check_specs:
+        from . import spec_lint
+
         for m in methods:
             registry.check_metrics(registry.get(m))
+            spec_lint.check(registry.get(m))
     scale = config["scale"]
     for key in config.get("variants", {}):
         if key not in methods:
