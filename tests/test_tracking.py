@@ -521,3 +521,22 @@ def test_finished_jobs_are_logged_while_the_run_goes_on(tmp_path, monkeypatch):
     assert kids["done"].info.status == "FINISHED" and kids["busy"].info.status == "FAILED"
     db = uri[len("sqlite:///"):]
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_jobs_of_a_killed_invocation_on_other_methods_do_not_hold_this_run(dead_checkout, capsys):
+    """An orphaned job of a dead run of another method (or scale) writes other outputs: this run
+    goes on (without resuming or reaping the dead one), and says so in one line."""
+    from reprozoo.cli import main
+
+    work, dead, calls = dead_checkout
+    _set_record(work / "results", dead["id"], config={"scale": "ci", "methods": ["rex"]})
+    orphan = _fake_snakemake(work, dead["id"])
+    try:
+        assert main(["run", "ftrl_regret", "--scale", "ci"]) == 0
+        out = capsys.readouterr().out
+        assert "other methods or another scale" in out and str(orphan.pid) in out
+        assert all("--unlock" not in c for c in calls)
+        assert main(["run", "rex", "--scale", "ci"]) == 1  # the same method still waits
+    finally:
+        orphan.kill()
+        orphan.wait(10)

@@ -87,6 +87,16 @@ def _resume_command(args, unlock: bool = False) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _touches(invocation: dict, config: dict) -> bool:
+    """Whether a recorded invocation may write outputs this run writes: the same scale and a
+    shared method (an invocation whose record names no methods ran them all)."""
+    theirs = invocation.get("config") or {}
+    if theirs.get("scale", config.get("scale")) != config.get("scale"):
+        return False
+    mine, done = set(config.get("methods") or []), set(theirs.get("methods") or [])
+    return not mine or not done or bool(mine & done)
+
+
 def _prepare_resume(args, targets: list[str], config: dict) -> int | None:
     """Before Snakemake starts, after an interrupted run: say in one line that the previous
     invocation died and how this run resumes, and remove Snakemake's stale lock when that is safe.
@@ -120,6 +130,13 @@ def _prepare_resume(args, targets: list[str], config: dict) -> int | None:
         if len(dead) > 1:
             what += f" (and {len(dead) - 1} earlier one(s))"
     orphans = sorted(pid for pid, inv in (procs or {}).items() if inv in {d["id"] for d in dead})
+    if orphans and not any(_touches(d, config) for d in dead
+                           if any((procs or {}).get(pid) == d["id"] for pid in orphans)):
+        # the dead invocation's jobs write other outputs (another scale, or only other methods):
+        # go on without resuming it, so one helper's killed run does not hold every other run
+        print(f"reprozoo: {what}; {len(orphans)} of its job(s) still run (pid {', '.join(map(str, orphans))}) on "
+              "other methods or another scale: this run goes on; a later run resumes that one", flush=True)
+        return None
     if orphans:
         print(f"reprozoo: {what}, but {len(orphans)} of its job(s) still run (pid "
               f"{', '.join(map(str, orphans))}): wait for them to end or stop them (kill PID), then run "
