@@ -1,8 +1,14 @@
-"""Synthetic cohort: modular structural connectomes, FC from a linear stochastic model, patients
-made by weakening planted pathways.
+"""Synthetic cohort: modular structural connectomes, FC from a gated communication model on SC,
+patients made by closing the gates of planted pathways (their SC is unchanged).
 
 Why synthetic: the question AFR-Net answers ("which structural routes carry the functional
 signal that separates two groups?") needs a ground truth for the routes, which no real cohort has.
+
+Why the disease sits in routing, not in SC: AFR-Net's premise is that FC is not a fixed function of
+SC; how strongly a structural edge carries signal (its gate) varies between subjects and states.
+If FC were a fixed stochastic model on SC and patients differed in SC, there would be no SC-FC
+mismatch for learned gates to capture (routing by SC alone would already be the true model). Here
+SC has the same distribution in both groups; what differs is the routing of FC over it.
 
 Generative model (all quantities dimensionless; time in units of the regional time constant):
 
@@ -14,13 +20,17 @@ Generative model (all quantities dimensionless; time in units of the regional ti
   strong weight (the template's 90th-percentile weight) so that they are real communication
   routes. The set of their edges is the ground truth for pathway recovery.
 * Subject SC: ``S = W * exp(sc_noise * xi_e) * exp(global_noise * zeta)`` on the template's
-  support (one edge set for the whole cohort, as after group-consensus thresholding).
-* Patients (label 1): every planted edge multiplied by ``1 - s``, severity ``s ~ U(s_min, s_max)``
-  drawn per patient, so some patients are nearly indistinguishable from controls.
-* FC: a linear stochastic (Ornstein-Uhlenbeck) model on the subject's SC, integrated with
+  support (one edge set for the whole cohort, as after group-consensus thresholding). The same
+  distribution for patients and controls.
+* Communication gates (per subject, per edge): the effective coupling of edge e is
+  ``G_e = S_e * exp(gate_noise * nu_e) * (1 - s * planted_e)``: every subject routes through its
+  SC with its own edge-wise gain (``gate_noise``: the SC-FC mismatch every subject has), and a
+  patient (label 1) closes the gates of every planted edge by ``1 - s``, severity
+  ``s ~ U(s_min, s_max)`` per patient.
+* FC: a linear stochastic (Ornstein-Uhlenbeck) model on the gated coupling ``G``, integrated with
   Euler-Maruyama::
 
-      x_{t+dt} = x_t + dt (-x_t + g S_hat x_t) + sqrt(dt) eta_t,   S_hat = S / lambda_max(S)
+      x_{t+dt} = x_t + dt (-x_t + g G_hat x_t) + sqrt(dt) eta_t,   G_hat = G / lambda_max(G)
 
   (0 < g < 1 keeps it stable); FC is the Pearson correlation of ``n_steps`` samples after a burn-in
   of ``burn_in`` steps: finite-sample noise included, as in a real scan.
@@ -107,7 +117,8 @@ def plant_pathways(w: np.ndarray, modules: np.ndarray, n_pathways: int, path_edg
 
 def ou_functional_connectivity(sc: np.ndarray, coupling: float, dt: float, n_steps: int, burn_in: int,
                                rng: np.random.Generator) -> np.ndarray:
-    """Pearson FC of the linear stochastic model on each SC in the batch ``sc`` (n, N, N)."""
+    """Pearson FC of the linear stochastic model on each coupling matrix in the batch ``sc`` (n, N, N)
+    (the gated coupling ``G`` in :func:`make_cohort`)."""
     n, N, _ = sc.shape
     lam = np.linalg.eigvalsh(sc)[:, -1]                       # spectral radius (SC is non-negative)
     a = coupling * sc / lam[:, None, None]
@@ -130,8 +141,8 @@ def ou_functional_connectivity(sc: np.ndarray, coupling: float, dt: float, n_ste
 
 def make_cohort(rng: np.random.Generator, n_subjects: int, n_regions: int, n_modules: int, p_in: float,
                 p_out: float, weight_sigma: float, n_pathways: int, path_edges: int, sc_noise: float,
-                global_noise: float, severity: tuple, coupling: float, dt: float, n_steps: int,
-                burn_in: int) -> Cohort:
+                global_noise: float, gate_noise: float, severity: tuple, coupling: float, dt: float,
+                n_steps: int, burn_in: int) -> Cohort:
     """Draw the whole cohort (half controls, half patients, label order shuffled)."""
     w0, modules = modular_template(n_regions, n_modules, p_in, p_out, weight_sigma, rng)
     w, pathways = plant_pathways(w0, modules, n_pathways, path_edges, rng)
@@ -146,11 +157,16 @@ def make_cohort(rng: np.random.Generator, n_subjects: int, n_regions: int, n_mod
     we = w[edges[:, 0], edges[:, 1]]
     noise = np.exp(sc_noise * rng.standard_normal((n_subjects, len(edges))))
     glob = np.exp(global_noise * rng.standard_normal((n_subjects, 1)))
-    s_e = we[None] * noise * glob * np.where(planted[None], 1.0 - sev[:, None], 1.0)
+    s_e = we[None] * noise * glob                                    # SC: no group difference
+    gain = np.exp(gate_noise * rng.standard_normal((n_subjects, len(edges))))
+    g_e = s_e * gain * np.where(planted[None], 1.0 - sev[:, None], 1.0)
     sc = np.zeros((n_subjects, n_regions, n_regions))
     sc[:, edges[:, 0], edges[:, 1]] = s_e
     sc = sc + sc.transpose(0, 2, 1)
-    fc = ou_functional_connectivity(sc, coupling, dt, n_steps, burn_in, rng)
+    G = np.zeros_like(sc)
+    G[:, edges[:, 0], edges[:, 1]] = g_e
+    G = G + G.transpose(0, 2, 1)
+    fc = ou_functional_connectivity(G, coupling, dt, n_steps, burn_in, rng)
     return Cohort(sc, fc, y, sev, edges, planted, modules, pathways)
 
 

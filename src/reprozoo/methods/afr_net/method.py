@@ -1,7 +1,8 @@
 """AFR-Net in miniature: patients vs controls from SC + FC, and which SC edges the model points at.
 
-Variants (same cohort, same split, same optimiser, epochs, batch size, dropout and model
-selection by validation cross-entropy; only the model differs):
+Variants (same cohort, same split, same training rule: ``blocks.fitting.fit_to_plateau`` with one
+learning-rate grid piloted on validation cross-entropy, a constant rate to the plateau test, the same
+batch size, dropout and best-validation weights; only the model differs):
 - ``afr_net``: adaptive flow routing (models.AFRNet, routing.py) with the paper's auxiliary
   losses (alignment, structural budget, gate sparsity).
 - ``afr_net_fixed``: ablation, the same network with the gates fixed at 0 (routing by structural
@@ -11,27 +12,33 @@ selection by validation cross-entropy; only the model differs):
 
 Stages. train_shared (per seed): draw the cohort (data.py) and the stratified 60/20/20 split.
 train (per variant x seed), recorded metrics:
-- ``auc`` (test ROC AUC, patient = positive), ``acc``, ``val_auc``;
+- ``auc`` (test ROC AUC, patient = positive; recorded per test subject as placement values whose
+  mean is the AUC, ``auc_units``), ``acc``, ``val_auc``;
 - ``prec_at_k``: precision at k = number of planted edges of the model's own pathway readout,
   among the SC edges (chance = k / E, ``chance_prec``). AFR-Net's readout is the paper's: the
   group difference |mean_patients m_e - mean_controls m_e| of the routing mask on held-out subjects;
   the baselines have no routing, so theirs is gradient x (input - training mean) saliency of the
   logit difference, summed over the edge's SC and FC entries. ``prec_at_k_saliency`` is that same
   saliency readout for every variant (AFR-Net included), the like-for-like comparison;
-- ``sc_ttest_prec``: a model-free reference, precision at k of a two-sample t-test on the
-  training subjects' log SC, telling how hard localisation is in this cohort;
-- curves ``train_loss``, ``val_loss`` (cross-entropy per epoch), ``val_loss_slope`` (final slope),
+- ``sc_ttest_prec``, ``fc_ttest_prec``: model-free references, precision at k of a two-sample
+  t-test on the training subjects' log SC (chance here: the disease is not in SC) and Fisher-z FC
+  on the SC edges (how hard localisation is in this cohort);
+- AFR-Net only: ``gate_sd`` (spread over edges of theta * a_e, the precondition that learned
+  gates differ from fixed ones; 0 for ``afr_net_fixed``), ``prec_at_k_gate`` (the same readout
+  on the gates instead of the mask), ``mask_mean``, ``gate_mean``;
+- curves ``val_fit`` / ``lr_fit`` (validation cross-entropy and learning rate per evaluation: the
+  convergence gate's), ``val_loss`` (the same curve, for the generic plot), ``train_loss`` (per step),
   ``edge_score`` (the readout per SC edge, x = i * N + j), and, in the ``afr_net`` cell only,
   the cohort's ``planted_edge``, ``sc_control_mean`` and ``fc_group_diff`` for the matrix plots.
 """
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ...blocks.fitting import log_fit
 from .data import Cohort, load_cohort_file, make_cohort, split_indices
 
 VARIANTS = ("afr_net", "afr_net_fixed", "mlp", "gcn")
@@ -49,6 +56,23 @@ def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
         return float("nan")
     r = rankdata(score)
     return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def auc_units(y: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Per-subject AUC units whose mean is the ROC AUC (DeLong's placement values): a patient's
+    value is the fraction of controls it outranks, a control's the fraction of patients that outrank
+    it (ties half), each scaled by n / (2 n_class) so that the two classes weigh equally. Paired
+    across variants (same test subjects in the same order), they give the claims their unit-level
+    bootstrap interval."""
+    y = np.asarray(y).astype(bool)
+    s = np.asarray(score, float)
+    pos, neg = s[y], s[~y]
+    n1, n0 = len(pos), len(neg)
+    cmp = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])   # (n1, n0)
+    out = np.empty(len(s))
+    out[y] = cmp.mean(1) * len(s) / (2 * n1)
+    out[~y] = cmp.mean(0) * len(s) / (2 * n0)
+    return out
 
 
 def precision_at_k(score: np.ndarray, truth: np.ndarray, k: int | None = None) -> float:
@@ -125,47 +149,44 @@ def _predict(model, T: dict, idx, seed: int, batch: int = 64):
     return torch.cat(logits), aux
 
 
-def fit(model, T: dict, p: dict, seed: int, is_afr: bool, progress=print):
-    """Adam on cross-entropy (+ AFR-Net's regularisers); keeps the state of best validation loss."""
+def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=print):
+    """The shared training rule (``blocks.fitting.fit_to_plateau``): the same learning-rate grid for
+    every variant, piloted on validation cross-entropy, the best rate continued at a constant rate
+    until the validation curve passes the platform's plateau test; best-validation weights kept.
+    One step = one minibatch of ``fit.batch`` training subjects; AFR-Net adds its regularisers."""
     import torch
 
+    from ...blocks.fitting import fit_to_plateau
     from .models import afr_regularisers
 
-    tr = p["train"]
-    a = p["afr"]
-    opt = torch.optim.Adam(model.parameters(), lr=tr["lr"], weight_decay=tr["weight_decay"])
-    gen = torch.Generator(device=T["S"].device).manual_seed(seed)
+    f, a = p["fit"], p["afr"]
+    is_afr = variant.startswith("afr_net")
     ce = torch.nn.functional.cross_entropy
     train_idx, val_idx = T["train"], T["val"]
-    hist = {"train_loss": [], "val_loss": [], "val_auc": []}
-    best = (float("inf"), None, -1)
-    for epoch in range(tr["epochs"]):
-        model.train()
-        perm = train_idx[torch.randperm(len(train_idx), generator=gen, device=gen.device)]
-        tot = 0.0
-        for s in range(0, len(perm), tr["batch"]):
-            b = perm[s:s + tr["batch"]]
-            z, aux = model(T["S"][b], T["F"][b], T["M"][b], generator=gen)
-            loss = ce(z, T["y"][b])
-            tot += loss.item() * len(b)
-            if is_afr:
-                r = afr_regularisers(aux)
-                loss = loss + a["lambda_align"] * r["align"] + a["lambda_budget"] * r["budget"] \
-                    + a["lambda_gate"] * r["gate"]
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    dev = T["S"].device
+    # the block's generators live on the CPU; AFR-Net's pair sampling needs one on the data's device
+    pair_gen = None if dev.type == "cpu" else torch.Generator(device=dev).manual_seed(seed + 1)
+
+    def build(gen):
+        torch.manual_seed(seed)                                   # same initial weights for every rate
+        return build_model(variant, cohort, T, p).to(T["S"].device)
+
+    def train_loss(model, gen):
+        pick = torch.randint(len(train_idx), (f["batch"],), generator=gen)
+        b = train_idx[pick.to(train_idx.device)]
+        z, aux = model(T["S"][b], T["F"][b], T["M"][b], generator=gen if pair_gen is None else pair_gen)
+        loss = ce(z, T["y"][b])
+        if is_afr:
+            r = afr_regularisers(aux)
+            loss = loss + a["lambda_align"] * r["align"] + a["lambda_budget"] * r["budget"] \
+                + a["lambda_gate"] * r["gate"]
+        return loss
+
+    def val_loss(model):
         zv, _ = _predict(model, T, val_idx, seed)
-        vl = ce(zv, T["y"][val_idx]).item()
-        hist["train_loss"].append(tot / len(perm))
-        hist["val_loss"].append(vl)
-        hist["val_auc"].append(roc_auc(T["y"][val_idx].cpu().numpy(), (zv[:, 1] - zv[:, 0]).cpu().numpy()))
-        if vl < best[0]:
-            best = (vl, copy.deepcopy(model.state_dict()), epoch)
-        if epoch % max(1, tr["epochs"] // 5) == 0:
-            progress(f"epoch {epoch}: train {hist['train_loss'][-1]:.3f} val {vl:.3f} val_auc {hist['val_auc'][-1]:.3f}")
-    model.load_state_dict(best[1])
-    return hist, best[2]
+        return ce(zv, T["y"][val_idx]).item()
+
+    return fit_to_plateau(build, train_loss, val_loss, f, seed, label=variant, progress=progress)
 
 
 def saliency_edge_scores(model, T: dict, idx, edges: np.ndarray, seed: int) -> np.ndarray:
@@ -210,22 +231,21 @@ def train(ctx) -> None:
     cohort, T = load_tensors(ctx.shared_dir, p, device)
     N, edges, planted = cohort.sc.shape[1], cohort.edges, cohort.planted
     is_afr = v.startswith("afr_net")
-    model = build_model(v, cohort, T, p).to(device)
     t0 = time.perf_counter()
-    hist, best_epoch = fit(model, T, p, ctx.seed, is_afr, ctx.progress)
+    model, rec = fit(v, cohort, T, p, ctx.seed, ctx.progress)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
-    ep = np.arange(len(hist["val_loss"]))
-    ctx.metrics.curve("train_loss", ep, hist["train_loss"])
-    ctx.metrics.curve("val_loss", ep, hist["val_loss"])
-    tail = max(5, len(ep) // 4)
-    ctx.metrics.scalar("val_loss_slope", float(np.polyfit(ep[-tail:], hist["val_loss"][-tail:], 1)[0]))
-    ctx.metrics.scalar("best_epoch", best_epoch)
+    log_fit(ctx.metrics, "fit", rec)                               # val_fit, lr_fit: the convergence gate's curves
+    ctx.metrics.curve("val_loss", rec["steps"], rec["vals"])
+    ctx.metrics.curve("train_loss", np.arange(1, len(rec["losses"]) + 1), rec["losses"])
+    ctx.metrics.scalar("plateau", float(rec["plateau"]))
+    for lr, best in rec["pilot_best"].items():
+        ctx.progress(f"pilot lr {lr:g}: best validation cross-entropy {best:.4f}")
 
     y = T["y"].cpu().numpy()
     test = T["test"]
     zt, _ = _predict(model, T, test, ctx.seed)
     score = (zt[:, 1] - zt[:, 0]).cpu().numpy()
-    ctx.metrics.scalar("auc", roc_auc(y[test], score))
+    ctx.metrics.units("auc", auc_units(y[test], score))          # mean = roc_auc(y[test], score)
     ctx.metrics.scalar("acc", float(((score > 0) == y[test]).mean()))
     zv, _ = _predict(model, T, T["val"], ctx.seed)
     ctx.metrics.scalar("val_auc", roc_auc(y[T["val"]], (zv[:, 1] - zv[:, 0]).cpu().numpy()))
@@ -233,22 +253,30 @@ def train(ctx) -> None:
     # pathway readouts on the held-out subjects (validation + test)
     held = torch.cat([T["val"], test])
     sal = saliency_edge_scores(model, T, held, edges, ctx.seed)
+    k = int(planted.sum())
     if is_afr:
         _, aux = _predict(model, T, held, ctx.seed)
         m = aux["m"].cpu().numpy()
+        gate = aux["a"].cpu().numpy()
         yh = y[held.cpu().numpy()]
         native = np.abs(m[yh == 1].mean(0) - m[yh == 0].mean(0))
         ctx.metrics.scalar("mask_mean", float(m.mean()))
-        ctx.metrics.scalar("gate_mean", float(aux["a"].mean()))
+        ctx.metrics.scalar("gate_mean", float(gate.mean()))
+        # a gate constant over the edges rescales every conductance alike and leaves the currents
+        # unchanged (= the fixed gates): the spread of theta * a_e over the edges is how far the
+        # learned routing departs from routing by SC alone (0 for afr_net_fixed)
+        ctx.metrics.scalar("gate_sd", float((p["afr"]["theta"] * gate).std(1).mean()))
+        ctx.metrics.scalar("prec_at_k_gate", precision_at_k(np.abs(gate[yh == 1].mean(0) - gate[yh == 0].mean(0)), planted))
     else:
         native = sal
-    k = int(planted.sum())
     ctx.metrics.scalar("prec_at_k", precision_at_k(native, planted))
     ctx.metrics.scalar("prec_at_k_saliency", precision_at_k(sal, planted))
     ctx.metrics.scalar("chance_prec", k / len(edges))
     tr = T["train"].cpu().numpy()
     log_sc = np.log(cohort.sc[tr][:, edges[:, 0], edges[:, 1]])
     ctx.metrics.scalar("sc_ttest_prec", precision_at_k(ttest_scores(log_sc, y[tr]), planted))
+    fz = np.arctanh(np.clip(cohort.fc[tr][:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
+    ctx.metrics.scalar("fc_ttest_prec", precision_at_k(ttest_scores(fz, y[tr]), planted))
     flat = edges[:, 0] * N + edges[:, 1]
     ctx.metrics.curve("edge_score", flat, native)
     if v == "afr_net":
@@ -279,10 +307,10 @@ def _matrix(sub, n: int, seed=None) -> np.ndarray:
 def plot(table, plots_dir: Path, params: dict) -> None:
     from ...plotting import curve_plot, plt
 
-    curve_plot(table, "val_loss", plots_dir / "curve_val_loss.png", xlabel="epoch",
+    curve_plot(table, "val_loss", plots_dir / "curve_val_loss.png", xlabel="step",
                ylabel="validation cross-entropy (nats)", title="Have all models trained until validation flattens?")
-    curve_plot(table, "train_loss", plots_dir / "curve_train_loss.png", xlabel="epoch",
-               ylabel="training cross-entropy (nats)", title="Training loss per epoch")
+    curve_plot(table, "train_loss", plots_dir / "curve_train_loss.png", xlabel="step",
+               ylabel="training cross-entropy (nats)", title="Training loss per minibatch")
     n = int(params.get("data", {}).get("n_regions", 68))
     pl = plt()
     planted = table[table.metric == "planted_edge"]
