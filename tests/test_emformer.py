@@ -1,6 +1,7 @@
 """EMFormer numerics: QG invariants and a closed-form Rossby wave, the single-conv block equal to
 the multi-branch one (outputs, gradients, parameters, receptive field), the context attention, skill
-scores, the paper's composite loss, the persistence control and the skill window."""
+scores, the paper's composite loss, the persistence control and the skill window, the placebo context,
+the planted short-lead control, the test units and the fine-tuning stop rule."""
 import math
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import yaml
 
 from reprozoo.data.pde.common import march
 from reprozoo.methods.emformer.loss import CompositeLoss
-from reprozoo.methods.emformer.method import (anomaly_autocorrelation, block_speed, forecast_skill, make_data,
-                                              start_states)
+from reprozoo.methods.emformer.method import (anomaly_autocorrelation, block_speed, finetune, forecast_skill,
+                                              make_data, placebo_shift, planted_short_rmse, start_states)
 from reprozoo.methods.emformer.model import EMFormerNet, MultiBranchConv, SingleConvMultiScale, rollout
 from reprozoo.methods.emformer.qg import QG2D
 from reprozoo.methods.emformer.skill import latitude_weights, weighted_acc, weighted_rmse
@@ -238,3 +239,68 @@ def test_block_speed_reports_the_ratios_and_an_aa_control():
         np.testing.assert_allclose(sp[f"speedup_{m}"], sp[f"multibranch_{m}_ms"] / sp[f"single_{m}_ms"])
         np.testing.assert_allclose(sp[f"speedup_{m}_aa"], sp[f"multibranch_copy_{m}_ms"] / sp[f"multibranch_{m}_ms"])
         assert sp[f"speedup_{m}_aa"] > 0
+
+
+def test_placebo_context_is_another_starts_context():
+    """placebo_shift s: forecast b attends to the earlier steps of forecast b - s; shift 0 (or the batch
+    size) is the true context."""
+    torch.manual_seed(1)
+    net = EMFormerNet(dim=8, depth=1, heads=2).double()
+    for p in net.head.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x = torch.randn(3, 2, 32, 64, dtype=torch.float64)
+    with torch.no_grad():
+        true = rollout(net, x, 2, 1)
+        torch.testing.assert_close(rollout(net, x, 2, 1, placebo_shift=3), true)
+        plac = rollout(net, x, 2, 1, placebo_shift=1)
+        torch.testing.assert_close(plac[0], true[0])  # the first step has no context
+        _, kv = net(x)
+        kv_other = [(torch.roll(k, 1, 0), torch.roll(v, 1, 0)) for k, v in kv]
+        want, _ = net(true[0], [kv_other])
+        torch.testing.assert_close(plac[1], want)
+        assert (plac[1] - true[1]).abs().max() > 1e-6
+
+
+def test_test_units_are_independent_flows_and_the_placebo_crosses_trajectories():
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/smoke.yaml").read_text())
+    s, e = p["sim"], p["eval"]
+    starts = start_states(s["n_test"], s["n_frames"], e["leads"], e["stride"])
+    assert s["n_test"] >= 16 and e["stride"] >= e["leads"] and len(starts) >= 64
+    shift = placebo_shift(s["n_frames"], e["leads"], e["stride"])
+    rolled = [starts[(i - shift) % len(starts)] for i in range(len(starts))]
+    assert all(a != b[0] and t == b[1] for (a, t), b in zip(starts, rolled))  # same time, other flow
+
+
+def test_planted_control_is_the_stated_factor_worse_at_lead_one():
+    rng = np.random.default_rng(0)
+    data = _toy_data(rng, n_traj=4, n_frames=30)
+    net = EMFormerNet(dim=8, depth=1, heads=2)  # persistence through the network path
+    starts = start_states(4, 30, 1, 1)
+    rmse, _, _, _ = forecast_skill(net, data, 1, 0, starts)
+    planted = planted_short_rmse(data, net, starts, 1.075, 0)
+    ratio = planted / rmse[:, 0].mean(axis=1)
+    assert abs(ratio.mean() - 1.075) < 0.005 and ratio.std() < 0.02
+
+
+def test_finetune_stops_at_the_gates_plateau_relative_to_its_gain():
+    """The fine-tuning rule (shared PlateauRun) stops where the gate's range-scaled test holds, keeps
+    the best-validation weights, and pilots every rate of the grid from the same pretrained weights."""
+    from reprozoo.claims import plateau
+    from reprozoo.methods.emformer.loss import CompositeLoss as CL
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
+    p["finetune"]["fit"].update(min_steps=8, max_steps=30, pilot_steps=2, eval_every=1)
+    data = make_data(p, np.random.default_rng(0))
+    torch.manual_seed(0)
+    net = EMFormerNet(dim=8, depth=1, heads=2, patch=4)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    out, loss, rec = finetune(net, CL(2), p, data, True, 0, progress=lambda *_: None)
+    for k, v in net.state_dict().items():  # the pretrained network itself is left untouched
+        torch.testing.assert_close(v, before[k])
+    assert set(rec["pilot_best"]) == set(p["finetune"]["fit"]["lr_grid"])
+    assert min(rec["vals"]) <= rec["vals"][0]
+    if rec["plateau"]:
+        assert plateau(rec["steps"], rec["vals"], p["finetune"]["fit"]["flat_tol"], scale="range")
+        assert rec["stop"] >= 8
+    else:
+        assert rec["stop"] == 30

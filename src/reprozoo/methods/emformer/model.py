@@ -137,20 +137,25 @@ class EMFormerNet(nn.Module):
         return x + self.head(z), kv
 
 
-def rollout(net: EMFormerNet, x0: torch.Tensor, steps: int, window: int = 0, detach_inputs: bool = True):
+def rollout(net: EMFormerNet, x0: torch.Tensor, steps: int, window: int = 0, detach_inputs: bool = True,
+            placebo_shift: int = 0):
     """Autoregressive forecast x_1..x_steps from x_0: (steps, B, C, H, W).
 
     window = 0: Markov steps (each sees only its input state). window > 0: accumulative context,
     each step also attends to the keys/values of up to ``window`` earlier steps of this forecast.
     ``detach_inputs``: the next step's input is the detached forecast (the reference training loop's
     ``inp = gen.detach()``); the context keeps its graph, so the loss teaches how to use it.
+    ``placebo_shift`` (evaluation control): the context of forecast b is that of forecast
+    b - placebo_shift of the batch (another start's earlier steps: context with the right statistics
+    and the wrong content).
     """
     outs, ctx, x = [], [], x0
     for _ in range(steps):
         x, kv = net(x, ctx[-window:] if window > 0 else None)
         outs.append(x)
         if window > 0:
-            ctx.append(kv)
+            ctx.append([(torch.roll(k, placebo_shift, 0), torch.roll(v, placebo_shift, 0)) for k, v in kv]
+                       if placebo_shift else kv)
         if detach_inputs:
             x = x.detach()
     return torch.stack(outs)
