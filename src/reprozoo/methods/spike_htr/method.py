@@ -1,35 +1,37 @@
-"""Spike-HTR (hybrid spiking handwritten text recognition) in miniature.
+"""Spike-HTR (Spiking Neural Transformer for handwritten text recognition) in miniature.
 
 Stages and units:
 
 * ``train_shared`` (per seed): render train / val / test digit lines (``data.py``) -> lines.npz.
 * ``train`` (per variant x seed): build the variant's recogniser (``model.py``) and train it with
-  CTC (``torch.nn.CTCLoss``, blank = 0) and Adam at a constant learning rate (after a short linear
-  warm-up) chosen for each variant from ONE grid on validation (``lr_sweep.py``, seed 0), the
-  validated and tested network being the moving average of the weights (``optim.ema``); batch
-  and stopping rule the same in every variant: validate every ``eval_every`` steps and stop once
-  the validation CTC loss is flat by the convergence gate's own test (``claims.tail_fit``: at most
-  2 % improvement over the last 30 % of the run) at two evaluations in a row, between
-  ``min_steps`` and ``max_steps``. Loss = CTC(head) + λ_aux CTC(aux head on the encoder
-  features), the auxiliary term in EVERY variant (like for like; only the reducer variants use it
-  to reduce the length).
+  CTC (``torch.nn.CTCLoss``, blank = 0) by the shared rule ``blocks.fitting.fit_to_plateau``: ONE
+  learning-rate grid (``fit.lr_grid``, the same for every variant) piloted on the validation
+  lines, the best rate continued at a constant rate until the validation curve passes the
+  platform's plateau test. The validation curve is the validation CER (corpus CER of greedy
+  decoding, what the claims read) of the moving average of the weights (``fit.ema``); the
+  checkpoint kept and tested is the averaged network with the best validation CER. The
+  validation CTC loss is recorded beside it (diagnostic: it rises late from over-confidence while
+  CER still falls). Loss = CTC(head) + λ_aux CTC(aux head on the encoder features), the auxiliary
+  term in EVERY variant (like for like; only the reducer variants use it to reduce the length).
 
-Recorded: validation CTC loss (nats per line), validation CER and the learning rate per
-evaluation; on the test lines (greedy decoding, no LM), per line: edit distance and reference
-length (units, so claims read corpus CER = Σ edits / Σ chars with a line-level interval), fraction
-of width positions the mixer sees; AC / MAC counts and energy (nJ per line). Controls, measured
-in the same job: the test edits of the same network after ``control_step`` steps (an under-trained
-SNN), and for the reducer variants the kept fraction before training, the test edits with the
+Recorded on the test lines (greedy decoding, no LM), per line: edit distance and reference
+length (units, so claims read corpus CER = Σ edits / Σ chars with a line-level interval), the
+fraction of width positions the mixer sees, the confident-reducer bound (2n + 1)/L, the fraction
+a weak ink-column reducer keeps; AC / MAC counts, energy (nJ per line) and the mixer's part.
+Controls, measured in the same job: the test edits of the same network after ``control_step``
+steps (an under-trained SNN), and for the reducer variants the test edits with the
 confident-blank runs dropped instead of merged, the energy with the reducer keeping every
 position, and a sweep of the reducer's threshold τ at test time.
 
 Variants:
 
-* ``spike_htr`` (method): learned InkCoder stream (T = 2) -> LIF CNN -> CTC-guided length reducer -> BiLSTM -> CTC;
+* ``spike_htr`` (method): learned InkCoder stream (T = 2) -> LIF CNN -> CTC-guided length reducer
+  -> spiking transformer (2 blocks, spiking self-attention) -> CTC;
 * ``snn_full`` (baseline): the same without the reducer (the mixer sees all L positions);
-* ``ann_crnn`` (baseline): the same CNN with ReLU on the static image (one step), no reducer;
-* ``fixed_inkcoder`` (ablation, not in spec.yaml's variants for the smoke budget; lr_sweep.py and
-  a spec line run it): ``spike_htr`` with the fixed blur pyramid instead of the learned coder.
+* ``ann`` (baseline): the ANN counterpart: the same CNN with ReLU on the static image (one step),
+  the same transformer with softmax attention and ReLU, no reducer;
+* ``fixed_inkcoder``, ``direct`` (ablations, not in spec.yaml's variants for the smoke budget):
+  ``spike_htr`` with the fixed blur pyramid, or with the same image at both steps.
 """
 from __future__ import annotations
 
@@ -43,11 +45,12 @@ from . import data as D
 from reprozoo.figures import save_figure
 
 GENERIC_CURVES = {}   # plot() draws every figure
-PLATEAU_TOL = 0.02    # the convergence gate's tolerance (spec: convergence)
+UNTRAINED = 2.0       # validation score recorded for the untrained network (step 0): never the best
 VARIANTS = {"spike_htr": dict(spiking=True, reducer=True, coder="learned"),
             "snn_full": dict(spiking=True, reducer=False, coder="learned"),
-            "ann_crnn": dict(spiking=False, reducer=False),
-            "fixed_inkcoder": dict(spiking=True, reducer=True, coder="fixed")}
+            "ann": dict(spiking=False, reducer=False),
+            "fixed_inkcoder": dict(spiking=True, reducer=True, coder="fixed"),
+            "direct": dict(spiking=True, reducer=True, coder="direct")}
 
 
 def split_rng(seed: int) -> np.random.Generator:
@@ -93,27 +96,30 @@ def _targets(texts):
             torch.tensor([len(t) for t in texts], dtype=torch.long))
 
 
-def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, batch=256):
+def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, batch=500):
     """Val/test pass: CTC loss (nats per line), corpus CER, per-line edits / reference lengths /
     kept fractions, costs per line."""
     import torch
 
     from .ctc import edit_distance, greedy_decode
 
+    was = model.training
     model.eval()
     preds, loss, kept, cost_rows = [], 0.0, [], []
     with torch.no_grad():
         for i in range(0, len(X), batch):
             xb, tb = X[i:i + batch], texts[i:i + batch]
-            out = model(xb, tau, reduce)
+            if costs:
+                c = model.costs(xb, tau, reduce)
+                out = c.pop("out")
+                cost_rows.append({k: v * len(xb) for k, v in c.items()})
+            else:
+                out = model(xb, tau, reduce)
             y, ylen = _targets(tb)
             loss += float(ctc_loss(out["logp"].transpose(0, 1), y, out["lengths"], ylen))
             preds += greedy_decode(out["logp"], out["lengths"])
             kept.append(out["lengths"].float() / out["L"])
-            if costs:
-                c = model.costs(xb, out)
-                cost_rows.append({k: v * len(xb) for k, v in c.items()})
-    model.train()
+    model.train(was)
     n = len(X)
     refs = [list(map(int, t)) for t in texts]
     edits = [edit_distance(p, r) for p, r in zip(preds, refs)]
@@ -124,141 +130,165 @@ def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, b
             "kept_lines": kept.tolist(), "kept": float(kept.mean()), "preds": preds, **tot}
 
 
-def lr_for(params: dict, variant: str) -> float:
-    """The constant learning rate of ``variant``: ``optim.lr_by_variant[variant]`` (chosen by
-    ``lr_sweep.py`` from ``optim.lr_grid`` on seed 0's validation lines), else ``optim.lr``."""
-    o = params["optim"]
-    return float((o.get("lr_by_variant") or {}).get(variant, o["lr"]))
-
-
 def build(params: dict, variant: str, height: int):
     from .model import Recognizer
 
     m = params["model"]
-    return Recognizer(height, len(params["alphabet"]), tuple(m["channels"]), m["d_model"], m["hidden"],
-                      T=m["T"], sigma_max=m["sigma_max"], beta=m["beta"], threshold=m["threshold"],
-                      tau=m["tau"], pools=m.get("pools", ((2, 2), (2, 1), (1, 1))),
-                      readout=m.get("readout", "spikes"), sigma_last=m.get("sigma_last", 0.3),
+    return Recognizer(height, len(params["alphabet"]), tuple(m["channels"]), m["d_model"], heads=m["heads"],
+                      mlp=m["mlp"], blocks=m["blocks"], T=m["T"], sigma_max=m["sigma_max"], beta=m["beta"],
+                      threshold=m["threshold"], tau=m["tau"], pools=m.get("pools", ((2, 2), (2, 1), (1, 1))),
+                      readout=m.get("readout", "membrane"), sigma_last=m.get("sigma_last", 0.3),
                       sigma_cap=m.get("sigma_cap", 2.0), **VARIANTS[variant])
 
 
-def fit(model, splits: dict, params: dict, seed: int, lr: float, progress=lambda s: None,
-        on_step=None) -> dict:
-    """Adam at the constant rate ``lr`` (linear warm-up over ``optim.warmup`` steps), stopped at a
-    plateau of the validation CTC loss by the gate's own test (two evaluations in a row) between
-    ``min_steps`` and ``max_steps``. With ``optim.ema`` > 0 the network that is validated (and
-    returned, in ``model``) is the exponential moving average of the trained weights and buffers
-    (Polyak averaging, time constant 1/(1 - ema) steps): at a constant rate it removes the
-    step-to-step jitter of the weights, so the validation curve shows the trend, not the noise.
-    ``on_step(step, net)`` is called after every update with the network that is validated
-    (controls). Returns the curves (steps, val_ctc, val_cer, train_loss, lr) and the CPU seconds."""
-    import torch
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+def ctc_feasible(lengths, texts) -> list[bool]:
+    """Can CTC align each target to its input length? It needs n + (adjacent repeats) positions; a
+    line that cannot is a loss of +inf, which ``zero_infinity=True`` silently zeroes (counted)."""
+    need = [len(t) + sum(1 for a, b in zip(t[:-1], t[1:]) if a == b) for t in texts]
+    return [int(n) >= k for n, k in zip(lengths, need)]
 
-    o = params["optim"]
+
+class Averaged:
+    """Builds the module that ``fit_to_plateau`` trains: the network (``net``) and the exponential
+    moving average of its weights (``ema``, Polyak averaging, time constant 1/(1 - decay) steps;
+    batch-norm statistics copied), the latter frozen (no gradient, so Adam skips it). The module's
+    state holds both, so the best-validation state that ``fit_to_plateau`` keeps is the best
+    AVERAGED network."""
+
+    @staticmethod
+    def wrap(net, decay: float):
+        import copy
+
+        from torch import nn
+
+        class _Avg(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net, self.ema = net, copy.deepcopy(net)
+                for p in self.ema.parameters():
+                    p.requires_grad_(False)
+                self.decay, self.n = decay, 0
+
+            def update(self):
+                import torch
+
+                with torch.no_grad():
+                    for pe, p in zip(self.ema.parameters(), self.net.parameters()):
+                        pe.lerp_(p, 1.0 if self.n == 0 else 1.0 - self.decay)
+                    for be, b in zip(self.ema.buffers(), self.net.buffers()):
+                        be.copy_(b)
+                self.n += 1
+
+        return _Avg()
+
+
+def train_model(params: dict, variant: str, splits: dict, seed: int, progress=print, control_step=None):
+    """Train one variant by ``fit_to_plateau`` (module doc). Returns (averaged network with the
+    best validation CER, fit record with ``val_ctc`` added, the averaged network's state after
+    ``control_step`` updates of the chosen run or None, the number of training lines whose CTC
+    loss was infinite and zeroed)."""
+    import copy
+
+    import torch
+
+    from ...blocks.fitting import fit_to_plateau
+
+    f = params["fit"]
     Xtr, Ttr = splits["train"]
     Xva, Tva = splits["val"]
+    height = Xtr.shape[2]
     ctc_sum = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    warm = max(1, int(o.get("warmup", 1)))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / warm))
-    gen = torch.Generator().manual_seed(seed)
-    every, min_steps, max_steps = int(o["eval_every"]), int(o["min_steps"]), int(o["max_steps"])
-    min_pts = int(o.get("min_tail_points", 6))
-    rec = {k: [] for k in ("steps", "val_ctc", "val_cer", "train_loss", "lr")}
-    t0 = time.process_time()
-    decay = float(o.get("ema", 0.0))
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True) if decay > 0 else None
-    net = ema.module if ema is not None else model          # the network that is validated
-    perm, pos, run, nrun, flat = torch.randperm(len(Xtr), generator=gen), 0, 0.0, 0, 0
-    model.train()
-    for step in range(1, max_steps + 1):
-        if pos + o["batch"] > len(Xtr):
-            perm, pos = torch.randperm(len(Xtr), generator=gen), 0
-        idx = perm[pos:pos + o["batch"]]
-        pos += o["batch"]
+    val_ctc, val_cer, early, zeroed = {}, {}, {}, {}
+
+    def build_fn(gen):
+        torch.manual_seed(int(gen.initial_seed()))
+        return Averaged.wrap(build(params, variant, height), float(f["ema"]))
+
+    def train_loss(model, gen):
+        model.update()                      # average in the previous update (the first call copies)
+        if control_step is not None and model.n == int(control_step) + 1:
+            early[id(model)] = copy.deepcopy(model.ema.state_dict())
+        idx = torch.randint(len(Xtr), (int(f["batch"]),), generator=gen)
         xb, tb = Xtr[idx], [Ttr[i] for i in idx.tolist()]
         y, ylen = _targets(tb)
-        out = model(xb)
+        out = model.net(xb)
         B, L = xb.shape[0], out["L"]
+        zeroed[id(model)] = zeroed.get(id(model), 0) + sum(not ok for ok in ctc_feasible(out["lengths"].tolist(), tb))
         loss = ctc_sum(out["logp"].transpose(0, 1), y, out["lengths"], ylen) / B
-        loss = loss + o["aux_weight"] * ctc_sum(out["aux_logp"].transpose(0, 1), y,
-                                                torch.full((B,), L, dtype=torch.long), ylen) / B
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        lr_now = opt.param_groups[0]["lr"]
-        opt.step()
-        sched.step()
-        if ema is not None:
-            ema.update_parameters(model)
-        run, nrun = run + float(loss.detach()), nrun + 1
-        if on_step is not None:
-            on_step(step, net)
-        if step % every == 0 or step == max_steps:
-            ev = _evaluate(net, Xva, Tva, ctc_sum, costs=False)
-            for k, v in (("steps", step), ("val_ctc", ev["loss"]), ("val_cer", ev["cer"]),
-                         ("train_loss", run / nrun), ("lr", lr_now)):
-                rec[k].append(v)
-            run, nrun = 0.0, 0
-            fitr = tail_fit(rec["steps"], rec["val_ctc"], "min", min_points=min_pts)
-            flat = flat + 1 if step >= min_steps and fitr["improvement"] <= PLATEAU_TOL else 0
-            progress(f"step {step}: train {rec['train_loss'][-1]:.3f} val CTC {ev['loss']:.3f} CER {ev['cer']:.3f} "
-                     f"kept {ev['kept']:.2f} tail {fitr['improvement']:.3f}")
-            if flat >= 2:
-                break
-    if ema is not None:
-        model.load_state_dict(ema.module.state_dict())
-    rec["cpu_s"] = time.process_time() - t0
-    return rec
+        return loss + float(f["aux_weight"]) * ctc_sum(out["aux_logp"].transpose(0, 1), y,
+                                                       torch.full((B,), L, dtype=torch.long), ylen) / B
+
+    n_chars = max(1, sum(len(t) for t in Tva))
+    tie = float(f.get("ctc_tiebreak", 0.0))
+
+    def val_loss(model):
+        ev = _evaluate(model.ema, Xva, Tva, ctc_sum, costs=False)
+        val_ctc.setdefault(id(model), []).append(ev["loss"])
+        val_cer.setdefault(id(model), []).append(ev["cer"])
+        if model.n == 0:      # the untrained network is never a candidate: its random outputs can read
+            return UNTRAINED  # below the CER 1 of the CTC blank plateau and would win every pilot
+        # validation CER, ties broken by the CTC loss (nats per character x ctc_tiebreak): on the
+        # CTC blank plateau every rate reads CER 1 and the pilot would otherwise pick the first
+        return ev["cer"] + tie * ev["loss"] * len(Tva) / n_chars
+
+    model, rec = fit_to_plateau(build_fn, train_loss, val_loss, f, seed, label=variant, progress=progress)
+    rec["val_ctc"], rec["val_cer"] = val_ctc[id(model)], val_cer[id(model)]
+    return model.ema, rec, early.get(id(model)), zeroed.get(id(model), 0)
 
 
 def train(ctx) -> None:
     import torch
 
+    from ...blocks.fitting import log_fit
+    from .model import ink_reduce_lengths
+
     p = ctx.params
-    o = p["optim"]
-    torch.manual_seed(ctx.seed)
+    f = p["fit"]
     torch.set_num_threads(ctx.threads)
     splits = _load(ctx)
     Xte, Tte = splits["test"]
-    model = build(p, ctx.variant, splits["train"][0].shape[2])
     ctc_sum = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
     reducer = VARIANTS[ctx.variant]["reducer"]
-    if reducer:   # control: what the reducer keeps before training (the aux head at initialisation)
-        ctx.metrics.units("kept_fraction_init", _evaluate(model, Xte, Tte, ctc_sum, costs=False)["kept_lines"])
-    early = {}
-
-    def on_step(step, net):   # control: the same network after control_step updates (under-trained)
-        if step == int(o["control_step"]):
-            early.update(_evaluate(net, Xte, Tte, ctc_sum, costs=False))
-
-    lr = lr_for(p, ctx.variant)
-    rec = fit(model, splits, p, ctx.seed, lr, ctx.progress, on_step)
-    ctx.metrics.curve("val_ctc", rec["steps"], rec["val_ctc"])
+    t0 = time.process_time()
+    model, rec, early_state, zeroed = train_model(p, ctx.variant, splits, ctx.seed, ctx.progress,
+                                                  f.get("control_step"))
+    log_fit(ctx.metrics, "score", rec)                       # curves val_score, lr_score (the gate's)
     ctx.metrics.curve("val_cer", rec["steps"], rec["val_cer"])
-    ctx.metrics.curve("train_loss", rec["steps"], rec["train_loss"])
-    ctx.metrics.curve("lr", rec["steps"], rec["lr"])
-    ctx.metrics.scalar("lr_peak", lr)
-    ctx.metrics.scalar("steps", rec["steps"][-1])
-    ctx.metrics.scalar("train_cpu_s", rec["cpu_s"])
-    ctx.metrics.scalar("val_ctc_tail_improvement",
-                       tail_fit(rec["steps"], rec["val_ctc"], "min")["improvement"])
+    ctx.metrics.curve("val_ctc", rec["steps"], rec["val_ctc"])
+    for lr, v in rec["pilot_best"].items():
+        ctx.metrics.scalar(f"pilot_val_score_lr{lr:g}", v)
+    ctx.metrics.scalar("val_cer_tail_improvement", tail_fit(rec["steps"], rec["val_cer"], "min")["improvement"])
+    ctx.metrics.scalar("train_cpu_s", time.process_time() - t0)
+    ctx.metrics.scalar("lines_zeroed_train", zeroed)        # CTC infeasible (input shorter than needed)
+    ctx.metrics.scalar("val_ctc_tail_improvement", tail_fit(rec["steps"], rec["val_ctc"], "min")["improvement"])
 
     ev = _evaluate(model, Xte, Tte, ctc_sum)
+    L = int(Xte.shape[3]) // model.stride
     ctx.metrics.units("edits", ev["edits"])                  # per test line: edit distance
     ctx.metrics.units("chars", ev["chars"])                  # per test line: reference length
     ctx.metrics.units("kept_fraction", ev["kept_lines"])     # per test line: positions the mixer sees / L
+    ctx.metrics.units("kept_bound", [(2 * n + 1) / L for n in ev["chars"]])   # a confident reducer's count
+    ink = ink_reduce_lengths(Xte, model.stride, float(p.get("ink_threshold", 0.5))).float() / L
+    ctx.metrics.units("kept_fraction_ink", ink.tolist())     # the weak ink-column reducer
     ctx.metrics.scalar("cer", ev["cer"])
     ctx.metrics.scalar("test_ctc", ev["loss"])
+    ctx.metrics.scalar("n_test_chars", sum(ev["chars"]))
     ctx.metrics.scalar("sop_per_line", ev["ac"])
     ctx.metrics.scalar("mac_per_line", ev["mac"])
+    ctx.metrics.scalar("mixer_ac", ev["mixer_ac"])
     ctx.metrics.scalar("mixer_mac", ev["mixer_mac"])
+    ctx.metrics.scalar("mixer_nj", ev["mixer_nj"])
+    ctx.metrics.scalar("mixer_energy_share", ev["mixer_nj"] / ev["energy_nj"])
     ctx.metrics.scalar("energy_nj", ev["energy_nj"])
-    if early:
+    ctx.metrics.scalar("lines_infeasible_test", sum(not ok for ok in ctc_feasible(
+        [round(k * L) for k in ev["kept_lines"]], Tte)))
+    if early_state is not None and reducer:      # the under-trained control of close_to_ann
+        net = build(p, ctx.variant, Xte.shape[2])
+        net.load_state_dict(early_state)
+        early = _evaluate(net, Xte, Tte, ctc_sum, costs=False)
         ctx.metrics.units("edits_early", early["edits"])
         ctx.metrics.scalar("cer_early", early["cer"])
-    if VARIANTS[ctx.variant]["spiking"]:
+    if VARIANTS[ctx.variant]["spiking"] and model.coder is not None:
         for t, s in enumerate(model.coder.sigmas().detach().tolist(), 1):
             ctx.metrics.scalar(f"inkcoder_sigma_{t}", s)
         for t, d in enumerate(model.coder.details().detach().tolist(), 1):
@@ -267,9 +297,12 @@ def train(ctx) -> None:
         drop = _evaluate(model, Xte, Tte, ctc_sum, reduce="drop", costs=False)
         ctx.metrics.units("edits_drop", drop["edits"])
         ctx.metrics.scalar("cer_drop", drop["cer"])
-        ctx.metrics.scalar("energy_keepall", _evaluate(model, Xte, Tte, ctc_sum, reduce="off")["energy_nj"])
-        taus = list(p["tau_sweep"])
-        sweep = [_evaluate(model, Xte, Tte, ctc_sum, tau=t, costs=False) for t in taus]
+        off = _evaluate(model, Xte, Tte, ctc_sum, reduce="off")
+        ctx.metrics.scalar("energy_keepall", off["energy_nj"])
+        ctx.metrics.scalar("cer_keepall", off["cer"])
+        taus = sorted(set(p["tau_sweep"]) | {p["model"]["tau"]})
+        sweep = [ev if t == p["model"]["tau"] else _evaluate(model, Xte, Tte, ctc_sum, tau=t, costs=False)
+                 for t in taus]
         ctx.metrics.curve("cer_vs_tau", taus, [s["cer"] for s in sweep])
         ctx.metrics.curve("kept_vs_tau", taus, [s["kept"] for s in sweep])
     # examples for the figure: decoded strings (and kept positions) of the first test lines
@@ -283,7 +316,7 @@ def train(ctx) -> None:
         if reducer:
             ctx.metrics.curve(f"example_kept_{k}", list(range(out["L"])), out["keep"][k].float().tolist())
     ctx.progress(f"test CER {ev['cer']:.4f} kept {ev['kept']:.3f} energy {ev['energy_nj']:.1f} nJ/line "
-                 f"({rec['steps'][-1]} steps, lr {lr:g}, {rec['cpu_s']:.1f} s CPU)")
+                 f"({rec['stop']} steps, lr {rec['lr']:g}, {time.process_time() - t0:.1f} s CPU)")
 
 
 # ------------------------------------------------------------------ figures

@@ -18,8 +18,8 @@ Shapes: a line image x is (B, 1, H, W); the spiking path is time-major (T, B, C,
 * Spiking encoder: three 3x3 conv + BatchNorm (statistics over T·B) + LIF layers
   (``blocks.spiking.lif``, v_t = β v_{t-1}(1 - s_{t-1}) + I_t, s_t = H(v_t - θ), arctan surrogate),
   max-pooling after the first two (2x2 then 2x1 by default; pooling binary spikes keeps them
-  binary); the height is flattened into channels, the spike counts are averaged over T, and a
-  linear map gives d-dim features at L = W/2 width positions. The ANN CRNN has the same convolutions with ReLU, one step.
+  binary); the height is flattened into channels and a linear map gives d-dim features at every
+  step at L = W/2 width positions. The ANN CRNN has the same convolutions with ReLU, one step.
 * CTC-guided length reducer: an auxiliary CTC head on the encoder features gives, per position,
   p(blank) and the argmax class. A position is kept if its argmax is a character or if it is
   uncertain (p(blank) < τ); each maximal run of the remaining confident-blank positions is
@@ -27,13 +27,19 @@ Shapes: a line image x is (B, 1, H, W); the spiking path is time-major (T, B, C,
   The mixer then sees L' <= L positions. ``reduce="drop"`` (a control, never trained) removes
   those runs instead of merging them, so that two equal characters may become adjacent;
   ``reduce="off"`` keeps every position (the aux head still runs and is counted).
-* Mixer and head: one bidirectional LSTM (two directions, ``mix``) over the (reduced) sequence and a linear CTC head
-  (K+1 classes, 0 = blank), the same in every variant.
+* Positions: sinusoidal encodings are added to the per-step features BEFORE the reducer (a
+  merged run carries the mean of its positions). The reducer runs on the time-mean features and
+  pools every step with the same segments.
+* Mixer and head: two transformer blocks over the (reduced) sequence, the same sizes in every
+  variant: spike-driven blocks (``SpikingBlock``: LIF Q/K/V, spiking self-attention without
+  softmax, LIF-MLP) in the SNN variants, torch's pre-LN transformer layer (softmax attention) in
+  the ANN; the time-mean of the residual stream feeds a linear CTC head (K+1 classes, 0 = blank).
 
 Costs per line (``costs``): synaptic operations (AC, one per spike per reached synapse,
 ``blocks.spiking.synaptic_ops``) for spike-driven layers, multiply-accumulates (MAC) for layers
 with real-valued input (the first conv on the analog InkCoder stream, the aux head, the mixer and
-head, and InkCoder's filters). Energy = 0.9 pJ·AC + 4.6 pJ·MAC (45 nm, 32-bit; Horowitz 2014, the usual SNN proxy).
+head, and InkCoder's filters); in the spiking attention Q K^T and (Q K^T) V are counted spike by
+spike (``spiking_block_acs``), quadratic in the length. Energy = 0.9 pJ·AC + 4.6 pJ·MAC (45 nm, 32-bit; Horowitz 2014, the usual SNN proxy).
 """
 from __future__ import annotations
 
@@ -164,24 +170,127 @@ def ctc_guided_reduce(feat: torch.Tensor, aux_logp: torch.Tensor, tau: float, mo
     return pooled / counts.clamp(min=1), n_seg, keep, seg
 
 
+def ink_reduce_lengths(x: torch.Tensor, stride: int, threshold: float = 0.5) -> torch.Tensor:
+    """A weak reducer (the control of ``reducer_keeps_half``): a width position is kept when its
+    ``stride`` pixel columns hold ink (any pixel above ``threshold``); each run of ink-free
+    positions is merged into one, as in ``ctc_guided_reduce``. Returns the kept length per line
+    (B,) for images (B, 1, H, W)."""
+    B, _, H, W = x.shape
+    L = W // stride
+    ink = (x[:, 0, :, :L * stride] > threshold).any(1).view(B, L, stride).any(2)     # (B, L)
+    prev = torch.cat([torch.ones_like(ink[:, :1]), ink[:, :-1]], dim=1)
+    return (ink | prev).sum(1)
+
+
+# ------------------------------------------------------------------ mixers
+def positional_encoding(L: int, d: int) -> torch.Tensor:
+    """Sinusoidal positions (L, d) (Vaswani et al. 2017): added to the encoder features BEFORE the
+    reducer, so that a merged blank run carries the mean of its positions."""
+    pos = torch.arange(L, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.float32) / d)
+    pe = torch.zeros(L, d)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
+    return pe
+
+
+class SpikingBlock(nn.Module):
+    """One spike-driven transformer block over a time-major sequence x (T, B, L, d), padded
+    positions masked by ``valid`` (B, L). Branches start with LIF neurons on the residual stream
+    (the membrane shortcut of Spike-driven Transformer, Yao et al. 2023), so every linear map reads
+    spikes; spiking self-attention (Spikformer, Zhou et al. 2023) without softmax:
+
+        s = LIF(x);  Q, K, V = LIF(LN(W_q s)), LIF(LN(W_k s)), LIF(LN(W_v s))   (binary)
+        A_h = Q_h K_h^T V_h · scale  (per head, keys/values of padded positions zeroed)
+        x = x + LN(W_o LIF(A))
+        x = x + LN(W_2 LIF(LN(W_1 LIF(x))))
+
+    LayerNorm stands where the papers put BatchNorm: the padded positions of variable-length
+    (reduced) lines would otherwise enter the batch statistics."""
+
+    def __init__(self, d: int, heads: int, mlp: int, beta: float, threshold: float, surrogate,
+                 attn_threshold: float = 0.5):
+        super().__init__()
+        self.d, self.heads, self.mlp = d, heads, mlp
+        self.beta, self.threshold, self.attn_threshold, self.surrogate = beta, threshold, attn_threshold, surrogate
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.ln_qkv = nn.ModuleList([nn.LayerNorm(d) for _ in range(3)])
+        self.out = nn.Linear(d, d, bias=False)
+        self.ln_out = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, mlp, bias=False), nn.Linear(mlp, d, bias=False)
+        self.ln1, self.ln2 = nn.LayerNorm(mlp), nn.LayerNorm(d)
+        self.scale = 1.0 / (d // heads)
+
+    def _lif(self, cur, thr=None):
+        return lif(cur, self.beta, self.threshold if thr is None else thr, self.surrogate)[0]
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor, ops: list | None = None) -> torch.Tensor:
+        T, B, L, d = x.shape
+        m = valid.view(1, B, L, 1).to(x.dtype)
+        s = self._lif(x) * m
+        qkv = torch.cat([ln(c) for ln, c in zip(self.ln_qkv, self.qkv(s).chunk(3, dim=-1))], dim=-1)
+        q, k, v = (self._lif(qkv) * m).chunk(3, dim=-1)        # one LIF population for Q, K and V
+        h, dh = self.heads, d // self.heads
+        qh, kh, vh = (z.view(T, B, L, h, dh).transpose(2, 3) for z in (q, k, v))    # (T, B, h, L, dh)
+        a = (qh @ kh.transpose(-1, -2)) @ vh * self.scale                           # (T, B, h, L, dh)
+        a = a.transpose(2, 3).reshape(T, B, L, d)
+        y = self._lif(a, self.attn_threshold) * m
+        x = x + self.ln_out(self.out(y))
+        s2 = self._lif(x) * m
+        z = self._lif(self.ln1(self.fc1(s2))) * m
+        x = x + self.ln2(self.fc2(z))
+        if ops is not None:   # spike tensors and their fan-outs, for the cost count
+            ops.append({"s": s, "q": q, "k": k, "v": v, "y": y, "s2": s2, "z": z, "heads": h})
+        return x
+
+
+def spiking_block_acs(rec: dict, d: int, mlp: int) -> float:
+    """Synaptic operations (AC) of one ``SpikingBlock`` over the whole batch, from its spikes:
+    linear maps Σ spikes x fan-out; attention spike-driven and quadratic in the length:
+    Q K^T costs Σ_c n_Q(c) n_K(c) additions per head and step (n_Q(c): the positions where query
+    channel c fired), (Q K^T) V costs L x nnz(V) (each value spike adds one score column per query
+    position; L = the line's own length)."""
+    ac = synaptic_ops(rec["s"], 3 * d) + synaptic_ops(rec["y"], d) + synaptic_ops(rec["s2"], mlp) \
+        + synaptic_ops(rec["z"], d)
+    q, k, v = rec["q"], rec["k"], rec["v"]                     # (T, B, L, d) binary, padding zeroed
+    ac += float((q.sum(2) * k.sum(2)).sum())                   # Σ_{t,b,c} n_Q n_K (heads split c)
+    n_valid = rec["n"].view(1, -1, 1).to(v.dtype)              # (1, B, 1): each line's length
+    ac += float((v.sum(2) * n_valid).sum())
+    return ac
+
+
+class ANNBlock(nn.Module):
+    """The ANN counterpart: torch's pre-LayerNorm transformer layer (softmax attention, ReLU MLP),
+    padded keys masked."""
+
+    def __init__(self, d: int, heads: int, mlp: int):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(d, heads, mlp, 0.0, activation="relu", batch_first=True,
+                                                norm_first=True)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor, ops=None) -> torch.Tensor:
+        return torch.stack([self.layer(xt, src_key_padding_mask=~valid) for xt in x])
+
+
 # ------------------------------------------------------------------ networks
 class Recognizer(nn.Module):
-    """Encoder (spiking or ANN) -> features -> [reducer] -> BiLSTM -> CTC head."""
+    """Encoder (spiking or ANN) -> per-step features + positions -> [reducer] -> transformer mixer
+    (2 blocks; spiking or ANN) -> CTC head."""
 
     def __init__(self, height: int, n_classes: int, channels=(16, 32, 48), d_model: int = 64,
-                 hidden: int = 64, spiking: bool = True, reducer: bool = False, T: int = 2,
-                 sigma_max: float = 1.5, beta: float = 0.5, threshold: float = 1.0, tau: float = 0.9,
-                 pools=((2, 2), (2, 1), (1, 1)), readout: str = "spikes", coder: str = "learned",
-                 sigma_last: float = 0.3, sigma_cap: float = 2.0):
+                 heads: int = 4, mlp: int = 96, blocks: int = 2, spiking: bool = True, reducer: bool = False,
+                 T: int = 2, sigma_max: float = 1.5, beta: float = 0.5, threshold: float = 1.0, tau: float = 0.9,
+                 pools=((2, 2), (2, 1), (1, 1)), readout: str = "membrane", coder: str = "learned",
+                 sigma_last: float = 0.3, sigma_cap: float = 2.0, max_len: int = 512):
         super().__init__()
-        if coder not in ("learned", "fixed"):
-            raise ValueError(f"coder must be 'learned' or 'fixed', got {coder!r}")
+        if coder not in ("learned", "fixed", "direct"):
+            raise ValueError(f"coder must be 'learned', 'fixed' or 'direct', got {coder!r}")
         c1, c2, c3 = channels
         self.spiking, self.use_reducer, self.T, self.readout = spiking, reducer, T, readout
         self.sigma_max, self.beta, self.threshold, self.tau = sigma_max, beta, threshold, tau
         self.surrogate = arctan(2.0)
-        self.coder = InkCoder(T, sigma_max, learned=coder == "learned", sigma_last=sigma_last,
-                              sigma_cap=sigma_cap) if spiking else None
+        self.coder = (InkCoder(T, sigma_max, learned=coder == "learned", sigma_last=sigma_last,
+                               sigma_cap=sigma_cap) if coder != "direct" else None) if spiking else None
         self.convs = nn.ModuleList([nn.Conv2d(1, c1, 3, padding=1, bias=False),
                                     nn.Conv2d(c1, c2, 3, padding=1, bias=False),
                                     nn.Conv2d(c2, c3, 3, padding=1, bias=False)])
@@ -190,17 +299,26 @@ class Recognizer(nn.Module):
         self.h_out = height // math.prod(k[0] for k in self.pools)
         self.stride = math.prod(k[1] for k in self.pools)   # pixel columns per width position
         self.proj = nn.Linear(c3 * self.h_out, d_model)
+        self.register_buffer("pe", positional_encoding(max_len, d_model), persistent=False)
         self.aux_head = nn.Linear(d_model, n_classes + 1)
-        self.mixer_f = nn.LSTM(d_model, hidden, batch_first=True)   # the BiLSTM's two directions
-        self.mixer_b = nn.LSTM(d_model, hidden, batch_first=True)
-        self.head = nn.Linear(2 * hidden, n_classes + 1)
-        self.d_model, self.hidden, self.n_out = d_model, hidden, n_classes + 1
+        Block = (lambda: SpikingBlock(d_model, heads, mlp, beta, threshold, self.surrogate)) if spiking \
+            else (lambda: ANNBlock(d_model, heads, mlp))
+        self.blocks = nn.ModuleList([Block() for _ in range(blocks)])
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_classes + 1)
+        self.d_model, self.heads, self.mlp, self.n_out = d_model, heads, mlp, n_classes + 1
 
-    # encoder: returns features (B, L, d) and the spike tensors / activations that feed each layer
+    def stream(self, x: torch.Tensor) -> torch.Tensor:
+        """The T-step input (T, B, 1, H, W): InkCoder's stream, or the same image at every step (direct)."""
+        if self.coder is None:
+            return x.unsqueeze(0).expand(self.T, *x.shape)
+        return self.coder(x)
+
+    # encoder: per-step features (T, B, L, d) and the activations that feed each layer
     def encode(self, x: torch.Tensor):
         acts = []                                      # inputs of convs[1], convs[2], proj
         if self.spiking:
-            h = self.coder(x)                          # (T, B, 1, H, W)
+            h = self.stream(x)                         # (T, B, 1, H, W)
             T, B = h.shape[:2]
             for i, (conv, bn, pool) in enumerate(zip(self.convs, self.bns, self.pools)):
                 cur = bn(conv(h.flatten(0, 1)))
@@ -212,7 +330,6 @@ class Recognizer(nn.Module):
                     s = s.view(T, B, *s.shape[1:])
                 acts.append(s)
                 h = s
-            rate = h.mean(0)                           # (B, C, H/4, W/4) spike counts / T
         else:
             h = x
             for conv, bn, pool in zip(self.convs, self.bns, self.pools):
@@ -220,66 +337,78 @@ class Recognizer(nn.Module):
                 if pool != (1, 1):
                     h = nn.functional.max_pool2d(h, pool)
                 acts.append(h)
-            rate = h
-        feat = self.proj(rate.flatten(1, 2).transpose(1, 2))   # (B, L, d)
-        return feat, acts
+            h = h.unsqueeze(0)                         # one step
+        feat = self.proj(h.flatten(2, 3).transpose(2, 3))   # (T, B, L, d)
+        return feat + self.pe[:feat.shape[2]], acts
 
-    def forward(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge"):
+    def forward(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge", ops: list | None = None):
         """Returns dict: log-probs of the head (B, L', K+1), lengths L', aux log-probs (B, L, K+1),
         keep mask, the encoder activations (for cost counting). ``reduce`` (reducer variants only):
-        "merge" (the method), "drop" (control: blank runs removed), "off" (every position kept)."""
-        feat, acts = self.encode(x)
-        aux_logp = self.aux_head(feat).log_softmax(-1)
-        B, L, _ = feat.shape
+        "merge" (the method), "drop" (control: blank runs removed), "off" (every position kept).
+        The reducer runs on the time-mean features (aux head) and pools every step with the same
+        segments."""
+        feat, acts = self.encode(x)                    # (T, B, L, d), positions added
+        T, B, L, d = feat.shape
+        aux_logp = self.aux_head(feat.mean(0)).log_softmax(-1)
         if self.use_reducer and reduce != "off":
-            seq, lengths, keep, _ = ctc_guided_reduce(feat, aux_logp, self.tau if tau is None else tau, reduce)
+            flat = feat.permute(1, 2, 0, 3).reshape(B, L, T * d)
+            seq, lengths, keep, _ = ctc_guided_reduce(flat, aux_logp, self.tau if tau is None else tau, reduce)
+            seq = seq.view(B, -1, T, d).permute(2, 0, 1, 3)
         else:
             seq, lengths = feat, torch.full((B,), L, dtype=torch.long)
             keep = torch.ones(B, L, dtype=torch.bool)
-        out = self.mix(seq, lengths)
+        valid = torch.arange(seq.shape[2]).unsqueeze(0) < lengths.unsqueeze(1)
+        out = self.mix(seq, valid, ops)
         return {"logp": self.head(out).log_softmax(-1), "lengths": lengths, "aux_logp": aux_logp,
-                "keep": keep, "acts": acts, "L": L}
+                "keep": keep, "acts": acts, "L": L, "valid": valid}
 
-    def mix(self, seq: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Bidirectional LSTM over padded sequences of the given lengths: the forward direction
-        reads each line left to right (padding only follows the valid part), the backward one reads
-        each line reversed within its own length. Outputs beyond a line's length are meaningless
-        (CTC and decoding never read them). The same as a packed BiLSTM, without packing."""
-        B, Lmax, _ = seq.shape
-        i = torch.arange(Lmax).expand(B, -1)
-        n = lengths.view(B, 1).to(i.device)
-        rev = torch.where(i < n, n - 1 - i, i)          # reverse inside the valid part, an involution
-        g = rev.unsqueeze(-1)
-        fwd, _ = self.mixer_f(seq)
-        bwd, _ = self.mixer_b(seq.gather(1, g.expand(-1, -1, seq.shape[2])))
-        bwd = bwd.gather(1, g.expand(-1, -1, bwd.shape[2]))
-        return torch.cat([fwd, bwd], dim=-1)
+    def mix(self, seq: torch.Tensor, valid: torch.Tensor, ops: list | None = None) -> torch.Tensor:
+        """The transformer mixer over (T, B, L', d) with padding mask ``valid`` (B, L'): the
+        time-mean of the residual stream, LayerNorm-ed, (B, L', d). Positions beyond a line's
+        length never change the outputs of its valid positions (tested)."""
+        for blk in self.blocks:
+            seq = blk(seq, valid, ops)
+        return self.norm(seq.mean(0))
 
     @torch.no_grad()
-    def costs(self, x: torch.Tensor, out: dict) -> dict:
-        """Mean operations per line: AC (spike-driven), MAC (real-valued), energy in nJ, and the
-        mixer's share (what the reducer saves)."""
+    def costs(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge") -> dict:
+        """Mean operations per line (runs the network): AC (spike-driven), MAC (real-valued),
+        energy in nJ, and the mixer's part (what the reducer saves)."""
+        ops: list = []
+        out = self(x, tau, reduce, ops=ops)
         B, _, H, W = x.shape
         ac = mac = 0.0
         c1 = self.convs[0].out_channels
         T = self.T if self.spiking else 1
-        if self.spiking:
+        if self.spiking and self.coder is not None:
             mac += self.coder.macs(H, W)                # InkCoder's filters on the analog image
         mac += T * H * W * c1 * 9                       # first conv reads analog pixels
         fan = [self.convs[1].out_channels * 9, self.convs[2].out_channels * 9, self.d_model]
         for a, f in zip(out["acts"], fan):
             if self.spiking and not (a is out["acts"][-1] and self.readout == "membrane"):
                 ac += synaptic_ops(a, f) / B
-            elif self.spiking:                         # membrane readout: mean over T (T adds), one projection
-                ac += a[:, 0].numel()
-                mac += a[0, 0].numel() * f
+            elif self.spiking:                         # membrane readout: the projection at every step
+                mac += T * a[0, 0].numel() * f
             else:                                      # dense layer: every input x its fan-out
                 mac += a[0].numel() * f
-        n_pos = float(out["lengths"].float().mean())
-        mixer_mac = n_pos * (2 * 4 * self.hidden * (self.d_model + self.hidden) + 2 * self.hidden * self.n_out)
+        n = out["lengths"].float()
+        n_pos = float(n.mean())
+        d, m, K1 = self.d_model, self.mlp, self.n_out
         if self.use_reducer:                           # (also with reduce="off": the head still runs)
-            mac += out["L"] * self.d_model * self.n_out  # the aux CTC head runs on every position
-            ac += out["L"] * self.d_model                # pooling adds
-        mac += mixer_mac
-        return {"ac": ac, "mac": mac, "mixer_mac": mixer_mac,
-                "energy_nj": (E_AC_PJ * ac + E_MAC_PJ * mac) * 1e-3}
+            mac += out["L"] * d * K1                     # the aux head on the time-mean features
+            ac += T * out["L"] * d * 2                   # time-mean for the aux head, run pooling
+        if self.spiking:
+            mixer_ac = 0.0
+            for rec in ops:
+                rec["n"] = n
+                mixer_ac += spiking_block_acs(rec, d, m) / B
+            mixer_mac = 0.0
+        else:                                          # per position: Q, K, V, O and the MLP; attention n^2 d twice
+            mixer_ac = 0.0
+            mixer_mac = len(self.blocks) * (n_pos * (4 * d * d + 2 * d * m) + 2 * float((n ** 2).mean()) * d)
+        mac += mixer_mac + n_pos * d * K1               # head on the (real) mixer output
+        ac += mixer_ac
+        mixer_nj = (E_AC_PJ * mixer_ac + E_MAC_PJ * mixer_mac) * 1e-3
+        energy = (E_AC_PJ * ac + E_MAC_PJ * mac) * 1e-3
+        return {"ac": ac, "mac": mac, "mixer_ac": mixer_ac, "mixer_mac": mixer_mac, "mixer_nj": mixer_nj,
+                "energy_nj": energy, "out": out}
