@@ -113,8 +113,9 @@ def test_relative_code_and_permutation_invariance_and_backbone_transfer():
     dist = delta.norm()
     assert torch.allclose(r[1, 3, 7], torch.cat([delta, dist[None], delta / (dist**2 + EPS), torch.log(dist + EPS)[None]]))
     m = GeometrySimulator(dim=16, pair=8, layers=2, heads=2, slices=4, out_dim=6)
-    perm = torch.randperm(12)
-    assert torch.allclose(m(b, q, c), m(b[:, perm], q, c), atol=1e-5)
+    # the same polygon listed from another start vertex (panels are x_j -> x_{j+1}): same output
+    shift = torch.roll(torch.arange(12), 5)
+    assert torch.allclose(m(b, q, c), m(b[:, shift], q, c), atol=1e-5)
     # a query's output depends on the other queries not at all (no query-query attention)
     assert torch.allclose(m(b, q, c)[:, :2], m(b, q[:, :2], c[:, :2]), atol=1e-5)
     before = {k: v.clone() for k, v in m.state_dict().items() if not k.startswith("head")}
@@ -124,6 +125,35 @@ def test_relative_code_and_permutation_invariance_and_backbone_transfer():
     # the same seed gives the same start: every variant pre-trains / fine-tunes from one set of weights
     m1, m2 = GeometrySimulator(dim=16, pair=8, seed=3), GeometrySimulator(dim=16, pair=8, seed=3)
     assert all(torch.equal(v, m2.state_dict()[k]) for k, v in m1.state_dict().items())
+
+
+def test_panel_kernel_matches_the_solver_and_exact_strengths_reproduce_the_flow():
+    """The network's source layer uses the solver's closed-form panel influence: with the panel
+    method's strengths σ its features are the flow itself, so the downstream task reduces to
+    inferring σ from the shape (and a wrong sign or frame in the kernel fails here)."""
+    torch = pytest.importorskip("torch")
+    from reprozoo.methods.geopt.model import panel_features, panel_kernel
+    from reprozoo.methods.geopt.panel import source_panel_velocity
+    from reprozoo.methods.geopt.geometry import outward_normals
+    rng = np.random.default_rng(5)
+    poly = random_shape(rng, 32)
+    x = sample_outside(poly, rng, 50, margin=0.03)
+    bnd = torch.tensor(np.concatenate([poly, np.zeros_like(poly)], 1)[None])
+    v = panel_kernel(bnd, torch.tensor(x[None]))[0].numpy()
+    assert np.allclose(v, source_panel_velocity(poly, x), atol=1e-9)
+    u = np.array([1.0, 0.0])
+    sig = solve_source_panels(poly, u)
+    assert np.allclose(np.einsum("mkd,k->md", v, sig), flow_velocity(poly, sig, u, x) - u, atol=1e-9)
+    # the boundary tokens' interaction weights are the solver's own collocation matrix
+    from reprozoo.methods.geopt.model import panel_influence
+    mid = 0.5 * (poly + np.roll(poly, -1, 0))
+    a = np.einsum("ikd,id->ik", source_panel_velocity(poly, mid), outward_normals(poly))
+    np.fill_diagonal(a, 0.5)
+    assert np.allclose(panel_influence(bnd)[0, ..., 0].numpy(), a, atol=1e-9)
+    assert np.allclose(np.diagonal(panel_influence(bnd)[0, ..., 1].numpy()), 0.0)
+    f = panel_features(bnd)[0].numpy()
+    assert np.allclose(f[:, 6:8], outward_normals(poly)) and np.allclose(f[:, 4:6], 0.5 * (poly + np.roll(poly, -1, 0)))
+    assert np.isclose(f[:, 8].sum(), np.linalg.norm(np.roll(poly, -1, 0) - poly, axis=1).sum())
 
 
 def test_per_shape_units_recompose_the_pooled_error():

@@ -8,8 +8,8 @@ Variants (same network, initial weights, fine-tune data, learning-rate grid, sto
   static_vec  the same backbone pre-trained on the static part of that target only: the
               nearest-surface vector at the query point itself (2 outputs, the lifted target's
               first block; no dynamics). The ablation that separates the lifting from the target type;
-  static      pre-trained to regress the signed distance (1 output: "static-geometry supervision"
-              as the brief names it);
+  static      (not in the smoke/paper spec since issue 27: 1 scalar output against the lifted
+              model's 6, an unmatched baseline; ``static_vec`` replaces it) signed distance;
   scratch     random initial weights (the same ones every pre-training starts from).
 All pre-trainings see the same unlabelled shapes and query points with the same rule.
 
@@ -24,7 +24,7 @@ Stages and units (lengths in units of the domain box [-1, 1]^2, velocities in un
   train_shared (per seed): draw labelled shapes, solve potential flow with the source panel
     method (``panel.py``), store the perturbation velocity u − U∞ at query points; draw the
     unlabelled pre-training shapes with the three target sets.
-  train (variant × seed): pre-train (lifted / static_vec / static; curve ``pretrain_val``: held-out
+  train (variant × seed): pre-train (lifted / static_vec; curve ``pretrain_val``: held-out
     relative L2 of the pre-training target), then for each N in ``n_labels`` fine-tune a copy on
     the first N labelled shapes (validation curve ``val_rel_l2_n{N}`` on the validation shapes) and
     score the test shapes:

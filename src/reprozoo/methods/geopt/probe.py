@@ -2,13 +2,14 @@
 precondition with the smoke config's training rule, and what does a step cost?
 
     nice -n 19 .venv/bin/python -m reprozoo.methods.geopt.probe [N] [MAX_STEPS]
+    nice -n 19 .venv/bin/python -m reprozoo.methods.geopt.probe pretrain [VARIANT] [MAX_STEPS]
 
 Draws the smoke config's flows for seed-0-like data (128 + 32 validation + 64 test shapes, 96
 points), fits one scratch model with ``method.fit`` exactly as ``train`` does, and prints the CPU
 seconds, steps, plateau flag, the learning-rate pilot, best validation and test relative L2 and
-the validation curve every 100 steps. ``MAX_STEPS`` replaces the config's step limit (the page
-quotes 2000, the limit before the smoke budget was cut to fit). The numbers quoted on the page come
-from this script.
+the validation curve every 100 steps. ``MAX_STEPS`` replaces the config's step limit. The
+``pretrain`` form fits one pre-training (``lifted`` or ``static_vec``) on the smoke config's
+unlabelled shapes (seed-0-like) the same way. The numbers quoted on the page come from this script.
 """
 from __future__ import annotations
 
@@ -43,5 +44,27 @@ def main(n: int = 128, max_steps: int | None = None) -> None:
     print("val every 100 steps:", [round(v, 3) for v in h["val"][::4]])
 
 
+def pretrain(variant: str = "lifted", max_steps: int | None = None) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    p = yaml.safe_load((Path(__file__).parent / "configs" / "smoke.yaml").read_text())
+    pt = dict(p["pretrain"], **({} if max_steps is None else {"max_steps": max_steps}))
+    key = method.PRETRAIN_KEY[variant]
+    pre = method.make_pretrain_set(np.random.default_rng(2), pt["shapes"] + pt["val_shapes"], p["panels"],
+                                   pt["queries"], p["walk_steps"], p["step_range"])
+    held = np.arange(pt["shapes"], pt["shapes"] + pt["val_shapes"])
+    m = GeometrySimulator(**p["network"], out_dim=2, seed=0)
+    m.new_head(pre[key].shape[-1], 0)
+    t0 = time.process_time()
+    m, h = method.fit(m, pre, np.arange(pt["shapes"]), key, pt, 7, method._tensors(pre, held, key, p["val_points"]))
+    print(f"pretrain {variant}: fit {time.process_time() - t0:.1f} CPU s, {h['stop_step']} steps, plateau "
+          f"{h['plateau']}, lr {h['lr_chosen']:g} (pilot {h['lr_pilot']}), best held-out rel L2 {h['best_val']:.4f}")
+    print("val every 100 steps:", [round(v, 3) for v in h["val"][::4]])
+
+
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    if sys.argv[1:2] == ["pretrain"]:
+        pretrain(*(sys.argv[2:3] or ["lifted"]), *(int(a) for a in sys.argv[3:4]))
+    else:
+        main(*(int(a) for a in sys.argv[1:3]))
