@@ -232,3 +232,55 @@ def test_corpus_splits_files_disjointly():
     w = corpus.windows(held, 4, 32, None)
     assert w.shape == (4, 32) and w.max() < 256
     np.testing.assert_array_equal(w, corpus.windows(held, 4, 32, None))
+
+
+def test_low_usage_share_is_the_least_any_rule_removes():
+    """The balance precondition's metric: a uniform router gives frac; a router that never uses half
+    its experts gives 0; and for any scores, the slots a rule's removed experts carried are at least
+    this share (frequency pruning attains it)."""
+    E = 8
+    assert pruning.low_usage_share([torch.ones(E), torch.full((E,), 3.0)], 0.5) == pytest.approx(0.5)
+    dead = torch.tensor([5.0, 0, 7, 0, 0, 1, 0, 3])
+    assert pruning.low_usage_share([dead], 0.5) == pytest.approx(0.0)
+    g = torch.Generator().manual_seed(0)
+    usage = [torch.rand(E, generator=g) ** 3 * 100 for _ in range(2)]
+    low = pruning.low_usage_share(usage, 0.5)
+
+    def removed_share(scores):
+        return np.mean([1 - float(u[k].sum() / u.sum()) for u, k in zip(usage, pruning.keep_sets(scores, 0.5))])
+
+    assert removed_share(usage) == pytest.approx(low)  # frequency pruning
+    for _ in range(20):
+        assert removed_share([torch.rand(E, generator=g) for _ in usage]) >= low - 1e-12
+
+
+def test_validation_and_test_windows_are_disjoint():
+    """Model selection (plateau test, best weights) reads the first half of the held-out bytes, the
+    table's perplexities the second half: no window is in both."""
+    from reprozoo.methods.step import method
+
+    held = np.arange(10_000) % 251
+    p = {"model": {"seq_len": 32}, "fit": {"val_windows": 16}, "eval": {"windows": 16}}
+    v, t = method.val_windows(held.astype(np.uint8), p), method.eval_windows(held.astype(np.uint8), p)
+    assert v.shape == t.shape == (16, 32)
+    vs = np.linspace(0, 5_000 - 32, 16).astype(int)          # validation starts: first half
+    ts = 5_000 + np.linspace(0, 5_000 - 32, 16).astype(int)   # test starts: second half
+    assert vs.max() + 32 <= 5_000 <= ts.min()
+    np.testing.assert_array_equal(v, np.stack([held[s:s + 32] for s in vs]))
+    np.testing.assert_array_equal(t, np.stack([held[s:s + 32] for s in ts]))
+
+def test_training_loss_adds_the_router_balance_loss_linearly():
+    """The training objective is cross-entropy + aux_loss x the library's load-balancing loss (what
+    balances the router): the loss is affine in the coefficient with a positive slope, and labels
+    alone (no router logits) give the plain cross-entropy."""
+    ids = torch.randint(0, CFG["vocab"], (3, CFG["seq_len"]), generator=torch.Generator().manual_seed(4))
+    losses = {}
+    for c in (0.0, 0.01, 0.03):
+        m = moe.build_model({**CFG, "aux_loss": c}, 0).eval()
+        with torch.no_grad():
+            losses[c] = float(m(input_ids=ids, labels=ids, output_router_logits=True).loss)
+            plain = float(m(input_ids=ids, labels=ids).loss)
+        assert plain == pytest.approx(losses[0.0], rel=1e-6)
+    slope = (losses[0.01] - losses[0.0]) / 0.01
+    assert slope > 0.5  # the balance loss is >= 1 (top_k-normalised) for any router
+    assert (losses[0.03] - losses[0.0]) / 0.03 == pytest.approx(slope, rel=1e-4)

@@ -4,16 +4,22 @@ Stages and units:
 
 * ``train_shared`` (per seed): a Qwen3-MoE language model (transformers' own modelling code,
   random initialisation; ``moe.py``) trained from scratch on the bytes of the Python standard
-  library's source (``corpus.py``; train files disjoint from held-out files). AdamW, warm-up +
-  cosine schedule, the library's router load-balancing loss; training and held-out loss in nats
-  per byte are recorded. At ``paper`` scale the pretrained Qwen3-30B-A3B is loaded instead (no
-  training), through the same code path.
+  library's source (``corpus.py``; train files disjoint from held-out files) by the platform's
+  shared rule (``blocks.fitting.fit_to_plateau``: AdamW, a learning-rate grid piloted on the
+  validation loss, the best rate continued at a constant rate until the validation curve is flat,
+  best-validation weights kept). The objective includes the library's router load-balancing loss
+  (coefficient ``model.aux_loss``). Validation text: the first half of the held-out stream; every
+  perplexity of the table uses the second half. At ``paper`` scale the pretrained Qwen3-30B-A3B is
+  loaded instead (no training), through the same code path.
 * ``train`` (per variant x seed): score every expert on the same calibration batches (from the
   training files) with the variant's rule, prune a fraction s in {25, 50, 75} % of the experts of
   every layer, optionally re-fit the kept experts (knowledge preservation), and measure IN THE SAME
   CELL: held-out byte perplexity of the dense and every pruned model; weight memory (bytes of all
   parameters; expert parameters alone); forward throughput in tokens / s of the dense and the 50 %
-  model, interleaved repeats, median; pruning wall time (scoring + removal + re-fit, s).
+  model, interleaved repeats, median; pruning wall time (scoring + removal + re-fit, s); the
+  router's balance (``low_half_slot_share``: the share of routed calibration slots the least-used
+  half of the experts carry; the claims' precondition) and the share of slots each rule removed;
+  and the shared model's validation curve (``val_moe``, ``lr_moe``) for the convergence gate.
 
 Variants (identical model, calibration tokens, held-out tokens and sparsities; ``pruning.py``):
 
@@ -45,7 +51,7 @@ VARIANTS = {  # variant -> (scoring rule, knowledge-preserving re-fit)
     "reap_kp": ("reap", True),
     "frequency": ("frequency", False),
 }
-GENERIC_CURVES = ["train_loss", "heldout_loss"]
+GENERIC_CURVES = ["val_moe"]
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -66,6 +72,18 @@ def as_batches(ids: np.ndarray, batch: int, device: str) -> list:
     import torch
 
     return [torch.as_tensor(ids[i:i + batch], device=device) for i in range(0, len(ids), batch)]
+
+
+def val_windows(held: np.ndarray, p: dict) -> np.ndarray:
+    """Validation windows (model selection, the plateau test): evenly spaced over the FIRST half of
+    the held-out stream."""
+    return corpus.windows(held[: len(held) // 2], p["fit"]["val_windows"], p["model"]["seq_len"], None)
+
+
+def eval_windows(held: np.ndarray, p: dict) -> np.ndarray:
+    """Test windows (every perplexity of the table): evenly spaced over the SECOND half, disjoint
+    from the validation text."""
+    return corpus.windows(held[len(held) // 2:], p["eval"]["windows"], p["model"]["seq_len"], None)
 
 
 # --- model ---------------------------------------------------------------------------------------
@@ -104,6 +122,7 @@ def mean_nll(model, batches) -> float:
 def train_shared(ctx) -> None:
     import torch
 
+    from reprozoo.blocks.fitting import fit_to_plateau
     from reprozoo.runtime import seed_everything
 
     from . import moe
@@ -114,43 +133,30 @@ def train_shared(ctx) -> None:
         ctx.progress(f"paper scale: pretrained {p['model']['pretrained']}, no training")
         return
     train, held = token_streams(p)
-    t = p["train"]
+    f = p["fit"]
     L = p["model"]["seq_len"]
-    model = moe.build_model(p["model"], ctx.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"], betas=(0.9, 0.95))
-    warm = t["warmup"]
-    # linear warm-up, then cosine decay to 10 % of the peak rate
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
-        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / t["steps"])))))
-    val = as_batches(corpus.windows(held, t["val_windows"], L, None), t["batch"], "cpu")
-    rng = ctx.rng(1)
-    steps, losses, vsteps, vlosses = [], [], [], []
+    # validation windows: the first half of the held-out files' windows; the pruning variants
+    # evaluate on the other half (``eval_windows``), so the model is not selected on its test text
+    val = as_batches(val_windows(held, p), f["batch"], "cpu")
+    hi = len(train) - L
+
+    def build(gen):  # the same initial weights for every rate of the grid
+        return moe.build_model(p["model"], ctx.seed)
+
+    def train_loss(model, gen):  # next-byte cross-entropy + the router's load-balancing loss
+        starts = torch.randint(0, hi, (f["batch"],), generator=gen).numpy()
+        ids = torch.as_tensor(np.stack([train[s:s + L] for s in starts]).astype(np.int64))
+        return model(input_ids=ids, labels=ids, output_router_logits=True).loss
+
     t0 = time.perf_counter()
-    for step in range(t["steps"]):
-        model.train()
-        ids = torch.as_tensor(corpus.windows(train, t["batch"], L, rng))
-        out = model(input_ids=ids, labels=ids, output_router_logits=True)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % t["log_every"] == 0 or step == t["steps"] - 1:
-            steps.append(step)
-            losses.append(float(out.loss.detach()))
-        if step % t["eval_every"] == 0 or step == t["steps"] - 1:
-            vsteps.append(step)
-            vlosses.append(mean_nll(model, val))
-            ctx.progress(f"step {step}: train {losses[-1]:.3f}, held-out {vlosses[-1]:.3f} nats/byte")
+    model, rec = fit_to_plateau(build, train_loss, lambda m: mean_nll(m, val), f, ctx.seed,
+                                label="moe", progress=ctx.progress)
     train_s = time.perf_counter() - t0
     torch.save(model.state_dict(), ctx.shared_dir / "model.pt")
-    (ctx.shared_dir / "train.json").write_text(json.dumps({"train_seconds": train_s}))
-    ctx.metrics.curve("train_loss", steps, losses)
-    ctx.metrics.curve("heldout_loss", vsteps, vlosses)
-    # flatness of the held-out curve: change in nats/byte per 100 steps over the last third
-    k = max(2, len(vsteps) // 3)
-    ctx.metrics.scalar("heldout_slope_per_100_steps", 100 * float(np.polyfit(vsteps[-k:], vlosses[-k:], 1)[0]))
-    ctx.metrics.scalar("train_seconds", train_s)
+    (ctx.shared_dir / "train.json").write_text(json.dumps(
+        {"train_seconds": train_s, "steps": rec["steps"], "vals": rec["vals"], "lrs": rec["lrs"],
+         "lr": rec["lr"], "stop": rec["stop"], "plateau": bool(rec["plateau"]),
+         "pilot_best": {str(k): v for k, v in rec["pilot_best"].items()}}))
 
 
 # --- one pruning variant ---------------------------------------------------------------------------
@@ -190,8 +196,17 @@ def train(ctx) -> None:
     train_ids, held = token_streams(p)
     c = p["calibration"]
     calib = as_batches(corpus.windows(train_ids, c["windows"], L, ctx.rng(2)), c["batch"], dev)
-    held_b = as_batches(corpus.windows(held, p["eval"]["windows"], L, None), p["eval"]["batch"], dev)
+    held_b = as_batches(eval_windows(held, p), p["eval"]["batch"], dev)
     dense = load_model(p, ctx.shared_dir, dev)
+    shared = ctx.shared_dir / "train.json"
+    if shared.exists():
+        # the shared model's training record, in every variant's table: the convergence gate reads it
+        # (every variant prunes this model, so each claim needs it trained to its plateau)
+        rec = json.loads(shared.read_text())
+        ctx.metrics.curve("val_moe", rec["steps"], rec["vals"])
+        ctx.metrics.curve("lr_moe", rec["steps"], rec["lrs"])
+        ctx.metrics.scalar("lr_chosen_moe", rec["lr"])
+        ctx.metrics.scalar("steps_moe", rec["stop"])
 
     dense_nll = mean_nll(dense, held_b)
     ctx.metrics.scalar("ppl_dense", math.exp(dense_nll))
@@ -202,6 +217,10 @@ def train(ctx) -> None:
     score_s = time.perf_counter() - t0
     usage_frac = torch.cat([u / u.sum() for u in usage]).tolist()
     ctx.metrics.curve("expert_usage", range(len(usage_frac)), usage_frac)
+    # router balance (the precondition of every claim): the share of routed calibration slots that the
+    # least-used half of each layer's experts carry, mean over layers (0.5 for a uniform router; the
+    # slots that frequency pruning at 50 % must re-route, the fewest any rule can)
+    ctx.metrics.scalar("low_half_slot_share", pruning.low_usage_share(usage, 0.5))
 
     ppl = [math.exp(dense_nll)]
     pruned50 = None
@@ -218,6 +237,10 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"expert_mem_ratio{tag}", moe.expert_param_count(model) / dense_expert)
         if abs(s - 0.5) < 1e-9:
             pruned50 = model
+            # the share of routed calibration slots this rule's removed experts carried
+            keep = pruning.keep_sets(scores, s)
+            ctx.metrics.scalar("pruned_slot_share50", float(np.mean(
+                [1.0 - float(u[k].sum() / u.sum()) for u, k in zip(usage, keep)])))
             ctx.metrics.scalar("prune_seconds50", prune_s)
         ctx.progress(f"sparsity {s:.2f}: ppl {ppl[-1]:.3f} (dense {ppl[0]:.3f}), pruning {prune_s:.2f} s")
     ctx.metrics.curve("ppl_vs_sparsity", [0.0] + [100 * s for s in p["sparsities"]], ppl)
@@ -235,7 +258,6 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"tps_dense{sfx}", tps_dense)
         ctx.metrics.scalar(f"tps50{sfx}", tps50)
         ctx.metrics.scalar(f"tps_ratio50{sfx}", tps50 / tps_dense)
-    shared = ctx.shared_dir / "train.json"
     if shared.exists():
         ctx.metrics.scalar("prune_over_train_time", ctx.metrics.scalars["prune_seconds50"]
                            / json.loads(shared.read_text())["train_seconds"])

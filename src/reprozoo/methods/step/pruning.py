@@ -159,6 +159,17 @@ def keep_sets(scores: list[torch.Tensor], sparsity: float) -> list[list[int]]:
     return out
 
 
+def low_usage_share(usage: list[torch.Tensor], frac: float) -> float:
+    """Share of routed slots carried by the least-used ``round(frac * E)`` experts of each layer, mean
+    over layers: 0 for a router that never uses them, ``frac`` for a uniform one. At ``frac`` = the
+    sparsity it is the least any rule can remove, the share frequency pruning removes."""
+    out = []
+    for u in usage:
+        n = int(round(frac * len(u)))
+        out.append(float(torch.sort(u.double()).values[:n].sum() / u.double().sum().clamp(min=1e-300)))
+    return float(sum(out) / len(out))
+
+
 def prune(model: nn.Module, keep: list[list[int]]) -> nn.Module:
     """A pruned copy of the model (the dense one is left untouched)."""
     pruned = copy.deepcopy(model)
