@@ -225,19 +225,32 @@ def test_skill_is_chance_normalised_per_item():
 
 
 def test_stopping_rule_agrees_with_the_platform_gate():
-    """The fits stop by the platform's own plateau test (scale: range): a curve that has
-    flattened passes both, one still falling linearly passes neither."""
-    from reprozoo.claims import _tail_check
+    """The fits stop by the shared rule's plateau test (``claims.plateau`` at train.flat_tol, half the
+    gate's tolerance); the gate reads the spec's entries at the same (default) scale. A curve that
+    has flattened passes both, one still falling linearly passes neither, and the spec gates every fitted curve."""
+    import yaml
+
+    from reprozoo.claims import _tail_check, plateau
     from reprozoo.registry import Convergence
 
     xs = np.arange(0, 2000, 20.0)
     flat = 1.4 * np.exp(-xs / 150) + 0.1 + 0.002 * np.sin(xs)
     falling = 1.4 - 0.0006 * xs
-    conv = Convergence(curve="c", scale="range")
+    conv = Convergence(curve="c")
     for ys, expect in ((flat, True), (falling, False)):
-        assert M.tail_flat(xs, ys, 0.02) is expect
+        assert plateau(xs, ys, 0.01) is expect
         assert _tail_check(xs, ys, conv, None)["converged"] is expect
-    assert not M.tail_flat(xs[:4], flat[:4], 0.02)  # fewer than 5 points in the tail
+    assert not plateau(xs[:4], flat[:4], 0.01)  # fewer than 5 points in the tail
+    from pathlib import Path
+
+    root = Path(M.__file__).parent
+    entries = yaml.safe_load((root / "spec.yaml").read_text())["convergence"]
+    assert all(c.get("scale", "value") == "value" for c in entries)  # the scale the fits stop on
+    gated = {c["curve"] for c in entries}
+    smoke = yaml.safe_load((root / "configs" / "smoke.yaml").read_text())
+    for task in smoke["tasks"]:
+        for L in M._lengths(task, smoke, True) + M._lengths(task, smoke, False):
+            assert f"val_{task}_L{L}" in gated
 
 
 def test_fit_chooses_lr_on_validation_and_learns_a_planted_task():
@@ -265,12 +278,15 @@ def test_fit_chooses_lr_on_validation_and_learns_a_planted_task():
     rec = Rec()
     torch.manual_seed(0)
     M.fit("adding", 16, M.VARIANTS["transformer"], p, 0, rec, lambda s: None)
-    xs, ys = rec.c["val_loss_adding_L16"]
+    xs, ys = rec.c["val_adding_L16"]
     assert rec.s["lr_chosen_adding_L16"] == 1e-2
     assert min(ys) < 0.5 * ys[0] and len(rec.u["skill_adding_L16"]) == 128
     assert rec.s["r2_adding_L16"] > 0.5
-    assert rec.s["plateau_adding_L16"] == float(M.tail_flat(xs, ys, 0.01))
-    assert rec.s["stop_step_adding_L16"] == 600 or rec.s["plateau_adding_L16"] == 1.0
+    from reprozoo.claims import plateau
+
+    assert rec.s["plateau_adding_L16"] == float(plateau(xs, ys, 0.01))
+    assert rec.s["steps_adding_L16"] == 600 or rec.s["plateau_adding_L16"] == 1.0
+    assert set(rec.c["lr_adding_L16"][1]) == {1e-2}  # constant rate: the gate sees it stay up
 
 
 def test_long_sequence_memory_at_50k():
@@ -311,3 +327,22 @@ def test_digits_standardisation_constants():
     assert abs(float(x.mean()) - D.DIGITS_MEAN) < 1e-3 and abs(float(x.std()) - D.DIGITS_STD) < 1e-3
     z = D.standardise_digits(x)
     assert abs(float(z.mean())) < 1e-2 and abs(float(z.std()) - 1) < 1e-2
+
+
+def test_patched_transformer_tokens_and_patch_locality():
+    """patch = 16 turns L = 128 steps into 8 tokens; a change inside one patch changes only that
+    token's embedding; a length that is not a multiple of the patch is refused."""
+    from reprozoo.methods.sh2rfssm.model import TransformerNet
+
+    torch.manual_seed(0)
+    net = TransformerNet(2, 1, 128, dim=8, depth=1, heads=1, patch=16).eval()
+    x = torch.randn(3, 2, 128)
+    tok = net.embed(x)
+    assert tok.shape == (3, 8, 8)
+    x2 = x.clone()
+    x2[..., 40] += 1.0  # step 40 lies in patch 2 (steps 32-47)
+    d = (net.embed(x2) - tok).abs().amax(dim=(0, 1))
+    assert d[2] > 0 and torch.all(d[[0, 1, 3, 4, 5, 6, 7]] == 0)
+    assert net(x)[0].shape == (3, 1)
+    with pytest.raises(ValueError):
+        net(torch.randn(1, 2, 120))

@@ -7,7 +7,7 @@ training rule, :func:`fit`):
     sh2rf_sampled  ablation of the discretisation: same, kernel = sampled continuous impulse response
     hrf_homog      homogeneous RF: one ω, b shared by all channels (IMEX kernel)
     lif_ssm        first-order spiking SSM: leaky-integrator kernel β_c^k, per-channel β_c
-    transformer    small non-spiking transformer (short L only: attention is O(L²))
+    transformer    small non-spiking transformer over patches of 16 steps (short L only: attention is O(L²))
 
 Tasks (``data.py``): freq (frequency discrimination, 4 classes; built for resonators), adding (the
 adding problem, regression) and digits (sequential 8 x 8 digits, 10 classes); the last two have
@@ -20,13 +20,14 @@ mean skill over the (task, L) a variant trains (its units: those items, task aft
 ``score_short`` the same at the short lengths, which every variant trains; ``skill_<task>`` over
 one task's lengths (the preconditions read them).
 
-Training rule, the same for every model (:func:`fit`): Adam at a constant learning rate chosen on
-validation from one grid (each rate trains ``pilot_steps`` from the same initial weights on the
-same batches; the lowest validation loss continues), then until the validation curve is flat
-(Theil-Sen improvement over the last 30 % of the evaluations at most ``flat_tol`` of the curve's
-whole improvement, at or after ``min_steps``) or ``max_steps``. The curve ``val_loss_<task>_L<L>``
-and the (constant) rate ``lr_<task>_L<L>`` go to the platform's convergence gate; the test set is
-scored with the weights of the best validation loss.
+Training rule, the same for every model (:func:`fit`): the platform's shared rule
+:func:`reprozoo.blocks.fitting.fit_to_plateau` with the ``train`` keys of the config: Adam at a
+constant learning rate chosen on validation from one grid (each rate trains ``pilot_steps`` from
+the same initial weights on the same batches; the lowest validation loss continues), then until
+the platform's plateau test holds (Theil-Sen improvement over the last 30 % of the evaluations at
+most ``flat_tol`` of the tail's level, at or after ``min_steps``) or ``max_steps``. The curve
+``val_<task>_L<L>`` and the (constant) rate ``lr_<task>_L<L>`` go to the platform's convergence
+gate; the test set is scored with the weights of the best validation loss.
 
 The sh2rf cell also evaluates its L_max-trained frequency model, and the same network untrained
 (the negative control), on sequences of ``long_eval.length`` (50k) steps; the first seed's sh2rf
@@ -35,7 +36,6 @@ cell times one layer's FFT path against the sequential IMEX recurrence over ``ti
 """
 from __future__ import annotations
 
-import copy
 import resource
 import time
 
@@ -66,8 +66,8 @@ def _task_io(task: str, p: dict) -> tuple[int, int]:
 
 class TaskData:
     """Training batches, validation and test sets of one (task, L, seed), the same for every
-    variant: generated tasks draw from streams seeded by (seed, task, L); digits from a split
-    fixed by the seed."""
+    variant: generated tasks draw batches from the training rule's generator, validation and test
+    sets from streams seeded by (seed, task, L); digits from a split fixed by the seed."""
 
     def __init__(self, task: str, length: int, p: dict, seed: int):
         import torch
@@ -87,19 +87,19 @@ class TaskData:
         self.val = (torch.from_numpy(xv), torch.from_numpy(yv))
         self.test = (torch.from_numpy(xt), torch.from_numpy(yt))
 
-    def stream(self):
-        """A fresh generator of training batches; every call yields the same sequence."""
+    def batch(self, size: int, gen):
+        """One training batch drawn from the torch generator ``gen`` (the shared training rule hands
+        every learning rate's run a fresh generator of the same seed, so every rate and every variant
+        sees the same batches)."""
         import torch
 
-        rng = np.random.default_rng(self.base)
-        bs = int(self.p["train"]["batch"])
-        while True:
-            if self.task == "digits":
-                idx = rng.integers(0, len(self.train_y), bs)
-                xb, yb = self.train_x[idx], self.train_y[idx]
-            else:
-                xb, yb = D.make(self.task, bs, self.length, rng, self.p["freq"])
-            yield torch.from_numpy(xb), torch.from_numpy(yb)
+        if self.task == "digits":
+            idx = torch.randint(0, len(self.train_y), (size,), generator=gen).numpy()
+            xb, yb = self.train_x[idx], self.train_y[idx]
+        else:
+            rng = np.random.default_rng(int(torch.randint(0, 2 ** 62, (1,), generator=gen)))
+            xb, yb = D.make(self.task, size, self.length, rng, self.p["freq"])
+        return torch.from_numpy(np.ascontiguousarray(xb)), torch.from_numpy(np.ascontiguousarray(yb))
 
 
 def _loss(out, y, task):
@@ -132,106 +132,64 @@ def _evaluate(model, task, x, y, batch, k_classes=0):
     return loss, float(correct.mean()), (correct - chance) / (1 - chance), sops / len(x), raster
 
 
-def tail_flat(steps, vals, tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
-    """The platform's plateau test with ``scale: range``: over the last ``tail`` of the steps (at
-    least ``min_points`` evaluations there) the Theil-Sen line improves the loss by at most ``tol``
-    of its whole improvement (first value minus best): :func:`reprozoo.claims.plateau` itself."""
-    from ...claims import plateau
-
-    return plateau(steps, vals, tol, scale="range", tail=tail, min_points=min_points)
-
-
-class _Run:
-    """One model at one constant learning rate, advanced in stages."""
-
-    def __init__(self, model, lr: float, data: TaskData, every: int, eval_batch: int, k_classes: int):
-        import torch
-
-        self.model, self.lr, self.data, self.every = model, lr, data, every
-        self.eval_batch, self.k = eval_batch, k_classes
-        self.opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True)  # one kernel per tensor, the same update
-        self.batches = data.stream()
-        self.step, self.steps, self.vals = 0, [], []
-        self.best, self.best_state = float("inf"), None
-
-    def evaluate(self):
-        self.model.eval()
-        vl = _evaluate(self.model, self.data.task, *self.data.val, self.eval_batch, self.k)[0]
-        self.model.train()
-        self.steps.append(self.step)
-        self.vals.append(vl)
-        if vl < self.best:
-            self.best, self.best_state = vl, copy.deepcopy(self.model.state_dict())
-
-    def advance(self, until: int, min_steps: int | None = None, tol: float = 0.0) -> bool:
-        """Train to step ``until``; with ``min_steps``, stop (True) once :func:`tail_flat` holds."""
-        while self.step < until:
-            xb, yb = next(self.batches)
-            out, _ = self.model(xb)
-            loss = _loss(out, yb, self.data.task)
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            self.step += 1
-            if self.step % self.every == 0:
-                self.evaluate()
-                if min_steps is not None and self.step >= min_steps and tail_flat(self.steps, self.vals, tol):
-                    return True
-        return False
-
-
 def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, progress):
-    """Train one model of ``options`` on (task, L) by the training rule of the module docstring;
-    record its curves and test metrics. Returns (model, per-item skill, metric, SOPs per step, raster)."""
+    """Train one model of ``options`` on (task, L) by the shared training rule
+    (:func:`reprozoo.blocks.fitting.fit_to_plateau`: one learning-rate grid piloted on validation
+    from the same initial weights and batches, the best rate continued at a constant rate until the
+    platform's plateau test holds, best-validation weights kept); record its curves (``val_<task>_L<L>``,
+    ``lr_<task>_L<L>`` for the convergence gate) and test metrics. Every variant of a seed gets the
+    same initial-weight seed and the same training batches on (task, L). Returns (model, per-item
+    skill, metric, SOPs per step, raster)."""
     import torch
 
+    from ...blocks.fitting import fit_to_plateau, log_fit
     from .model import build
 
     tr = p["train"]
     d_in, n_out = _task_io(task, p)
     data = TaskData(task, length, p, seed)
     k = n_classes(task, p)
-    every, eval_batch = int(tr["eval_every"]), int(tr["eval_batch"])
+    eval_batch, bs = int(tr["eval_batch"]), int(tr["batch"])
+
+    def make_model(gen):
+        torch.manual_seed(int(torch.randint(0, 2 ** 62, (1,), generator=gen)))
+        return build(options["family"], d_in, n_out, length, options, p["arch"])
+
+    def train_loss(model, gen):
+        xb, yb = data.batch(bs, gen)
+        out, _ = model(xb)
+        return _loss(out, yb, task)
+
+    def val_loss(model):
+        return _evaluate(model, task, *data.val, eval_batch, k)[0]
+
     t0 = time.process_time()
-    runs = []
-    for lr in tr["lr_grid"]:
-        torch.manual_seed(seed * 7919 + TASK_OFFSET[task])  # same initial weights for every rate (and variant family)
-        model = build(options["family"], d_in, n_out, length, options, p["arch"])
-        run = _Run(model, float(lr), data, every, eval_batch, k)
-        run.evaluate()  # step 0
-        run.advance(int(tr["pilot_steps"]))
-        runs.append(run)
-    run = min(runs, key=lambda r: r.best)
-    plateau = run.advance(int(tr["max_steps"]), min_steps=int(tr["min_steps"]), tol=float(tr["flat_tol"]))
-    plateau = plateau or tail_flat(run.steps, run.vals, float(tr["flat_tol"]))
-    run.model.load_state_dict(run.best_state)
-    run.model.eval()
+    model, rec = fit_to_plateau(make_model, train_loss, val_loss, tr, data.base, label=f"{task}_L{length}",
+                                progress=progress)
+    model.eval()
     tag = f"{task}_L{length}"
-    metrics.curve(f"val_loss_{tag}", run.steps, run.vals)
-    metrics.curve(f"lr_{tag}", run.steps, [run.lr] * len(run.steps))
-    metrics.scalar(f"lr_chosen_{tag}", run.lr)
-    metrics.scalar(f"stop_step_{tag}", run.step)
-    metrics.scalar(f"plateau_{tag}", float(plateau))
-    _, metric, skill, sops, raster = _evaluate(run.model, task, *data.test, eval_batch, k)
+    log_fit(metrics, tag, rec)
+    metrics.scalar(f"plateau_{tag}", float(rec["plateau"]))
+    _, metric, skill, sops, raster = _evaluate(model, task, *data.test, eval_batch, k)
     metrics.scalar(f"{'r2' if task == 'adding' else 'acc'}_{tag}", metric)
     metrics.units(f"skill_{tag}", skill)
     metrics.scalar(f"train_cpu_s_{tag}", time.process_time() - t0)
     if options["family"] == "ssm":
         metrics.scalar(f"sops_per_step_{tag}", sops / length)
-    progress(f"{tag}: {'R2' if task == 'adding' else 'acc'} {metric:.3f} at lr {run.lr:g}, "
-             f"{run.step} steps ({'plateau' if plateau else 'max steps'}), val loss {run.best:.4f}")
-    return run.model, skill, metric, sops / length, raster
+    progress(f"{tag}: {'R2' if task == 'adding' else 'acc'} {metric:.3f}")
+    return model, skill, metric, sops / length, raster
 
 
-def _accuracy_at(model, x, y, batch: int) -> float:
+def _correct_at(model, x, y, batch: int) -> np.ndarray:
+    """Per item, 1.0 if the model's class is right, else 0.0."""
     import torch
 
-    correct = 0
+    out = []
     with torch.no_grad():
         for i in range(0, len(x), batch):
-            out, _ = model(torch.from_numpy(x[i:i + batch]))
-            correct += int((out.argmax(1) == torch.from_numpy(y[i:i + batch])).sum())
-    return correct / len(x)
+            logits, _ = model(torch.from_numpy(x[i:i + batch]))
+            out.append((logits.argmax(1) == torch.from_numpy(y[i:i + batch])).numpy().astype(float))
+    return np.concatenate(out)
 
 
 def long_sequence_eval(model, options, p, seed, metrics):
@@ -246,11 +204,12 @@ def long_sequence_eval(model, options, p, seed, metrics):
     L, bs = int(le["length"]), int(le["batch"])
     x, y = D.frequency_discrimination(int(le["n"]), L, np.random.default_rng(seed * 1_000_003 + 99), **p["freq"])
     t0 = time.perf_counter()
-    metrics.scalar("acc_freq_long", _accuracy_at(model, x, y, bs))
+    # per test item (units), so the claim's interval resamples items as well as seeds
+    metrics.units("acc_freq_long", _correct_at(model, x, y, bs))
     metrics.scalar("long_eval_s_per_seq", (time.perf_counter() - t0) / len(x))
     torch.manual_seed(seed * 7919 + 10_000)
     untrained = build(options["family"], 1, n_classes("freq", p), L, options, p["arch"]).eval()
-    metrics.scalar("acc_freq_long_untrained", _accuracy_at(untrained, x, y, bs))
+    metrics.units("acc_freq_long_untrained", _correct_at(untrained, x, y, bs))
     metrics.scalar("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 

@@ -203,19 +203,32 @@ class GRUNet(nn.Module):
 
 
 class TransformerNet(nn.Module):
-    """Small non-spiking transformer encoder: linear embedding + learned positions, mean pool."""
+    """Small non-spiking transformer encoder, mean pool. Tokens: ``patch`` = 1, one per step (a linear
+    embedding and learned positions); ``patch`` > 1, one per non-overlapping patch of that many
+    steps, as time-series transformers tokenise (PatchTST): a pointwise MLP (d_in -> dim, GELU, so
+    a token can hold products such as value x marker) and a strided linear map over the patch,
+    then learned positions. L must be a multiple of ``patch``."""
 
-    def __init__(self, d_in: int, n_out: int, length: int, dim: int = 32, depth: int = 2, heads: int = 4):
+    def __init__(self, d_in: int, n_out: int, length: int, dim: int = 32, depth: int = 2, heads: int = 4,
+                 patch: int = 1):
         super().__init__()
-        self.embed = nn.Linear(d_in, dim)
-        self.pos = nn.Parameter(0.02 * torch.randn(1, length, dim))
+        self.patch = int(patch)
+        if self.patch == 1:
+            self.embed = nn.Conv1d(d_in, dim, 1)
+        else:
+            self.embed = nn.Sequential(nn.Conv1d(d_in, dim, 1), nn.GELU(),
+                                       nn.Conv1d(dim, dim, self.patch, stride=self.patch))
+        self.pos = nn.Parameter(0.02 * torch.randn(1, -(-length // self.patch), dim))
         layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, 0.0, activation="gelu", batch_first=True,
                                            norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.head = nn.Linear(dim, n_out)
 
     def forward(self, x):
-        h = self.blocks(self.embed(x.transpose(1, 2)) + self.pos[:, : x.shape[-1]])
+        if x.shape[-1] % self.patch:
+            raise ValueError(f"sequence length {x.shape[-1]} is not a multiple of patch {self.patch}")
+        tok = self.embed(x).transpose(1, 2)
+        h = self.blocks(tok + self.pos[:, : tok.shape[1]])
         return self.head(h.mean(1)), []
 
 
@@ -231,5 +244,5 @@ def build(family: str, d_in: int, n_out: int, length: int, options: dict, arch: 
         return GRUNet(d_in, n_out, hidden=int(arch["hidden"]))
     if family == "transformer":
         return TransformerNet(d_in, n_out, length, dim=int(arch["dim"]), depth=int(arch["depth"]),
-                              heads=int(arch["heads"]))
+                              heads=int(arch["heads"]), patch=int(arch.get("patch", 1)))
     raise ValueError(f"unknown model family {family!r}")

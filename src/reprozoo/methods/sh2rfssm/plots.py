@@ -65,7 +65,7 @@ def accuracy_per_variant(table, plots_dir: Path) -> None:
 
 def loss_curves(table, plots_dir: Path) -> None:
     plt = _plt()
-    metrics = sorted(m for m in table.metric.unique() if m.startswith("val_loss_"))
+    metrics = sorted(m for m in table.metric.unique() if m.startswith(("val_freq_", "val_adding_", "val_digits_")))
     if not metrics:
         return
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.2), squeeze=False)
@@ -77,7 +77,7 @@ def loss_curves(table, plots_dir: Path) -> None:
             ax.fill_between(g.min().index, g.min().values, g.max().values, color=f"C{i}", alpha=0.2)
         ax.set_yscale("log")
         ax.set_xlabel("training step"), ax.set_ylabel("val MSE" if "adding" in m else "val cross-entropy (nats)")
-        ax.set_title(m.replace("val_loss_", ""), fontsize=9)
+        ax.set_title(m.replace("val_", ""), fontsize=9)
     axes[0][0].legend(fontsize=6)
     fig.suptitle("Has every model finished training? (band: min-max over seeds)", fontsize=9)
     _save(fig, plots_dir / "curve_val_loss.png")
