@@ -86,7 +86,7 @@ def train_shared(ctx) -> None:
     mu, sd = resp[:n_pool].mean(), resp[:n_pool].std()
     patches = ((resp - mu) / sd).reshape(s, -1, patch).astype(np.float32)
     tp = dict(p["transformer"])
-    model, hist = train_encoder(patches[:n_pool], tokens[:n_pool], k, tp, ctx.seed, log=ctx.progress)
+    model, hist = train_encoder(patches[:n_pool], tokens[:n_pool], k, tp, ctx.seed, log=ctx.progress, label="translator")
     logits, _ = predict(model, patches[n_pool:], int(tp["seq_len"]))  # labelled + test nights, unseen
     syn = centers[logits.argmax(-1)]  # (S, T, F): the most likely token's centroid
     prob = np.exp(logits - logits.max(-1, keepdims=True))
@@ -203,7 +203,8 @@ def _breathing_transformer(ctx, z, lab, te) -> dict:
     e = stage.shape[1]
     fpe = patches.shape[1] // e
     target = np.repeat(stage, fpe, axis=1)
-    model, hist = train_encoder(patches[lab], target[lab], len(STAGE_NAMES), tp, ctx.seed + 7, log=ctx.progress)
+    model, hist = train_encoder(patches[lab], target[lab], len(STAGE_NAMES), tp, ctx.seed + 7, log=ctx.progress,
+                                label="breathing_transformer")
     _record_curves(ctx, hist["curves"])
     ctx.metrics.scalar("lr_chosen", hist["lr_chosen"])
     ctx.metrics.scalar("stop_step", hist["stop_step"])

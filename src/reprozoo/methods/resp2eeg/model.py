@@ -13,10 +13,12 @@ head gives per-patch logits (dropout ``dropout`` on the residual and feed-forwar
 The same network with 5 outputs trained on the stage of each patch is the breathing-only
 transformer baseline (same size and the same training rule).
 
-Training rule (:func:`train_encoder`, one rule for every network of every variant): AdamW at a
-constant learning rate chosen on the validation subjects from one grid (every grid value trains
-``pilot_steps`` from the same initial weights; the lowest validation cross-entropy is kept), then
-training continues until the validation curve is flat (:func:`plateau`) or ``max_steps``. The rate
+Training rule (:func:`train_encoder`, one rule for every network of every variant): the platform's
+shared rule :func:`reprozoo.blocks.fitting.fit_to_plateau` with AdamW: a constant learning rate
+chosen on the validation subjects from one grid (every grid value trains ``pilot_steps`` from the
+same initial weights and batches; the lowest validation cross-entropy is kept), then training
+continues until the validation curve passes the convergence gate's own plateau test
+(``reprozoo.claims.plateau`` at ``flat_tol``, half the gate's tolerance) or ``max_steps``. The rate
 stays constant, so a flat curve is a plateau and not a schedule that ran out; the weights with the
 best validation value are returned. Predictions are the per-patch argmax (the mode of the
 predicted token distribution), i.e. non-autoregressive decoding: an assumption, the paper's
@@ -67,36 +69,27 @@ def windows(a: np.ndarray, seq_len: int) -> np.ndarray:
     return a[:, : n * seq_len].reshape(s * n, seq_len, *a.shape[2:])
 
 
-def plateau(steps, vals, min_delta: float, flat_tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
-    """The validation curve is flat over the last ``tail`` of its steps (at least ``min_points``
-    evaluations there): no value in the tail improves on the best before it by more than
-    ``min_delta`` (relative), and a Theil-Sen line through the tail improves by at most
-    ``flat_tol`` of the tail's median level over the tail: the platform's own plateau test
-    (:func:`reprozoo.claims.plateau`, whose gate allows 2 %)."""
-    from ...claims import plateau as gate_plateau
-
-    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
-    if len(xs) < 2:
-        return False
-    m = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
-    if m.sum() < min_points or (~m).sum() == 0:
-        return False
-    if ys[m].min() < ys[~m].min() - min_delta * abs(ys[~m].min()):
-        return False
-    return gate_plateau(xs, ys, flat_tol, tail=tail, min_points=min_points)
+def fit_config(p: dict) -> dict:
+    """The method's ``transformer`` config -> the shared rule's ``fit`` keys (AdamW, weight decay 0.01)."""
+    return {"lr_grid": [float(v) for v in p.get("lr_grid", p.get("lrs"))], "pilot_steps": int(p["pilot_steps"]),
+            "eval_every": int(p["eval_every"]), "min_steps": int(p["min_steps"]), "max_steps": int(p["max_steps"]),
+            "flat_tol": float(p.get("flat_tol", 0.01)), "optimizer": "adamw",
+            "weight_decay": float(p.get("weight_decay", 0.01))}
 
 
 def train_encoder(patches: np.ndarray, target: np.ndarray, n_out: int, p: dict, seed: int,
-                  val_frac: float = 0.15, log=None):
-    """Train on random windows of (S, T, patch_len) patches with (S, T) integer targets.
+                  val_frac: float = 0.15, log=None, label: str = "encoder"):
+    """Train on random windows of (S, T, patch_len) patches with (S, T) integer targets by the
+    platform's one training rule (:func:`reprozoo.blocks.fitting.fit_to_plateau`).
 
     The last ``val_frac`` of the subjects is held out: it chooses the learning rate from
-    ``p["lrs"]`` (each trains ``pilot_steps`` from the same initial weights) and gives the
-    validation curve, on which training stops once flat (:func:`plateau`, from ``min_steps``) or at
-    ``max_steps``. Returns the model (the weights at the best validation value) and a history:
-    curves {"train_loss", "val_loss", "lr"} as (steps, values), ``lr_chosen``, ``lr_pilot_val``
-    (each rate's best validation CE in its pilot), ``stop_step`` and ``plateau`` (stopped flat)."""
-    import copy
+    ``p["lrs"]`` (each trains ``pilot_steps`` from the same initial weights and batches) and gives
+    the validation curve; the chosen rate then trains at a constant rate until the gate's own
+    plateau test holds (from ``min_steps``, tolerance ``flat_tol``) or ``max_steps``. Returns the
+    model (the weights at the best validation value) and a history: curves {"train_loss",
+    "val_loss", "lr"} as (steps, values), ``lr_chosen``, ``lr_pilot_val`` (each rate's best
+    validation CE in its pilot), ``stop_step`` and ``plateau`` (stopped flat)."""
+    from ...blocks.fitting import fit_to_plateau
 
     patches = patch_inputs(patches)
     L = int(p["seq_len"])
@@ -104,73 +97,35 @@ def train_encoder(patches: np.ndarray, target: np.ndarray, n_out: int, p: dict, 
     tr_x, tr_y = torch.tensor(patches[:-n_val]), torch.tensor(target[:-n_val].astype(np.int64))
     va_x = torch.tensor(windows(patches[-n_val:], L))
     va_y = torch.tensor(windows(target[-n_val:].astype(np.int64), L))
-    bs, every = int(p["batch"]), int(p["eval_every"])
-    lrs = [float(v) for v in p["lrs"]]
-    pilot, min_steps, max_steps = int(p["pilot_steps"]), int(p["min_steps"]), int(p["max_steps"])
-    min_delta, flat_tol = float(p.get("min_delta", 0.002)), float(p.get("flat_tol", 0.01))
-    torch.manual_seed(seed)
-    init = BreathEncoder(tr_x.shape[-1], L, n_out, dim=int(p["dim"]), depth=int(p["depth"]),
-                         heads=int(p["heads"]), dropout=float(p.get("dropout", 0.1)),
-                         attn_dropout=p.get("attn_dropout"))
+    bs = int(p["batch"])
+    n_sub, n_t = tr_x.shape[:2]
 
-    def val_ce(model):
-        model.eval()
-        with torch.no_grad():
-            return float(nn.functional.cross_entropy(model(va_x).reshape(-1, n_out), va_y.reshape(-1)))
+    def build(gen):
+        torch.manual_seed(seed)  # the same initial weights for every rate of the grid
+        return BreathEncoder(tr_x.shape[-1], L, n_out, dim=int(p["dim"]), depth=int(p["depth"]),
+                             heads=int(p["heads"]), dropout=float(p.get("dropout", 0.1)),
+                             attn_dropout=p.get("attn_dropout"))
 
-    class Run:
-        def __init__(self, lr):
-            self.model = copy.deepcopy(init)
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
-            self.lr, self.step, self.run = lr, 0, []
-            self.rng = np.random.default_rng(seed)  # the same batches for every rate
-            self.hist = {"step": [], "train": [], "val": []}
-            self.best, self.best_state = float("inf"), None
+    def train_loss(model, gen):
+        si = torch.randint(0, n_sub, (bs, 1), generator=gen)
+        idx = torch.randint(0, n_t - L + 1, (bs, 1), generator=gen) + torch.arange(L)[None]
+        return nn.functional.cross_entropy(model(tr_x[si, idx]).reshape(-1, n_out), tr_y[si, idx].reshape(-1))
 
-        def advance(self, until, stop_flat):
-            while self.step < until:
-                self.step += 1
-                si = self.rng.integers(0, len(tr_x), bs)
-                t0 = self.rng.integers(0, tr_x.shape[1] - L + 1, bs)
-                idx = torch.as_tensor(t0[:, None] + np.arange(L)[None])
-                xb = tr_x[torch.as_tensor(si)[:, None], idx]
-                yb = tr_y[torch.as_tensor(si)[:, None], idx]
-                self.model.train()
-                loss = nn.functional.cross_entropy(self.model(xb).reshape(-1, n_out), yb.reshape(-1))
-                self.opt.zero_grad()
-                loss.backward()
-                self.opt.step()
-                self.run.append(float(loss.detach()))
-                if self.step % every == 0 or self.step == until:
-                    vl = val_ce(self.model)
-                    self.hist["step"].append(self.step)
-                    self.hist["train"].append(float(np.mean(self.run)))
-                    self.hist["val"].append(vl)
-                    self.run = []
-                    if vl < self.best:
-                        self.best, self.best_state = vl, copy.deepcopy(self.model.state_dict())
-                    if log:
-                        log(f"lr {self.lr:.1e} step {self.step}/{max_steps} val CE {vl:.3f}")
-                    if stop_flat and self.step >= min_steps and plateau(self.hist["step"], self.hist["val"],
-                                                                        min_delta, flat_tol):
-                        return True
-            return False
+    @torch.no_grad()
+    def val_loss(model):
+        return float(nn.functional.cross_entropy(model(va_x).reshape(-1, n_out), va_y.reshape(-1)))
 
-    runs = []
-    for lr in lrs:
-        r = Run(lr)
-        r.advance(pilot, stop_flat=False)
-        runs.append(r)
-    run = min(runs, key=lambda r: r.best)
-    flat = run.advance(max_steps, stop_flat=True) or plateau(run.hist["step"], run.hist["val"], min_delta, flat_tol)
-    run.model.load_state_dict(run.best_state)
-    run.model.eval()
-    st = run.hist["step"]
-    hist = {"curves": {"train_loss": (st, run.hist["train"]), "val_loss": (st, run.hist["val"]),
-                       "lr": (st, [run.lr] * len(st))},
-            "lr_chosen": run.lr, "lr_pilot_val": {str(r.lr): r.best for r in runs},
-            "stop_step": run.step, "plateau": bool(flat)}
-    return run.model, hist
+    model, rec = fit_to_plateau(build, train_loss, val_loss, fit_config(p), seed, label=label,
+                                progress=log or (lambda *_: None))
+    model.eval()
+    st, every = rec["steps"], int(p["eval_every"])
+    losses = np.asarray(rec["losses"], float)
+    # mean training loss over the steps since the previous evaluation (the step-0 point: the first batch)
+    train = [float(losses[max(0, s - every): max(1, s)].mean()) if len(losses) else float("nan") for s in st]
+    hist = {"curves": {"train_loss": (st, train), "val_loss": (st, rec["vals"]), "lr": (st, rec["lrs"])},
+            "lr_chosen": float(rec["lr"]), "lr_pilot_val": {str(k): v for k, v in rec["pilot_best"].items()},
+            "stop_step": int(rec["stop"]), "plateau": bool(rec["plateau"])}
+    return model, hist
 
 
 @torch.no_grad()
