@@ -411,25 +411,47 @@ def test_dw4_closed_form_log_density_and_gradient_equal_autograd():
     assert mala_log_prob(make_target("lj13")).__self__ is not None   # other targets: their own log_prob
 
 
-def test_the_smoke_learning_rates_are_the_sweeps_choice_on_validation():
-    import json
-    from pathlib import Path
-
-    import yaml
-
+def test_the_sweep_helpers_choose_the_lowest_finite_end_loss():
     from reprozoo.methods.arbg.lr_sweep import N_LAST, choose, end_loss
     from reprozoo.methods.arbg.method import peak_lrs
 
-    folder = Path(__file__).resolve().parents[1] / "src/reprozoo/methods/arbg"
-    sweep = json.loads((folder / "lr_sweep_smoke.json").read_text())
-    cfg = yaml.safe_load((folder / "configs/smoke.yaml").read_text())["train"]
-    assert sweep["grid"] == cfg["lr_grid"] and sweep["steps"] == cfg["steps"]
-    assert choose(sweep["end_val_loss"]) == sweep["chosen"]
-    for v, lr in sweep["chosen"].items():
-        assert peak_lrs(cfg, v) == [lr]
-        assert sweep["end_val_loss"][v][str(lr)] == min(sweep["end_val_loss"][v].values())
-    # the criterion: mean of the last N_LAST validation points, a diverged run never wins
+    # the criterion of the (paper-scale) sweep: mean of the last N_LAST validation points, a diverged
+    # run never wins
     assert end_loss([(i, float(i)) for i in range(10)]) == np.mean(range(10 - N_LAST, 10))
     assert end_loss([(0, 1.0), (1, float("nan"))]) == float("inf")
     assert choose({"a": {"0.1": 2.0, "0.3": 1.0, "1.0": float("inf")}}) == {"a": 0.3}
     assert peak_lrs({"lr_grid": [0.1, 0.3]}, "a") == [0.1, 0.3]
+
+
+def test_every_smoke_variant_trains_with_the_shared_plateau_rule_and_one_grid():
+    from pathlib import Path
+
+    import yaml
+
+    folder = Path(__file__).resolve().parents[1] / "src/reprozoo/methods/arbg"
+    for scale in ("ci", "smoke"):
+        cfg = yaml.safe_load((folder / f"configs/{scale}.yaml").read_text())
+        assert "train" not in cfg and len(cfg["fit"]["lr_grid"]) >= 2     # one grid, no per-variant rate
+        assert cfg["fit"]["flat_tol"] <= 0.01 and cfg["fit"].get("lr_drop", 1.0) >= 0.1
+        assert cfg["eval"]["early_step"] < cfg["fit"]["min_steps"]          # the control is an early model
+
+
+def test_fit_shared_returns_best_weights_constant_rate_curves_and_the_early_snapshot():
+    from reprozoo.claims import plateau
+    from reprozoo.methods.arbg.method import fit_shared
+
+    torch.manual_seed(0)
+    y = torch.randn(512, 2) @ torch.tensor([[1.0, 0.6], [0.0, 0.8]])
+    p = {"arbg": {"bins": 16, "lo": -4.0, "hi": 4.0, "width": 16, "depth": 1, "heads": 2, "mlp_ratio": 2.0},
+         "fit": {"lr_grid": [1e-4, 1e-2], "pilot_steps": 20, "eval_every": 10, "min_steps": 60, "max_steps": 300,
+                 "flat_tol": 0.01, "batch": 64}}
+    model, rec = fit_shared("arbg", y, y[:256], 1.0, p, 0, early=25, progress=lambda m: None)
+    steps, vals = zip(*rec["val"])
+    assert steps[0] == 0 and all(s % 10 == 0 for s in steps)
+    assert rec["lr_peak"] == 1e-2                                # the faster rate wins the pilot
+    assert {lr for _, lr in rec["lr"]} == {1e-2}                 # constant rate: the gate's floor holds
+    assert rec["plateau"] == plateau(steps, vals, 0.01) or rec["stop"] == 300
+    with torch.no_grad():
+        assert abs(float(model.loss(y[:256])) - min(vals)) < 1e-4   # best-validation weights returned
+    snap = rec["snapshot"]
+    assert snap is not None and not all(torch.equal(snap[k], v) for k, v in model.state_dict().items())

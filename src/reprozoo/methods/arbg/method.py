@@ -438,6 +438,57 @@ def peak_lrs(tp: dict, variant: str) -> list[float]:
     return [float(x) for x in tp["lr_grid"]]
 
 
+def fit_shared(variant: str, y_train, y_val, scale: float, p: dict, seed: int, early: int | None,
+               progress=print):
+    """Train ``variant`` with :func:`reprozoo.blocks.fitting.fit_to_plateau` (config ``fit``: the same
+    learning-rate grid, pilot length, plateau tolerance and step cap for every variant; minibatches
+    of ``fit.batch`` drawn with replacement; validation = the model's own loss on the validation
+    split, :func:`_val_loss`). ``early`` (a step): keep the chosen run's parameters after that many
+    updates (``record["snapshot"]``), the controls' early checkpoint. Returns ``(model, record)``
+    in the form :func:`fit` returns (``train`` / ``val`` / ``lr`` curves as (step, value) pairs)."""
+    import copy
+
+    import torch
+
+    from ...blocks.fitting import fit_to_plateau
+    from .models import build
+
+    fp = p["fit"]
+    batch, n = int(fp["batch"]), len(y_train)
+    counts, snaps = {}, {}
+
+    def make(gen):
+        torch.manual_seed(seed)              # the same initial weights for every rate
+        return build(variant, y_train.shape[1], scale, p).to(y_train.device)
+
+    def train_loss(model, gen):
+        idx = torch.randint(0, n, (min(batch, n),), generator=gen).to(y_train.device)
+        counts[id(model)] = counts.get(id(model), 0) + 1
+        if early is not None and counts[id(model)] == early + 1:   # parameters after `early` updates
+            snaps[id(model)] = copy.deepcopy(model.state_dict())
+        if _takes_generator(model):
+            if y_train.device.type != "cpu":   # the CNF's noise is drawn on the data's device
+                gen = torch.Generator(device=y_train.device).manual_seed(
+                    int(torch.randint(0, 2**62, (1,), generator=gen)))
+            return model.loss(y_train[idx], gen)
+        return model.loss(y_train[idx])
+
+    def val_loss(model):
+        with torch.no_grad():
+            return float(_val_loss(model, y_val))
+
+    model, rec = fit_to_plateau(make, train_loss, val_loss, fp, seed, label=variant, progress=progress)
+    model.eval()
+    vals = list(zip(rec["steps"], rec["vals"]))
+    every = int(fp["eval_every"])
+    tr = [(s, float(np.mean(rec["losses"][max(0, s - every):s]))) for s in rec["steps"] if s > 0]
+    i_best = int(np.argmin(rec["vals"]))
+    return model, {"train": tr, "val": vals, "lr": list(zip(rec["steps"], rec["lrs"])), "lr_peak": rec["lr"],
+                   "pilot_val": sorted(rec["pilot_best"].items()), "best_step": rec["steps"][i_best],
+                   "val_rise": float(rec["vals"][-1] - rec["vals"][i_best]), "snapshot": snaps.get(id(model)),
+                   "stop": rec["stop"], "plateau": rec["plateau"]}
+
+
 def train(ctx) -> None:
     import torch
 
@@ -446,7 +497,7 @@ def train(ctx) -> None:
     p, v = ctx.params, ctx.variant
     if v not in VARIANTS:
         raise ValueError(f"unknown variant {v!r}; this method has {VARIANTS}")
-    tp, ep = p["train"], p["eval"]
+    tp, ep = p.get("train", {}), p["eval"]
     device = torch.device(p.get("device", "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("config asks for device 'cuda' but torch sees no GPU; run the paper scale on a GPU "
@@ -460,10 +511,17 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"n_params_{name}", n_params(model))
         gen = torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 101 + k)
         t0 = time.process_time()
-        early = int(round(float(ep.get("early_fraction", 0.1)) * tp["steps"])) if v == "arbg" else None
-        model, rec = fit(model, y_tr, y_va, tp["steps"], tp["batch"], peak_lrs(tp, v), tp.get("schedule", {}),
-                         tp["eval_every"], tp.get("pilot_rungs", [0.05, 0.15]), gen, _val_loss,
-                         progress=lambda m: ctx.progress(f"{name} {m}"), snapshot_at=early)
+        if "fit" in p:
+            # the platform's shared rule (blocks.fitting.fit_to_plateau): one grid piloted on
+            # validation, the best rate continued at a constant rate until the plateau test holds
+            early = int(ep["early_step"]) if v == "arbg" else None
+            model, rec = fit_shared(v, y_tr, y_va, float(data["scale"]), p, ctx.seed * 7919 + k, early,
+                                    progress=lambda m: ctx.progress(f"{name} {m}"))
+        else:
+            early = int(round(float(ep.get("early_fraction", 0.1)) * tp["steps"])) if v == "arbg" else None
+            model, rec = fit(model, y_tr, y_va, tp["steps"], tp["batch"], peak_lrs(tp, v), tp.get("schedule", {}),
+                             tp["eval_every"], tp.get("pilot_rungs", [0.05, 0.15]), gen, _val_loss,
+                             progress=lambda m: ctx.progress(f"{name} {m}"), snapshot_at=early)
         ctx.metrics.scalar(f"train_seconds_{name}", time.process_time() - t0)
         ctx.metrics.scalar(f"best_step_{name}", rec["best_step"])
         ctx.metrics.scalar(f"val_rise_{name}", rec["val_rise"])
@@ -476,6 +534,9 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"pilot_diverged_{name}", sum(math.isinf(val) for _, val in rec["pilot_val"]))
         ctx.metrics.scalar(f"lr_peak_{name}", rec["lr_peak"])
         ctx.metrics.scalar(f"val_slope_per_1k_{name}", final_slope(rec["val"]))
+        if "stop" in rec:
+            ctx.metrics.scalar(f"steps_{name}", float(rec["stop"]))
+            ctx.metrics.scalar(f"plateau_{name}", float(rec["plateau"]))
         eval_kw = dict(crop=float(ep.get("energy_crop", 1000.0)), trim=float(ep.get("trim_log_weights", 0.002)),
                        ref_crop_margin=float(ep.get("ref_crop_margin", 10.0)))
         out, hists = evaluate(model, tgt, y_te, ep["n_samples"],
