@@ -2,26 +2,33 @@
 
 Stages and units:
 
-* ``train_shared`` (per seed): render the recognition scenes and the three balanced binding
+* ``train_shared`` (per seed): render the recognition scenes and the four balanced binding
   conditions (``scenes.py``); train a small ViT from scratch on recognition (multi-label: which
-  colours and which shapes are in the scene, BCE on a linear head over [CLS]; AdamW, cosine
-  schedule, the best-on-validation epoch kept); record its validation loss per epoch (nats per
-  label) and its exact-set accuracy; save every token of the final layer (after the last
-  LayerNorm) for the probe scenes -> ``tokens.npz``. At ``paper`` scale the backbone is a
-  pretrained ViT loaded through ``transformers`` instead (``pretrained.py``).
-* ``train`` (per probe variant x seed): for every condition, fit the variant's probe family twice,
+  colours and which shapes are in the scene, BCE on a linear head over [CLS]) by the shared rule
+  ``blocks.fitting.fit_to_plateau`` (AdamW, a rate grid piloted on validation, the best continued
+  at a constant rate to the plateau, best-validation weights kept); record its validation loss
+  (nats per label) and rate per evaluation (``val_vit``, ``lr_vit``) and its exact-set accuracy
+  per condition; save every token of the final layer (after the last LayerNorm) for the probe
+  scenes (``_T``), the same for the ViT at its seeded initialisation (``_U``, the
+  ``untrained_vit`` control) and the raw pixel patches (``_R``, the ``raw_patches`` control) ->
+  ``tokens.npz``. At ``paper`` scale the backbone is a pretrained ViT loaded through
+  ``transformers`` instead (``pretrained.py``; its random-init twin for ``_U``).
+* ``train`` (per probe variant x seed): for every condition, fit the variant's probe family twice
+  (each by ``fit_to_plateau``; curves ``probe_val_ce_{y,f}_<cond>`` and ``probe_lr_{y,f}_<cond>``),
   for Y (conjunctions, 16 heads) and for F (features, 8 heads), on the same frozen tokens; test
   cross-entropies CE(Y), CE(F) in bits per scene; binding information H(Y|F) - (CE(Y) - CE(F))
   in bits and binding ratio (``probes.py``); binding accuracy (is the true pairing the most
   likely among those consistent with the true features; chance 1/6 or 1/4) and per-bit accuracy.
 
-Variants (probe families; identical data, optimiser, epochs and early stopping):
+Variants (probe families; identical data and the same fitting rule and rate grid):
 
 * ``attention_spatial`` (method): attention probe over the spatial tokens only (never [CLS]),
   one conditioned query per head, quadratic readout;
 * ``cls_linear`` (baseline): linear probe on [CLS], the paper's [CLS] probe;
 * ``cls_quadratic`` (baseline): the attention probe's quadratic readout applied to [CLS]: separates
-  "which tokens are read" from "how nonlinear the readout is".
+  "which tokens are read" from "how nonlinear the readout is";
+* ``untrained_vit`` (control): the attention probe on the untrained ViT's spatial tokens;
+* ``raw_patches`` (control): the attention probe on the raw pixel patches (locality alone).
 """
 from __future__ import annotations
 
@@ -33,10 +40,12 @@ import numpy as np
 from . import scenes as S
 from reprozoo.figures import save_figure
 
-VARIANT_PROBES = {  # variant -> (probe family, which tokens)
-    "attention_spatial": ("attention", "spatial"),
-    "cls_linear": ("linear", "cls"),
-    "cls_quadratic": ("quadratic", "cls"),
+VARIANT_PROBES = {  # variant -> (probe family, which tokens, token set: T trained ViT, U untrained ViT, R raw patches)
+    "attention_spatial": ("attention", "spatial", "T"),
+    "cls_linear": ("linear", "cls", "T"),
+    "cls_quadratic": ("quadratic", "cls", "T"),
+    "untrained_vit": ("attention", "spatial", "U"),
+    "raw_patches": ("attention", "patches", "R"),
 }
 SPLITS = ("train", "val", "test")
 
@@ -65,43 +74,39 @@ def recognition_target(Y: np.ndarray, target: str) -> np.ndarray:
     raise ValueError(f"recognition target '{target}' unknown (features, conjunctions)")
 
 
-def train_vit(Xtr, Ttr, Xva, Tva, cfg: dict, seed: int, progress=print):
-    """From-scratch ViT on multi-label recognition; returns the best-on-validation model and the
-    validation curve (epoch, mean BCE in nats per label)."""
+def train_vit(Xtr, Ttr, Xva, Tva, cfg: dict, fit: dict, seed: int, progress=print):
+    """From-scratch ViT on multi-label recognition, trained by the shared rule
+    ``blocks.fitting.fit_to_plateau`` (AdamW, one learning-rate grid piloted on validation, the best
+    rate continued at a constant rate to the plateau, best-validation weights kept); returns the model
+    and the fit record (validation mean BCE in nats per label at ``steps``, rates at ``lrs``)."""
+    import torch
+
+    from ...blocks.fitting import fit_to_plateau
+
+    Xtr, Ttr, Xva, Tva = (torch.from_numpy(a) for a in (Xtr, Ttr, Xva, Tva))
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+
+    def train_loss(vit, gen):
+        idx = torch.randint(len(Xtr), (cfg["batch"],), generator=gen)
+        return bce(vit(Xtr[idx]), Ttr[idx])
+
+    def val_loss(vit):
+        with torch.no_grad():
+            return float(bce(vit(Xva), Tva))
+
+    vit, rec = fit_to_plateau(lambda gen: build_vit(Xtr.shape[-1], Ttr.shape[1], cfg, seed), train_loss, val_loss,
+                              fit, seed, label="ViT", progress=progress)
+    return vit.eval(), rec
+
+
+def build_vit(img: int, n_out: int, cfg: dict, seed: int):
+    """The ViT at its initialisation for this seed (the ``untrained_vit`` control reads it as is)."""
     import torch
 
     from ...blocks.transformer import VisionTransformer
 
     torch.manual_seed(seed)
-    vit = VisionTransformer(Xtr.shape[-1], cfg["patch"], cfg["dim"], cfg["depth"], cfg["heads"],
-                            cfg["mlp_ratio"], n_out=Ttr.shape[1])
-    opt = torch.optim.AdamW(vit.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    steps_per_epoch = len(Xtr) // cfg["batch"]
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg["lr"], total_steps=cfg["epochs"] * steps_per_epoch,
-                                                pct_start=0.1)
-    Xtr, Ttr, Xva, Tva = (torch.from_numpy(a) for a in (Xtr, Ttr, Xva, Tva))
-    gen = torch.Generator().manual_seed(seed)
-    bce = torch.nn.functional.binary_cross_entropy_with_logits
-    curve, best, best_state = [], float("inf"), None
-    for epoch in range(cfg["epochs"]):
-        vit.train()
-        perm = torch.randperm(len(Xtr), generator=gen)
-        for i in range(steps_per_epoch):
-            idx = perm[i * cfg["batch"]:(i + 1) * cfg["batch"]]
-            loss = bce(vit(Xtr[idx]), Ttr[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-        vit.eval()
-        with torch.no_grad():
-            val = float(bce(vit(Xva), Tva))
-        curve.append((epoch + 1, val))
-        if val < best:
-            best, best_state = val, {k: v.clone() for k, v in vit.state_dict().items()}
-        progress(f"ViT epoch {epoch + 1}/{cfg['epochs']}: train {loss.item():.4f} val {val:.4f} nats/label")
-    vit.load_state_dict(best_state)
-    return vit.eval(), curve
+    return VisionTransformer(img, cfg["patch"], cfg["dim"], cfg["depth"], cfg["heads"], cfg["mlp_ratio"], n_out=n_out)
 
 
 def exact_set_accuracy(logits, target) -> float:
@@ -118,37 +123,52 @@ def train_shared(ctx) -> None:
         ctx.progress(f"tokens of the pretrained backbone {p['pretrained']['name']}")
         tokens = {k.removesuffix("_X") + "_T": pretrained_tokens(v, p["pretrained"])
                   for k, v in probe_sets.items() if k.endswith("_X")}
+        from ...blocks.transformer import patchify  # the raw-pixel control at the backbone's patch size
+        import torch
+
+        untrained = {**p["pretrained"], "random_init": True, "seed": ctx.seed}
+        tokens.update({k.removesuffix("_X") + "_U": pretrained_tokens(v, untrained)
+                       for k, v in probe_sets.items() if k.endswith("_X")})
+        tokens.update({k.removesuffix("_X") + "_R": patchify(torch.from_numpy(v), p["pretrained"].get("patch", 14)).numpy()
+                       for k, v in probe_sets.items() if k.endswith("_X")})
         vit_info = {}
     else:
         import torch
 
         rec = p["recognition"]
         t0 = time.process_time()
-        Xtr, Ytr = S.recognition_scenes(rec["n_train"], rng, p["geometry"], p_chain=rec["p_chain"])
-        Xva, Yva = S.recognition_scenes(rec["n_val"], rng, p["geometry"], p_chain=rec["p_chain"])
+        kw = {"p_chain": rec["p_chain"], "p_free": rec.get("p_free", 0.0)}
+        Xtr, Ytr = S.recognition_scenes(rec["n_train"], rng, p["geometry"], **kw)
+        Xva, Yva = S.recognition_scenes(rec["n_val"], rng, p["geometry"], **kw)
         ctx.progress(f"rendered {len(Xtr) + len(Xva)} recognition scenes in {time.process_time() - t0:.1f} CPU-s")
         Ttr, Tva = recognition_target(Ytr, rec["target"]), recognition_target(Yva, rec["target"])
         t0 = time.process_time()
-        vit, curve = train_vit(Xtr, Ttr, Xva, Tva, p["vit"], ctx.seed, ctx.progress)
-        vit_info = {"vit_train_cpu_seconds": time.process_time() - t0}
+        vit, rec_fit = train_vit(Xtr, Ttr, Xva, Tva, p["vit"], p["vit_fit"], ctx.seed, ctx.progress)
+        vit_info = {"vit_train_cpu_seconds": time.process_time() - t0, "vit_plateau": float(rec_fit["plateau"]),
+                    "lr_chosen_vit": float(rec_fit["lr"]), "steps_vit": float(rec_fit["stop"])}
+        untrained = build_vit(Xtr.shape[-1], Ttr.shape[1], p["vit"], ctx.seed).eval()
+        from ...blocks.transformer import patchify
+
         with torch.no_grad():
             vit_info["vit_val_exact"] = exact_set_accuracy(vit(torch.from_numpy(Xva)).numpy(), Tva)
             tokens = {}
             for k, v in probe_sets.items():
                 if k.endswith("_X"):
-                    tokens[k.removesuffix("_X") + "_T"] = vit.forward_tokens(torch.from_numpy(v)).numpy()
+                    x = torch.from_numpy(v)
+                    stem = k.removesuffix("_X")
+                    tokens[stem + "_T"] = vit.forward_tokens(x).numpy()
+                    tokens[stem + "_U"] = untrained.forward_tokens(x).numpy()
+                    tokens[stem + "_R"] = patchify(x, p["vit"]["patch"]).numpy()
             for cond in p["conditions"]:
                 X, Y = probe_sets[f"{cond}_test_X"], probe_sets[f"{cond}_test_Y"]
                 vit_info[f"vit_exact_{cond}"] = exact_set_accuracy(vit(torch.from_numpy(X)).numpy(),
                                                                    recognition_target(Y, rec["target"]))
-        ep, vals = zip(*curve)
-        k = min(3, len(vals) - 1)  # slope of the last epochs, relative to the loss: has it flattened?
-        vit_info["vit_val_final_rel_slope"] = (vals[-1] - vals[-1 - k]) / max(k, 1) / vals[-1] if k else float("nan")
-        vit_info["vit_val_curve_epochs"], vit_info["vit_val_curve"] = list(ep), list(vals)
+        vit_info["vit_curve"] = {k: rec_fit[k] for k in ("steps", "vals", "lrs")}
         for k, v in vit_info.items():
-            if not isinstance(v, list):
+            if not isinstance(v, dict):
                 ctx.metrics.scalar(k, v)
-        ctx.metrics.curve("vit_val_loss", ep, vals)
+        ctx.metrics.curve("val_vit", rec_fit["steps"], rec_fit["vals"])
+        ctx.metrics.curve("lr_vit", rec_fit["steps"], rec_fit["lrs"])
     arrays = {k: v for k, v in probe_sets.items() if not k.endswith("_X")}
     np.savez_compressed(ctx.outdir / "tokens.npz", **tokens, **arrays)
     import json
@@ -158,27 +178,28 @@ def train_shared(ctx) -> None:
 
 # --- per probe variant ----------------------------------------------------------------------------
 
-def probe_condition(kind: str, tokens_of: str, data, cond: str, cfg: dict, seed: int) -> dict:
+def probe_condition(kind: str, tokens_of: str, data, cond: str, cfg: dict, seed: int, token_set: str = "T") -> dict:
     """Fit the Y and F probes of one family on one condition; the binding metrics on its test split."""
     import torch
 
     from . import probes as P
 
     def z(split):
-        t = torch.from_numpy(data[f"{cond}_{split}_T"])
-        return t[:, 1:] if tokens_of == "spatial" else t[:, 0]
+        t = torch.from_numpy(data[f"{cond}_{split}_{token_set}"])
+        return {"spatial": t[:, 1:], "cls": t[:, 0], "patches": t}[tokens_of]
 
     lab = {(s, n): torch.from_numpy(data[f"{cond}_{s}_{n}"].astype(np.float32)) for s in SPLITS for n in "YF"}
     out, t0 = {}, time.process_time()
     for name in "YF":
-        probe, curve = P.fit_probe(kind, z("train"), lab["train", name], z("val"), lab["val", name], cfg, seed)
+        probe, fit = P.fit_probe(kind, z("train"), lab["train", name], z("val"), lab["val", name], cfg, seed)
         ce = P.cross_entropy_bits(probe, z("test"), lab["test", name])
         out[f"ce_{name.lower()}"] = float(ce.mean())
         out[f"ce_{name.lower()}_sem"] = float(ce.std(ddof=1) / np.sqrt(len(ce)))
-        out[f"epochs_{name.lower()}"] = curve[-1][0]
-        # 1 if the fit ran into the epoch cap (did not stop on patience), else 0
-        out[f"cap_hit_{name.lower()}"] = float(curve[-1][0] >= cfg["epochs"])
-        out[f"val_curve_{name.lower()}"] = curve
+        out[f"steps_{name.lower()}"] = float(fit["stop"])
+        # 1 if the fit ran into fit.max_steps without passing the plateau test, else 0
+        out[f"cap_hit_{name.lower()}"] = float(not fit["plateau"])
+        out[f"lr_chosen_{name.lower()}"] = float(fit["lr"])
+        out[f"fit_{name.lower()}"] = fit
         with torch.no_grad():
             logits = probe(z("test"), lab["test", name])
         out[f"acc_{name.lower()}"] = float(((logits > 0).float() == lab["test", name]).float().mean())
@@ -199,28 +220,31 @@ def train(ctx) -> None:
     p = ctx.params
     if ctx.variant not in VARIANT_PROBES:
         raise KeyError(f"variant '{ctx.variant}' unknown; known: {sorted(VARIANT_PROBES)}")
-    kind, tokens_of = VARIANT_PROBES[ctx.variant]
+    kind, tokens_of, token_set = VARIANT_PROBES[ctx.variant]
     data = dict(np.load(ctx.shared_dir / "tokens.npz"))
     cap_hits = 0.0
     for cond in p["conditions"]:
-        r = probe_condition(kind, tokens_of, data, cond, p["probe"], ctx.seed)
+        r = probe_condition(kind, tokens_of, data, cond, p["probe"], ctx.seed, token_set)
         for key in ("binding_ratio", "binding_info", "ce_y", "ce_f", "ce_y_sem", "ce_f_sem", "acc_y", "acc_f",
-                    "binding_acc", "binding_chance", "h_y_given_f", "epochs_y", "epochs_f", "cap_hit_y", "cap_hit_f",
-                    "probe_cpu_seconds"):
+                    "binding_acc", "binding_chance", "h_y_given_f", "steps_y", "steps_f", "cap_hit_y", "cap_hit_f",
+                    "lr_chosen_y", "lr_chosen_f", "probe_cpu_seconds"):
             ctx.metrics.scalar(f"{key}_{cond}", r[key])
         cap_hits += r["cap_hit_y"] + r["cap_hit_f"]
         for name in "yf":
-            ep, vals = zip(*r[f"val_curve_{name}"])
-            ctx.metrics.curve(f"probe_val_ce_{name}_{cond}", ep, vals)
+            fit = r[f"fit_{name}"]
+            ctx.metrics.curve(f"probe_val_ce_{name}_{cond}", fit["steps"], fit["vals"])
+            ctx.metrics.curve(f"probe_lr_{name}_{cond}", fit["steps"], fit["lrs"])
         ctx.progress(f"{cond}: CE(Y) {r['ce_y']:.3f} CE(F) {r['ce_f']:.3f} bits, binding ratio "
                      f"{r['binding_ratio']:.3f}, binding acc {r['binding_acc']:.3f} (chance {r['binding_chance']:.3f})")
-    ctx.metrics.scalar("probe_cap_hits", cap_hits)  # fits (Y and F, all conditions) that hit probe.epochs
+    ctx.metrics.scalar("probe_cap_hits", cap_hits)  # fits (Y and F, all conditions) that ended at fit.max_steps
     info = json.loads((ctx.shared_dir / "vit_info.json").read_text())
-    for k, v in info.items():  # the backbone's own numbers, repeated in every variant's table
-        if not isinstance(v, list):
+    for k, v in info.items():  # the trained backbone's own numbers, repeated in every variant's table
+        if not isinstance(v, dict):
             ctx.metrics.scalar(k, v)
-    if "vit_val_curve" in info:
-        ctx.metrics.curve("vit_val_loss", info["vit_val_curve_epochs"], info["vit_val_curve"])
+    if "vit_curve" in info and token_set == "T":  # the gate reads the trained ViT's curve where its tokens are probed
+        c = info["vit_curve"]
+        ctx.metrics.curve("val_vit", c["steps"], c["vals"])
+        ctx.metrics.curve("lr_vit", c["steps"], c["lrs"])
 
 
 # --- plots ----------------------------------------------------------------------------------------
@@ -269,6 +293,6 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         ax.set_xlabel("scene condition (mean +- std over seeds)")
         ax.set_title(title, fontsize=9)
         save_figure(fig, plots_dir / fname, dpi=110)
-    curve_plot(table, "vit_val_loss", plots_dir / "curve_vit_val_loss.png", xlabel="epoch",
+    curve_plot(table, "val_vit", plots_dir / "curve_val_vit.png", xlabel="step",
                ylabel="validation BCE (nats per label)", title="Has the from-scratch ViT finished learning?",
                variants=[v for v in VARIANT_PROBES if v in set(table.variant)][:1])

@@ -14,13 +14,17 @@ import numpy as np
 def pretrained_tokens(images: np.ndarray, cfg: dict) -> np.ndarray:
     try:
         import torch
-        from transformers import AutoImageProcessor, AutoModel
+        from transformers import AutoConfig, AutoImageProcessor, AutoModel
     except ImportError as err:  # pragma: no cover - paper scale only
         raise ImportError("the paper-scale backbone needs `pip install transformers` (and network access "
                           f"for the weights of {cfg['name']})") from err
     device = cfg.get("device", "cuda" if torch.cuda.is_available() else "cpu")
     proc = AutoImageProcessor.from_pretrained(cfg["name"])
-    model = AutoModel.from_pretrained(cfg["name"]).to(device).eval()
+    if cfg.get("random_init"):
+        torch.manual_seed(int(cfg.get("seed", 0)))
+        model = AutoModel.from_config(AutoConfig.from_pretrained(cfg["name"])).to(device).eval()
+    else:
+        model = AutoModel.from_pretrained(cfg["name"]).to(device).eval()
     model = getattr(model, "vision_model", model)  # CLIP: the vision tower
     n_registers = int(getattr(model.config, "num_register_tokens", 0) or 0)
     out = []

@@ -14,7 +14,7 @@ a function of Y,
 so the binding information is estimated as  B = H(Y|F) - (CE(Y) - CE(F))  and the binding ratio
 as  B / H(Y|F): 1 when Z says which features go together, 0 when it holds only the features.
 
-Probe families (same Y / F conditioning, Adam, early stopping on validation cross-entropy):
+Probe families (same Y / F conditioning; every fit by the shared rule ``blocks.fitting.fit_to_plateau``):
 
 * ``linear``: logit_k = w_k . z + u_k . ymask_k + b_k on one vector z ([CLS]);
 * ``quadratic``: x_k = [z, ymask_k], logit_k = w_k . x_k + <A_k x_k, C_k x_k> / sqrt(dim x) + b_k
@@ -112,34 +112,29 @@ def cross_entropy_bits(probe, z, y, batch: int = 1024) -> np.ndarray:
     return torch.cat(out).numpy()
 
 
-def fit_probe(kind: str, z_train, y_train, z_val, y_val, cfg: dict, seed: int):
-    """Train a probe with Adam, minibatches, early stopping on validation cross-entropy (bits);
-    returns the best-on-validation probe and the validation curve (epoch, bits)."""
-    torch.manual_seed(seed)
-    probe = PROBES[kind](z_train.shape[-1], y_train.shape[-1], cfg.get("rank", 8))
-    opt = torch.optim.Adam(probe.parameters(), lr=cfg["lr"], weight_decay=cfg.get("weight_decay", 0.0))
-    gen = torch.Generator().manual_seed(seed)
-    best, best_state, since, curve = float("inf"), None, 0, []
-    for epoch in range(cfg["epochs"]):
-        perm = torch.randperm(len(z_train), generator=gen)
-        for i in range(0, len(perm), cfg["batch"]):
-            idx = perm[i:i + cfg["batch"]]
-            logits = probe(z_train[idx], y_train[idx])
-            loss = nn.functional.binary_cross_entropy_with_logits(logits, y_train[idx], reduction="sum") / len(idx)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        val = float(cross_entropy_bits(probe, z_val, y_val).mean())
-        curve.append((epoch + 1, val))
-        if val < best - 1e-4:
-            best, since = val, 0
-            best_state = {k: v.clone() for k, v in probe.state_dict().items()}
-        else:
-            since += 1
-            if since >= cfg["patience"]:
-                break
-    probe.load_state_dict(best_state)
-    return probe.eval(), curve
+def fit_probe(kind: str, z_train, y_train, z_val, y_val, cfg: dict, seed: int, progress=None):
+    """Train a probe by the shared rule ``blocks.fitting.fit_to_plateau`` (Adam at every rate of
+    ``cfg["fit"]["lr_grid"]`` for a pilot, the best on validation continued at that constant rate until
+    the validation cross-entropy passes the platform's plateau test, best-validation weights kept);
+    minibatches of ``cfg["batch"]`` scenes. Returns (probe, fit record: ``steps``, ``vals`` (bits per
+    scene), ``lrs``, ``lr``, ``stop``, ``plateau``)."""
+    from ...blocks.fitting import fit_to_plateau
+
+    def build(gen):
+        torch.manual_seed(seed)
+        return PROBES[kind](z_train.shape[-1], y_train.shape[-1], cfg.get("rank", 8))
+
+    def train_loss(probe, gen):
+        idx = torch.randint(len(z_train), (cfg["batch"],), generator=gen)
+        logits = probe(z_train[idx], y_train[idx])
+        return nn.functional.binary_cross_entropy_with_logits(logits, y_train[idx], reduction="sum") / len(idx)
+
+    def val_loss(probe):
+        return float(cross_entropy_bits(probe, z_val, y_val).mean())
+
+    probe, rec = fit_to_plateau(build, train_loss, val_loss, cfg["fit"], seed, label=f"{kind} probe",
+                                progress=progress or (lambda *_: None))
+    return probe.eval(), rec
 
 
 def candidate_accuracy(probe, z, candidates: list[torch.Tensor], truth: torch.Tensor) -> float:

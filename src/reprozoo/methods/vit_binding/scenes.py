@@ -16,10 +16,14 @@ exactly F, so H(Y|F) is known in closed form):
 * ``shared``: 3 objects over 2 colours x 2 shapes (two objects share a colour, two share a shape),
   no overlap; Y is 3 of the 4 cells of the 2 x 2 grid: H(Y|F) = log2 4 = 2 bits;
 * ``occluded``: as ``distinct`` but every object overlaps the one drawn before it (later objects
-  hide parts of earlier ones): H(Y|F) = log2 6 bits.
+  hide parts of earlier ones): H(Y|F) = log2 6 bits;
+* ``straddle``: as ``distinct`` (no overlap) but the objects are placed anywhere in the image,
+  not in the ViT's patch cells, so most objects straddle patch borders and no single patch holds a
+  whole object: locality alone no longer binds colour and shape in one token. H(Y|F) = log2 6 bits.
 
 Recognition data (what the ViT is trained on): 1-3 objects of i.i.d. distinct colour-shape
-classes, overlap allowed but not forced; the label is the multi-hot set of classes present.
+classes, in patch cells, overlapping in a chain, or placed freely across patch borders (fractions
+set by the config); the label is the multi-hot set of classes present.
 
 Images are H x W x 3 in [0, 1] (channels first on return), drawn at 2x resolution and averaged
 (anti-aliased edges), on a dark background with pixel noise; object size and position jitter.
@@ -40,9 +44,10 @@ COLOURS = {  # RGB in [0, 1]
 SHAPES = ("circle", "square", "triangle", "cross")
 N_COLOURS, N_SHAPES = len(COLOURS), len(SHAPES)
 N_FEATURES, N_CONJ = N_COLOURS + N_SHAPES, N_COLOURS * N_SHAPES
-CONDITIONS = ("distinct", "shared", "occluded")
+CONDITIONS = ("distinct", "shared", "occluded", "straddle")
 # (colours, shapes, objects) drawn per scene in each balanced condition
-_LAYOUT = {"distinct": (3, 3, 3), "shared": (2, 2, 3), "occluded": (3, 3, 3)}
+_LAYOUT = {"distinct": (3, 3, 3), "shared": (2, 2, 3), "occluded": (3, 3, 3), "straddle": (3, 3, 3)}
+_PLACEMENT = {"distinct": "cells", "shared": "cells", "occluded": "chain", "straddle": "free"}
 # image side, grid cell (= ViT patch), object size, position jitter (px); pixel noise std
 GEOMETRY = {"img": 24, "cell": 8, "obj_size": 7.0, "jitter": 1.0, "noise": 0.03}
 
@@ -109,14 +114,24 @@ def _positions(n: int, size: float, img: int, cell: int, placement: str, rng: np
     inside a patch in seconds, across patch borders only after many epochs).
     ``chain``: the first object in a cell, each next one offset from the previous one by 60-80 %
     of its size in a random direction (it hides part of it: occlusion), kept inside the image.
+    ``free``: centres uniform in the image (objects inside it), at least one object size apart (no
+    overlap), ignoring the patch grid: most objects straddle patch borders.
     """
     g = img // cell
+    if placement == "free":
+        lo, hi = size / 2, img - size / 2
+        for _ in range(tries):
+            pts = rng.uniform(lo, hi, (n, 2))
+            d = np.linalg.norm(pts[:, None] - pts[None], axis=-1)[~np.eye(n, dtype=bool)]
+            if n < 2 or d.min() >= size:
+                return pts
+        raise RuntimeError(f"could not place {n} objects of size {size} apart in {img} px")
     if placement == "cells":
         idx = rng.choice(g * g, n, replace=False)
         centres = np.stack([idx % g, idx // g], 1) * cell + cell / 2
         return centres + rng.uniform(-jitter, jitter, centres.shape)
     if placement != "chain":
-        raise ValueError(f"unknown placement '{placement}' (cells, chain)")
+        raise ValueError(f"unknown placement '{placement}' (cells, chain, free)")
     lo, hi = size / 2, img - size / 2
     for _ in range(tries):
         pts = [(rng.integers(g, size=2) + 0.5) * cell]
@@ -177,7 +192,7 @@ def balanced_labels(condition: str, n: int, rng: np.random.Generator):
 def balanced_scenes(condition: str, n: int, rng: np.random.Generator, geometry: dict | None = None):
     """n scenes of a balanced condition: images (n, 3, img, img), Y (n, N_CONJ), F (n, N_FEATURES)."""
     Y, orders = balanced_labels(condition, n, rng)
-    placement = "chain" if condition == "occluded" else "cells"
+    placement = _PLACEMENT[condition]
     img = {**GEOMETRY, **(geometry or {})}["img"]
     X = np.empty((n, 3, img, img), dtype=np.float32)
     for i, objects in enumerate(orders):
@@ -186,9 +201,10 @@ def balanced_scenes(condition: str, n: int, rng: np.random.Generator, geometry: 
 
 
 def recognition_scenes(n: int, rng: np.random.Generator, geometry: dict | None = None, max_objects: int = 3,
-                       p_chain: float = 0.5):
+                       p_chain: float = 0.5, p_free: float = 0.0):
     """n recognition scenes: 1..max_objects distinct colour-shape classes drawn i.i.d.; a fraction
-    ``p_chain`` of scenes (with >= 2 objects) overlap in a chain, the rest sit in grid cells.
+    ``p_chain`` of scenes (with >= 2 objects) overlap in a chain, a fraction ``p_free`` of the others
+    are placed freely across patch borders (no overlap), the rest sit in grid cells.
     Returns images and the multi-hot class labels (n, N_CONJ)."""
     img = {**GEOMETRY, **(geometry or {})}["img"]
     X = np.empty((n, 3, img, img), dtype=np.float32)
@@ -197,6 +213,6 @@ def recognition_scenes(n: int, rng: np.random.Generator, geometry: dict | None =
         k = int(rng.integers(1, max_objects + 1))
         classes = rng.choice(N_CONJ, k, replace=False)
         Y[i, classes] = 1.0
-        placement = "chain" if k > 1 and rng.random() < p_chain else "cells"
+        placement = "chain" if k > 1 and rng.random() < p_chain else ("free" if rng.random() < p_free else "cells")
         X[i] = _draw_scene([(int(c) // N_SHAPES, int(c) % N_SHAPES) for c in classes], geometry, placement, rng)
     return X, Y
