@@ -178,7 +178,11 @@ def test_theory_matches_simulation_at_fixed_n2():
 
 def test_interior_peak_on_planted_curves():
     xs = [1, 2, 3, 4, 5, 6]
-    assert interior_peak(xs, [0.3, 0.2, 0.25, 0.3, 0.35, 0.4]) == (pytest.approx(np.nan, nan_ok=True), 1.0)  # U
-    assert interior_peak(xs, [0.5, 0.4, 0.3, 0.2, 0.15, 0.1])[1] == 1.0  # monotone
+    x, prom = interior_peak(xs, [0.3, 0.2, 0.25, 0.3, 0.35, 0.4])  # U: below 1, continuous
+    assert np.isnan(x) and prom == pytest.approx(0.35 / 0.4)  # the flattest two-sided point
+    x, prom = interior_peak(xs, [0.5, 0.4, 0.3, 0.2, 0.15, 0.1])  # monotone
+    assert np.isnan(x) and prom == pytest.approx(0.4 / 0.5)
+    _, prom_flat = interior_peak(xs, [0.3, 0.3, 0.3, 0.3, 0.3, 0.3])
+    assert prom_flat == pytest.approx(1.0)  # a flat curve sits on the boundary, not above it
     x, prom = interior_peak(xs, [0.3, 0.2, 0.3, 0.24, 0.1, 0.12])  # rise, then a second descent
     assert x == 3 and prom == pytest.approx(1.5)  # min(0.3 / 0.2, 0.3 / 0.1)

@@ -113,17 +113,16 @@ def selection_strength(ctx, loss: str, rule: str) -> dict[int, np.ndarray]:
 
 
 def interior_peak(xs, errs) -> tuple[float, float]:
-    """(x, prominence) of the highest interior local maximum of the curve, the prominence being
-    min(peak / lowest point before it, peak / lowest point after it): > 1 only for a rise AND a
-    second descent (a double descent), = 1 for a monotone or U-shaped curve (x = nan then)."""
+    """(x, prominence) of the strongest interior double-descent point of the curve. For every
+    interior point i the two-sided excess is min(errs[i] / lowest point before i, errs[i] / lowest
+    point after i); the prominence is its maximum over i. It is > 1 only for a rise AND a second
+    descent (a double descent), and < 1 for a strictly monotone or U-shaped curve, by how far the
+    curve is from having a bump, so that it varies continuously with the data (x = nan when <= 1)."""
     errs = np.asarray(errs, float)
-    best = (float("nan"), 1.0)
-    for i in range(1, len(errs) - 1):
-        if errs[i] >= errs[i - 1] and errs[i] > errs[i + 1]:
-            prom = min(errs[i] / errs[:i].min(), errs[i] / errs[i + 1:].min())
-            if prom > best[1]:
-                best = (float(xs[i]), float(prom))
-    return best
+    scores = [min(errs[i] / errs[:i].min(), errs[i] / errs[i + 1:].min()) for i in range(1, len(errs) - 1)]
+    i = int(np.argmax(scores))
+    prom = float(scores[i])
+    return (float(xs[i + 1]) if prom > 1 else float("nan"), prom)
 
 
 def variance_slope(dims, variances) -> float:
