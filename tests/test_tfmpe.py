@@ -15,8 +15,8 @@ from reprozoo.methods.tfmpe.simulators import HierarchicalGaussian, Hierarchical
 from reprozoo.methods.tfmpe.tokenised_fm import (SIGMA_MIN, Layout, TokenVelocityField, cfm_loss, fit_cfm,
                                                  sample_cfm)
 
-FIT = dict(lrs=[1e-3, 3e-3], batch=64, val_frac=0.1, eval_every=20, pilot_steps=100, min_steps=200,
-           max_steps=1500, min_delta=0.002, flat_tol=0.01, ema_decay=0.99)
+FIT = dict(lr_grid=[1e-3, 3e-3], batch=64, val_frac=0.1, eval_every=20, pilot_steps=100, min_steps=200,
+           max_steps=1500, flat_tol=0.01, ema_decay=0.99)
 
 
 def test_analytic_posterior_equals_gaussian_conditioning():
@@ -262,7 +262,7 @@ def test_stopping_rule_keeps_a_constant_lr_and_stops_on_a_curve_the_gate_accepts
     m, rng, gen = HierarchicalGaussian(), np.random.default_rng(3), torch.Generator().manual_seed(3)
     est, hist, calls = train_joint(m, 5, 200, dict(dim=16, depth=1, heads=2), FIT, 4, 11, rng, gen)
     assert calls == 1000
-    assert hist["lr_chosen"] in FIT["lrs"]
+    assert hist["lr_chosen"] in FIT["lr_grid"]
     assert hist["lr_chosen"] == min(hist["lr_pilot_vals"], key=hist["lr_pilot_vals"].get)
     assert len(set(hist["lr"])) == 1
     assert FIT["min_steps"] <= hist["stop_step"] <= FIT["max_steps"]
@@ -315,7 +315,7 @@ def test_tfmpe_at_the_claims_size_reaches_the_c2st_target_and_four_ode_steps_suf
     rng, gen = np.random.default_rng(3), torch.Generator().manual_seed(3)
     lf = LikelihoodFactorisation(m, B, cfg["net"], cfg["fit"], cfg["ode_steps"], rng, gen, init_seed=3)
     est, hist, calls = train_tfmpe(lf, S, B, cfg["net"], cfg["fit"], 4, rng, gen)
-    assert calls == B and hist["lr_chosen"] in cfg["fit"]["lrs"]
+    assert calls == B and hist["lr_chosen"] in cfg["fit"]["lr_grid"]
     draws, c2 = {}, {}
     for steps in (cfg["ode_steps"], 16):
         est.ode_steps = steps
@@ -327,3 +327,31 @@ def test_tfmpe_at_the_claims_size_reaches_the_c2st_target_and_four_ode_steps_suf
     gap = np.abs(draws[cfg["ode_steps"]] - draws[16]) / sd[:, None, :]
     assert gap.mean() < 0.05, gap.mean()
     assert abs(np.mean(c2[cfg["ode_steps"]]) - np.mean(c2[16])) < 0.03, c2
+
+
+def test_ema_pair_takes_one_update_per_optimiser_step_and_the_optimiser_leaves_it_alone():
+    """The moving average that validation reads (tokenised_fm._EMAPair, used inside the shared
+    fitting rule): exactly one update per optimiser step whatever the number of validations in
+    between, with the warm-up decay min(decay, (1 + k) / (10 + k)), and no gradient step on it."""
+    from reprozoo.methods.tfmpe.tokenised_fm import _EMAPair
+
+    torch.manual_seed(0)
+    pair = _EMAPair(torch.nn.Linear(3, 2), 0.9)
+    opt = torch.optim.SGD(pair.parameters(), lr=0.1)
+    expect = [q.detach().clone() for q in pair.net.parameters()]
+    x = torch.randn(8, 3)
+    for k in range(1, 8):
+        pair.sync()
+        pair.n_steps += 1
+        loss = pair.net(x).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        for _ in range(k % 3):          # validations between steps must not add updates
+            pair.sync()
+        pair.sync()
+        d = min(0.9, (1 + k) / (10 + k))
+        expect = [d * e + (1 - d) * q.detach() for e, q in zip(expect, pair.net.parameters())]
+        assert pair.n_ema == k
+        for e, q in zip(expect, pair.ema.parameters()):
+            assert torch.allclose(e, q, atol=1e-6) and q.grad is None

@@ -60,7 +60,7 @@ N_PAIR = 200  # posterior draws kept for the pair plot
 
 def _record_fit(ctx, name: str, hist: dict) -> None:
     ctx.metrics.curve(f"val_loss_{name}", hist["step"], hist["val"])
-    ctx.metrics.curve(f"train_loss_{name}", hist["step"], hist["train"])
+    ctx.metrics.curve(f"train_loss_{name}", hist["train_step"], hist["train"])
     ctx.metrics.curve(f"lr_{name}", hist["step"], hist["lr"])
     ctx.metrics.scalar(f"stop_step_{name}", hist["stop_step"])
     ctx.metrics.scalar(f"best_step_{name}", hist["best_step"])

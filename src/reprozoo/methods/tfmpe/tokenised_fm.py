@@ -138,141 +138,95 @@ def cfm_loss(net: TokenVelocityField, x1: torch.Tensor, present: torch.Tensor, g
     return err.sum() / (gen.sum() * len(x1))
 
 
-class _Run:
-    """One training run at a constant learning rate that can be advanced in stages (see
-    :func:`fit_lr_grid`). ``module`` is trained; ``ema`` (an exponential moving average of its
-    weights, decay ``ema_decay`` with the usual warm-up min(decay, (1 + t) / (10 + t))) is what
-    the validation loss reads and what is kept."""
+class _EMAPair(nn.Module):
+    """The trained network and an exponential moving average of its weights (decay ``decay`` with
+    the usual warm-up min(decay, (1 + k) / (10 + k))), as one module so that the shared fitting
+    rule's best-validation snapshot keeps both. The average is what validation reads and what is
+    returned: it damps the weight noise that a constant learning rate leaves. Its parameters have
+    no gradient, so the optimiser leaves them alone; the average takes one update per optimiser
+    step, applied lazily (before the next minibatch loss or the next validation, whichever comes
+    first), because the shared rule's loop has no hook after ``opt.step()``."""
 
-    def __init__(self, module: nn.Module, ema: nn.Module, train_idx, batch_loss, val_loss, lr: float, batch: int,
-                 eval_every: int, ema_decay: float, generator: torch.Generator):
-        self.module, self.ema, self.train_idx, self.batch_loss, self.val_loss = module, ema, train_idx, batch_loss, val_loss
-        self.opt = torch.optim.Adam(module.parameters(), lr=lr)
-        self.params, self.ema_params = list(module.parameters()), list(ema.parameters())
-        self.lr, self.batch, self.eval_every, self.ema_decay, self.generator = lr, batch, eval_every, ema_decay, generator
-        self.step, self.window = 0, []
-        self.best, self.best_step, self.best_state = float("inf"), 0, None
-        self.hist = {"step": [], "train": [], "val": [], "lr": []}
-
-    def flat(self, min_delta: float, flat_tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
-        """The validation curve is flat over the last ``tail`` of training (at least ``min_points``
-        evaluations there): no new best by more than ``min_delta`` (relative), and a Theil-Sen line
-        through the tail improves by at most ``flat_tol`` of the tail's median level over it (the
-        platform's convergence gate, :func:`reprozoo.claims.plateau`, which allows 2 %)."""
-        from ...claims import plateau
-
-        xs, ys = np.asarray(self.hist["step"], float), np.asarray(self.hist["val"], float)
-        start = xs[0] + (1 - tail) * (xs[-1] - xs[0])
-        m = xs >= start
-        if m.sum() < min_points or self.best_step >= start:
-            return False
-        return plateau(xs, ys, flat_tol, tail=tail, min_points=min_points)
-
-    def advance(self, until: int, min_steps: int | None = None, min_delta: float = 0.0, flat_tol: float = 0.0) -> bool:
-        """Train up to step ``until``; with ``min_steps`` stop early (returning True) once the
-        validation curve is flat (:meth:`flat`) at or after ``min_steps``."""
-        while self.step < until:
-            self.step += 1
-            idx = self.train_idx[torch.randint(len(self.train_idx), (min(self.batch, len(self.train_idx)),),
-                                               generator=self.generator)]
-            loss = self.batch_loss(idx)
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            with torch.no_grad():
-                decay = min(self.ema_decay, (1 + self.step) / (10 + self.step))
-                torch._foreach_lerp_(self.ema_params, self.params, 1 - decay)
-            self.window.append(float(loss.detach()))
-            if self.step % self.eval_every == 0 or self.step == until:
-                with torch.no_grad():
-                    vl = float(self.val_loss())
-                for k, val in (("step", self.step), ("train", float(np.mean(self.window))), ("val", vl),
-                               ("lr", float(self.opt.param_groups[0]["lr"]))):
-                    self.hist[k].append(val)
-                self.window = []
-                if vl < self.best - min_delta * abs(self.best):
-                    self.best_step = self.step
-                if vl < self.best:
-                    self.best, self.best_state = vl, copy.deepcopy(self.ema.state_dict())
-                if min_steps is not None and self.step >= min_steps and self.flat(min_delta, flat_tol):
-                    return True
-        return False
-
-
-def fit_lr_grid(make_module, train_idx: torch.Tensor, batch_loss_for, val_loss_for, *, lrs, pilot_steps: int,
-                min_steps: int, max_steps: int, batch: int, eval_every: int, min_delta: float, flat_tol: float,
-                ema_decay: float, generator: torch.Generator) -> tuple[nn.Module, dict]:
-    """Constant-learning-rate Adam with the learning rate chosen on validation, then training until
-    the validation curve is flat. Shared by every network of every variant, so all follow one rule.
-
-    1. Each learning rate of ``lrs`` trains ``pilot_steps`` steps from the same initial weights
-       (``make_module()``) on the same split and validation draws; the one with the lowest
-       validation loss so far is kept (the others are dropped).
-    2. The kept run continues until, at or after ``min_steps``, no validation value improved on the
-       best by more than ``min_delta`` (relative) over the last 30 % of its steps (at least 5
-       evaluations there) and a Theil-Sen line through them improves by at most ``flat_tol``
-       (:meth:`_Run.flat`), or to ``max_steps``. The learning rate stays constant, so a flat curve
-       is a plateau and not a schedule that ran out.
-
-    Validation reads an exponential moving average of the weights (``ema_decay``), which damps the
-    weight noise a constant learning rate leaves; the average with the best validation value is
-    returned.
-
-    ``batch_loss_for(module)`` / ``val_loss_for(module)`` build the losses. Returns the module and
-    its history: curves (step, train, val, lr), best_val, best_step, stop_step, plateau (stopped
-    flat before max_steps), lr_chosen and every learning rate's validation value after step 1."""
-    runs = []
-    for lr in lrs:
-        module = make_module()
-        ema = copy.deepcopy(module)
-        for q in ema.parameters():
+    def __init__(self, net: nn.Module, decay: float):
+        super().__init__()
+        self.net, self.ema = net, copy.deepcopy(net)
+        for q in self.ema.parameters():
             q.requires_grad_(False)
-        run = _Run(module, ema, train_idx, batch_loss_for(module), val_loss_for(ema), float(lr), batch, eval_every,
-                   ema_decay, generator)
-        run.advance(pilot_steps)
-        runs.append(run)
-    run = min(runs, key=lambda r: r.best)
-    plateau = (run.advance(max_steps, min_steps=min_steps, min_delta=min_delta, flat_tol=flat_tol)
-               or run.flat(min_delta, flat_tol))
-    run.ema.load_state_dict(run.best_state)
-    hist = dict(run.hist)
-    hist.update(best_val=run.best, best_step=hist["step"][int(np.argmin(hist["val"]))], stop_step=run.step,
-                plateau=bool(plateau), lr_chosen=run.lr, lr_pilot_vals={r.lr: r.best for r in runs})
-    return run.ema, hist
+        self.decay, self.n_steps, self.n_ema = float(decay), 0, 0
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        if self.n_steps > self.n_ema:          # at most one optimiser step pending
+            self.n_ema += 1
+            d = min(self.decay, (1 + self.n_ema) / (10 + self.n_ema))
+            torch._foreach_lerp_(list(self.ema.parameters()), list(self.net.parameters()), 1 - d)
 
 
-def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tensor, *, lrs, max_steps: int,
-            pilot_steps: int, min_steps: int, batch: int, val_frac: float, eval_every: int, min_delta: float,
-            flat_tol: float, ema_decay: float, generator: torch.Generator,
+def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tensor, *, lr_grid, max_steps: int,
+            pilot_steps: int, min_steps: int, batch: int, val_frac: float, eval_every: int, flat_tol: float,
+            ema_decay: float, generator: torch.Generator,
             val_items: int = 384) -> tuple[TokenVelocityField, dict]:
-    """CFM training of ``make_net()`` with :func:`fit_lr_grid` on a random (1 - val_frac) / val_frac
-    split (at least one item each way).
+    """CFM training of ``make_net()`` with the platform's one training rule,
+    :func:`reprozoo.blocks.fitting.fit_to_plateau` (every rate of ``lr_grid`` piloted for
+    ``pilot_steps`` from the same initial weights on the same batches, the best on validation
+    continued at that constant rate until the gate's plateau test holds with tolerance
+    ``flat_tol``, from ``min_steps`` on, or ``max_steps``; best-validation weights kept), on a random
+    (1 - val_frac) / val_frac split (at least one item each way). Validation reads the moving
+    average of the weights (:class:`_EMAPair`), which is the network returned.
 
     The validation loss uses fixed draws of (z, t), repeated so that about ``val_items`` (item, z, t)
     triples enter it (at least 2 and at most 32 per item): a low-variance, common-random-numbers
     comparison between evaluations and between learning rates, also for the tiny validation splits
     of small simulation budgets.
+
+    Returns the averaged network and its history: curves ``step``, ``val``, ``lr`` (every
+    evaluation, step 0 included) and ``train_step``, ``train`` (mean minibatch loss since the
+    previous evaluation), ``best_val``, ``best_step``, ``stop_step``, ``plateau``, ``lr_chosen`` and
+    ``lr_pilot_vals`` (each rate's best pilot validation loss).
     """
+    from ...blocks.fitting import fit_to_plateau
+
     n_val = min(len(tok) - 1, max(1, int(round(val_frac * len(tok)))))
     perm = torch.randperm(len(tok), generator=generator)
     reps = int(np.clip(val_items // n_val, 2, 32))
     val = tok[perm[:n_val]].repeat(reps, 1, 1)
     zv = torch.randn(val.shape, generator=generator)
     tv = torch.rand(len(val), generator=generator)
+    train_idx = perm[n_val:]
+    seed = int(torch.randint(2 ** 30, (1,), generator=generator))  # the rule's batch generators
 
-    def batch_loss_for(net):
-        def batch_loss(idx):
-            xb = tok[idx]
-            return cfm_loss(net, xb, present, gen, torch.randn(xb.shape, generator=generator),
-                            torch.rand(len(xb), generator=generator))
-        return batch_loss
+    def build(_gen):  # the same initial weights for every rate (make_net seeds them)
+        return _EMAPair(make_net(), ema_decay)
 
-    def val_loss_for(net):
-        return lambda: cfm_loss(net, val, present, gen, zv, tv)
+    def train_loss(pair, g):
+        pair.sync()
+        pair.n_steps += 1
+        idx = train_idx[torch.randint(len(train_idx), (min(batch, len(train_idx)),), generator=g)]
+        xb = tok[idx]
+        return cfm_loss(pair.net, xb, present, gen, torch.randn(xb.shape, generator=g),
+                        torch.rand(len(xb), generator=g))
 
-    return fit_lr_grid(make_net, perm[n_val:], batch_loss_for, val_loss_for, lrs=lrs, generator=generator,
-                       pilot_steps=pilot_steps, min_steps=min_steps, max_steps=max_steps, batch=batch,
-                       eval_every=eval_every, min_delta=min_delta, flat_tol=flat_tol, ema_decay=ema_decay)
+    def val_loss(pair):
+        pair.sync()
+        with torch.no_grad():
+            return float(cfm_loss(pair.ema, val, present, gen, zv, tv))
+
+    fit = dict(lr_grid=list(lr_grid), pilot_steps=pilot_steps, eval_every=eval_every, min_steps=min_steps,
+               max_steps=max_steps, flat_tol=flat_tol)
+    pair, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, progress=lambda _msg: None)
+    every = max(1, int(eval_every))
+    train_step = [s for s in rec["steps"] if s > 0]
+    train = [float(np.mean(rec["losses"][s - every:s])) for s in train_step]
+    vals = [float(v) for v in rec["vals"]]
+    hist = {"step": list(rec["steps"]), "val": vals, "lr": [float(v) for v in rec["lrs"]],
+            "train_step": train_step, "train": train, "best_val": min(vals),
+            "best_step": rec["steps"][int(np.argmin(vals))], "stop_step": rec["stop"],
+            "plateau": bool(rec["plateau"]), "lr_chosen": float(rec["lr"]),
+            "lr_pilot_vals": dict(rec["pilot_best"])}
+    net = pair.ema
+    for q in net.parameters():
+        q.requires_grad_(False)
+    return net, hist
 
 
 def sample_cfm(net: TokenVelocityField, context: torch.Tensor, present: torch.Tensor, gen: torch.Tensor,
