@@ -302,6 +302,50 @@ def test_n_to_reach_recovers_a_planted_shift_in_log_n_at_a_fixed_level():
         samples_to_reach([64, 32], [0.1, 0.2], 0.15)
 
 
+def test_control_harm_is_in_the_claims_units_and_sign():
+    from reprozoo.methods.ldr.calibrate import MARGINS, harms
+
+    # ML on N samples (index 0) against ML on all (index -1): lower ESS, higher NLL and E-W2 = harm > 0
+    res = {"ess": [0.5, 0.8], "nll": [2.1, 2.0], "ew2c": [2.0, 1.0], "ew2rw": [0.1, 0.1]}
+    h = harms(res, 0)
+    assert h["ess"] == pytest.approx(math.log10(0.8 / 0.5) / MARGINS["ess"])
+    assert h["nll"] == pytest.approx(0.1 / 0.05)
+    assert h["ew2c"] == pytest.approx(math.log10(2.0) / 0.0969)
+    assert h["ew2rw"] == pytest.approx(0.0)
+    # a planted improvement is a negative harm (never a control)
+    assert harms({"ess": [0.9, 0.8], "nll": [1.9, 2.0], "ew2c": [0.5, 1.0], "ew2rw": [0.1, 0.2]}, 0)["nll"] < 0
+
+
+def test_control_is_the_mildest_harm_seen_at_twice_the_margin():
+    from reprozoo.methods.ldr.calibrate import choose_controls
+
+    ns = [32, 64, 256, 1024]
+    table = {"32": {"ess": 9, "nll": 9, "ew2c": 3, "ew2rw": 1.5},
+             "64": {"ess": 5, "nll": 2.5, "ew2c": 1, "ew2rw": 1.9},
+             "256": {"ess": 2.2, "nll": 1.9, "ew2c": 0.5, "ew2rw": 0.1}}
+    chosen, reached = choose_controls(table, ns)
+    assert chosen == {"ess": 256, "nll": 64, "ew2c": 32, "ew2rw": 32}
+    assert reached == {"ess": True, "nll": True, "ew2c": True, "ew2rw": False}
+
+
+def test_smoke_controls_are_the_calibrated_ones_and_on_the_grid():
+    import json
+    from pathlib import Path
+
+    from reprozoo.methods.ldr.method import control_n
+    from reprozoo.registry import get
+
+    here = Path(__file__).parents[1] / "src/reprozoo/methods/ldr"
+    p = get("ldr").config("smoke")
+    for name, b in p["benchmarks"].items():
+        cal = json.loads((here / f"calibration_smoke_{name}_control.json").read_text())
+        ns = [int(n) for n in b["n_grid"]]
+        for k in ("ess", "nll", "ew2c", "ew2rw"):
+            assert control_n(b, k, ns) == cal["n_control"][k] < ns[-1]
+    with pytest.raises(ValueError):
+        control_n({"n_control": 48}, "ess", [32, 64])
+
+
 # --- evaluation conventions -------------------------------------------------------------------------
 
 class ExactModel:

@@ -16,9 +16,16 @@ phase), so no test-seed result can move them.
 
     python -m reprozoo.methods.ldr.calibrate smoke gmm grid [VARIANT ...]   # lr (x λ) tables
     python -m reprozoo.methods.ldr.calibrate smoke gmm star                 # ESS* (config's ml lr)
+    python -m reprozoo.methods.ldr.calibrate smoke gmm control              # n_control (the known harm)
 
-Prints its tables and the values to write into configs/<scale>.yaml, and writes them to
-``calibration_<scale>_<bench>_<what>.json`` in this folder (the record the config cites).
+* n_control (the no-harm claims' controls, known harms that must NOT pass the no-harm test), one
+  per no-harm metric: ML's whole sweep on calibration seeds ``CONTROL_SEEDS``; for each N below the
+  largest, the harm of training on N instead of all the samples, in the claim's own units (log10
+  ESS ratio, NLL difference, log10 E-W2 ratios), divided by the claim's margin. A metric's
+  n_control is the LARGEST N whose harm (mean over the seeds) is at least ``CONTROL_FACTOR`` (2)
+  margins: the mildest harm on the grid that the metric sees at twice the margin. If no N on the
+  grid gets there, the smallest N (the strongest harm the grid has; the claim's control may then
+  hold, and the claim reads non-discriminative: the metric cannot see a harm of the margin's size).
 """
 from __future__ import annotations
 
@@ -31,6 +38,10 @@ LR_GRID = (1e-3, 3e-3, 1e-2, 3e-2)
 LAMBDA_GRID = (0.1, 0.3, 1.0)
 CALIBRATION_SEEDS = (100, 101, 102, 103, 104)
 STAR_FRACTION = 0.9
+CONTROL_SEEDS = (100, 101)
+CONTROL_FACTOR = 2.0
+# the no-harm claims' margins (spec.yaml), in the claims' units: harm > 0 means worse
+MARGINS = {"ess": 0.0458, "nll": 0.05, "ew2c": 0.0969, "ew2rw": 0.0969}
 HERE = Path(__file__).parent
 
 
@@ -107,6 +118,50 @@ def ess_star(scale: str, bench: str, seeds=CALIBRATION_SEEDS) -> dict:
             "fraction": STAR_FRACTION, "ess_star": star}
 
 
+def harms(res: dict, i: int) -> dict:
+    """Harm of ML at grid index i against ML at the largest N, per no-harm metric, in margins."""
+    import math
+
+    h = {"ess": math.log10(res["ess"][-1]) - math.log10(res["ess"][i]),
+         "nll": res["nll"][i] - res["nll"][-1],
+         "ew2c": math.log10(res["ew2c"][i]) - math.log10(res["ew2c"][-1]),
+         "ew2rw": math.log10(res["ew2rw"][i]) - math.log10(res["ew2rw"][-1])}
+    return {k: v / MARGINS[k] for k, v in h.items()}
+
+
+def control_n(scale: str, bench: str, seeds=CONTROL_SEEDS) -> dict:
+    """n_control: the largest N whose every harm (mean over ``seeds``) is >= CONTROL_FACTOR margins."""
+    from .method import datasets, sweep
+
+    p, b = _load(scale, bench)
+    ns = [int(n) for n in b["n_grid"]]
+    per_seed = []
+    for seed in seeds:
+        t0 = time.process_time()
+        res = sweep("ml", datasets(bench, b, seed), b, p, seed, bench)
+        per_seed.append({str(n): harms(res, i) for i, n in enumerate(ns[:-1])})
+        print(f"{bench} seed {seed}: {time.process_time() - t0:.1f} cpu-s", flush=True)
+    table = {}
+    for n in ns[:-1]:
+        table[str(n)] = {k: sum(s[str(n)][k] for s in per_seed) / len(per_seed) for k in MARGINS}
+        print(f"{bench} N={n}: harm / margin " + ", ".join(f"{k} {v:.2f}" for k, v in table[str(n)].items()), flush=True)
+    chosen, reached = choose_controls(table, ns)
+    print(f"{bench}: n_control = {chosen} (harm of 2 margins reached: {reached})", flush=True)
+    return {"scale": scale, "bench": bench, "seeds": list(seeds), "n_max": ns[-1], "margins": MARGINS,
+            "factor": CONTROL_FACTOR, "per_seed": per_seed, "harm_in_margins": table,
+            "n_control": chosen, "reached": reached}
+
+
+def choose_controls(table: dict, ns) -> tuple[dict, dict]:
+    """Per metric: the largest N (of ``ns`` without the largest) with harm >= CONTROL_FACTOR margins
+    in ``table`` (N as str -> metric -> harm in margins), else the smallest N; and whether it was reached."""
+    chosen, reached = {}, {}
+    for k in MARGINS:
+        ok = [int(n) for n in ns[:-1] if table[str(n)][k] >= CONTROL_FACTOR]
+        chosen[k], reached[k] = (max(ok), True) if ok else (int(ns[0]), False)
+    return chosen, reached
+
+
 def main(argv: list[str]) -> None:
     import torch
 
@@ -116,8 +171,10 @@ def main(argv: list[str]) -> None:
         out = grid_table(scale, bench, argv[3:] or None)
     elif what == "star":
         out = ess_star(scale, bench)
+    elif what == "control":
+        out = control_n(scale, bench)
     else:
-        raise SystemExit("usage: python -m reprozoo.methods.ldr.calibrate SCALE BENCH grid [VARIANT ...] | star")
+        raise SystemExit("usage: python -m reprozoo.methods.ldr.calibrate SCALE BENCH grid [VARIANT ...] | star | control")
     tag = "_".join([scale, bench, what] + argv[3:])
     (HERE / f"calibration_{tag}.json").write_text(json.dumps(out, indent=1) + "\n")
 

@@ -329,18 +329,14 @@ def record(ctx, name: str, res: dict, b: dict) -> None:
     for k in ("ess", "nll", "ew2", "ew2c", "ew2rw", "crop_frac", "test_logvar", "train_logvar", "stop_step",
               "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll"):
         m.curve(f"{k}_{name}", ns, res[k])
-    n_ctl = int(b["n_control"])
-    if n_ctl not in ns:
-        raise ValueError(f"{name}: n_control {n_ctl} is not on the N grid {ns}")
-    i_ctl = ns.index(n_ctl)
     for k in ("ess", "ew2", "ew2c", "ew2rw"):
         m.scalar(f"{k}_nmax_{name}", res[k][-1])
-        m.scalar(f"{k}_nctl_{name}", res[k][i_ctl])
+        m.scalar(f"{k}_nctl_{name}", res[k][ns.index(control_n(b, k, ns))])
     m.scalar(f"ew2_ref_{name}", res["ew2_ref"])
     m.scalar(f"ess_phase1_nmax_{name}", res["ess_phase1_nmax"])
     m.scalar(f"anneal_gain_nll_nmax_{name}", res["anneal_gain_nll"][-1])
     m.units(f"nll_nmax_{name}", res["nll_units"][str(ns[-1])])
-    m.units(f"nll_nctl_{name}", res["nll_units"][str(n_ctl)])
+    m.units(f"nll_nctl_{name}", res["nll_units"][str(control_n(b, "nll", ns))])
     m.scalar(f"ess_best_{name}", max(res["ess"]))
     star = float(b["ess_star"])
     n_star, censored = n_to_reach(ns, res["ess"], star)
@@ -368,6 +364,22 @@ def record(ctx, name: str, res: dict, b: dict) -> None:
         m.curve(f"energy_hist_{name}_{tag}", centres, res[f"energy_hist_{tag}"])
     ctx.progress(f"{name}: N(ESS*={star:g}) = {n_star:.0f}" + {0: "", -1: " (reached at the smallest N)",
                                                                1: " (never reached)"}[censored])
+
+
+def control_n(b: dict, metric: str, ns) -> int:
+    """The N of the no-harm control on ``metric`` (ML on N samples against ML on the largest N):
+    ``n_control`` is one N for every metric, or one per metric (calibrate.py ``control``; the
+    uncropped E-W2, not claimed, uses the cropped one's)."""
+    ctl = b["n_control"]
+    if isinstance(ctl, dict):
+        key = "ew2c" if metric == "ew2" else metric
+        if key not in ctl:
+            raise ValueError(f"n_control: no value for {key!r} (have {sorted(ctl)})")
+        ctl = ctl[key]
+    n = int(ctl)
+    if n not in ns:
+        raise ValueError(f"n_control {n} ({metric}) is not on the N grid {list(ns)}")
+    return n
 
 
 def _load_data(shared_dir, name: str):
