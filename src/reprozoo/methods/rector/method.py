@@ -2,31 +2,34 @@
 
 Variants (same data, same per-seed subject split, same labelled subsets, same training rule):
 - ``rector``: hierarchical region-channel-temporal attention with adaptive functional partitioning
-  (models.py; the partition logits start at a soft anatomical one-hot and have their own, faster
-  learning rate), pre-trained on the unlabelled windows of the training subjects with the three
-  objectives (masked predictive modelling, topological structure modelling, cross-view
-  consistency), then fine-tuned with k labels per class;
-- ``rector_fixedp``: ablation, the same pre-trained network with the partition frozen at the
-  anatomical regions (what adaptive partitioning adds);
+  (models.py; the partition logits start near the anatomical one-hot, logit 6, and have their own,
+  faster learning rate), pre-trained on the unlabelled windows of the training subjects with the
+  three objectives (masked predictive modelling, topological structure modelling, cross-view
+  consistency), then fine-tuned with k labels per class and with every training label;
+- ``rector_fixedp``: ablation, the same pre-trained network with the partition the hard anatomical
+  one-hot (exactly block-sparse attention; what adaptive partitioning adds);
 - ``rector_scratch``: ablation, the RECTOR network fine-tuned from random initialisation (what the
   pre-training adds);
 - ``dense_tf``: a dense transformer of about the same parameter count on the same DE tokens,
   pre-trained with the same three objectives on the same windows, then fine-tuned;
-- ``eegnet``: an EEGNet-style CNN on the raw (band-passed) epochs;
+- ``eegnet``: an EEGNet-style CNN on the raw (band-passed) epochs, fitted on every training label;
 - ``de_lr``: whole-window differential-entropy features (channels x 5 bands) + logistic regression.
+Which label counts each variant is fitted at is the config's ``counts``.
 
-Training rule (every network, every stage): ``reprozoo.blocks.fitting.fit_to_plateau``: the same
-learning-rate grid piloted on the validation subject, the best rate continued at a constant rate
-until the platform's plateau test holds, best-validation weights kept. Pre-training validates on
-the validation subject's masked-modelling loss (fixed masks), fine-tuning on its cross-entropy.
+Training rule: pre-training by ``reprozoo.blocks.fitting.fit_to_plateau`` on the validation
+subject's masked-modelling loss (fixed masks); fine-tuning by :func:`fit_selected`, the same
+``PlateauRun`` and plateau test on 1 - weighted F1 of the validation subject, the rate chosen on the
+pilot's second half and the checkpoint kept at a step >= min_steps.
 
 Stages. train_shared (per seed): DE tokens and alpha-band correlations (features.py, mne filters),
 a subject-wise split drawn from the seed (4 test subjects of 8 at smoke), per-subject
-standardisation (each subject's own mean and sd, no labels), nested labelled subsets (k per class), and the channel-drop sets of the
-robustness test, all shared by the variants. train (per variant x seed): fit at each label count;
-record per test subject (units) the weighted-F1 ``wf1`` at the main count, ``wf1_low`` (mean over
-the low counts) and ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 % of channels removed at test
-time)) / F1(0 %), the relative fall.
+standardisation (each subject's own mean and sd, no labels; transductive for the test subjects),
+nested labelled subsets (k per class, and "all"), and the channel-drop sets of the robustness test
+(each test epoch its own channels, ``drop_reps`` repetitions), all shared by the variants. train
+(per variant x seed): fit at each of the variant's label counts; record per test subject (units)
+the weighted-F1 ``wf1`` at the main count, ``wf1_all`` on every label, ``wf1_low`` (mean over the
+low counts) and, for the all-label model, ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 % of channels
+removed at test time)) / F1(0 %), the relative fall (``_fill``: the mask-token protocol).
 """
 from __future__ import annotations
 
@@ -38,18 +41,26 @@ import numpy as np
 from reprozoo.figures import save_figure
 
 DATASET = "eeg_motor_imagery"
-CURVE_VARIANTS = ("rector", "rector_scratch", "de_lr")
 PRETRAINED = ("rector", "rector_fixedp", "dense_tf")
 
 
 # --- shared per-seed work ----------------------------------------------------------------------
 
-def subject_split(subjects: list[str], rng: np.random.Generator, n_test: int = 4, n_val: int = 1) -> dict[str, str]:
-    """Seeded subject-wise split: ``n_test`` test subjects, ``n_val`` validation subjects, the rest
-    train; with few subjects the counts shrink so that at least one subject trains."""
+def subject_split(subjects: list[str], rng: np.random.Generator, n_test: int = 4, n_val: int = 1,
+                  seed: int | None = None) -> dict[str, str]:
+    """Subject-wise split: ``n_test`` test subjects, ``n_val`` validation subjects, the rest train;
+    with few subjects the counts shrink so that at least one subject trains. Without ``seed`` the
+    order is a permutation drawn from ``rng``. With ``seed``, a rotation: one fixed permutation,
+    read from position seed x (n_test - 1), so that consecutive seeds test different subjects and
+    three seeds of 4 test subjects out of 8 test every subject (independent random splits tested
+    subjects 2 and 4 on all three smoke seeds)."""
     uniq = sorted(set(subjects))
-    order = rng.permutation(len(uniq))
     n = len(uniq)
+    if seed is None:
+        order = rng.permutation(n)
+    else:
+        base = np.random.default_rng(12345).permutation(n)
+        order = np.roll(base, -(int(seed) * max(1, n_test - 1)) % max(n, 1))
     n_val = max(0, min(n_val, n - 2))
     n_test = max(0, min(n_test, n - 1 - n_val))
     out = {}
@@ -77,12 +88,16 @@ def nested_label_sets(y: np.ndarray, idx: np.ndarray, counts: list[int], rng: np
     return {k: np.sort(np.concatenate([p[:k] for p in perm.values()])) for k in counts}
 
 
-def drop_sets(C: int, fracs: list[float], reps: int, rng: np.random.Generator) -> np.ndarray:
-    """present[f, r, c]: channel c kept in drop set r at fraction fracs[f]."""
-    out = np.ones((len(fracs), reps, C), bool)
+def drop_sets(C: int, fracs: list[float], reps: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """present[f, r, e, c]: channel c kept for test epoch e in repetition r at fraction fracs[f].
+    Every epoch draws its own channels, so each test subject meets many drop sets and the subject
+    bootstrap sees which channels went missing."""
+    out = np.ones((len(fracs), reps, n, C), bool)
     for f, frac in enumerate(fracs):
-        for r in range(reps):
-            out[f, r, rng.permutation(C)[: int(round(frac * C))]] = False
+        k = int(round(frac * C))
+        if k:
+            gone = rng.random((reps, n, C)).argsort(-1)[..., :k]
+            np.put_along_axis(out[f], gone, False, axis=-1)
     return out
 
 
@@ -98,7 +113,8 @@ def train_shared(ctx) -> None:
     y = d.labels.astype(np.int64)
     sp = p.get("split", {})
     subjects = list(d.epochs["subject"])
-    split = subject_split(subjects, ctx.rng(0), int(sp.get("n_test", 4)), int(sp.get("n_val", 1)))
+    split = subject_split(subjects, ctx.rng(0), int(sp.get("n_test", 4)), int(sp.get("n_val", 1)),
+                          seed=ctx.seed if sp.get("rotate", False) else None)
     part = d.epochs["subject"].map(split).to_numpy()
     codes = {s: i for i, s in enumerate(sorted(set(subjects)))}
     subj = d.epochs["subject"].map(codes).to_numpy().astype(np.int64)
@@ -108,7 +124,9 @@ def train_shared(ctx) -> None:
     tokens, whole, raw = (per_subject_standardise(a, subj, axes) for a, axes in
                           ((tokens, (0, 2)), (whole, (0,)), (d.X, (0, 2))))
     labels = nested_label_sets(y, tr, [int(k) for k in p["label_counts"]], ctx.rng(1))
-    present = drop_sets(len(d.ch_names), [float(f) for f in p["drop_fracs"]], int(p["drop_reps"]), ctx.rng(2))
+    labels["all"] = np.sort(tr)  # every training epoch: the robustness claims' models
+    present = drop_sets(len(d.ch_names), [float(f) for f in p["drop_fracs"]], int(p["drop_reps"]), len(te),
+                        ctx.rng(2))
     regions = sorted(set(d.channels["region"]))
     region_ids = d.channels["region"].map({r: i for i, r in enumerate(regions)}).to_numpy()
     np.savez(ctx.shared_dir / "features.npz", tokens=tokens.astype(np.float32), whole=whole.astype(np.float32),
@@ -199,24 +217,83 @@ def pretrain(variant: str, f: dict, p: dict, seed: int, ctx):
     return model.net
 
 
-def predict(net, X, present_mask) -> np.ndarray:
+def predict(net, X, present_mask, fill: bool = False) -> np.ndarray:
     import torch
 
     net.eval()
     with torch.no_grad():
-        out = net(torch.as_tensor(X), torch.as_tensor(present_mask)).argmax(1).numpy()
+        kw = {"fill": True} if fill else {}
+        out = net(torch.as_tensor(X), torch.as_tensor(present_mask), **kw).argmax(1).numpy()
     net.train()
     return out
 
 
+class _KeepAfter:
+    """Mixin for ``PlateauRun``: evaluations before ``keep_from`` are recorded (the curve) but never
+    kept as the returned checkpoint."""
+    keep_from = 0
+
+    def evaluate(self) -> None:
+        if self.step >= self.keep_from:
+            return super().evaluate()
+        best, state = self.best, self.best_state
+        super().evaluate()
+        self.best, self.best_state = best, state
+
+
+def fit_selected(build, train_loss, val_loss, q: dict, seed: int, label: str, progress):
+    """The shared plateau rule (``PlateauRun`` and the gate's plateau test, blocks/fitting.py) with two
+    changes the fine-tunes need: the rate pilot compares the mean validation value over the second
+    half of the pilot (the step-0 value is the same for every rate, so a best-so-far comparison ties
+    and takes the lowest rate), and the kept checkpoint is the best validation value at a step
+    >= ``min_steps`` (a step-0 or step-5 checkpoint is an untrained head). Returns (model, record)."""
+    import torch
+
+    from reprozoo.blocks.fitting import PlateauRun
+    from reprozoo.claims import plateau
+
+    Run = type("KeepAfterRun", (_KeepAfter, PlateauRun), {})
+    kw = {"optimizer": q.get("optimizer", "adam"), "weight_decay": float(q.get("weight_decay", 0.0))}
+    runs, scores = [], []
+    for lr in q["lr_grid"]:
+        run = Run(build(torch.Generator().manual_seed(seed)), float(lr), train_loss, val_loss, int(q["eval_every"]),
+                  torch.Generator().manual_seed(seed + 7), **kw)
+        run.advance(int(q["pilot_steps"]))
+        half = run.vals[len(run.vals) // 2:]
+        runs.append(run)
+        scores.append(float(np.mean(half)))
+    run = runs[int(np.argmin(scores))]
+    tol, top, first = float(q["flat_tol"]), int(q["max_steps"]), int(q["min_steps"])
+    run.keep_from, run.best, run.best_state = first, float("inf"), None
+    stopped = run.advance(top, min_steps=first, tol=tol) or plateau(run.steps, run.vals, tol)
+    if run.best_state is None:  # max_steps < min_steps (ci): keep the last state
+        run.best_state = run.model.state_dict()
+    kept = int(run.steps[int(np.argmin([v if st >= first else np.inf for st, v in zip(run.steps, run.vals)]))]) \
+        if any(st >= first for st in run.steps) else run.step
+    run.model.load_state_dict(run.best_state)
+    progress(f"{label}: lr {run.lr:g}, {run.step} steps ({'plateau' if stopped else 'max steps'}), kept step "
+             f"{kept}, best validation value {run.best:.3e}")
+    return run.model, {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
+                       "plateau": stopped, "losses": run.losses, "kept": kept,
+                       "pilot_score": {float(r.lr): sc for r, sc in zip(runs, scores)}}
+
+
+def val_error(logits, y) -> float:
+    """The fine-tunes' validation value: 1 - weighted F1 of the validation epochs, plus 1e-3 x the
+    cross-entropy as a tie-break (it never outweighs one epoch's change of F1, about 0.016). Selected
+    on F1, not on cross-entropy: on an unseen subject the cross-entropy of a few-label model rises from
+    the first steps (over-confidence) while its F1 still climbs."""
+    import torch.nn.functional as F
+
+    return 1.0 - weighted_f1(y.numpy(), logits.argmax(1).numpy()) + 1e-3 * float(F.cross_entropy(logits, y))
+
+
 def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray, p: dict, seed: int,
              label: str, progress):
-    """Supervised fit of a fresh copy (``make()``) with fit_to_plateau: the same grid, batch and
+    """Supervised fit of a fresh copy (``make()``) with :func:`fit_selected`: the same grid, batch and
     stopping rule for every network. Returns (net, record)."""
     import torch
     import torch.nn.functional as F
-
-    from reprozoo.blocks.fitting import fit_to_plateau
 
     q = p["fit"]
     bs = min(int(q["batch"]), len(y))
@@ -228,17 +305,22 @@ def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray,
         return F.cross_entropy(net(X[b], full[b]), y[b])
 
     def val_loss(net):
-        return float(F.cross_entropy(net(Xv, fullv), yv))
+        with torch.no_grad():
+            return val_error(net(Xv, fullv), yv)
 
-    return fit_to_plateau(lambda gen: make(), train_loss, val_loss, q, seed, label=label, progress=progress)
+    return fit_selected(lambda gen: make(), train_loss, val_loss, q, seed, label, progress)
 
 
 def robustness(predict_fn, Xte, yte, subj, present: np.ndarray) -> np.ndarray:
     """Test weighted-F1 per drop fraction (rows) and test subject (columns), averaged over the
-    seed's drop sets."""
-    n = len(yte)
-    return np.array([np.mean([per_subject_f1(yte, predict_fn(Xte, np.repeat(m[None], n, 0)), subj) for m in sets], 0)
-                     for sets in present])
+    repetitions (each test epoch loses its own channels: present[f, r, e])."""
+    rows = []
+    for sets in present:
+        if sets.all():  # the intact test: one pass
+            rows.append(per_subject_f1(yte, predict_fn(Xte, sets[0]), subj))
+        else:
+            rows.append(np.mean([per_subject_f1(yte, predict_fn(Xte, m), subj) for m in sets], 0))
+    return np.array(rows)
 
 
 def _lr_fit(Xtr, ytr, p):
@@ -258,6 +340,10 @@ def _record_partition(ctx, net, anat: np.ndarray, prefix: str = "") -> None:
         ctx.metrics.scalar("n_regions", P.shape[1])
 
 
+def _count_name(k) -> str:
+    return "all" if k == "all" else str(int(k))
+
+
 def train(ctx) -> None:
     p = ctx.params
     v = ctx.variant
@@ -266,12 +352,14 @@ def train(ctx) -> None:
     subj = f["subj"][te]
     main = int(p["main_label_count"])
     low = int(p["low_label_max"])
-    # the label-count curve is the pre-training ablation's (and the free linear model's); the other
-    # networks are trained at the main count only (CPU budget)
-    counts = [int(k) for k in p["label_counts"]] if v in CURVE_VARIANTS else [main]
+    robust = _count_name(p.get("robust_label_count", main))
+    # which label counts each variant is fitted at (CPU budget): the label-count curve for the
+    # pre-training ablation (and the free linear model), the main count where a claim compares at
+    # it, every training label for the robustness claims' models
+    counts = [_count_name(k) for k in p["counts"][v]]
     fracs = [float(x) for x in p["drop_fracs"]]
-    full_te = np.ones((len(te), f["present"].shape[2]), bool)
-    f1s, t0 = {}, time.process_time()
+    full_te = np.ones((len(te), f["present"].shape[-1]), bool)
+    f1s, drops, t0 = {}, {}, time.process_time()
     if v == "de_lr":
         X = f["whole"]
         for k in counts:
@@ -282,8 +370,8 @@ def train(ctx) -> None:
                 return clf.predict((Xs * m[..., None]).reshape(len(Xs), -1))
 
             f1s[k] = per_subject_f1(y[te], pred(X[te], full_te), subj)
-            if k == main:
-                drop = robustness(pred, X[te], y[te], subj, f["present"])
+            if k == robust:
+                drops[""] = robustness(pred, X[te], y[te], subj, f["present"])
     else:
         import torch
 
@@ -306,31 +394,54 @@ def train(ctx) -> None:
             idx = f[f"labels_{k}"]
             net, rec = finetune(lambda: copy.deepcopy(net0), X[idx], y[idx], X[va], y[va], p, ctx.seed,
                                 f"{v} k={k}", ctx.progress)
-            log_fit(ctx.metrics, "ft" if k == main else f"ft{k}", rec)
+            name = "ft" if k == str(main) else f"ft{k}"
+            log_fit(ctx.metrics, name, rec)
+            ctx.metrics.scalar(f"kept_step_{name}", float(rec["kept"]))
+            # the training cross-entropy at the end (chance: ln 3 = 1.10): a fine-tune that never gets
+            # below it learned nothing
+            ctx.metrics.scalar(f"train_ce_{name}", float(np.mean(rec["losses"][-10:])))
 
-            def pred(Xs, m, net=net):
-                return predict(net, Xs, m)
+            def pred(Xs, m, net=net, fill=False):
+                return predict(net, Xs, m, fill)
 
             f1s[k] = per_subject_f1(y[te], pred(X[te], full_te), subj)
             ctx.progress(f"k={k}/class: test wF1 per subject {np.round(f1s[k], 3).tolist()}")
-            if k == main:
-                drop = robustness(pred, X[te], y[te], subj, f["present"])
-                if v in ("rector", "rector_scratch", "rector_fixedp"):
-                    _record_partition(ctx, net, anat)
-    ctx.metrics.units("wf1", f1s[main])
-    if v in CURVE_VARIANTS:
-        ctx.metrics.curve("f1_vs_labels", counts, [float(np.mean(f1s[k])) for k in counts])
-        ctx.metrics.units("wf1_low", np.mean([f1s[k] for k in counts if k <= low], 0))
-    ctx.metrics.curve("f1_vs_drop", fracs, drop.mean(1))
-    ctx.metrics.units("f1_drop_rel", relative_drop(drop))
-    # the absolute fall in F1 points (recorded, not claimed: it favours weak models)
-    ctx.metrics.units("f1_drop", drop[0] - drop[1:].mean(0))
+            if k == robust:
+                if v == "eegnet":  # one stem for every drop set (exact: test_eegnet_stem_reuse_is_exact)
+                    net.eval()
+                    with torch.no_grad():
+                        h1 = net.stem(torch.as_tensor(X[te]))
+
+                    def pred(Xs, m, net=net, h1=h1):
+                        with torch.no_grad():
+                            return net.from_stem(h1, torch.as_tensor(m)).argmax(1).numpy()
+                drops[""] = robustness(pred, X[te], y[te], subj, f["present"])
+                if v == "rector":  # the paper's protocol: missing channels enter as mask tokens
+                    drops["_fill"] = robustness(lambda Xs, m, net=net: predict(net, Xs, m, True), X[te], y[te],
+                                                subj, f["present"])
+            if v in ("rector", "rector_fixedp", "rector_scratch") and k in (str(main), "all"):
+                _record_partition(ctx, net, anat, prefix="" if k == str(main) else "all_")
+    if str(main) in f1s:
+        ctx.metrics.units("wf1", f1s[str(main)])
+    if "all" in f1s:
+        ctx.metrics.units("wf1_all", f1s["all"])
+    lows = [k for k in f1s if k != "all" and int(k) <= low]
+    if lows:
+        ks = sorted(int(k) for k in f1s if k != "all")
+        ctx.metrics.curve("f1_vs_labels", ks, [float(np.mean(f1s[str(k)])) for k in ks])
+        ctx.metrics.units("wf1_low", np.mean([f1s[k] for k in lows], 0))
+    for tag, drop in drops.items():
+        ctx.metrics.curve("f1_vs_drop" + tag, fracs, drop.mean(1))
+        ctx.metrics.units("f1_drop_rel" + tag, relative_drop(drop))
+        # the absolute fall in F1 points (recorded, not claimed: it favours weak models)
+        ctx.metrics.units("f1_drop" + tag, drop[0] - drop[1:].mean(0))
     ctx.metrics.scalar("train_cpu_s", time.process_time() - t0)
 
 
 # --- plots -------------------------------------------------------------------------------------
 
-GENERIC_CURVES = {"val_ft": ("fine-tuning step (main label count)", "validation cross-entropy"),
+GENERIC_CURVES = {"val_ft": ("fine-tuning step (main label count)", "validation 1 - weighted F1"),
+                  "val_ftall": ("fine-tuning step (every training label)", "validation 1 - weighted F1"),
                   "val_pt": ("pre-training step", "validation pre-training loss (fixed masks)")}
 
 

@@ -19,7 +19,10 @@ anatomical definition to functional groups (the learned P is recorded as ``parti
 own learning rate through the parametrisation L = ``part_lr_mult`` x theta: Adam's step on theta is
 about the learning rate whatever the gradient's size, so L moves ``part_lr_mult`` times faster than
 an ordinary weight (weight decay acts on theta, i.e. on L, at the shared rate). With
-``fixed_partition`` L is a buffer: the anatomical partition, never learned (the fixed-P ablation).
+``fixed_partition`` P is the hard anatomical one-hot, a buffer never learned: exactly block-sparse
+attention inside the anatomical regions (the fixed-P ablation). RECTOR starts near it (``anat_logit``
+6 at smoke: about 0.99 own-region probability, >90 % of the attention mass inside the region at
+initialisation) and moves P with its x``part_lr_mult`` rate.
 
 Readout: each channel's state averaged over segments, concatenated over channels, linear head (the
 same for RECTOR and the dense transformer). Missing channels: a channel that is absent is excluded
@@ -130,10 +133,14 @@ class TokenTransformer(nn.Module):
         # (the dense transformer has no regions: its blocks ignore P)
         onehot = F.one_hot(region_ids.long(), n_regions).float()
         self.part_lr_mult = float(part_lr_mult) if kind == "rector" and not fixed_partition else 1.0
+        self.fixed_partition = bool(fixed_partition) and kind == "rector"
         if kind == "rector" and not fixed_partition:
             self.part_theta = nn.Parameter(anat_logit * onehot / self.part_lr_mult)
         else:
+            # the fixed partition is the hard anatomical one-hot (block-sparse attention, the paper's
+            # anatomical start); the logits are kept only for the dense model's unused P
             self.register_buffer("part_theta", anat_logit * onehot)
+        self.register_buffer("part_onehot", onehot)
         block = HierBlock if kind == "rector" else DenseBlock
         self.blocks = nn.ModuleList(block(dim, heads, mlp_ratio) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
@@ -147,6 +154,8 @@ class TokenTransformer(nn.Module):
 
     @property
     def partition(self) -> torch.Tensor:
+        if self.fixed_partition:
+            return self.part_onehot
         return torch.softmax(self.part_logits, dim=1)
 
     def encode(self, x: torch.Tensor, present: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -191,12 +200,26 @@ class EEGNet(nn.Module):
             nn.Conv2d(F1 * D, F1 * D, (1, 16), padding=(0, 8), groups=F1 * D, bias=False),
             nn.Conv2d(F1 * D, F2, 1, bias=False), nn.BatchNorm2d(F2), nn.ELU(),
             nn.AvgPool2d((1, 8)), nn.Dropout(dropout), nn.Flatten())
+        self.n_times = n_times
         with torch.no_grad():
             n_flat = self.net(torch.zeros(1, 1, n_ch, n_times)).shape[1]
         self.head = nn.Linear(n_flat, n_classes)
 
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         return self.head(self.net((x * present[..., None])[:, None]))
+
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        """The temporal convolution and its BatchNorm (B, F1, C, L'): per channel, so in eval mode a
+        zero-filled channel's rows are the stem of zeros whatever the other channels hold."""
+        return self.net[:2](x[:, None])
+
+    def from_stem(self, h: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """Logits from the intact epochs' stem with the absent channels' rows set to the stem of a
+        zero input: the same as ``forward`` with those channels zero-filled (eval mode), at a
+        fraction of the cost (the drop test reuses one stem for every drop set)."""
+        z = self.net[:2](torch.zeros(1, 1, *h.shape[2:3], self.n_times, dtype=h.dtype))
+        h = torch.where(present[:, None, :, None], h, z)
+        return self.head(self.net[2:](h))
 
 
 # --- self-supervised objectives (Masked Topology and Representation Learning) ------------------
