@@ -320,10 +320,12 @@ def test_flow_matching_learns_a_translation():
     rng = np.random.default_rng(11)
     x = rng.normal(size=(400, 2)) * 0.3
     pairs = [(0.0, 1.0, x, x + np.array([1.0, -0.5]))]
-    net, steps, _, val, lrs, _ = train_flow_matching(pairs, dict(width=32, depth=2, lr=1e-2, steps=300, batch=128),
-                                                     0, progress=lambda m: None)
-    assert val[-1] < 0.01 and steps[-1] == 300  # no min_steps / flat_tol: the whole budget
-    assert np.allclose(lrs, 1e-2)  # constant learning rate: a plateau of the validation curve is one
+    fit = dict(width=32, depth=2, batch=128, lr_grid=[1e-3, 1e-2], pilot_steps=50, min_steps=300, max_steps=300,
+               eval_every=25, flat_tol=0.0)
+    net, rec = train_flow_matching(pairs, fit, 0, progress=lambda m: None)
+    assert min(rec["vals"]) < 0.01 and rec["stop"] == 300  # flat_tol 0: no plateau stop, the whole budget
+    assert rec["lr"] == 1e-2 and set(rec["pilot_best"]) == {1e-3, 1e-2}  # the grid piloted on validation
+    assert np.allclose(rec["lrs"], rec["lr"])  # constant learning rate: a plateau of the validation curve is one
     paths = flow_matching_paths(net, x, np.array([0.0, 0.5, 1.0]), 4)
     np.testing.assert_allclose(paths[:, -1], x + np.array([1.0, -0.5]), atol=0.1)
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...blocks.fitting import log_fit
 from ...io import save_npz
 from .bifurcation import BifurcatingSDE, chain_kl, euler_chain
 from .fkl import FKL, FKLConfig, Features, Whitener, estimate, lambda_nodes, pair_stats, stack_stats, unstack_stats
@@ -331,27 +332,16 @@ def infer_paths(ctx, variant: str, snaps: dict[float, np.ndarray], grid: np.ndar
         fm = p["flow_matching"]
         t0 = time.perf_counter()
         pairs = ot_pairs(snaps, observed)
-        # the learning-rate grid (``lrs``), each rate trained to its plateau, the rate with the lowest
-        # final validation loss kept (its curves are the ones recorded); one rate if no grid
-        grid_lrs = [float(x) for x in fm.get("lrs", [fm["lr"]])]
-        fits = []
-        for k, lr in enumerate(grid_lrs):
-            fit = train_flow_matching(pairs, {**fm, "lr": lr}, ctx.seed, ctx.progress)
-            ctx.metrics.scalar(f"fm_final_val_loss_lr{k}", fit[3][-1])
-            fits.append(fit)
-        best = int(np.argmin([f[3][-1] for f in fits]))
-        net, steps, train_curve, val_curve, lrs, flat = fits[best]
-        ctx.metrics.scalar("fm_lr_chosen", grid_lrs[best])
+        # the shared rule (blocks/fitting.fit_to_plateau): one rate grid piloted on validation, the
+        # best rate continued at a constant rate to the gate's plateau test, best weights kept
+        net, rec = train_flow_matching(pairs, fm, ctx.seed, ctx.progress)
+        log_fit(ctx.metrics, "fm", rec)  # val_fm, lr_fm: the curves the convergence gate reads
+        for k, (lr, best) in enumerate(sorted(rec["pilot_best"].items())):
+            ctx.metrics.scalar(f"fm_best_val_loss_lr{k}", best)  # the chosen rate's includes its continuation
         ctx.metrics.scalar("fm_train_seconds", time.perf_counter() - t0)
-        ctx.metrics.scalar("fm_stop_step", steps[-1])
-        ctx.metrics.scalar("fm_plateau", float(flat))
-        ctx.metrics.curve("fm_train_loss", steps, train_curve)
-        ctx.metrics.curve("fm_val_loss", steps, val_curve)
-        ctx.metrics.curve("lr", steps, lrs)
-        ctx.metrics.scalar("fm_final_val_loss", val_curve[-1])
-        # final slope of the validation curve over its last quarter, per 1000 steps
-        q = max(2, len(steps) // 4)
-        ctx.metrics.scalar("fm_val_slope_per_1k", float(np.polyfit(steps[-q:], val_curve[-q:], 1)[0] * 1000))
+        ctx.metrics.scalar("fm_stop_step", rec["stop"])
+        ctx.metrics.scalar("fm_plateau", float(rec["plateau"]))
+        ctx.metrics.scalar("fm_final_val_loss", min(rec["vals"]))
         with torch.no_grad():
             return flow_matching_paths(net, x0, grid, int(fm["ode_steps_per_interval"]))
     raise ValueError(f"unknown variant '{variant}'")

@@ -113,22 +113,28 @@ def ot_pairs(snaps: dict[float, np.ndarray], observed: list[float]) -> list[tupl
 def train_flow_matching(pairs, cfg: dict, seed: int, progress=print):
     """OT-CFM: x_t = (1 - r) x_k + r x_{k+1}, r = (t - t_k)/(t_{k+1} - t_k), target (x_{k+1} - x_k)/dt.
 
-    Segments are drawn in proportion to their duration (t uniform on the observed span).
-    A held-out 10 % of the pairs gives the validation loss, every ``eval_every`` steps. The
-    learning rate is constant, and training stops at the first evaluation at or after ``min_steps``
-    where the curve is flat (:func:`plateau`: a Theil-Sen line through the last 30 % of the steps so
-    far improves by at most ``flat_tol`` of the curve's level there), or at ``max_steps``.
-    Returns (net, steps, train, val, lr, plateaued) with the curves at the evaluation steps."""
+    Segments are drawn in proportion to their duration (t uniform on the observed span). A held-out
+    10 % of the pairs gives the validation loss (one fixed batch of 2048 interpolants). Training is
+    the platform's shared rule, :func:`reprozoo.blocks.fitting.fit_to_plateau`, its keys in ``cfg``:
+    every rate of ``lr_grid`` piloted for ``pilot_steps`` from the same initial weights, the rate with
+    the best validation loss continued at that constant rate until the gate's plateau test holds at
+    ``flat_tol`` (after ``min_steps``) or ``max_steps``; the best-validation weights are kept.
+    Returns (net, record) with the record of fit_to_plateau (steps, vals, lrs, lr, stop, plateau, ...)."""
     import torch
 
-    torch.manual_seed(seed)
+    from ...blocks.fitting import fit_to_plateau
+
     gen = torch.Generator().manual_seed(seed)
     width, depth = int(cfg["width"]), int(cfg["depth"])
-    layers, d_in = [], 3
-    for _ in range(depth):
-        layers += [torch.nn.Linear(d_in, width), torch.nn.SiLU()]
-        d_in = width
-    net = torch.nn.Sequential(*layers, torch.nn.Linear(d_in, 2))
+
+    def build(g):
+        torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=g)))
+        layers, d_in = [], 3
+        for _ in range(depth):
+            layers += [torch.nn.Linear(d_in, width), torch.nn.SiLU()]
+            d_in = width
+        return torch.nn.Sequential(*layers, torch.nn.Linear(d_in, 2))
+
     segs = []
     for t0, t1, x, y in pairs:
         n = len(x)
@@ -139,52 +145,35 @@ def train_flow_matching(pairs, cfg: dict, seed: int, progress=print):
     durations = torch.tensor([s[1] - s[0] for s in segs])
     probs = durations / durations.sum()
 
-    def batch(size, split):
-        k = torch.multinomial(probs, size, replacement=True, generator=gen)
+    def batch(size, split, g):
+        k = torch.multinomial(probs, size, replacement=True, generator=g)
         xs, ts, targets = [], [], []
         for j, (t0, t1, x, y, tr, va) in enumerate(segs):
             m = int((k == j).sum())
             if m == 0:
                 continue
             pool = tr if split == "train" else va
-            idx = pool[torch.randint(len(pool), (m,), generator=gen)]
-            r = torch.rand(m, 1, generator=gen)
+            idx = pool[torch.randint(len(pool), (m,), generator=g)]
+            r = torch.rand(m, 1, generator=g)
             xs.append((1 - r) * x[idx] + r * y[idx])
             ts.append(t0 + r * (t1 - t0))
             targets.append((y[idx] - x[idx]) / (t1 - t0))
         return torch.cat(xs), torch.cat(ts), torch.cat(targets)
 
-    opt = torch.optim.Adam(net.parameters(), lr=float(cfg["lr"]))
-    steps = int(cfg["steps"])  # the budget: at most this many steps
-    min_steps = int(cfg.get("min_steps", steps))
-    flat_tol = float(cfg.get("flat_tol", 0.0))
-    val_batch = batch(2048, "val")
-    every = int(cfg.get("eval_every", max(1, steps // 20)))
-    log_steps, train_curve, val_curve, lr_curve, running = [], [], [], [], []
-    flat = False
-    for step in range(1, steps + 1):
-        lr_now = float(opt.param_groups[0]["lr"])
-        xb, tb, vb = batch(int(cfg["batch"]), "train")
-        loss = ((net(torch.cat([xb, tb], 1)) - vb) ** 2).sum(1).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        running.append(loss.item())
-        if step % every == 0 or step == steps:
-            with torch.no_grad():
-                xv, tv, vv = val_batch
-                val = ((net(torch.cat([xv, tv], 1)) - vv) ** 2).sum(1).mean().item()
-            log_steps.append(step)
-            train_curve.append(float(np.mean(running)))
-            val_curve.append(val)
-            lr_curve.append(lr_now)  # the rate the last step used
-            running = []
-            if step % (5 * every) == 0:
-                progress(f"flow matching step {step}/{steps} train {train_curve[-1]:.4f} val {val:.4f}")
-            if step >= min_steps and plateau(log_steps, val_curve, flat_tol):
-                flat = True
-                break
-    return net, log_steps, train_curve, val_curve, lr_curve, flat
+    def cfm_loss(net, xb, tb, vb):
+        return ((net(torch.cat([xb, tb], 1)) - vb) ** 2).sum(1).mean()
+
+    val_batch = batch(2048, "val", gen)
+    size = int(cfg["batch"])
+
+    def train_loss(net, g):
+        return cfm_loss(net, *batch(size, "train", g))
+
+    def val_loss(net):
+        with torch.no_grad():
+            return float(cfm_loss(net, *val_batch))
+
+    return fit_to_plateau(build, train_loss, val_loss, cfg, seed, label="flow matching", progress=progress)
 
 
 def plateau(steps, vals, tol: float, tail: float = 0.3, min_points: int = 5) -> bool:
