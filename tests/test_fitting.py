@@ -48,3 +48,50 @@ def test_missing_keys_and_unknown_optimizers_are_refused():
         fit_to_plateau(build, tl, vl, {"lr_grid": [1e-2]}, seed=0)
     with pytest.raises(ValueError, match="optimizer"):
         fit_to_plateau(build, tl, vl, {**FIT, "optimizer": "sgd9"}, seed=0)
+
+
+def test_several_curves_stop_only_when_every_one_is_flat_and_select_picks_the_weights():
+    build, tl, vl = _problem()
+    seen = []
+
+    def curves(m):
+        v = vl(m)
+        return {"mse": v, "neg": 1.0 / (1.0 + v)}  # the second is better when higher: not selectable as-is
+
+    model, rec = fit_to_plateau(build, tl, curves, {**FIT, "lr_grid": [3e-2], "select": "mse"}, seed=0,
+                                progress=lambda s: None, after_step=lambda m, k: seen.append(k))
+    assert set(rec["curves"]) == {"mse", "neg"} and rec["vals"] == rec["curves"]["mse"]
+    assert rec["plateau"] and all(plateau(rec["steps"], c, FIT["flat_tol"]) for c in rec["curves"].values())
+    assert seen[:3] == [0, 1, 2] and len(seen) == FIT["pilot_steps"] + rec["stop"] - FIT["pilot_steps"]
+    m = Metrics()
+    log_fit(m, "lin", rec)
+    assert {"val_lin", "val_lin_mse", "val_lin_neg"} <= set(m.curves)
+    with pytest.raises(ValueError, match="select"):
+        fit_to_plateau(build, tl, curves, {**FIT, "select": "cer"}, seed=0, progress=lambda s: None)
+
+
+def test_min_progress_refuses_a_stop_on_the_initial_plateau_and_keep_from_skips_early_weights():
+    build, tl, vl = _problem()
+    stuck = {**FIT, "lr_grid": [1e-6], "max_steps": 400, "min_steps": 100}
+    _, rec = fit_to_plateau(build, tl, vl, stuck, seed=0, progress=lambda s: None)
+    assert rec["plateau"] and rec["stop"] < 200  # a rate too small to move: the bare rule calls its start a plateau
+    _, rec = fit_to_plateau(build, tl, vl, {**stuck, "min_progress": 0.5}, seed=0, progress=lambda s: None)
+    assert rec["stop"] == 400 and not rec["plateau"]  # with min_progress it trains on to the cap
+    model, rec = fit_to_plateau(build, tl, vl, {**FIT, "lr_grid": [3e-2], "keep_from": 200}, seed=0,
+                                progress=lambda s: None)
+    kept = [v for s, v in zip(rec["steps"], rec["vals"]) if s >= 200]
+    assert vl(model) == pytest.approx(min(kept))
+
+
+def test_range_scale_warmup_clip_and_pilot_tail_score():
+    build, tl, vl = _problem()
+    fit = {**FIT, "scale": "range", "warmup": 20, "clip": 1.0, "pilot_score": "tail"}
+    model, rec = fit_to_plateau(build, tl, vl, fit, seed=0, progress=lambda s: None)
+    assert rec["lr"] == 3e-2 and rec["plateau"]
+    assert plateau(rec["steps"], rec["vals"], FIT["flat_tol"], scale="range")
+    assert rec["lrs"][0] == pytest.approx(3e-2 / 20) and rec["lrs"][-1] == pytest.approx(3e-2)
+    assert vl(model) < 0.05
+    with pytest.raises(ValueError, match="scale"):
+        fit_to_plateau(build, tl, vl, {**FIT, "scale": "log"}, seed=0, progress=lambda s: None)
+    with pytest.raises(ValueError, match="pilot_score"):
+        fit_to_plateau(build, tl, vl, {**FIT, "pilot_score": "mean"}, seed=0, progress=lambda s: None)

@@ -24,6 +24,26 @@ Usage::
 optional ``lr_drop`` (one drop of the rate by this factor if the first plateau comes in the first half
 of the budget; keep it >= 0.1, the gate's floor), ``optimizer`` (``adam`` default, or ``adamw``) and
 ``weight_decay``. In the spec: ``convergence: - {curve: val_ours, mode: min, lr: lr_ours}``.
+
+Optional keys, each asked for by a method whose stop the gate would otherwise reject (defaults keep the
+rule above):
+
+- ``scale``: ``value`` (default) or ``range``: the plateau test's scale; use the one the spec's
+  ``convergence:`` entry reads, so that a stop here is a pass there.
+- ``keep_from``: best weights are kept only from this step on (a curve whose best point is its start, at
+  the chance loss, is not a model).
+- ``min_progress``: the plateau stop is refused until the best validation value is below the first by
+  this fraction of the first's magnitude (a model sitting on its initial plateau trains on to
+  ``max_steps`` instead of stopping at ``min_steps``).
+- ``pilot_score``: ``best`` (default) or ``tail``: rank the pilot rates by the mean of the second half
+  of their validation points (a noisy best-so-far ties at step 0 and picks the lowest rate).
+- ``warmup``: linear warm-up over this many steps (the lr curve records it; the gate's floor reads
+  the tail only); ``clip``: gradient-norm clipping; ``fused``: the fused Adam kernel.
+- Several curves: ``val_loss`` may return a dict ``{name: value}``. The plateau must then hold on every
+  curve named in ``stop_on`` (default: all), and the best weights follow ``select`` (default: the
+  first name). ``log_fit`` writes ``val_<label>`` (the selection curve) and ``val_<label>_<name>``.
+- ``fit_to_plateau(..., after_step=f)`` calls ``f(model, step)`` after every optimiser step (weight
+  averaging).
 """
 from __future__ import annotations
 
@@ -35,19 +55,30 @@ import numpy as np
 
 class PlateauRun:
     """One model at one constant learning rate, advanced in stages, validated every ``every`` steps;
-    keeps the best-validation weights."""
+    keeps the best-validation weights (from step ``keep_from`` on). ``val_loss`` returns a float or a
+    dict of curves (see the module docstring)."""
 
     def __init__(self, model, lr: float, train_loss: Callable, val_loss: Callable, every: int, gen,
-                 optimizer: str = "adam", weight_decay: float = 0.0):
+                 optimizer: str = "adam", weight_decay: float = 0.0, *, scale: str = "value",
+                 keep_from: int = 0, min_progress: float = 0.0, warmup: int = 0, clip: float | None = None,
+                 fused: bool = False, select: str | None = None, stop_on=None, after_step: Callable | None = None):
         import torch
 
         opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(optimizer)
         if opt is None:
             raise ValueError(f"fit.optimizer '{optimizer}': expected one of adam, adamw")
+        if scale not in ("value", "range"):
+            raise ValueError(f"fit.scale '{scale}': expected one of value, range")
         self.model, self.lr, self.train_loss, self.val_loss, self.every, self.gen = \
             model, lr, train_loss, val_loss, max(1, int(every)), gen
-        self.opt = opt(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.scale, self.keep_from, self.min_progress = scale, int(keep_from), float(min_progress)
+        self.warmup, self.clip, self.after_step = int(warmup), clip, after_step
+        self.select, self.stop_on = select, stop_on
+        extra = {"fused": True} if fused else {}
+        self.opt = opt(model.parameters(), lr=lr if self.warmup <= 0 else lr / self.warmup,
+                       weight_decay=weight_decay, **extra)
         self.step, self.steps, self.vals, self.lrs, self.losses = 0, [], [], [], []
+        self.curves: dict[str, list] = {}
         self.best, self.best_state = float("inf"), None
         self.evaluate()
 
@@ -56,51 +87,96 @@ class PlateauRun:
         # a val_loss that needs none wraps itself in torch.no_grad()
         was = self.model.training
         self.model.eval()
-        v = float(self.val_loss(self.model))
+        out = self.val_loss(self.model)
         self.model.train(was)
+        if isinstance(out, dict):
+            if self.select is None:
+                self.select = next(iter(out))
+            if self.select not in out:
+                raise ValueError(f"fit.select '{self.select}': expected one of {sorted(out)}")
+            for k, v in out.items():
+                v = float(v)
+                self.curves.setdefault(k, []).append(v if np.isfinite(v) else 1e6)
+            v = self.curves[self.select][-1]
+        else:
+            v = float(out)
         v = v if np.isfinite(v) else 1e6  # a diverged rate loses the pilot instead of crashing it
         self.steps.append(self.step)
         self.vals.append(v)
         self.lrs.append(self.opt.param_groups[0]["lr"])
-        if v < self.best:
-            self.best, self.best_state = v, copy.deepcopy(self.model.state_dict())
+        if v < self.best and (self.step >= self.keep_from or self.best_state is None):
+            if self.step < self.keep_from:  # a placeholder until the first evaluation that counts
+                self.best_state = copy.deepcopy(self.model.state_dict())
+            else:
+                self.best, self.best_state = v, copy.deepcopy(self.model.state_dict())
 
     def set_lr(self, lr: float) -> None:
         for group in self.opt.param_groups:
             group["lr"] = lr
 
-    def advance(self, until: int, min_steps: int | None = None, tol: float = 0.0) -> bool:
-        """Train to step ``until``; with ``min_steps``, stop (True) once the plateau test holds."""
+    def flat(self, tol: float) -> bool:
+        """The plateau test on every stopping curve, and enough progress from the first point."""
         from ..claims import plateau
 
+        if self.min_progress > 0:
+            first, best = self.vals[0], min(self.vals)
+            if first - best < self.min_progress * abs(first):
+                return False
+        if self.curves:
+            names = self.stop_on or list(self.curves)
+            return all(plateau(self.steps, self.curves[k], tol, scale=self.scale) for k in names)
+        return plateau(self.steps, self.vals, tol, scale=self.scale)
+
+    def advance(self, until: int, min_steps: int | None = None, tol: float = 0.0) -> bool:
+        """Train to step ``until``; with ``min_steps``, stop (True) once the plateau test holds."""
+        import torch
+
         while self.step < until:
+            if 0 < self.warmup and self.step < self.warmup:
+                self.set_lr(self.lr * (self.step + 1) / self.warmup)
             loss = self.train_loss(self.model, self.gen)
             self.opt.zero_grad()
             loss.backward()
+            if self.clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(self.clip))
             self.opt.step()
+            if self.after_step is not None:
+                self.after_step(self.model, self.step)
             self.losses.append(float(loss.detach()))
             self.step += 1
             if self.step % self.every == 0:
                 self.evaluate()
-                if min_steps is not None and self.step >= min_steps and plateau(self.steps, self.vals, tol):
+                if min_steps is not None and self.step >= min_steps and self.flat(tol):
                     return True
         return False
 
+    def pilot_score(self, how: str = "best") -> float:
+        if how == "best":
+            return self.best
+        if how == "tail":
+            half = self.vals[len(self.vals) // 2:]
+            return float(np.mean(half))
+        raise ValueError(f"fit.pilot_score '{how}': expected one of best, tail")
+
 
 def fit_to_plateau(build: Callable, train_loss: Callable, val_loss: Callable, fit: dict, seed: int,
-                   label: str = "model", progress: Callable = print):
+                   label: str = "model", progress: Callable = print, after_step: Callable | None = None):
     """The rule of the module docstring. Returns (model with its best-validation weights, record);
-    the record holds the chosen run's ``steps``, ``vals``, ``lrs``, ``losses``, the chosen ``lr``,
-    ``stop`` (steps taken), ``plateau`` (whether the plateau test held) and ``pilot_best``."""
+    the record holds the chosen run's ``steps``, ``vals``, ``lrs``, ``losses``, ``curves`` (a dict, empty
+    unless ``val_loss`` returns one), the chosen ``lr``, ``stop`` (steps taken), ``plateau`` (whether the
+    plateau test held) and ``pilot_best`` (each rate's pilot score)."""
     import torch
-
-    from ..claims import plateau
 
     missing = [k for k in ("lr_grid", "pilot_steps", "eval_every", "min_steps", "max_steps", "flat_tol")
                if k not in fit]
     if missing:
         raise ValueError(f"fit: missing key(s) {missing}; see reprozoo.blocks.fitting")
-    kw = {"optimizer": fit.get("optimizer", "adam"), "weight_decay": float(fit.get("weight_decay", 0.0))}
+    kw = {"optimizer": fit.get("optimizer", "adam"), "weight_decay": float(fit.get("weight_decay", 0.0)),
+          "scale": fit.get("scale", "value"), "keep_from": int(fit.get("keep_from", 0)),
+          "min_progress": float(fit.get("min_progress", 0.0)), "warmup": int(fit.get("warmup", 0)),
+          "clip": fit.get("clip"), "fused": bool(fit.get("fused", False)), "select": fit.get("select"),
+          "stop_on": fit.get("stop_on"), "after_step": after_step}
+    how = fit.get("pilot_score", "best")
     runs = []
     for lr in fit["lr_grid"]:
         model = build(torch.Generator().manual_seed(seed))
@@ -108,7 +184,7 @@ def fit_to_plateau(build: Callable, train_loss: Callable, val_loss: Callable, fi
                          torch.Generator().manual_seed(seed + 7), **kw)
         run.advance(int(fit["pilot_steps"]))
         runs.append(run)
-    run = min(runs, key=lambda r: r.best)
+    run = min(runs, key=lambda r: r.pilot_score(how))
     tol, top, first = float(fit["flat_tol"]), int(fit["max_steps"]), int(fit["min_steps"])
     stopped = run.advance(top, min_steps=first, tol=tol)
     drop_step = None
@@ -116,20 +192,23 @@ def fit_to_plateau(build: Callable, train_loss: Callable, val_loss: Callable, fi
         drop_step = run.step
         run.set_lr(run.lr * float(fit["lr_drop"]))
         stopped = run.advance(top, min_steps=run.step + int(fit["eval_every"]) * 5, tol=tol)
-    stopped = stopped or plateau(run.steps, run.vals, tol)
+    stopped = stopped or run.flat(tol)
     run.model.load_state_dict(run.best_state)
     drop = "" if drop_step is None else f" (x{fit['lr_drop']} from step {drop_step})"
     progress(f"{label}: lr {run.lr:g}{drop}, {run.step} steps ({'plateau' if stopped else 'max steps'}), "
              f"best validation loss {run.best:.3e}")
     return run.model, {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
-                       "drop_step": drop_step, "plateau": stopped, "losses": run.losses,
-                       "pilot_best": {float(r.lr): r.best for r in runs}}
+                       "drop_step": drop_step, "plateau": stopped, "losses": run.losses, "curves": run.curves,
+                       "pilot_best": {float(r.lr): r.pilot_score(how) for r in runs}}
 
 
 def log_fit(metrics, name: str, rec: dict) -> None:
-    """Curves ``val_<name>`` and ``lr_<name>`` (what a ``convergence:`` entry reads) and scalars
+    """Curves ``val_<name>`` and ``lr_<name>`` (what a ``convergence:`` entry reads), one
+    ``val_<name>_<curve>`` per curve when ``val_loss`` returned several, and scalars
     ``lr_chosen_<name>``, ``steps_<name>``."""
     metrics.curve(f"val_{name}", rec["steps"], rec["vals"])
     metrics.curve(f"lr_{name}", rec["steps"], rec["lrs"])
+    for k, vals in (rec.get("curves") or {}).items():
+        metrics.curve(f"val_{name}_{k}", rec["steps"], vals)
     metrics.scalar(f"lr_chosen_{name}", float(rec["lr"]))
     metrics.scalar(f"steps_{name}", float(rec["stop"]))
