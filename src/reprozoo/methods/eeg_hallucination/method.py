@@ -22,7 +22,8 @@ Variants
   detected - correct (recover N400/P600 latency and electrode), missed - correct and
   detected - missed; xDAWN + logistic regression decoding of detected vs correct.
 * ``null_study`` (baseline): the same pipeline on the null study, on ``1 + n_shuffles`` null
-  contrasts (true labels and within-subject label shuffles): its false-positive rate.
+  contrasts of detected - correct and as many of detected - missed (true labels and within-subject
+  label shuffles): its false-positive rates, one unit per contrast.
 * ``uncorrected`` (baseline): pointwise paired t-tests at ``alpha``, no multiple-comparison
   correction, on the same null contrasts: what the cluster correction buys.
 * ``raw_lr`` (baseline): decoding without the xDAWN spatial filter (same features, folds, C).
@@ -62,14 +63,16 @@ def train_shared(ctx) -> None:
     p = _study_params(ctx.params)
     rng = ctx.rng()
     head = head_model(list(TEN_TWENTY), study.PLANTED, p["n_subjects"], rng)
-    studies = [("planted", True, 0, 0.0), ("null", False, int(ctx.params["n_shuffles"]), 0.0),
+    n_shuf = int(ctx.params["n_shuffles"])
+    studies = [("planted", True, 0, 0.0), ("null", False, n_shuf, 0.0),
                ("partial", True, 0, float(ctx.params["missed_partial_fraction"]))]  # drawn last: the
-    for name, effect, n_shuf, frac in studies:  # planted and null studies keep their random streams
+    for name, effect, n, frac in studies:  # planted and null studies keep their random streams
         ctx.progress(f"simulating the {name} study ({p['n_subjects']} subjects)")
-        d = study.simulate_study(p, rng, head=head, effect=effect, n_shuffles=n_shuf, missed_fraction=frac)
+        d = study.simulate_study(p, rng, head=head, effect=effect, n_shuffles=n, missed_fraction=frac,
+                                 n_dvm_shuffles=n)
         Xb, tb = decoding.bin_time(d["trials"], d["times"], ctx.params["decode_tmin"], p["tmax"], ctx.params["bin_s"])
         np.savez(Path(ctx.shared_dir) / f"{name}.npz", times=d["times"], trials=Xb.astype(np.float32), bin_times=tb,
-                 labels=d["labels"], groups=d["groups"], shuffled=d["shuffled"],
+                 labels=d["labels"], groups=d["groups"], shuffled=d["shuffled"], dvm_shuffled=d["dvm_shuffled"],
                  **{f"evoked_{c}": v for c, v in d["evoked"].items()})
         meta = {k: d[k] for k in ("ch_names", "sfreq", "truth", "n_rejected", "n_blinks", "n_epochs")}
         (Path(ctx.shared_dir) / f"{name}.json").write_text(json.dumps(meta, indent=1))
@@ -100,11 +103,12 @@ def _contrast(d: dict, a: str, b: str, post) -> np.ndarray:
     return (d[f"evoked_{a}"] - d[f"evoked_{b}"])[:, :, post] * 1e6  # (n_subj, n_ch, n_times) uV
 
 
-def _null_contrasts(d: dict, post) -> list[np.ndarray]:
-    """The null study's detected - correct, then each within-subject label shuffle."""
-    out = [_contrast(d, "detected", "correct", post)]
-    out += [(s[0] - s[1])[:, :, post] * 1e6 for s in d["shuffled"]]
-    return out
+def _null_contrasts(d: dict, post, kind: str = "detected_vs_correct") -> list[np.ndarray]:
+    """The null study's contrast (detected - correct, or detected - missed), then each within-subject
+    label shuffle of the same two conditions."""
+    a, b = CONTRASTS[kind]
+    key = "shuffled" if kind == "detected_vs_correct" else "dvm_shuffled"
+    return [_contrast(d, a, b, post)] + [(s[0] - s[1])[:, :, post] * 1e6 for s in d[key]]
 
 
 def _record_erp(ctx, d, meta, res: dict, post) -> None:
@@ -160,8 +164,10 @@ def _cluster_recovery(ctx, d, meta, adj, post, tp) -> dict:
     return res
 
 
-def _fpr(ctx, contrasts, adj, tp, lat_ms, kind: str) -> None:
-    """False-positive rate over null contrasts: any significant finding, and one at a planted latency."""
+def _fpr(ctx, contrasts, adj, tp, lat_ms, kind: str, prefix: str = "") -> None:
+    """False-positive rate over null contrasts: any significant finding, and one at a planted latency.
+    Units: the null contrasts (``null_hit_*``: 0/1 per contrast, paired across the cluster and the
+    uncorrected variants, which read the same contrasts)."""
     from . import erp_stats
 
     p = ctx.params
@@ -176,11 +182,13 @@ def _fpr(ctx, contrasts, adj, tp, lat_ms, kind: str) -> None:
             masks = [hits] if hits.any() else []
         anywhere.append(float(bool(masks)))
         at_lat.append(float(any(erp_stats.covers(m, tp, lat_ms, p["latency_tol_ms"]) for m in masks)))
-    ctx.metrics.scalar("fpr_at_latency", np.mean(at_lat))
-    ctx.metrics.scalar("fpr_any", np.mean(anywhere))
-    ctx.metrics.scalar("n_null_contrasts", len(contrasts))
-    ctx.progress(f"{kind}: false positives at the planted latencies {np.mean(at_lat):.2f}, "
-                 f"anywhere {np.mean(anywhere):.2f} over {len(contrasts)} null contrasts")
+    ctx.metrics.scalar(f"{prefix}fpr_at_latency", np.mean(at_lat))
+    ctx.metrics.scalar(f"{prefix}fpr_any", np.mean(anywhere))
+    ctx.metrics.units(f"{prefix}null_hit_at_latency", at_lat)
+    ctx.metrics.units(f"{prefix}null_hit_any", anywhere)
+    ctx.metrics.scalar(f"{prefix}n_null_contrasts", len(contrasts))
+    ctx.progress(f"{kind} {prefix or 'detected_vs_correct_'}: false positives at the planted latencies "
+                 f"{np.mean(at_lat):.2f}, anywhere {np.mean(anywhere):.2f} over {len(contrasts)} null contrasts")
 
 
 def _missed_effect(ctx, d, ch_names, post, tp, prefix: str = "") -> None:
@@ -284,9 +292,11 @@ def train(ctx) -> None:
         _record_erp(ctx, d, meta, res, post)
         _min_p(ctx, d, "detected_vs_missed", adj, post)  # the control of detected_vs_missed
         _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "cluster")
+        _fpr(ctx, _null_contrasts(d, post, "detected_vs_missed"), adj, tp, lat_ms, "cluster", prefix="dvm_")
         _decode(ctx, d, "xdawn")
     elif v == "uncorrected":
         _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "uncorrected")
+        _fpr(ctx, _null_contrasts(d, post, "detected_vs_missed"), adj, tp, lat_ms, "uncorrected", prefix="dvm_")
     elif v == "raw_lr":
         _decode(ctx, d, "raw")
     elif v == "missed_partial":  # the positive control: the same missed - correct analysis

@@ -121,13 +121,16 @@ def preprocess_raw(raw, events: np.ndarray, p: dict):
 
 
 def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = True, n_shuffles: int = 0,
-                   missed_fraction: float = 0.0) -> dict:
+                   missed_fraction: float = 0.0, n_dvm_shuffles: int = 0) -> dict:
     """All subjects of one study: per-condition evoked averages, single trials, ground truth.
 
     Returns arrays in volts: ``evoked[cond]`` (n_subj, n_ch, n_times); ``trials`` (n_trials,
     n_ch, n_times) with ``labels`` (condition codes) and ``groups`` (subject index); the truth of
     each planted effect (``true_latency_ms``, ``true_peak_ch``: largest |value| of the noise-free
     grand-average topography after average reference; the dipoles point outward, so it is positive); the rejected-epoch count.
+    ``shuffled``: ``n_shuffles`` within-subject splits of the correct + detected trials into groups of the
+    detected and correct sizes; ``dvm_shuffled``: ``n_dvm_shuffles`` such splits of detected + missed (the
+    null of the detected-vs-missed test, with its unequal trial counts).
     """
     ch_names = list(p.get("ch_names", TEN_TWENTY))
     n_subj = p["n_subjects"]
@@ -137,6 +140,7 @@ def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = 
     topo = blink_topography(ch_names)
     ev = {c: [] for c in CONDITIONS}
     shuffled = [[[], []] for _ in range(n_shuffles)]
+    dvm_shuffled = [[[], []] for _ in range(n_dvm_shuffles)]
     trials, labels, groups, n_rej, n_blink = [], [], [], 0, 0
     for s in range(n_subj):
         x, events, nb = simulate_subject(head, s, p, rng, effect, topo, missed_fraction)
@@ -151,6 +155,11 @@ def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = 
             perm = rng.permutation(len(pool))
             shuffled[k][0].append(pool[perm[:n_det]].average().data)
             shuffled[k][1].append(pool[perm[n_det:]].average().data)
+        pool = epochs[["detected", "missed"]]
+        for k in range(n_dvm_shuffles):
+            perm = rng.permutation(len(pool))
+            dvm_shuffled[k][0].append(pool[perm[:n_det]].average().data)
+            dvm_shuffled[k][1].append(pool[perm[n_det:]].average().data)
         trials.append(epochs.get_data(copy=False))
         labels.append(epochs.events[:, 2])
         groups.append(np.full(len(epochs), s))
@@ -162,6 +171,8 @@ def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = 
                     "anchor": e["anchor"]}
     return {"ch_names": ch_names, "sfreq": float(p["sfreq"]), "times": epochs.times.copy(),
             "evoked": {c: np.stack(v) for c, v in ev.items()},
-            "shuffled": np.array(shuffled).reshape(n_shuffles, 2, n_subj, len(ch_names), len(epochs.times)), "trials": np.concatenate(trials).astype(np.float32),
+            "shuffled": np.array(shuffled).reshape(n_shuffles, 2, n_subj, len(ch_names), len(epochs.times)),
+            "dvm_shuffled": np.array(dvm_shuffled).reshape(n_dvm_shuffles, 2, n_subj, len(ch_names), len(epochs.times)),
+            "trials": np.concatenate(trials).astype(np.float32),
             "labels": np.concatenate(labels), "groups": np.concatenate(groups), "truth": truth,
             "n_rejected": n_rej, "n_blinks": n_blink, "n_epochs": int(sum(len(g) for g in groups))}
