@@ -329,29 +329,41 @@ def test_tfmpe_at_the_claims_size_reaches_the_c2st_target_and_four_ode_steps_suf
     assert abs(np.mean(c2[cfg["ode_steps"]]) - np.mean(c2[16])) < 0.03, c2
 
 
-def test_ema_pair_takes_one_update_per_optimiser_step_and_the_optimiser_leaves_it_alone():
-    """The moving average that validation reads (tokenised_fm._EMAPair, used inside the shared
-    fitting rule): exactly one update per optimiser step whatever the number of validations in
-    between, with the warm-up decay min(decay, (1 + k) / (10 + k)), and no gradient step on it."""
-    from reprozoo.methods.tfmpe.tokenised_fm import _EMAPair
+def test_ema_pair_takes_one_update_per_optimiser_step_through_the_shared_rule():
+    """The moving average that validation reads (tokenised_fm._EMAPair), driven by the shared
+    fitting rule's ``after_step`` hook: exactly one update per optimiser step whatever the number
+    of validations, with the warm-up decay min(decay, (1 + k) / (10 + k)), and no gradient step on
+    it; the average (not the raw network) is what the best-validation snapshot keeps."""
+    from reprozoo.blocks.fitting import PlateauRun
+    from reprozoo.methods.tfmpe.tokenised_fm import _EMAPair, _ema_after_step
 
     torch.manual_seed(0)
     pair = _EMAPair(torch.nn.Linear(3, 2), 0.9)
-    opt = torch.optim.SGD(pair.parameters(), lr=0.1)
-    expect = [q.detach().clone() for q in pair.net.parameters()]
     x = torch.randn(8, 3)
+    expect = [q.detach().clone() for q in pair.net.parameters()]
+    seen = []
+
+    def train_loss(p, _g):
+        return p.net(x).pow(2).sum()
+
+    def val_loss(p):
+        seen.append([q.detach().clone() for q in p.ema.parameters()])
+        with torch.no_grad():
+            return float(p.ema(x).pow(2).sum())
+
+    run = PlateauRun(pair, 0.05, train_loss, val_loss, every=1, gen=torch.Generator().manual_seed(0),
+                     after_step=_ema_after_step)
+    prev = [q.detach().clone() for q in pair.net.parameters()]
     for k in range(1, 8):
-        pair.sync()
-        pair.n_steps += 1
-        loss = pair.net(x).pow(2).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        for _ in range(k % 3):          # validations between steps must not add updates
-            pair.sync()
-        pair.sync()
+        run.advance(k)
         d = min(0.9, (1 + k) / (10 + k))
-        expect = [d * e + (1 - d) * q.detach() for e, q in zip(expect, pair.net.parameters())]
+        now = [q.detach().clone() for q in pair.net.parameters()]
+        expect = [d * e + (1 - d) * q for e, q in zip(expect, now)]
         assert pair.n_ema == k
         for e, q in zip(expect, pair.ema.parameters()):
-            assert torch.allclose(e, q, atol=1e-6) and q.grad is None
+            assert torch.allclose(e, q, atol=1e-6) and q.grad is None and not q.requires_grad
+        assert any(not torch.equal(a, b) for a, b in zip(prev, now))   # the raw network did move
+        prev = now
+    for e, q in zip(expect, seen[-1]):                                  # validation read the average
+        assert torch.allclose(e, q, atol=1e-6)
+    assert any(k.startswith("ema.") for k in run.best_state)

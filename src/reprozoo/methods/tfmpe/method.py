@@ -197,7 +197,7 @@ def train(ctx) -> None:
                 ctx.metrics.scalar(f"sim_calls_{key}_c{n}", calls)
                 _record_fit(ctx, f"post_{key}_c{n}", hist)
                 top = claim_site and n == b_max
-                res = evaluate(ctx, est, data[s], key, n, top, top and v == "tfmpe", gen)
+                res = evaluate(ctx, est, data[s], key, n, top, top, gen)  # SBC of joint too: is a miscalibration LF's or the posterior fit's?
                 if "c2st_units" in res:
                     c2st_curve[s][n] = res.pop("c2st_units")
                 ctx.progress(f"{key} n={n}: {calls} calls, lr {hist['lr_chosen']:g}, stop {hist['stop_step']}, "

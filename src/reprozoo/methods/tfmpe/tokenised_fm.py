@@ -140,32 +140,35 @@ def cfm_loss(net: TokenVelocityField, x1: torch.Tensor, present: torch.Tensor, g
 
 class _EMAPair(nn.Module):
     """The trained network and an exponential moving average of its weights (decay ``decay`` with
-    the usual warm-up min(decay, (1 + k) / (10 + k))), as one module so that the shared fitting
-    rule's best-validation snapshot keeps both. The average is what validation reads and what is
-    returned: it damps the weight noise that a constant learning rate leaves. Its parameters have
-    no gradient, so the optimiser leaves them alone; the average takes one update per optimiser
-    step, applied lazily (before the next minibatch loss or the next validation, whichever comes
-    first), because the shared rule's loop has no hook after ``opt.step()``."""
+    the usual warm-up min(decay, (1 + k) / (10 + k)) at the k-th update), as one module so that the
+    shared fitting rule's best-validation snapshot keeps both. The average is what validation reads
+    and what is returned: it damps the weight noise that a constant learning rate leaves. Its
+    parameters have no gradient, so the optimiser leaves them alone; :meth:`update` is passed to the
+    shared rule as its ``after_step`` hook (one update right after every optimiser step)."""
 
     def __init__(self, net: nn.Module, decay: float):
         super().__init__()
         self.net, self.ema = net, copy.deepcopy(net)
         for q in self.ema.parameters():
             q.requires_grad_(False)
-        self.decay, self.n_steps, self.n_ema = float(decay), 0, 0
+        self.decay, self.n_ema = float(decay), 0
 
     @torch.no_grad()
-    def sync(self) -> None:
-        if self.n_steps > self.n_ema:          # at most one optimiser step pending
-            self.n_ema += 1
-            d = min(self.decay, (1 + self.n_ema) / (10 + self.n_ema))
-            torch._foreach_lerp_(list(self.ema.parameters()), list(self.net.parameters()), 1 - d)
+    def update(self) -> None:
+        self.n_ema += 1
+        d = min(self.decay, (1 + self.n_ema) / (10 + self.n_ema))
+        torch._foreach_lerp_(list(self.ema.parameters()), list(self.net.parameters()), 1 - d)
+
+
+def _ema_after_step(pair: "_EMAPair", _step: int) -> None:
+    """The shared rule's ``after_step`` hook: one moving-average update per optimiser step."""
+    pair.update()
 
 
 def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tensor, *, lr_grid, max_steps: int,
             pilot_steps: int, min_steps: int, batch: int, val_frac: float, eval_every: int, flat_tol: float,
             ema_decay: float, generator: torch.Generator,
-            val_items: int = 384) -> tuple[TokenVelocityField, dict]:
+            val_items: int = 384, **rule_options) -> tuple[TokenVelocityField, dict]:
     """CFM training of ``make_net()`` with the platform's one training rule,
     :func:`reprozoo.blocks.fitting.fit_to_plateau` (every rate of ``lr_grid`` piloted for
     ``pilot_steps`` from the same initial weights on the same batches, the best on validation
@@ -177,7 +180,8 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
     The validation loss uses fixed draws of (z, t), repeated so that about ``val_items`` (item, z, t)
     triples enter it (at least 2 and at most 32 per item): a low-variance, common-random-numbers
     comparison between evaluations and between learning rates, also for the tiny validation splits
-    of small simulation budgets.
+    of small simulation budgets. ``rule_options`` (e.g. ``pilot_score``, ``scale``, ``warmup``,
+    ``clip``) go to the shared rule unchanged (see :mod:`reprozoo.blocks.fitting`).
 
     Returns the averaged network and its history: curves ``step``, ``val``, ``lr`` (every
     evaluation, step 0 included) and ``train_step``, ``train`` (mean minibatch loss since the
@@ -199,21 +203,19 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
         return _EMAPair(make_net(), ema_decay)
 
     def train_loss(pair, g):
-        pair.sync()
-        pair.n_steps += 1
         idx = train_idx[torch.randint(len(train_idx), (min(batch, len(train_idx)),), generator=g)]
         xb = tok[idx]
         return cfm_loss(pair.net, xb, present, gen, torch.randn(xb.shape, generator=g),
                         torch.rand(len(xb), generator=g))
 
     def val_loss(pair):
-        pair.sync()
         with torch.no_grad():
             return float(cfm_loss(pair.ema, val, present, gen, zv, tv))
 
     fit = dict(lr_grid=list(lr_grid), pilot_steps=pilot_steps, eval_every=eval_every, min_steps=min_steps,
-               max_steps=max_steps, flat_tol=flat_tol)
-    pair, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, progress=lambda _msg: None)
+               max_steps=max_steps, flat_tol=flat_tol, **rule_options)
+    pair, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, progress=lambda _msg: None,
+                               after_step=_ema_after_step)
     every = max(1, int(eval_every))
     train_step = [s for s in rec["steps"] if s > 0]
     train = [float(np.mean(rec["losses"][s - every:s])) for s in train_step]
