@@ -556,3 +556,19 @@ def test_indep_bridge_hits_the_snapshots_with_bridges():
     assert {tuple(r) for r in br[:, 4]} == {tuple(r) for r in snaps[1.0]}
     # random pairing: the endpoints are uncorrelated (OT pairing would correlate them)
     assert abs(np.corrcoef(br[:, 0, 0], br[:, 4, 0])[0, 1]) < 0.2
+
+
+def test_girsanov_terms_are_the_sampling_floor_of_the_nonlinear_suite():
+    """Per chain of P, the exact discrete Girsanov sum; a constant tilt gives tilt^2 T / (2 sigma^2)
+    on every chain, and for any pair their mean over many chains is chain_kl's Monte-Carlo value."""
+    from reprozoo.methods.functional_kl.bifurcation import BifurcatingSDE, chain_kl, euler_chain, girsanov_terms
+
+    ts = np.linspace(0.0, 1.0, 9)
+    P = BifurcatingSDE(a=8.0)
+    paths = euler_chain(P, ts, 500, np.random.default_rng(0))
+    tilt = girsanov_terms(P, BifurcatingSDE(a=8.0, tilt=0.4), ts, paths)
+    np.testing.assert_allclose(tilt, 0.4**2 / (2 * 0.3**2), rtol=1e-12)
+    Q = BifurcatingSDE(a=4.0)
+    kl, se = chain_kl(P, Q, ts, 20000, np.random.default_rng(1))
+    many = girsanov_terms(P, Q, ts, euler_chain(P, ts, 20000, np.random.default_rng(2)))
+    assert abs(many.mean() - kl) < 5 * np.hypot(se, many.std() / np.sqrt(len(many)))

@@ -15,7 +15,11 @@ Variants and what each cell computes:
     of Q), so this suite validates the estimator at the size at which it scores the TI methods.
     Known KL ``kl_known_<case>``: the discrete Girsanov sum, a Monte-Carlo mean over ``n_mc`` chains
     (standard error ``kl_known_se_<case>``). Metrics ``rel_err_<case>``, ``max_rel_err_nl``,
-    ``mean_rel_err_nl``, ``null_kl_nl``;
+    ``mean_rel_err_nl``, ``null_kl_nl``, and the sampling floor ``rel_err_oracle_<case>`` /
+    ``max_rel_err_nl_oracle``: the exact Girsanov terms averaged over the chains of P the estimator sees;
+  - planted two-branch mixtures (``mixture_cases``, ``mixture.n_paths`` paths of each law): the
+    adequacy (bias) check of the regressor, ``max_rel_err_gm``, with its sampling floor
+    ``max_rel_err_gm_oracle`` (the exact log-density ratio over the same paths of P);
   - the negative control of both: the same estimator on a grid too coarse to carry the path law
     (``coarse_points`` times, the same paths subsampled): ``kl_est_coarse_<case>``,
     ``rel_err_coarse_<case>`` (against the path KL), ``max_rel_err_coarse`` / ``max_rel_err_nl_coarse``.
@@ -48,7 +52,7 @@ import numpy as np
 
 from ...blocks.fitting import log_fit
 from ...io import save_npz
-from .bifurcation import BifurcatingSDE, chain_kl, euler_chain
+from .bifurcation import BifurcatingSDE, chain_kl, euler_chain, girsanov_terms
 from .fkl import FKL, FKLConfig, Features, Whitener, estimate, lambda_nodes, pair_stats, stack_stats, unstack_stats
 from .linear_sde import LinearSDE, gaussian_kl, girsanov_kl
 from .mixture import BranchMixture, mixture_kl
@@ -172,23 +176,31 @@ def benchmark_moments(ctx) -> dict[str, np.ndarray]:
             # the known KL is a property of the pair, not of the seed: one fixed Monte-Carlo sample
             kl, se = chain_kl(P, Q, ts, int(nl["n_mc"]), np.random.default_rng(7919 + k))
             out[f"{name}/kl_ref"], out[f"{name}/kl_ref_se"] = np.array(kl), np.array(se)
+            # the sampling floor: the exact Girsanov terms averaged over the chains of P the estimator sees
+            out[f"{name}/kl_oracle"] = np.array(girsanov_terms(P, Q, ts, xp).mean())
         P = next(iter(nsuite.values()))[0]
         rng = ctx.rng(299)
         add("null_nl", euler_chain(P, ts, n_p, rng), euler_chain(P, ts, n_q, rng), ts, P.sigma, ctx.rng(298),
             coarse=False)
 
-    # planted two-branch Gaussian mixtures on the TI grid, at the TI's path counts (adequacy check)
+    # planted two-branch Gaussian mixtures on the TI grid (adequacy check of the regressor, a bias
+    # check): ``mixture.n_paths`` paths of each law (default: the TI's path counts); see README on
+    # why the smoke config uses more (the sampling floor of the branch weights at 1000 paths)
     gm = b.get("mixture")
     if gm:
         ts = _grid(p)
-        n_p, n_q = int(p["ti"]["n_ref"]), int(p["ti"]["n_particles"])
+        n_p, n_q = int(gm.get("n_paths", p["ti"]["n_ref"])), int(gm.get("n_paths", p["ti"]["n_particles"]))
         msuite = mixture_suite(p)
         for k, name in enumerate(gm.get("cases") or list(msuite)):
             P, Q = msuite[name]
             rng = ctx.rng(300 + k)
-            add(name, P.sample(ts, n_p, rng), Q.sample(ts, n_q, rng), ts, P.sigma, ctx.rng(3000 + k), coarse=False)
+            xp = P.sample(ts, n_p, rng)
+            add(name, xp, Q.sample(ts, n_q, rng), ts, P.sigma, ctx.rng(3000 + k), coarse=False)
             kl, se = mixture_kl(P, Q, ts, int(gm["n_mc"]), np.random.default_rng(104729 + k))
             out[f"{name}/kl_ref"], out[f"{name}/kl_ref_se"] = np.array(kl), np.array(se)
+            # the sampling floor: the exact log-density ratio averaged over the paths of P the estimator sees
+            y = xp.reshape(len(xp), -1)
+            out[f"{name}/kl_oracle"] = np.array(np.mean(P.log_density(y, ts) - Q.log_density(y, ts)))
     return out
 
 
@@ -210,7 +222,7 @@ def run_benchmark(ctx, estimator: str) -> None:
         return estimate(stats, cfg, sizes, estimator)
 
     def suite(cases, suffix, ref_name, ref_metric):
-        rels, rels_c, ests, refs = [], [], [], []
+        rels, rels_c, ests, refs, rels_o = [], [], [], [], []
         for name in cases:
             t0 = time.perf_counter()
             o, oc = est(name), est(f"{name}@coarse")
@@ -225,6 +237,9 @@ def run_benchmark(ctx, estimator: str) -> None:
             ctx.metrics.scalar(f"affine_nodes_{name}", int(np.sum(o["chosen_family"] == 0)))
             ctx.metrics.curve(f"chosen_family_{name}", lams, o["chosen_family"])
             ctx.metrics.curve(f"integrand_{name}", lams, o["integrand_forward"])
+            if f"{name}/kl_oracle" in arrays.files:  # the sampling floor (exact terms on P's paths)
+                rels_o.append(abs(float(arrays[f"{name}/kl_oracle"]) / ref - 1.0))
+                ctx.metrics.scalar(f"rel_err_oracle_{name}", rels_o[-1])
             rels.append(rel)
             rels_c.append(rel_c)
             ests.append(o["forward"])
@@ -235,6 +250,8 @@ def run_benchmark(ctx, estimator: str) -> None:
         ctx.metrics.scalar(f"max_rel_err{suffix}", max(rels))
         ctx.metrics.scalar(f"mean_rel_err{suffix}", float(np.mean(rels)))
         ctx.metrics.scalar(f"max_rel_err{suffix}_coarse", max(rels_c))
+        if rels_o:
+            ctx.metrics.scalar(f"max_rel_err{suffix}_oracle", max(rels_o))
         ctx.metrics.curve(f"kl_est{suffix}", range(len(cases)), ests)
         ctx.metrics.curve(f"kl_ref{suffix}", range(len(cases)), refs)
 
@@ -258,11 +275,13 @@ def run_benchmark(ctx, estimator: str) -> None:
         ctx.metrics.scalar("null_kl_nl", est("null_nl")["forward"])
     gm = b.get("mixture")
     if gm:
-        rels = []
+        rels, rels_o = [], []
         for name in gm.get("cases") or list(mixture_suite(p)):
             o = est(name)
             ref = float(arrays[f"{name}/kl_ref"])
             rels.append(abs(o["forward"] / ref - 1.0))
+            rels_o.append(abs(float(arrays[f"{name}/kl_oracle"]) / ref - 1.0))
+            ctx.metrics.scalar(f"rel_err_oracle_{name}", rels_o[-1])
             ctx.metrics.scalar(f"kl_est_{name}", o["forward"])
             ctx.metrics.scalar(f"kl_known_{name}", ref)
             ctx.metrics.scalar(f"kl_known_se_{name}", float(arrays[f"{name}/kl_ref_se"]))
@@ -272,6 +291,7 @@ def run_benchmark(ctx, estimator: str) -> None:
             ctx.progress(f"{name}: known {ref:.3f} est {o['forward']:.3f} "
                          f"gate chosen at {int(np.sum(o['chosen_family'] == 1))}/{len(lams)} nodes")
         ctx.metrics.scalar("max_rel_err_gm", max(rels))
+        ctx.metrics.scalar("max_rel_err_gm_oracle", max(rels_o))
 
 
 # --- trajectory inference on the bifurcating SDE -------------------------------------------------
