@@ -269,18 +269,49 @@ def test_validation_and_test_windows_are_disjoint():
     np.testing.assert_array_equal(v, np.stack([held[s:s + 32] for s in vs]))
     np.testing.assert_array_equal(t, np.stack([held[s:s + 32] for s in ts]))
 
-def test_training_loss_adds_the_router_balance_loss_linearly():
-    """The training objective is cross-entropy + aux_loss x the library's load-balancing loss (what
-    balances the router): the loss is affine in the coefficient with a positive slope, and labels
-    alone (no router logits) give the plain cross-entropy."""
+def test_training_loss_adds_the_per_layer_balance_loss_linearly():
+    """The training objective is cross-entropy + aux_loss x the per-layer Switch balance loss (what
+    balances each layer's router): affine in the coefficient with slope = the balance loss (>= 1 up
+    to the top-k discreteness), and the library's own pooled loss is switched off (plain labels give
+    the same cross-entropy)."""
     ids = torch.randint(0, CFG["vocab"], (3, CFG["seq_len"]), generator=torch.Generator().manual_seed(4))
     losses = {}
     for c in (0.0, 0.01, 0.03):
-        m = moe.build_model({**CFG, "aux_loss": c}, 0).eval()
+        cfg = {**CFG, "aux_loss": c, "balance": "per_layer"}
+        m = moe.build_model(cfg, 0).eval()
+        assert m.config.router_aux_loss_coef == 0.0
         with torch.no_grad():
-            losses[c] = float(m(input_ids=ids, labels=ids, output_router_logits=True).loss)
+            losses[c] = float(moe.training_loss(m, ids, cfg))
             plain = float(m(input_ids=ids, labels=ids).loss)
+            bal = float(moe.switch_balance_loss(m(input_ids=ids, output_router_logits=True).router_logits, CFG["top_k"]))
         assert plain == pytest.approx(losses[0.0], rel=1e-6)
     slope = (losses[0.01] - losses[0.0]) / 0.01
-    assert slope > 0.5  # the balance loss is >= 1 (top_k-normalised) for any router
+    assert slope == pytest.approx(bal, rel=1e-3) and slope > 0.9
     assert (losses[0.03] - losses[0.0]) / 0.03 == pytest.approx(slope, rel=1e-4)
+
+
+def test_switch_balance_loss_is_per_layer():
+    """1 for a balanced router, about E/k for one that always picks the same k experts; and it sees
+    an imbalance that the library's pooled loss misses: layer 0 using only experts {0, 1} and layer 1
+    only {2, 3} looks half-balanced to the pooled loss, fully collapsed to the per-layer one."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    E, k, N = 4, 2, 400
+    g = torch.Generator().manual_seed(0)
+    # balanced: each token's top-2 is a random pair, every pair equally often, probabilities peaked
+    pairs = torch.tensor([[0, 1], [2, 3], [0, 2], [1, 3], [0, 3], [1, 2]]).repeat(N // 6 + 1, 1)[:N]
+    z = torch.full((N, E), -10.0)
+    z.scatter_(1, pairs, 10.0)
+    assert float(moe.switch_balance_loss((z, z), k)) == pytest.approx(1.0, abs=0.02)
+
+    def peaked(experts):
+        z = torch.full((N, E), -10.0) + 0.01 * torch.randn(N, E, generator=g)
+        z[:, experts] = 10.0
+        return z
+
+    collapsed = float(moe.switch_balance_loss((peaked([0, 1]), peaked([0, 1])), k))
+    swapped = float(moe.switch_balance_loss((peaked([0, 1]), peaked([2, 3])), k))
+    assert collapsed == pytest.approx(E / k, rel=0.02) and swapped == pytest.approx(collapsed, rel=1e-3)
+    pooled_same = float(load_balancing_loss_func((peaked([0, 1]), peaked([0, 1])), E, k))
+    pooled_swapped = float(load_balancing_loss_func((peaked([0, 1]), peaked([2, 3])), E, k))
+    assert pooled_swapped < 0.6 * pooled_same  # the pooled loss half-forgives the collapsed layers

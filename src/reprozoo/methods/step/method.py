@@ -7,8 +7,9 @@ Stages and units:
   library's source (``corpus.py``; train files disjoint from held-out files) by the platform's
   shared rule (``blocks.fitting.fit_to_plateau``: AdamW, a learning-rate grid piloted on the
   validation loss, the best rate continued at a constant rate until the validation curve is flat,
-  best-validation weights kept). The objective includes the library's router load-balancing loss
-  (coefficient ``model.aux_loss``). Validation text: the first half of the held-out stream; every
+  best-validation weights kept; linear warm-up and gradient clipping from the shared rule). The
+  objective includes Switch Transformer's router load-balancing loss, per layer (coefficient
+  ``model.aux_loss``; ``moe.training_loss``). Validation text: the first half of the held-out stream; every
   perplexity of the table uses the second half. At ``paper`` scale the pretrained Qwen3-30B-A3B is
   loaded instead (no training), through the same code path.
 * ``train`` (per variant x seed): score every expert on the same calibration batches (from the
@@ -143,10 +144,10 @@ def train_shared(ctx) -> None:
     def build(gen):  # the same initial weights for every rate of the grid
         return moe.build_model(p["model"], ctx.seed)
 
-    def train_loss(model, gen):  # next-byte cross-entropy + the router's load-balancing loss
+    def train_loss(model, gen):  # next-byte cross-entropy + the router's per-layer balance loss
         starts = torch.randint(0, hi, (f["batch"],), generator=gen).numpy()
         ids = torch.as_tensor(np.stack([train[s:s + L] for s in starts]).astype(np.int64))
-        return model(input_ids=ids, labels=ids, output_router_logits=True).loss
+        return moe.training_loss(model, ids, p["model"])
 
     t0 = time.perf_counter()
     model, rec = fit_to_plateau(build, train_loss, lambda m: mean_nll(m, val), f, ctx.seed,

@@ -32,7 +32,11 @@ def build_config(cfg: dict):
         num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"], head_dim=c["hidden"] // c["heads"],
         num_experts=c["experts"], num_experts_per_tok=c["top_k"], norm_topk_prob=True,
         decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=c["seq_len"],
-        router_aux_loss_coef=c.get("aux_loss", 0.001), tie_word_embeddings=False)
+        # the library's own balance loss pools every layer's router (expert j of layer 0 and expert j
+        # of layer 1 count as one expert), so it cannot balance a layer; it is switched off when the
+        # per-layer Switch loss below is trained (``balance: per_layer``, the default)
+        router_aux_loss_coef=c.get("aux_loss", 0.001) if c.get("balance", "per_layer") == "pooled" else 0.0,
+        tie_word_embeddings=False)
 
 
 def build_model(cfg: dict, seed: int) -> nn.Module:
@@ -40,6 +44,36 @@ def build_model(cfg: dict, seed: int) -> nn.Module:
 
     torch.manual_seed(seed)
     return Qwen3MoeForCausalLM(build_config(cfg))
+
+
+def switch_balance_loss(router_logits, top_k: int) -> torch.Tensor:
+    """Switch Transformer's load-balancing loss (Fedus et al. 2022, eq. 4), per layer, mean over
+    layers: for a layer with E experts and router probabilities p_t over tokens t,
+
+        B = E * sum_j f_j P_j,   f_j = share of the layer's k routed slots that go to expert j,
+                                 P_j = mean_t p_tj,
+
+    which is 1 for a uniform router and E / k for one that always picks the same k experts. Each layer
+    is balanced on its own (the library's ``load_balancing_loss_func`` pools the layers' routers)."""
+    out = []
+    for z in router_logits:
+        p = torch.softmax(z.float(), dim=-1)
+        E = p.shape[-1]
+        idx = torch.topk(p, top_k, dim=-1).indices
+        f = torch.zeros(E, dtype=p.dtype, device=p.device).index_add_(
+            0, idx.reshape(-1), torch.ones(idx.numel(), dtype=p.dtype, device=p.device)) / idx.numel()
+        out.append(E * (f * p.mean(0)).sum())
+    return torch.stack(out).mean()
+
+
+def training_loss(model: nn.Module, ids: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """The training objective: next-token cross-entropy + ``aux_loss`` x the router balance loss,
+    the per-layer Switch loss (``balance: per_layer``, default) or the library's pooled one
+    (``balance: pooled``, added by the library's forward)."""
+    out = model(input_ids=ids, labels=ids, output_router_logits=True)
+    if cfg.get("balance", "per_layer") == "pooled":
+        return out.loss
+    return out.loss + float(cfg.get("aux_loss", 0.0)) * switch_balance_loss(out.router_logits, model.config.num_experts_per_tok)
 
 
 def moe_blocks(model: nn.Module) -> list[nn.Module]:
