@@ -110,26 +110,85 @@ def test_chance_correction_puts_guessing_at_zero_and_perfect_at_one():
         assert T.chance_corrected(task, T.CHANCE[task]) == pytest.approx(0.0)
 
 
-def test_variant_plan_batches():
-    """joint: b of each of 7 tasks per step; single_task: b of one; single_task_joint_batch: 7 b of one
-    (the joint model's batch size, the batch-size control)."""
+def test_per_image_metrics_average_to_the_pooled_ones():
+    rng = np.random.default_rng(3)
+    true = rng.normal(size=(40, 64))
+    rec = true + rng.normal(size=true.shape)
+    per = T.identification_per_image(rec, true)
+    assert per.shape == (40,) and per.mean() == pytest.approx(T.identification_accuracy(rec, true))
+    r = T.pattern_correlation(2 * true + 1, true)
+    np.testing.assert_allclose(r, 1.0)
+    assert abs(T.pattern_correlation(rng.normal(size=true.shape), true).mean()) < 0.05
+
+
+def test_relabelling_keeps_each_token_in_its_segment_and_slot_and_inverts():
+    lay = T.Layout(n_brain=16, n_image=4, k_brain=9, k_image=5)
+    perm = lay.relabelling(np.random.default_rng(0))
+    assert sorted(perm) == list(range(lay.vocab)) and perm[lay.none_id] == lay.none_id
+    assert (perm != np.arange(lay.vocab)).any()
+    bias = lay.logit_bias()
+    # every allowed token of a position is renamed to a token the same position may emit
+    for pos in range(lay.seq_len):
+        ok = np.flatnonzero(np.isfinite(bias[pos]))
+        assert np.isfinite(bias[pos, perm[ok]]).all()
+    np.testing.assert_array_equal(np.argsort(perm)[perm], np.arange(lay.vocab))
+
+
+def test_expected_brain_map_of_a_certain_model_is_the_detokenised_map():
+    """With all probability on one code per position (a huge logit), the expected map equals the
+    tokenizer's detokenised map, with or without the joint_unrelated renaming."""
+    import torch
+
     from reprozoo.methods.mind_omni import method as M
 
-    groups, per = M.variant_plan("joint", 8)
-    assert groups == [list(T.TASKS)] and per * len(groups[0]) == 56
-    groups, per = M.variant_plan("single_task", 8)
-    assert len(groups) == 7 and all(len(g) == 1 for g in groups) and per == 8
-    groups, per = M.variant_plan("single_task_joint_batch", 8)
-    assert len(groups) == 7 and per == 56
+    rng = np.random.default_rng(0)
+    k, patch, side = 6, 2, 8
+    cents = rng.normal(size=(k, patch * patch))
+    lay = T.Layout(n_brain=16, n_image=4, k_brain=k, k_image=5)
+    codes = rng.integers(0, k, size=(3, 16))
+    d = {"brain_centroids": cents, "brain_patch": np.array(patch), "fmri": np.zeros((3, side, side))}
+
+    for relabel in (None, lay.relabelling(rng)):
+        class Certain(torch.nn.Module):
+            mask_id = lay.vocab
+
+            def forward(self, x):
+                out = torch.zeros(x.shape[0], x.shape[1], lay.vocab)
+                ids = lay.offset["brain"] + codes
+                if relabel is not None:
+                    ids = relabel[ids]
+                for i in range(3):
+                    out[i, np.arange(16), ids[i]] = 50.0
+                return out
+
+        x = torch.zeros(3, lay.seq_len, dtype=torch.long)
+        t = torch.zeros(3, lay.seq_len, dtype=torch.bool)
+        t[:, lay.span["brain"]] = True
+        got = M.expected_brain_map(Certain(), x, t, torch.tensor(lay.logit_bias()), d, lay, relabel)
+        np.testing.assert_allclose(got, D.from_patches(cents[codes], patch, side), atol=1e-6)
+
+
+def test_variant_plan_batches():
+    """joint and joint_unrelated: b of each of 7 tasks per step (the latter renamed); single_task_joint_batch:
+    7 b of one (the joint model's batch size, the batch-size control)."""
+    from reprozoo.methods.mind_omni import method as M
+
+    groups, per, rel = M.variant_plan("joint", 8)
+    assert groups == [list(T.TASKS)] and per * len(groups[0]) == 56 and not rel
+    groups, per, rel = M.variant_plan("joint_unrelated", 8)
+    assert groups == [list(T.TASKS)] and per == 8 and rel
+    groups, per, rel = M.variant_plan("single_task_joint_batch", 8)
+    assert len(groups) == 7 and all(len(g) == 1 for g in groups) and per == 56 and not rel
     with pytest.raises(ValueError):
-        M.variant_plan("nope", 8)
+        M.variant_plan("single_task", 8)
 
 
 def test_pipeline_runs_with_the_same_init_constant_rates_and_a_weakened_control(tmp_path):
-    """ci-size cells of every variant: every task scored and chance-corrected; each model's gate
-    curve and constant learning rate recorded; every model starts from the same weights (the first
-    per-task validation loss is identical across variants); the joint run's early snapshot (the
-    claims' weakened control) is scored and differs from the trained model."""
+    """ci-size cells of every variant: every task scored per test image and chance-corrected; each
+    model's gate curves and constant learning rate recorded; every model starts from the same weights
+    (the first per-task validation loss is identical between joint and the single-task models); the
+    joint run's early snapshot (the claims' weakened control) is scored and differs from the trained
+    model; the renamed joint_unrelated model starts from a different loss (its tokens differ)."""
     from reprozoo import registry
     from reprozoo.runtime import RunContext
     from reprozoo.methods.mind_omni import method as M
@@ -138,25 +197,32 @@ def test_pipeline_runs_with_the_same_init_constant_rates_and_a_weakened_control(
     p["fit"].update(pilot_steps=2, eval_every=2, min_steps=4, max_steps=6)
     p["control_step"] = 1
     out = {}
-    for v in ("joint", "single_task", "single_task_joint_batch"):
+    for v in M.VARIANTS:
         ctx = RunContext(method="mind_omni", variant=v, seed=0, scale="ci", params=p, data={}, outdir=tmp_path,
                          shared_dir=tmp_path)
         if v == "joint":
             M.train_shared(ctx)
         M.train(ctx)
         out[v] = ctx.metrics
+    n_test = p["split"]["test"]
     for v, m in out.items():
-        labels = ["joint"] if v == "joint" else list(T.TASKS)
+        labels = ["joint"] if v.startswith("joint") else list(T.TASKS)
         for lab in labels:
             xs, lrs = m.curves[f"lr_{lab}"]
             assert len(set(lrs)) == 1 and lrs[0] > 0                  # a constant rate: the gate's floor holds
             assert m.curves[f"val_{lab}"][0] == xs
         for t in T.TASKS:
+            assert len(m.unit_values[f"cc_{t}"]) == n_test
             assert np.isfinite(m.scalars[f"cc_{t}"])
             assert m.scalars[f"cc_{t}"] == pytest.approx(T.chance_corrected(t, m.scalars[f"score_{t}"]))
-            assert m.curves[f"val_loss_{t}"][1][0] == out["joint"].curves[f"val_loss_{t}"][1][0]
+            if v.startswith("joint"):
+                assert m.curves[f"val_joint_{t}"][1] == m.curves[f"val_loss_{t}"][1]
+            if v == "single_task_joint_batch":
+                assert m.curves[f"val_loss_{t}"][1][0] == pytest.approx(out["joint"].curves[f"val_loss_{t}"][1][0])
     assert out["joint"].scalars["batch_size"] == out["single_task_joint_batch"].scalars["batch_size"] == 28
-    assert out["single_task"].scalars["batch_size"] == 4
+    assert out["joint_unrelated"].scalars["batch_size"] == 28
     early = [out["joint"].scalars[f"cc_early_{t}"] for t in T.TASKS]
     final = [out["joint"].scalars[f"cc_{t}"] for t in T.TASKS]
     assert all(np.isfinite(early)) and early != final
+    assert len(out["joint"].unit_values["cc_early_bqa"]) == n_test
+    assert "cc_early_bqa" not in out["joint_unrelated"].scalars

@@ -8,22 +8,25 @@ Stages and units:
   Records the tokenizer ceilings (voxel r and pixel r of tokenise -> detokenise on test).
 * ``train`` (per variant x seed): masked-token transformers (``blocks/masked_token_transformer``)
   trained with the masked diffusion loss (nats per masked token) on the joint token sequences of
-  ``tasks.py``, each by the shared rule of ``blocks/fitting`` (AdamW at every rate of
-  one grid for a pilot, the best on validation continued at that constant rate until the platform's
-  plateau test holds on the mean AND on every task's curve, best-validation weights kept; validation CE with all targets masked, averaged
-  over the model's tasks); every task is then decoded greedily on the test split, scored, and
-  chance-corrected (``tasks.chance_corrected``).
+  ``tasks.py``, each by the shared rule ``blocks.fitting.fit_to_plateau`` (AdamW at every rate of one
+  grid for a pilot, ranked by the tail of the pilot's validation curve; the best continued at that
+  constant rate until the plateau test holds on every curve: for a model of several tasks the mean
+  validation CE AND each task's CE, ``stop_on``; best weights by the mean, ``select``). Encoding tasks
+  are scored from the expected brain map (code probabilities x centroids), decoding tasks by greedy
+  reverse decoding; every score is recorded per test image and chance-corrected
+  (``tasks.chance_corrected``).
 
 Variants (identical architecture, optimiser, learning-rate grid, stopping rule, data, decoding):
 
 * ``joint`` (method, Mind-Omni): ONE model; every step draws ``batch_per_task`` = b examples of EACH
   of the seven tasks (batch 7 b). Its weights after ``control_step`` updates are scored too
-  (``cc_early_*``): the weakened control every claim must fail on;
+  (``cc_early_*``): the weakened control of the claims that the other variants cannot serve;
+* ``joint_unrelated`` (control): the same one model, batch, b per task and stopping rule, but each
+  task's tokens renamed by its own random permutation (``Layout.relabelling``): seven tasks that share
+  the network and the batch but no token meaning, so any gain it shows over the single-task models is
+  multi-task training itself (regularisation, steps), not synergy between related tasks;
 * ``single_task_joint_batch`` (baseline, the claims' comparison): SEVEN models of the same size, one
-  per task, each 7 b examples of its own task per step, the joint model's batch size: the control
-  for the batch-size confound the review named;
-* ``single_task`` (baseline): seven models, b examples of their task per step (the joint model's
-  per-task batch, the paper-style single-task baseline).
+  per task, each 7 b examples of its own task per step, the joint model's batch size.
 """
 from __future__ import annotations
 
@@ -70,6 +73,29 @@ def train_shared(ctx) -> None:
     ctx.metrics.scalar("brain_tokenizer_voxel_r", T.voxel_correlation(
         bt(d["brain_tok"][te]).reshape(len(te), -1), d["fmri"][te].reshape(len(te), -1)))
     ctx.metrics.scalar("image_tokenizer_pixel_r", T.pixel_correlation(it(d["image_tok"][te]), d["images"][te]))
+    for k, v in linear_ceilings(d, bt).items():
+        ctx.metrics.scalar(k, v)
+
+
+def linear_ceilings(d, bt) -> dict:
+    """What a linear readout reaches, the yardstick of the tokenizer's ceiling: the caption's digit
+    read from the continuous 'fMRI' and from the detokenised brain map (logistic regression), and the
+    test-image pattern r of a ridge encoder image -> continuous 'fMRI' (fit on the training split)."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    tr, te = d["train"], d["test"]
+    n = len(d["images"])
+    fm = d["fmri"].reshape(n, -1)
+    detok = bt(d["brain_tok"]).reshape(n, -1)
+    digit = d["caption"][:, 0]
+
+    def acc(f):
+        return float(LogisticRegression(max_iter=300).fit(f[tr], digit[tr]).score(f[te], digit[te]))
+
+    img = d["images"].reshape(n, -1)
+    enc = Ridge(10.0).fit(img[tr], fm[tr]).predict(img[te])
+    return {"linear_digit_acc_fmri": acc(fm), "linear_digit_acc_brain_tokens": acc(detok),
+            "linear_encoding_pattern_r": float(T.pattern_correlation(enc, fm[te]).mean())}
 
 
 def _detokenizers(d):
@@ -91,58 +117,78 @@ def _layout(d) -> T.Layout:
                     len(d["image_centroids"]))
 
 
-def task_batch(d, lay: T.Layout, task: str, idx: np.ndarray, question: np.ndarray):
+def task_batch(d, lay: T.Layout, task: str, idx: np.ndarray, question: np.ndarray, relabel=None):
+    """(tokens, target mask) of ``task`` for images ``idx``; ``relabel`` (a ``Layout.relabelling``)
+    renames every token (the ``joint_unrelated`` control), the mask is unchanged."""
     clean = lay.clean_tokens(d["brain_tok"][idx], d["image_tok"][idx], d["caption"][idx], question,
                              d["answers"][idx])
-    return lay.for_task(clean, task)
+    x, t = lay.for_task(clean, task)
+    return (x, t) if relabel is None else (relabel[x], t)
 
 
-def _eval_sets(d, lay, split, tasks):
-    """Per task: (tokens, target) of a split; BQA rows repeat each image once per question."""
+def _eval_sets(d, lay, split, tasks, relabels=None):
+    """Per task: (tokens, target) of a split; test BQA rows repeat each image once per question (image-major),
+    validation BQA asks each image one question (the four in rotation), a quarter of the cost."""
     idx = d[split]
     nq = len(D.QUESTIONS)
     out = {}
     for task in tasks:
-        if task == "bqa":
+        if task == "bqa" and split == "val":     # validation: one question per image, in rotation
+            ii, qq = idx, np.arange(len(idx)) % nq
+        elif task == "bqa":
             ii, qq = np.repeat(idx, nq), np.tile(np.arange(nq), len(idx))
         else:
             ii, qq = idx, np.zeros(len(idx), dtype=np.int64)
-        out[task] = task_batch(d, lay, task, ii, qq)
+        out[task] = task_batch(d, lay, task, ii, qq, (relabels or {}).get(task))
     return out
 
 
-def variant_plan(variant: str, b: int) -> tuple[list[list[str]], int]:
-    """(task groups, one model per group; examples of EACH task of a group per step).
+VARIANTS = ("joint", "joint_unrelated", "single_task_joint_batch")
 
-    joint: one group of all seven tasks, ``b`` of each per step (batch 7 b); single_task: seven
-    groups, ``b`` per step (batch b); single_task_joint_batch: seven groups, ``7 b`` per step (batch
-    7 b, the joint model's batch: the control for the batch-size confound)."""
+
+def variant_plan(variant: str, b: int) -> tuple[list[list[str]], int, bool]:
+    """(task groups, one model per group; examples of EACH task of a group per step; relabelled tasks).
+
+    joint: one group of all seven tasks, ``b`` of each per step (batch 7 b); joint_unrelated: the same
+    model, batch and steps, but every task's tokens renamed by its own permutation (the tasks share no
+    token meaning: joint training with unrelated tasks, which must not help); single_task_joint_batch:
+    seven groups, ``7 b`` of the group's one task per step (the joint model's batch: the control for the
+    batch-size confound)."""
     tasks = list(T.TASKS)
     if variant == "joint":
-        return [tasks], b
-    if variant == "single_task":
-        return [[t] for t in tasks], b
+        return [tasks], b, False
+    if variant == "joint_unrelated":
+        return [tasks], b, True
     if variant == "single_task_joint_batch":
-        return [[t] for t in tasks], b * len(tasks)
-    raise ValueError(f"variant '{variant}' unknown (joint, single_task, single_task_joint_batch)")
+        return [[t] for t in tasks], b * len(tasks), False
+    raise ValueError(f"variant '{variant}' unknown ({', '.join(VARIANTS)})")
+
+
+def relabellings(lay: T.Layout, tasks: list[str], seed: int) -> dict:
+    """One token renaming per task (``joint_unrelated``), fixed by the seed."""
+    rng = np.random.default_rng([seed, 4242])
+    return {t: lay.relabelling(rng) for t in tasks}
 
 
 def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: int, label: str,
-                snap_step: int | None = None, progress=print):
+                snap_step: int | None = None, relabels: dict | None = None, progress=print):
     """One masked-token transformer on ``tasks`` (``per_task`` examples of each per step), trained by
-    ``_fit_every_task_flat`` (the shared rule of ``blocks.fitting``, stopping when the mean validation CE and
-    every task's curve pass the plateau test).
-    Returns (model with its best-validation weights, fit record, per-task validation curves of the
-    chosen run, the chosen run's weights after ``snap_step`` updates or None)."""
+    the shared rule ``blocks.fitting.fit_to_plateau``. A model of several tasks returns its validation
+    CE as a dict (``mean`` over tasks, the selection curve, then one curve per task), and stops only
+    when every one of them passes the plateau test (the claims read per-task scores).
+    Returns (model with its best-validation weights, fit record, the chosen run's weights after
+    ``snap_step`` updates or None)."""
     import torch
 
+    from ...blocks.fitting import fit_to_plateau
     from ...blocks.masked_token_transformer import MaskedTokenTransformer, masked_token_loss
 
     lay = _layout(d)
     bias = torch.tensor(lay.logit_bias())
     train = d["train"]
-    val = {k: (torch.tensor(x), torch.tensor(t)) for k, (x, t) in _eval_sets(d, lay, "val", tasks).items()}
-    rngs, counts, snaps, per_task_vals = {}, {}, {}, {}
+    val = {k: (torch.tensor(x), torch.tensor(t)) for k, (x, t) in _eval_sets(d, lay, "val", tasks, relabels).items()}
+    rngs, snaps = {}, {}
+    relabels = relabels or {}
 
     def build(gen):
         torch.manual_seed(seed)     # the same initial weights for every rate of the grid
@@ -150,91 +196,60 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
                                       cfg["mlp_ratio"])
 
     def train_loss(model, gen):
-        key = id(model)
-        rng = rngs.setdefault(key, np.random.default_rng(seed + 17))   # the same batches for every rate
+        rng = rngs.setdefault(id(model), np.random.default_rng(seed + 17))   # the same batches for every rate
         xs, ts = [], []
         for task in tasks:
             idx = rng.choice(train, per_task)
-            x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), per_task))
+            x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), per_task), relabels.get(task))
             xs.append(x)
             ts.append(t)
-        if snap_step is not None and counts.get(key, 0) == snap_step:
-            snaps[key] = copy.deepcopy(model.state_dict())
-        counts[key] = counts.get(key, 0) + 1
         return masked_token_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
                                  bias, gen)
 
+    def after_step(model, step):
+        if snap_step is not None and step + 1 == snap_step:
+            snaps[id(model)] = copy.deepcopy(model.state_dict())
+
+    @torch.no_grad()
     def val_loss(model):
-        """CE (nats per token) of every target token with ALL targets masked (the first reverse
-        step), mean over the model's tasks."""
+        """CE (nats per token) of every target token with ALL targets masked (the first reverse step)."""
         out = {}
         for k, (x, t) in val.items():
             logits = model(torch.where(t, torch.full_like(x, model.mask_id), x)) + bias
             out[k] = torch.nn.functional.cross_entropy(logits[t], x[t]).item()
-        per_task_vals.setdefault(id(model), []).append(out)
-        return float(np.mean(list(out.values())))
+        if len(tasks) == 1:
+            return out[tasks[0]]
+        return {"mean": float(np.mean(list(out.values()))), **out}
 
-    model, rec = _fit_every_task_flat(build, train_loss, val_loss, fit, seed, label, progress,
-                                      lambda m: per_task_vals[id(m)], tasks)
+    fit = dict(fit, select="mean") if len(tasks) > 1 else fit
+    model, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, label, progress, after_step=after_step)
     model.eval()
-    hist = per_task_vals[id(model)]
-    curves = {k: [h[k] for h in hist] for k in tasks}
     snap = snaps.get(id(model))
     if snap_step is not None and snap is None:
         raise ValueError(f"{label}: control_step {snap_step} not reached (the run took {rec['stop']} steps)")
-    return model, rec, curves, snap
-
-
-def _fit_every_task_flat(build, train_loss, val_loss, fit: dict, seed: int, label: str, progress, history,
-                         tasks: list[str]):
-    """The shared rule (``blocks.fitting``: the rate of ``fit.lr_grid`` with the best pilot, then a
-    constant rate, one drop by ``lr_drop`` at an early first plateau, best-validation weights kept),
-    except that a model stops only when its mean validation CE AND each task's curve pass the
-    plateau test: the claims read per-task scores, and a joint model stopped on its mean alone left
-    one task still improving 2.0 % over the gate's window (seed 2 at 4cf9312)."""
-    import torch
-
-    from ...blocks.fitting import PlateauRun
-    from ...claims import plateau
-
-    kw = {"optimizer": fit.get("optimizer", "adam"), "weight_decay": float(fit.get("weight_decay", 0.0))}
-    runs = []
-    for lr in fit["lr_grid"]:
-        run = PlateauRun(build(torch.Generator().manual_seed(seed)), float(lr), train_loss, val_loss,
-                         int(fit["eval_every"]), torch.Generator().manual_seed(seed + 7), **kw)
-        run.advance(int(fit["pilot_steps"]))
-        runs.append(run)
-    run = min(runs, key=lambda r: r.best)
-    tol, top, every = float(fit["flat_tol"]), int(fit["max_steps"]), int(fit["eval_every"])
-
-    def every_task_flat() -> bool:
-        hist = history(run.model)
-        return all(plateau(run.steps, [h[k] for h in hist], tol) for k in tasks)
-
-    def to_plateau(first: int) -> bool:
-        while run.step < top:
-            if run.advance(min(top, run.step + every), min_steps=first, tol=tol) and every_task_flat():
-                return True
-        return False
-
-    stopped, drop_step = to_plateau(int(fit["min_steps"])), None
-    if stopped and fit.get("lr_drop") and run.step <= top // 2:
-        drop_step = run.step
-        run.set_lr(run.lr * float(fit["lr_drop"]))
-        stopped = to_plateau(run.step + every * 5)
-    stopped = stopped or (plateau(run.steps, run.vals, tol) and every_task_flat())
-    run.model.load_state_dict(run.best_state)
-    progress(f"{label}: lr {run.lr:g}, {run.step} steps ({'plateau' if stopped else 'max steps'}), "
-             f"best validation loss {run.best:.3e}")
-    return run.model, {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
-                       "drop_step": drop_step, "plateau": stopped, "losses": run.losses,
-                       "pilot_best": {float(r.lr): r.best for r in runs}}
+    return model, rec, snap
 
 
 # --- evaluation -------------------------------------------------------------------------------------
 
-def evaluate(model, d, tasks: list[str], steps: int) -> tuple[dict, dict]:
-    """Greedy reverse decoding of every task on the test split -> (scalars, generated tokens)."""
+def expected_brain_map(model, x, t, bias, d, lay: T.Layout, relabel=None) -> np.ndarray:
+    """(N, G, G) the encoding prediction: every brain position's code distribution with ALL brain
+    tokens masked, times the code centroids (the posterior-mean map, not the argmax code's)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.where(t, torch.full_like(x, model.mask_id), x)) + bias
+        sl, o, k = lay.span["brain"], lay.offset["brain"], lay.k_brain
+        ids = o + np.arange(k) if relabel is None else relabel[o + np.arange(k)]
+        prob = logits[:, sl][:, :, torch.tensor(ids)].softmax(-1).numpy()          # (N, T_b, K) original codes
+    patches = prob @ d["brain_centroids"]                                            # (N, T_b, p*p)
+    return D.from_patches(patches, int(d["brain_patch"]), d["fmri"].shape[-1])
+
+
+def evaluate(model, d, tasks: list[str], steps: int, relabels: dict | None = None) -> tuple[dict, dict, dict]:
+    """Every task on the test split -> (scalars, per-test-image units, generated tokens). Encoding:
+    the expected brain map; decoding: greedy reverse decoding. Units (one per test image, in test
+    order, for every variant): ``cc_<task>``, the chance-corrected per-image score."""
     import torch
 
     from ...blocks.masked_token_transformer import decode_greedy
@@ -244,35 +259,44 @@ def evaluate(model, d, tasks: list[str], steps: int) -> tuple[dict, dict]:
     bt, it = _detokenizers(d)
     te = d["test"]
     n = len(te)
-    out, gen = {}, {}
-    for task, (x, t) in _eval_sets(d, lay, "test", tasks).items():
-        y = decode_greedy(model, torch.tensor(x), torch.tensor(t), steps, bias).numpy()
-        gen[task] = y
+    nq = len(D.QUESTIONS)
+    relabels = relabels or {}
+    out, units, gen, per = {}, {}, {}, {}
+    for task, (x, t) in _eval_sets(d, lay, "test", tasks, relabels).items():
+        rl = relabels.get(task)
+        x_t, t_t = torch.tensor(x), torch.tensor(t)
         if task.endswith("2brain"):
-            pred = bt(y[:, lay.span["brain"]] - lay.offset["brain"])
+            pred = expected_brain_map(model, x_t, t_t, bias, d, lay, rl)
+            per[task] = T.pattern_correlation(pred, d["fmri"][te])
             out[f"voxel_r_{task}"] = T.voxel_correlation(pred.reshape(n, -1), d["fmri"][te].reshape(n, -1))
-            out[f"score_{task}"] = out[f"voxel_r_{task}"]
+            continue
+        y = decode_greedy(model, x_t, t_t, steps, bias).numpy()
+        if rl is not None:
+            y = np.argsort(rl)[y]                       # back to the shared token names
+        gen[task] = y
         if task in ("brain2img", "brain2imgtxt"):
             rec = it(y[:, lay.span["image"]] - lay.offset["image"])
-            out[f"id_acc_{task}"] = T.identification_accuracy(rec, d["images"][te])
+            ident = T.identification_per_image(rec, d["images"][te])
+            out[f"id_acc_{task}"] = float(ident.mean())
             out[f"pixel_r_{task}"] = T.pixel_correlation(rec, d["images"][te])
         if task in ("brain2txt", "brain2imgtxt"):
-            words = y[:, lay.span["text"]] - lay.offset["text"]
-            out[f"word_acc_{task}"] = float((words == d["caption"][te]).mean())
-            out[f"digit_acc_{task}"] = float((words[:, 0] == d["labels"][te]).mean())
-        if task == "bqa":
+            words = (y[:, lay.span["text"]] - lay.offset["text"]) == d["caption"][te]
+            out[f"word_acc_{task}"] = float(words.mean())
+            out[f"digit_acc_{task}"] = float(words[:, 0].mean())
+        if task == "brain2img":
+            per[task] = ident
+        elif task == "brain2txt":
+            per[task] = words.mean(1)
+        elif task == "brain2imgtxt":
+            per[task] = 0.5 * (ident + words.mean(1))
+        elif task == "bqa":
             ans = y[:, lay.span["answer"]][:, 0] - lay.offset["answer"]
-            truth = d["answers"][np.repeat(te, len(D.QUESTIONS)), np.tile(np.arange(len(D.QUESTIONS)), n)]
-            out["score_bqa"] = float((ans == truth).mean())
-    if "brain2img" in tasks:
-        out["score_brain2img"] = out["id_acc_brain2img"]
-    if "brain2txt" in tasks:
-        out["score_brain2txt"] = out["word_acc_brain2txt"]
-    if "brain2imgtxt" in tasks:
-        out["score_brain2imgtxt"] = 0.5 * (out["id_acc_brain2imgtxt"] + out["word_acc_brain2imgtxt"])
+            truth = d["answers"][np.repeat(te, nq), np.tile(np.arange(nq), n)]
+            per[task] = (ans == truth).reshape(n, nq).mean(1)
     for task in tasks:
-        out[f"cc_{task}"] = T.chance_corrected(task, out[f"score_{task}"])
-    return out, gen
+        out[f"score_{task}"] = float(per[task].mean())
+        units[f"cc_{task}"] = [T.chance_corrected(task, float(v)) for v in per[task]]
+    return out, units, gen
 
 
 def train(ctx) -> None:
@@ -283,33 +307,37 @@ def train(ctx) -> None:
     torch.set_num_threads(max(1, ctx.threads))
     p, d = ctx.params, load_shared(ctx.shared_dir)
     cfg, fit = p["model"], p["fit"]
-    groups, per_task = variant_plan(ctx.variant, cfg["batch_per_task"])
-    scalars, gens = {}, {}
+    groups, per_task, unrelated = variant_plan(ctx.variant, cfg["batch_per_task"])
+    relabels = relabellings(_layout(d), list(T.TASKS), ctx.seed) if unrelated else None
+    scalars, units, gens = {}, {}, {}
     for g in groups:
         label = "joint" if len(g) > 1 else g[0]
         snap_step = p["control_step"] if ctx.variant == "joint" else None
-        model, rec, curves, snap = train_model(d, g, per_task, cfg, fit, ctx.seed, label, snap_step, ctx.progress)
-        # the gate's curves: val_<label> (mean CE over the model's tasks) and lr_<label>
+        model, rec, snap = train_model(d, g, per_task, cfg, fit, ctx.seed, label, snap_step, relabels, ctx.progress)
+        # the gate's curves: val_<label> (mean CE over the model's tasks), val_<label>_<task>, lr_<label>
         log_fit(ctx.metrics, label, rec)
         ctx.metrics.scalar(f"examples_per_task_{label}", rec["stop"] * per_task)
         steps = rec["steps"]
-        for k in g:
-            ctx.metrics.curve(f"val_loss_{k}", steps, curves[k])      # per task, for the plot
+        for k in g:      # per task, for the plot
+            ctx.metrics.curve(f"val_loss_{k}", steps, rec["curves"][k] if len(g) > 1 else rec["vals"])
         # training loss: the chosen run's mean over each evaluation interval
         every = int(fit["eval_every"])
         ctx.metrics.curve(f"train_{label}", steps[1:], [float(np.mean(rec["losses"][a - every:a])) for a in steps[1:]])
-        s, gen = evaluate(model, d, g, p["decode_steps"])
+        s, u, gen = evaluate(model, d, g, p["decode_steps"], relabels)
         scalars.update(s)
+        units.update(u)
         gens.update(gen)
         if snap is not None:
             # the weakened control: the same joint run after control_step updates
             model.load_state_dict(snap)
-            s_early, _ = evaluate(model, d, g, p["decode_steps"])
-            scalars.update({k.replace("score_", "score_early_").replace("cc_", "cc_early_"): v
-                            for k, v in s_early.items() if k.startswith(("score_", "cc_"))})
+            s_early, u_early, _ = evaluate(model, d, g, p["decode_steps"])
+            scalars.update({k.replace("score_", "score_early_"): v for k, v in s_early.items() if k.startswith("score_")})
+            units.update({k.replace("cc_", "cc_early_"): v for k, v in u_early.items()})
     ctx.metrics.scalar("batch_size", per_task * len(groups[0]))
     for k, v in scalars.items():
         ctx.metrics.scalar(k, v)
+    for k, v in units.items():
+        ctx.metrics.units(k, v)          # also records the scalar k (the mean)
     if ctx.seed == min(p["seeds"]):
         _record_examples(ctx, d, gens)
 

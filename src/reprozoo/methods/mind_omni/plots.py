@@ -1,9 +1,10 @@
 """Mind-Omni figures, all read from the long results table.
 
-* ``reconstructions.png``: a few test digits: the image, its 'fMRI' map, brain -> image from the
-  joint and the single-task model, and the brain -> caption each produced (seed 0);
+* ``reconstructions.png``: a few test digits: the image, its 'fMRI' map, brain -> image from every
+  variant, and the brain -> caption each produced (seed 0);
 * ``score_per_task.png``: each task's chance-corrected score (what the claims compare), joint, the
-  two single-task baselines and the weakened joint control, mean +- std over seeds;
+  unrelated-task joint control, the single-task baseline and the weakened joint control, mean +- std
+  over seeds;
 * ``curve_val_loss.png``: per-task validation loss (nats per masked token) against steps, every
   variant, mean with a +- std band over seeds; the last panel is the joint model's training loss.
 """
@@ -17,10 +18,10 @@ from . import data as D
 from .tasks import TASKS
 from reprozoo.figures import save_figure
 
-VARIANTS = ("joint", "single_task_joint_batch", "single_task")
-COLORS = {"joint": "C0", "single_task_joint_batch": "C1", "single_task": "C2", "joint_early": "C7"}
-SCORE_LABEL = {"img2brain": "image->brain\nvoxel r", "txt2brain": "caption->brain\nvoxel r",
-               "imgtxt2brain": "image+caption\n->brain voxel r", "brain2img": "brain->image\nident. acc",
+VARIANTS = ("joint", "joint_unrelated", "single_task_joint_batch")
+COLORS = {"joint": "C0", "single_task_joint_batch": "C1", "joint_unrelated": "C2", "joint_early": "C7"}
+SCORE_LABEL = {"img2brain": "image->brain\npattern r", "txt2brain": "caption->brain\npattern r",
+               "imgtxt2brain": "image+caption\n->brain pattern r", "brain2img": "brain->image\nident. acc",
                "brain2txt": "brain->caption\nword acc", "brain2imgtxt": "brain->image+caption\nmean",
                "bqa": "brain QA\naccuracy"}
 

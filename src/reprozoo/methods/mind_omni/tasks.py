@@ -11,8 +11,10 @@ segments are NONE, so the model reads the task from which segments are present, 
 
 Metrics (all higher is better; ``score_<task>``, chance-corrected by ``chance_corrected`` below into
 ``cc_<task>``, is what the claims compare):
-  encoding (image / caption / both -> brain): voxel-wise Pearson r across test images between the
-      detokenised generated brain map and the measured continuous map, mean over voxels;
+  encoding (image / caption / both -> brain): per test image, the Pearson r across voxels between
+      the EXPECTED brain map (each brain position's predicted code distribution, all brain tokens
+      masked, times the code centroids) and the measured continuous map (``pattern_correlation``);
+      the voxel-wise r across images is recorded too;
   brain -> image: pairwise identification accuracy, the fraction of (i, j != i) for which the
       reconstruction of i correlates better with image i than with image j (chance 0.5);
   brain -> caption: word accuracy over the three caption words (digit chance 0.1);
@@ -91,6 +93,18 @@ class Layout:
                 x[:, self.span[s]] = self.none_id
         return x, target
 
+    def relabelling(self, rng: np.random.Generator) -> np.ndarray:
+        """(vocab,) a random permutation of token ids that keeps every id inside its own segment (and
+        every caption word inside its own slot's word list), NONE fixed: the ``joint_unrelated``
+        control draws one per task, so the seven tasks share the model, the batch and the sequence
+        format but no token meaning (what one task learns about a code says nothing about another's)."""
+        perm = np.arange(self.vocab)
+        spans = [(self.offset[s], self.offset[s] + self.sizes[s]) for s in SEGMENTS if s != "text"]
+        spans += [(self.offset["text"] + lo, self.offset["text"] + hi) for lo, hi in D.CAPTION_SLOTS]
+        for lo, hi in spans:
+            perm[lo:hi] = lo + rng.permutation(hi - lo)
+        return perm
+
 
 def voxel_correlation(pred: np.ndarray, true: np.ndarray) -> float:
     """Mean over voxels of the Pearson r across samples; (N, V) each. A constant voxel counts as r = 0."""
@@ -116,6 +130,20 @@ def identification_accuracy(recon: np.ndarray, true: np.ndarray) -> float:
     return float(wins.sum() / (n * (n - 1)))
 
 
+def pattern_correlation(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """(N,) per test image: the Pearson r across voxels between predicted and measured map (voxels
+    z-scored over the training images; a constant prediction counts as r = 0): the encoding score
+    per test image (its mean is the per-image unit the claims resample)."""
+    return np.diag(_row_corr(pred.reshape(len(pred), -1), true.reshape(len(true), -1))).copy()
+
+
+def identification_per_image(recon: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """(N,) per test image i: the fraction of j != i with corr(recon_i, true_i) > corr(recon_i, true_j);
+    its mean is ``identification_accuracy``."""
+    c = _row_corr(recon.reshape(len(recon), -1), true.reshape(len(true), -1))
+    return (np.diag(c)[:, None] > c).sum(1) / (len(c) - 1)
+
+
 def pixel_correlation(recon: np.ndarray, true: np.ndarray) -> float:
     """Mean over images of the Pearson r between reconstruction and image."""
     c = _row_corr(recon.reshape(len(recon), -1), true.reshape(len(true), -1))
@@ -125,7 +153,7 @@ def pixel_correlation(recon: np.ndarray, true: np.ndarray) -> float:
 # --- chance levels and chance-corrected scores ---------------------------------------------------------
 # Uniform guessing among the tokens a position may emit (the logit bias restricts each caption slot to
 # its own word list; a question's answer is among its own options). Encoding: voxel r of an unrelated
-# prediction is 0. brain -> image: pairwise identification 0.5. brain -> caption: the mean over the three
+# prediction is 0 (voxel-wise or per image across voxels). brain -> image: pairwise identification 0.5. brain -> caption: the mean over the three
 # slots of 1 / (slot size): (1/10 + 1/2 + 1/3) / 3. BQA: the mean over the four questions of
 # 1 / (options): which digit (1/10), even / greater than four / thick ink (1/2 each).
 WORD_CHANCE = float(np.mean([1.0 / (hi - lo) for lo, hi in D.CAPTION_SLOTS]))
