@@ -11,13 +11,16 @@ Stages.
     MALA samples of the exact Boltzmann density (shared block) from three disjoint sets of chains
     (train / validation / test), training set augmented by symmetry images (data.py), saved as
     ``<target>.pt``.
-  train (per variant x seed): maximum likelihood (flow matching for the CNF) with Adam; the peak
-    learning rate is the one ``lr_sweep.py`` chose on the validation split from ``train.lr_grid``
-    (``train.lr``; without it, the grid is halved on validation inside the cell, :func:`fit`); the
-    schedule warms up, holds, anneals to a floor (0.15 x peak at smoke) and stays there
-    (:func:`lr_factor`); validation and learning-rate curves every ``eval_every`` steps (the
+  train (per variant x seed): maximum likelihood (flow matching for the CNF) with Adam under the
+    platform's shared rule (:func:`fit_shared`, blocks/fitting.fit_to_plateau, config ``fit``): one
+    learning-rate grid piloted on the validation split for every variant, the best rate continued
+    at a constant rate until the plateau test (on the gate's ``range`` scale) holds, the best
+    validation checkpoint kept; validation and learning-rate curves every ``eval_every`` steps (the
     convergence gate reads both). Then ``n_samples`` proposal samples with their exact log q, log
     importance weights log w = -E(x)/T - log q(y), and the metrics:
+      ess_clip_<t> the authors' ESS: normalised Kish ESS of the weights left after AutoBG's
+                   clip_reweighting_logits (top 0.2 % of log weights dropped; the claimed ESS)
+      ess_clip_a_<t>, ess_clip_b_<t>  the same on two disjoint halves of the n samples (stability)
       ess_<t>      normalised Kish ESS of all n weights (1 = perfect proposal, 1/n = one sample counts);
                    n_eff_<t> = n x ESS
       ess_a_<t>, ess_b_<t>  the same ESS on two disjoint halves of the n samples (noise check)
@@ -26,8 +29,8 @@ Stages.
       ew2_crop_ref_<t>  the same with the upper clip at max(E_ref) + ref_crop_margin (our variant)
       ew2_bulk_<t> E-W2 of the proposal samples at or below max(E_ref) against the reference
       ew2_ref_floor_<t>  E-W2 between the two chain-disjoint halves of the reference (its noise)
-      *_early_<t>  ESS and E-W2 of the ArBG early checkpoint (``early_fraction`` of the steps),
-                   the claims' declared controls
+      *_early_<t>  ESS and E-W2 of the ArBG after ``early_step`` updates (the flow claims' control)
+      *_init_<t>   the same for the untrained ArBG, its initial weights (the CNF claims' control)
       ew2_rw_<t>   E-W2 of the importance-weighted proposal (top 0.2 % of log weights dropped first,
                    AutoBG's clip_reweighting_logits), weights used exactly instead of resampling
       ew2_<t>      E-W2 of the proposal with no crop (a diagnostic: a handful of tail samples set it)
@@ -78,132 +81,6 @@ def train_shared(ctx) -> None:
 
 
 # --- per variant -------------------------------------------------------------------------------
-
-def lr_factor(step: int, steps: int, sched: dict) -> float:
-    """Learning-rate multiplier at ``step`` of ``steps``: linear warm-up over the first ``warmup``
-    fraction, constant 1 until ``hold``, a cosine from 1 down to ``floor`` between ``hold`` and
-    ``anneal_end``, then constant at ``floor``. The floor (0.15 at smoke) keeps the rate above a
-    tenth of its peak in the last 30 % of training, so a flat validation curve there is a plateau
-    at a live learning rate, not a schedule that ran out."""
-    u = step / steps
-    w, hold, end, floor = (float(sched.get(k, d)) for k, d in
-                           (("warmup", 0.02), ("hold", 0.35), ("anneal_end", 0.6), ("floor", 0.15)))
-    if w > 0 and u < w:
-        return min(1.0, step / (w * steps))
-    if u <= hold:
-        return 1.0
-    if u < end:
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (u - hold) / (end - hold)))
-    return floor
-
-
-def fit(model, y_train, y_val, steps: int, batch: int, lr_grid, sched: dict, eval_every: int, pilot_rungs,
-        generator, val_fn, progress=print, snapshot_at: int | None = None):
-    """Adam on the model's own loss with the schedule of :func:`lr_factor`, the peak learning rate
-    chosen on the VALIDATION split from ``lr_grid`` by successive halving: every grid value trains
-    a copy of the same initial model on the same batches; at each rung (fractions of ``steps`` in
-    ``pilot_rungs``) the better half of the surviving copies (by validation loss, mean of the last
-    three evaluations) goes on, and after the last rung only the best one, which continues to
-    ``steps``. Every variant gets the same grid, rungs and schedule.
-
-    The returned model is the BEST VALIDATION CHECKPOINT of the chosen run (the parameters at the
-    evaluation with the lowest validation loss), so a curve that rises again at the end does not
-    hand its worse end state to the evaluation; ``val_rise`` (last minus lowest validation loss)
-    and ``best_step`` record how far the end lies from it. ``snapshot_at`` (a step) keeps a copy of
-    the parameters at that step too (``record["snapshot"]``, a state dict): the early checkpoint of
-    the controls.
-
-    Returns ``(model, record)``: the trained copy and its train-loss curve (mean over each window of
-    ``eval_every`` steps), validation curve, learning-rate curve (at the evaluation steps), the
-    chosen peak rate and, per grid value, its validation loss at the last rung it reached."""
-    import copy
-
-    import torch
-
-    lr_grid = [float(v) for v in (lr_grid if isinstance(lr_grid, (list, tuple)) else [lr_grid])]
-    rungs = [pilot_rungs] if isinstance(pilot_rungs, (int, float)) else list(pilot_rungs)
-    rung_steps = sorted({max(eval_every, int(round(float(f) * steps / eval_every)) * eval_every) for f in rungs})
-    state0 = generator.get_state()
-
-    def make(lr):
-        m = copy.deepcopy(model)
-        g = torch.Generator(device=generator.device)
-        g.set_state(state0.clone())
-        return {"model": m, "lr": lr, "opt": _adam(m.parameters(), lr), "gen": g, "step": 0,
-                "window": [], "tr": [], "va": [], "lr_curve": [], "score": float("nan"),
-                "best": (float("inf"), 0, None), "snapshot": None}
-
-    def advance(r, until):
-        m, opt, g, n = r["model"], r["opt"], r["gen"], len(y_train)
-        m.train()
-        while r["step"] < until:
-            r["step"] += 1
-            step = r["step"]
-            cur = r["lr"] * lr_factor(step, steps, sched)
-            for group in opt.param_groups:
-                group["lr"] = cur
-            idx = torch.randint(0, n, (min(batch, n),), generator=g, device=y_train.device)
-            loss = m.loss(y_train[idx], g) if _takes_generator(m) else m.loss(y_train[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            r["window"].append(float(loss.detach()))
-            if snapshot_at is not None and step == snapshot_at:
-                r["snapshot"] = copy.deepcopy(m.state_dict())
-            if step % eval_every == 0 or step == steps:
-                m.eval()
-                with torch.no_grad():
-                    v = float(val_fn(m, y_val))
-                m.train()
-                r["tr"].append((step, float(np.mean(r["window"]))))
-                r["va"].append((step, v))
-                r["lr_curve"].append((step, cur))
-                r["window"] = []
-                if math.isfinite(v) and v < r["best"][0]:
-                    r["best"] = (v, step, copy.deepcopy(m.state_dict()))
-                if step % (10 * eval_every) == 0 or step == steps:
-                    progress(f"lr {r['lr']:g} step {step}/{steps}: train {r['tr'][-1][1]:.4f} val {v:.4f}")
-
-    def score(r):
-        tail = [v for _, v in r["va"][-3:]]
-        return float(np.mean(tail)) if tail and all(math.isfinite(v) for v in tail) else float("inf")
-
-    runs = [make(lr) for lr in lr_grid]
-    alive = list(runs)
-    for k, until in enumerate(rung_steps):
-        if len(alive) == 1:
-            break
-        for r in alive:
-            advance(r, until)
-            r["score"] = score(r)
-        alive.sort(key=lambda r: r["score"])
-        keep = 1 if k == len(rung_steps) - 1 else max(1, math.ceil(len(alive) / 2))
-        progress(f"rung {k + 1} (step {until}) validation loss per peak lr: "
-                 + ", ".join(f"{r['lr']:g}: {r['score']:.4f}" for r in alive) + f" -> keep {keep}")
-        alive = alive[:keep]
-    best = alive[0]
-    advance(best, steps)
-    v_min, step_min, state = best["best"]
-    if state is not None:
-        best["model"].load_state_dict(state)
-    best["model"].eval()
-    return best["model"], {"train": best["tr"], "val": best["va"], "lr": best["lr_curve"], "lr_peak": best["lr"],
-                           "pilot_steps": rung_steps, "pilot_val": [(r["lr"], r["score"]) for r in runs],
-                           "best_step": step_min, "val_rise": float(best["va"][-1][1] - v_min) if best["va"] else 0.0,
-                           "snapshot": best["snapshot"]}
-
-
-def _adam(params, lr: float):
-    """Adam (torch defaults) with the fused kernel where torch has one: the same update in fewer
-    kernel launches, which matters for models this small on a CPU. Every variant uses it."""
-    import torch
-
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(params, lr=lr)
-
 
 def _takes_generator(model) -> bool:
     from .models import CNF
@@ -257,6 +134,18 @@ def trim_top_log_weights(log_w, frac: float) -> np.ndarray:
         thr = np.quantile(lw[fin], 1.0 - frac)
         lw = np.where(lw > thr, -np.inf, lw)
     return lw
+
+
+def clipped_ess(log_w, frac: float) -> float:
+    """The authors' ESS: the normalised Kish ESS of the log weights that survive AutoBG's
+    ``clip_reweighting_logits`` (the top ``frac`` of log weights dropped, :func:`trim_top_log_weights`),
+    normalised by the number kept. The plain Kish ESS of all weights is set by the few largest
+    weights of a heavy-tailed set and is then not reproducible between two halves of the same
+    sample (measured in the README); the clipped one is the estimator the paper's tables report."""
+    from ...blocks import gen_metrics as M
+
+    lw = trim_top_log_weights(log_w, frac)
+    return M.kish_ess(lw[np.isfinite(lw)]) if np.isfinite(lw).any() else 0.0
 
 
 def cropped_energy_w2(e_model, e_ref, crop: float, cap: float | None = None) -> float:
@@ -341,6 +230,11 @@ def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop:
         "ess_a": M.kish_ess(log_w[:half]),   # two disjoint halves of the same n samples
         "ess_b": M.kish_ess(log_w[half:]),
         "n_eff": ess * len(log_w),        # effective number of samples behind the reweighted metrics
+        # the authors' ESS (top `trim` of log weights dropped first), on all n and on each half
+        # (each half clipped on its own quantile: the estimator on n/2 samples, twice)
+        "ess_clip": clipped_ess(log_w, trim),
+        "ess_clip_a": clipped_ess(log_w[:half], trim),
+        "ess_clip_b": clipped_ess(log_w[half:], trim),
         "ew2": M.energy_w2(e_model, e_ref),                   # proposal, no crop (tail-dominated)
         "ew2_crop": cropped_energy_w2(e_model, e_ref, crop),  # proposal, energies clipped (authors, +-1000)
         "ew2_crop_ref": cropped_energy_w2(e_model, e_ref, crop, cap=cap),  # clipped at max E_ref + margin
@@ -423,29 +317,16 @@ def intervention(model, target, y_test, n_prefixes: int, n_per_prefix: int, gene
             "intervention_ess": float(np.mean(ess))}
 
 
-def peak_lrs(tp: dict, variant: str) -> list[float]:
-    """The peak learning rate(s) a variant trains with: ``train.lr[variant]`` where the scale's
-    config fixes it (the choice of ``lr_sweep.py``: full-length runs of every ``lr_grid`` value on
-    seed 0's validation split), else the whole ``train.lr_grid``, halved on validation inside the
-    cell (:func:`fit`)."""
-    lr = tp.get("lr")
-    if isinstance(lr, dict):
-        if variant not in lr:
-            raise KeyError(f"train.lr has no rate for variant {variant!r}")
-        return [float(lr[variant])]
-    if lr is not None:
-        return [float(lr)]
-    return [float(x) for x in tp["lr_grid"]]
-
-
 def fit_shared(variant: str, y_train, y_val, scale: float, p: dict, seed: int, early: int | None,
                progress=print):
     """Train ``variant`` with :func:`reprozoo.blocks.fitting.fit_to_plateau` (config ``fit``: the same
-    learning-rate grid, pilot length, plateau tolerance and step cap for every variant; minibatches
-    of ``fit.batch`` drawn with replacement; validation = the model's own loss on the validation
-    split, :func:`_val_loss`). ``early`` (a step): keep the chosen run's parameters after that many
-    updates (``record["snapshot"]``), the controls' early checkpoint. Returns ``(model, record)``
-    in the form :func:`fit` returns (``train`` / ``val`` / ``lr`` curves as (step, value) pairs)."""
+    learning-rate grid, pilot length, plateau scale and tolerance and step cap for every variant;
+    minibatches of ``fit.batch`` drawn with replacement; validation = the model's own loss on the
+    validation split, :func:`_val_loss`). ``early`` (a step): keep the chosen run's parameters after
+    that many updates (``record["snapshot"]``, through the rule's ``after_step`` hook), the flow
+    claims' control. ``record["init"]`` holds the initial parameters (the same for every rate): the
+    untrained model, the CNF claims' control. Returns ``(model, record)`` with ``train`` / ``val`` /
+    ``lr`` curves as (step, value) pairs."""
     import copy
 
     import torch
@@ -455,17 +336,20 @@ def fit_shared(variant: str, y_train, y_val, scale: float, p: dict, seed: int, e
 
     fp = p["fit"]
     batch, n = int(fp["batch"]), len(y_train)
-    counts, snaps = {}, {}
+    snaps, init = {}, {}
 
     def make(gen):
         torch.manual_seed(seed)              # the same initial weights for every rate
-        return build(variant, y_train.shape[1], scale, p).to(y_train.device)
+        m = build(variant, y_train.shape[1], scale, p).to(y_train.device)
+        init.setdefault("state", copy.deepcopy(m.state_dict()))
+        return m
+
+    def keep_early(model, step):             # called after update number step + 1
+        if early is not None and step + 1 == early:
+            snaps[id(model)] = copy.deepcopy(model.state_dict())
 
     def train_loss(model, gen):
         idx = torch.randint(0, n, (min(batch, n),), generator=gen).to(y_train.device)
-        counts[id(model)] = counts.get(id(model), 0) + 1
-        if early is not None and counts[id(model)] == early + 1:   # parameters after `early` updates
-            snaps[id(model)] = copy.deepcopy(model.state_dict())
         if _takes_generator(model):
             if y_train.device.type != "cpu":   # the CNF's noise is drawn on the data's device
                 gen = torch.Generator(device=y_train.device).manual_seed(
@@ -477,7 +361,8 @@ def fit_shared(variant: str, y_train, y_val, scale: float, p: dict, seed: int, e
         with torch.no_grad():
             return float(_val_loss(model, y_val))
 
-    model, rec = fit_to_plateau(make, train_loss, val_loss, fp, seed, label=variant, progress=progress)
+    model, rec = fit_to_plateau(make, train_loss, val_loss, fp, seed, label=variant, progress=progress,
+                                after_step=keep_early)
     model.eval()
     vals = list(zip(rec["steps"], rec["vals"]))
     every = int(fp["eval_every"])
@@ -486,7 +371,7 @@ def fit_shared(variant: str, y_train, y_val, scale: float, p: dict, seed: int, e
     return model, {"train": tr, "val": vals, "lr": list(zip(rec["steps"], rec["lrs"])), "lr_peak": rec["lr"],
                    "pilot_val": sorted(rec["pilot_best"].items()), "best_step": rec["steps"][i_best],
                    "val_rise": float(rec["vals"][-1] - rec["vals"][i_best]), "snapshot": snaps.get(id(model)),
-                   "stop": rec["stop"], "plateau": rec["plateau"]}
+                   "init": init.get("state"), "stop": rec["stop"], "plateau": rec["plateau"]}
 
 
 def train(ctx) -> None:
@@ -497,7 +382,7 @@ def train(ctx) -> None:
     p, v = ctx.params, ctx.variant
     if v not in VARIANTS:
         raise ValueError(f"unknown variant {v!r}; this method has {VARIANTS}")
-    tp, ep = p.get("train", {}), p["eval"]
+    ep = p["eval"]
     device = torch.device(p.get("device", "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("config asks for device 'cuda' but torch sees no GPU; run the paper scale on a GPU "
@@ -509,19 +394,12 @@ def train(ctx) -> None:
         torch.manual_seed(ctx.seed * 7919 + k)
         model = build(v, y_tr.shape[1], float(data["scale"]), p).to(device)
         ctx.metrics.scalar(f"n_params_{name}", n_params(model))
-        gen = torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 101 + k)
         t0 = time.process_time()
-        if "fit" in p:
-            # the platform's shared rule (blocks.fitting.fit_to_plateau): one grid piloted on
-            # validation, the best rate continued at a constant rate until the plateau test holds
-            early = int(ep["early_step"]) if v == "arbg" else None
-            model, rec = fit_shared(v, y_tr, y_va, float(data["scale"]), p, ctx.seed * 7919 + k, early,
-                                    progress=lambda m: ctx.progress(f"{name} {m}"))
-        else:
-            early = int(round(float(ep.get("early_fraction", 0.1)) * tp["steps"])) if v == "arbg" else None
-            model, rec = fit(model, y_tr, y_va, tp["steps"], tp["batch"], peak_lrs(tp, v), tp.get("schedule", {}),
-                             tp["eval_every"], tp.get("pilot_rungs", [0.05, 0.15]), gen, _val_loss,
-                             progress=lambda m: ctx.progress(f"{name} {m}"), snapshot_at=early)
+        # the platform's shared rule (blocks.fitting.fit_to_plateau): one grid piloted on validation,
+        # the best rate continued at a constant rate until the plateau test holds
+        early = int(ep["early_step"]) if v == "arbg" else None
+        model, rec = fit_shared(v, y_tr, y_va, float(data["scale"]), p, ctx.seed * 7919 + k, early,
+                                progress=lambda m: ctx.progress(f"{name} {m}"))
         ctx.metrics.scalar(f"train_seconds_{name}", time.process_time() - t0)
         ctx.metrics.scalar(f"best_step_{name}", rec["best_step"])
         ctx.metrics.scalar(f"val_rise_{name}", rec["val_rise"])
@@ -549,19 +427,23 @@ def train(ctx) -> None:
         if v == "cnf":
             ctx.metrics.scalar(f"ode_logq_err_{name}", cnf_ode_error(
                 model, 256, torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 404 + k)))
-        if early is not None and rec["snapshot"] is not None:
-            # the controls' early checkpoint: the same ArBG after ``early_fraction`` of its steps,
-            # evaluated exactly like the trained one (same n, same sampling seed)
-            model_early = build(v, y_tr.shape[1], float(data["scale"]), p).to(device)
-            model_early.load_state_dict(rec["snapshot"])
-            oe, _ = evaluate(model_early, tgt, y_te, ep["n_samples"],
-                             torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 202 + k),
-                             p["energy_hist"][name], with_nll=False, **eval_kw)
-            for key in ("ess", "ess_a", "ess_b", "ew2_crop_ref", "ew2_bulk", "ew2_rw", "frac_above_ref_max"):
-                ctx.metrics.scalar(f"{key}_early_{name}", oe[key])
+        if v == "arbg":
+            # the controls: the same ArBG after `early_step` updates (flow claims) and untrained, at its
+            # initial weights (CNF claims), evaluated exactly like the trained one (same n, same seed)
+            for tag, state in (("early", rec["snapshot"]), ("init", rec["init"])):
+                if state is None:
+                    continue
+                model_c = build(v, y_tr.shape[1], float(data["scale"]), p).to(device)
+                model_c.load_state_dict(state)
+                oc, _ = evaluate(model_c, tgt, y_te, ep["n_samples"],
+                                 torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 202 + k),
+                                 p["energy_hist"][name], with_nll=False, **eval_kw)
+                for key in ("ess", "ess_clip", "ess_clip_a", "ess_clip_b", "ew2_crop_ref", "ew2_bulk", "ew2_rw",
+                            "frac_above_ref_max"):
+                    ctx.metrics.scalar(f"{key}_{tag}_{name}", oc[key])
+                ctx.progress(f"{name}: {tag} checkpoint ESS (clipped) {oc['ess_clip']:.4f}, E-W2 crop_ref "
+                             f"{oc['ew2_crop_ref']:.3f}, bulk {oc['ew2_bulk']:.3f}, reweighted {oc['ew2_rw']:.3f}")
             ctx.metrics.scalar(f"early_step_{name}", early)
-            ctx.progress(f"{name}: early checkpoint (step {early}) ESS {oe['ess']:.4f}, E-W2 crop_ref "
-                         f"{oe['ew2_crop_ref']:.3f}, bulk {oe['ew2_bulk']:.3f}, reweighted {oe['ew2_rw']:.3f}")
         if v == "arbg":
             iv = p.get("intervention", {})
             iout = intervention(model, tgt, y_te, int(iv.get("n_prefixes", 4)), int(iv.get("n_per_prefix", 256)),
@@ -571,7 +453,9 @@ def train(ctx) -> None:
                 ctx.metrics.scalar(f"{key}_{name}", val)
             ctx.progress(f"{name}: intervention (first particle fixed) prefix err {iout['intervention_prefix_err']:.3g} "
                          f"<= {iout['intervention_half_bin']:.3g}, ESS {iout['intervention_ess']:.4f}")
-        ctx.progress(f"{name}: ESS {out['ess']:.4f} (halves {out['ess_a']:.4f} / {out['ess_b']:.4f}, n_eff "
+        ctx.progress(f"{name}: ESS clipped {out['ess_clip']:.4f} (halves {out['ess_clip_a']:.4f} / "
+                     f"{out['ess_clip_b']:.4f}); "
+                     f"ESS {out['ess']:.4f} (halves {out['ess_a']:.4f} / {out['ess_b']:.4f}, n_eff "
                      f"{out['n_eff']:.0f}), E-W2 {out['ew2']:.3f} (cropped {out['ew2_crop']:.3f}, crop at ref max "
                      f"+ margin {out['ew2_crop_ref']:.3f}, bulk {out['ew2_bulk']:.3f} with "
                      f"{100 * out['frac_above_ref_max']:.2f} % above, reweighted {out['ew2_rw']:.3f}; reference "
