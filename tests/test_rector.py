@@ -140,8 +140,18 @@ def test_splits_label_sets_and_drop_sets():
     tested = [{s for s, v in r.items() if v == "test"} for r in rot]
     assert set().union(*tested) == set(subjects) and all(len(t) == 4 for t in tested)
     assert all(sorted(r.values()).count("val") == 1 for r in rot)
-    two = method.subject_split(["A", "B"], rng)  # ci: one subject tests, one trains (and validates)
+    two = method.subject_split(["A", "B"], rng)  # one subject tests, one trains (and validates)
     assert sorted(two.values()) == ["test", "train"]
+    # smoke: 18 subjects, 6 tested per seed with step 6 (each subject tested once over 3 seeds), 6
+    # unlabelled pre-training subjects that are never tested, validated or labelled
+    many = [f"S{i:02d}" for i in range(18)]
+    rot = [method.subject_split(many, rng, 6, 1, seed=k, n_pretrain=6, step=6) for k in range(3)]
+    for r in rot:
+        assert [sorted(r.values()).count(k) for k in ("pretrain", "test", "train", "val")] == [6, 6, 5, 1]
+    tested = [{s for s, v in r.items() if v == "test"} for r in rot]
+    assert set().union(*tested) == set(many) and sum(len(t) for t in tested) == 18
+    four = method.subject_split(["A", "B", "C", "D"], rng, 1, 1, n_pretrain=1)  # ci
+    assert sorted(four.values()) == ["pretrain", "test", "train", "val"]
     y = np.array([0, 1, 2] * 20)
     sets = method.nested_label_sets(y, np.arange(60), [2, 5], rng)
     assert set(sets[2]) <= set(sets[5]) and np.bincount(y[sets[5]]).tolist() == [5, 5, 5]
@@ -271,7 +281,8 @@ def test_finetune_keeps_a_trained_checkpoint_and_gets_below_chance_loss():
     xv, yv = _planted_task(60, seed=1)
     net0, _, _ = _net("rector")
     p = {"fit": {"lr_grid": [1e-4, 3e-3], "pilot_steps": 10, "eval_every": 5, "min_steps": 40, "max_steps": 80,
-                 "flat_tol": 0.01, "optimizer": "adamw", "weight_decay": 0.01, "batch": 16}}
+                 "flat_tol": 0.01, "optimizer": "adamw", "weight_decay": 0.01, "batch": 16, "keep_from": 40,
+                 "min_progress": 0.2, "pilot_score": "tail", "select": "err", "stop_on": ["ce"]}}
     import copy
 
     net, rec = method.finetune(lambda: copy.deepcopy(net0), x, y, xv, yv, p, 0, "t", lambda *_: None)
@@ -284,24 +295,61 @@ def test_finetune_keeps_a_trained_checkpoint_and_gets_below_chance_loss():
     assert method.weighted_f1(yt, method.predict(net, xt, np.ones((90, 6), bool))) > 0.8
 
 
-def test_keep_after_ignores_an_early_best_checkpoint():
-    """A validation curve that is best at step 0 and rises (what cross-entropy on an unseen subject
-    does): fit_selected still returns a state from a step >= min_steps."""
-    from reprozoo.methods.rector.method import fit_selected
+def test_fine_tune_options_keep_a_late_checkpoint_and_refuse_a_stop_at_chance():
+    """The smoke config's fine-tuning options, through the shared rule: a selection curve that is best
+    at step 0 (what a few-label model's error can do on an unseen subject) still returns a state from
+    a step >= keep_from, and a selection curve that never leaves its start is not stopped at
+    min_steps (min_progress) but trained to max_steps."""
+    from pathlib import Path
 
-    w = torch.nn.Parameter(torch.zeros(1))
-    model = torch.nn.Module()
-    model.w = w
-    p = {"lr_grid": [0.1], "pilot_steps": 5, "eval_every": 5, "min_steps": 20, "max_steps": 40, "flat_tol": 0.01}
+    import yaml
+
+    from reprozoo.blocks.fitting import fit_to_plateau
+
+    q = yaml.safe_load((Path(method.__file__).parent / "configs" / "smoke.yaml").read_text())["fit"]
+    assert q["select"] == "err" and q["stop_on"] == ["ce"] and q["pilot_score"] == "tail"
+    q = {**q, "lr_grid": [0.1], "pilot_steps": 5, "eval_every": 1, "min_steps": 20, "max_steps": 60, "keep_from": 20}
+
+    def model():
+        m = torch.nn.Module()
+        m.w = torch.nn.Parameter(torch.zeros(1))
+        return m
 
     def train_loss(m, gen):
         return -m.w.sum()  # w grows by ~lr per step
 
-    def val_loss(m):
-        return float(m.w.detach()) ** 2  # best at step 0
+    def rising(m):
+        return {"err": float(m.w.detach()) ** 2, "ce": 1.0}  # best at step 0, a flat stopping curve
 
-    m, rec = fit_selected(lambda gen: model, train_loss, val_loss, p, 0, "t", lambda *_: None)
-    assert rec["kept"] >= 20 and float(m.w.detach()) > 1.0
+    m, rec = fit_to_plateau(lambda gen: model(), train_loss, rising, q, 0, "t", lambda *_: None)
+    assert float(m.w.detach()) > 1.0 and rec["stop"] < 60  # a state from step >= 20; stopped on the flat ce
+
+    def stuck(m):
+        return {"err": 0.67, "ce": 1.1}  # chance, flat: min_progress refuses the stop
+
+    _, rec = fit_to_plateau(lambda gen: model(), train_loss, stuck, q, 0, "t", lambda *_: None)
+    assert rec["stop"] == 60 and not rec["plateau"]
+
+
+def test_simulated_class_networks_span_anatomical_regions():
+    """The folder's simulator plants the class in two hemispheric networks of four nodes each in four
+    anatomical regions: the mu-band DE difference between left- and right-hand epochs is lateralised
+    (right network lower for left-hand imagery) at every node, in >= 3 regions, while averaging the
+    central region (C3, Cz, C4) cancels most of it."""
+    from reprozoo.methods.rector import simulate
+
+    X, y, subj, ch, _ = simulate.simulate(2, 20, seed=5)
+    assert X.shape == (120, 19, 512) and np.bincount(y).tolist() == [40, 40, 40]
+    _, whole, _ = features.de_features(X, 128.0)
+    a = list(features.BANDS).index("alpha")
+    d = whole[y == 1, :, a].mean(0) - whole[y == 2, :, a].mean(0)  # left-hand minus right-hand epochs
+    idx = {c: i for i, c in enumerate(ch)}
+    left, right = simulate.NETWORKS["left"], simulate.NETWORKS["right"]
+    assert all(d[idx[c]] > 0.05 for c in left) and all(d[idx[c]] < -0.05 for c in right)
+    regions = simulate.regions(ch)
+    assert len({regions[idx[c]] for c in left}) >= 3 and len({regions[idx[c]] for c in right}) >= 3
+    central = [idx[c] for c in ("C3", "Cz", "C4")]
+    assert abs(d[central].mean()) < 0.5 * min(abs(d[idx["C3"]]), abs(d[idx["C4"]]))
 
 
 def test_eegnet_stem_reuse_is_exact():

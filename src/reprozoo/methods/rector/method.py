@@ -1,35 +1,37 @@
-"""RECTOR in miniature: simulated motor-imagery EEG, self-supervised pre-training, few-label fine-tuning.
+"""RECTOR in miniature: simulated EEG with class networks that span anatomical regions (simulate.py),
+self-supervised pre-training on separate unlabelled subjects, few-label fine-tuning.
 
 Variants (same data, same per-seed subject split, same labelled subsets, same training rule):
 - ``rector``: hierarchical region-channel-temporal attention with adaptive functional partitioning
   (models.py; the partition logits start near the anatomical one-hot, logit 6, and have their own,
-  faster learning rate), pre-trained on the unlabelled windows of the training subjects with the
-  three objectives (masked predictive modelling, topological structure modelling, cross-view
-  consistency), then fine-tuned with k labels per class and with every training label;
+  faster learning rate), pre-trained on the unlabelled windows of the pre-training and training
+  subjects with the three objectives (masked predictive modelling, topological structure modelling,
+  cross-view consistency), then fine-tuned with k labels per class and with every training label;
 - ``rector_fixedp``: ablation, the same pre-trained network with the partition the hard anatomical
   one-hot (exactly block-sparse attention; what adaptive partitioning adds);
 - ``rector_scratch``: ablation, the RECTOR network fine-tuned from random initialisation (what the
   pre-training adds);
 - ``dense_tf``: a dense transformer of about the same parameter count on the same DE tokens,
   pre-trained with the same three objectives on the same windows, then fine-tuned;
-- ``eegnet``: an EEGNet-style CNN on the raw (band-passed) epochs, fitted on every training label;
+- ``eegnet``: an EEGNet-style CNN on the raw epochs, fitted on every training label;
 - ``de_lr``: whole-window differential-entropy features (channels x 5 bands) + logistic regression.
 Which label counts each variant is fitted at is the config's ``counts``.
 
-Training rule: pre-training by ``reprozoo.blocks.fitting.fit_to_plateau`` on the validation
-subject's masked-modelling loss (fixed masks); fine-tuning by :func:`fit_selected`, the same
-``PlateauRun`` and plateau test on 1 - weighted F1 of the validation subject, the rate chosen on the
-pilot's second half and the checkpoint kept at a step >= min_steps.
+Training rule: ``reprozoo.blocks.fitting.fit_to_plateau`` for every network and stage. Pre-training
+on the validation subject's masked-modelling loss (fixed masks); fine-tuning with two validation
+curves (``err`` = 1 - weighted F1 selects the kept checkpoint from ``keep_from`` on, ``ce`` the
+cross-entropy is the stopping curve), ``pilot_score: tail`` and ``min_progress`` (config ``fit``).
 
-Stages. train_shared (per seed): DE tokens and alpha-band correlations (features.py, mne filters),
-a subject-wise split drawn from the seed (4 test subjects of 8 at smoke), per-subject
-standardisation (each subject's own mean and sd, no labels; transductive for the test subjects),
-nested labelled subsets (k per class, and "all"), and the channel-drop sets of the robustness test
-(each test epoch its own channels, ``drop_reps`` repetitions), all shared by the variants. train
-(per variant x seed): fit at each of the variant's label counts; record per test subject (units)
-the weighted-F1 ``wf1`` at the main count, ``wf1_all`` on every label, ``wf1_low`` (mean over the
-low counts) and, for the all-label model, ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 % of channels
-removed at test time)) / F1(0 %), the relative fall (``_fill``: the mask-token protocol).
+Stages. train_shared (per seed): the simulated recordings and their DE tokens and alpha-band
+correlations (features.py, mne filters; computed once per process), a subject-wise split by
+rotation (smoke: 6 test, 1 validation, 6 unlabelled pre-training, 5 labelled training subjects of
+18), per-subject standardisation (each subject's own mean and sd, no labels; transductive for the
+test subjects), nested labelled subsets (k per class, and "all"), and the channel-drop sets of the
+robustness test (each test epoch its own channels, ``drop_reps`` repetitions), all shared by the
+variants. train (per variant x seed): fit at each of the variant's label counts; record per test
+subject (units) the weighted-F1 ``wf1`` at the main count, ``wf1_all`` on every label, ``wf1_low``
+(mean over the low counts) and, for the all-label model, ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 %
+of channels removed at test time)) / F1(0 %), the relative fall.
 """
 from __future__ import annotations
 
@@ -40,32 +42,37 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-DATASET = "eeg_motor_imagery"
+DATASET = "eeg_motor_imagery"  # paper scale: real EEG (PhysioNet EEGMMIDB); ci/smoke: the folder's simulator
 PRETRAINED = ("rector", "rector_fixedp", "dense_tf")
 
 
 # --- shared per-seed work ----------------------------------------------------------------------
 
 def subject_split(subjects: list[str], rng: np.random.Generator, n_test: int = 4, n_val: int = 1,
-                  seed: int | None = None) -> dict[str, str]:
-    """Subject-wise split: ``n_test`` test subjects, ``n_val`` validation subjects, the rest train;
-    with few subjects the counts shrink so that at least one subject trains. Without ``seed`` the
-    order is a permutation drawn from ``rng``. With ``seed``, a rotation: one fixed permutation,
-    read from position seed x (n_test - 1), so that consecutive seeds test different subjects and
-    three seeds of 4 test subjects out of 8 test every subject (independent random splits tested
-    subjects 2 and 4 on all three smoke seeds)."""
+                  seed: int | None = None, n_pretrain: int = 0, step: int | None = None) -> dict[str, str]:
+    """Subject-wise split: ``n_test`` test subjects, ``n_val`` validation subjects, ``n_pretrain``
+    unlabelled pre-training subjects (never labelled, never tested), the rest labelled training
+    subjects; with few subjects the counts shrink so that at least one subject trains. Without
+    ``seed`` the order is a permutation drawn from ``rng``. With ``seed``, a rotation: one fixed
+    permutation, read from position seed x ``step`` (default n_test - 1), so that consecutive seeds
+    test different subjects (smoke: 18 subjects, 6 tested per seed, step 6: three seeds test every
+    subject once)."""
     uniq = sorted(set(subjects))
     n = len(uniq)
     if seed is None:
         order = rng.permutation(n)
     else:
         base = np.random.default_rng(12345).permutation(n)
-        order = np.roll(base, -(int(seed) * max(1, n_test - 1)) % max(n, 1))
+        step = max(1, n_test - 1) if step is None else int(step)
+        order = np.roll(base, -(int(seed) * step) % max(n, 1))
     n_val = max(0, min(n_val, n - 2))
     n_test = max(0, min(n_test, n - 1 - n_val))
+    n_pretrain = max(0, min(n_pretrain, n - 1 - n_val - n_test))
+    cuts = np.cumsum([n_test, n_val, n_pretrain])
     out = {}
     for rank, i in enumerate(order):
-        out[uniq[i]] = "test" if rank < n_test else "val" if rank < n_test + n_val else "train"
+        out[uniq[i]] = ("test" if rank < cuts[0] else "val" if rank < cuts[1] else
+                        "pretrain" if rank < cuts[2] else "train")
     return out
 
 
@@ -101,41 +108,73 @@ def drop_sets(C: int, fracs: list[float], reps: int, n: int, rng: np.random.Gene
     return out
 
 
-def train_shared(ctx) -> None:
-    from reprozoo.data.eeg.common import load
+_DATA_CACHE: dict = {}
 
-    from .features import de_features
+
+def simulated_features(sim: dict, segment_s: float):
+    """The folder's simulator (simulate.py) and its DE features, computed once per process: the data
+    depend on the dataset seed only, so the three seeds of one batch job share them (about 15 CPU-s).
+    The raw epochs (EEGNet's input) are band-passed 1-40 Hz as the platform's EEG readers do
+    (mne FIR): the simulated pink background would otherwise put most of their variance below 1 Hz."""
+    from . import simulate
+    from .features import bandpass, de_features
+
+    key = (tuple(sorted((k, str(v)) for k, v in sim.items())), float(segment_s))
+    if key not in _DATA_CACHE:
+        X, y, subj, ch, _ = simulate.simulate(int(sim["subjects"]), int(sim["epochs_per_class"]),
+                                              float(sim.get("sfreq", 128.0)), float(sim.get("epoch_s", 4.0)),
+                                              int(sim.get("seed", 23)))
+        tokens, whole, corr = de_features(X, float(sim.get("sfreq", 128.0)), float(segment_s))
+        X = bandpass(X, float(sim.get("sfreq", 128.0)), 1.0, 40.0).astype(np.float32)
+        _DATA_CACHE.clear()
+        _DATA_CACHE[key] = (X, y, subj, ch, tokens, whole, corr)
+    return _DATA_CACHE[key]
+
+
+def train_shared(ctx) -> None:
+    from . import simulate
 
     p = ctx.params
-    d = load(ctx.data[DATASET])
     t0 = time.process_time()
-    tokens, whole, corr = de_features(d.X, d.sfreq, float(p["segment_s"]))
-    y = d.labels.astype(np.int64)
+    if p.get("simulation"):
+        X, y, subj, ch_names, tokens, whole, corr = simulated_features(p["simulation"], float(p["segment_s"]))
+    else:  # a real dataset through the platform's EEG reader (paper scale)
+        from reprozoo.data.eeg.common import load
+
+        from .features import de_features
+
+        d = load(ctx.data[DATASET])
+        X, y, ch_names = d.X, d.labels.astype(np.int64), list(d.ch_names)
+        names = sorted(set(d.epochs["subject"]))
+        subj = d.epochs["subject"].map({s: i for i, s in enumerate(names)}).to_numpy().astype(np.int64)
+        tokens, whole, corr = de_features(X, d.sfreq, float(p["segment_s"]))
     sp = p.get("split", {})
-    subjects = list(d.epochs["subject"])
+    subjects = [f"S{s + 1:03d}" for s in subj]
     split = subject_split(subjects, ctx.rng(0), int(sp.get("n_test", 4)), int(sp.get("n_val", 1)),
-                          seed=ctx.seed if sp.get("rotate", False) else None)
-    part = d.epochs["subject"].map(split).to_numpy()
-    codes = {s: i for i, s in enumerate(sorted(set(subjects)))}
-    subj = d.epochs["subject"].map(codes).to_numpy().astype(np.int64)
-    tr, va, te = (np.flatnonzero(part == s) for s in ("train", "val", "test"))
+                          seed=ctx.seed if sp.get("rotate", False) else None,
+                          n_pretrain=int(sp.get("n_pretrain", 0)), step=sp.get("step"))
+    part = np.array([split[s] for s in subjects])
+    tr, va, te, pt = (np.flatnonzero(part == s) for s in ("train", "val", "test", "pretrain"))
     if len(va) == 0:
         va = tr
     tokens, whole, raw = (per_subject_standardise(a, subj, axes) for a, axes in
-                          ((tokens, (0, 2)), (whole, (0,)), (d.X, (0, 2))))
+                          ((tokens, (0, 2)), (whole, (0,)), (X, (0, 2))))
     labels = nested_label_sets(y, tr, [int(k) for k in p["label_counts"]], ctx.rng(1))
     labels["all"] = np.sort(tr)  # every training epoch: the robustness claims' models
-    present = drop_sets(len(d.ch_names), [float(f) for f in p["drop_fracs"]], int(p["drop_reps"]), len(te),
+    present = drop_sets(len(ch_names), [float(f) for f in p["drop_fracs"]], int(p["drop_reps"]), len(te),
                         ctx.rng(2))
-    regions = sorted(set(d.channels["region"]))
-    region_ids = d.channels["region"].map({r: i for i, r in enumerate(regions)}).to_numpy()
+    reg = simulate.regions(ch_names)
+    regions = sorted(set(reg))
+    region_ids = np.array([regions.index(r) for r in reg])
     np.savez(ctx.shared_dir / "features.npz", tokens=tokens.astype(np.float32), whole=whole.astype(np.float32),
-             corr=corr, raw=raw.astype(np.float32), y=y, subj=subj, train=tr, val=va, test=te, present=present,
-             pos=d.channels[["x", "y", "z"]].to_numpy(float) / 0.1, region_ids=region_ids,
-             regions=np.array(regions), ch_names=np.array(d.ch_names),
+             corr=corr, raw=raw.astype(np.float32), y=y, subj=subj, train=tr, val=va, test=te,
+             pretrain=np.sort(np.concatenate([pt, tr])), present=present,
+             pos=simulate.positions(ch_names) / 0.1, region_ids=region_ids,
+             regions=np.array(regions), ch_names=np.array(ch_names),
              **{f"labels_{k}": v for k, v in labels.items()})
     ctx.metrics.scalar("feature_cpu_s", time.process_time() - t0)
     ctx.metrics.scalar("n_train_epochs", len(tr))
+    ctx.metrics.scalar("n_pretrain_epochs", len(pt) + len(tr))
     ctx.metrics.scalar("n_test_epochs", len(te))
     ctx.metrics.scalar("n_test_subjects", len(set(subj[te])))
 
@@ -189,7 +228,9 @@ def pretrain(variant: str, f: dict, p: dict, seed: int, ctx):
 
     q = p["pretrain"]
     w = {k: float(v) for k, v in q["weights"].items()}
-    x, corr = torch.as_tensor(f["tokens"][f["train"]]), torch.as_tensor(f["corr"][f["train"]])
+    # the unlabelled windows of the pre-training subjects and of the labelled training subjects (never
+    # the validation or test subjects)
+    x, corr = torch.as_tensor(f["tokens"][f["pretrain"]]), torch.as_tensor(f["corr"][f["pretrain"]])
     xv, corrv = torch.as_tensor(f["tokens"][f["val"]]), torch.as_tensor(f["corr"][f["val"]])
     bs = min(int(q["batch"]), len(x))
     fr = (float(q["token_frac"]), float(q["channel_frac"]), float(q["tau"]))
@@ -217,83 +258,37 @@ def pretrain(variant: str, f: dict, p: dict, seed: int, ctx):
     return model.net
 
 
-def predict(net, X, present_mask, fill: bool = False) -> np.ndarray:
+def predict(net, X, present_mask) -> np.ndarray:
     import torch
 
     net.eval()
     with torch.no_grad():
-        kw = {"fill": True} if fill else {}
-        out = net(torch.as_tensor(X), torch.as_tensor(present_mask), **kw).argmax(1).numpy()
+        out = net(torch.as_tensor(X), torch.as_tensor(present_mask)).argmax(1).numpy()
     net.train()
     return out
 
 
-class _KeepAfter:
-    """Mixin for ``PlateauRun``: evaluations before ``keep_from`` are recorded (the curve) but never
-    kept as the returned checkpoint."""
-    keep_from = 0
-
-    def evaluate(self) -> None:
-        if self.step >= self.keep_from:
-            return super().evaluate()
-        best, state = self.best, self.best_state
-        super().evaluate()
-        self.best, self.best_state = best, state
-
-
-def fit_selected(build, train_loss, val_loss, q: dict, seed: int, label: str, progress):
-    """The shared plateau rule (``PlateauRun`` and the gate's plateau test, blocks/fitting.py) with two
-    changes the fine-tunes need: the rate pilot compares the mean validation value over the second
-    half of the pilot (the step-0 value is the same for every rate, so a best-so-far comparison ties
-    and takes the lowest rate), and the kept checkpoint is the best validation value at a step
-    >= ``min_steps`` (a step-0 or step-5 checkpoint is an untrained head). Returns (model, record)."""
-    import torch
-
-    from reprozoo.blocks.fitting import PlateauRun
-    from reprozoo.claims import plateau
-
-    Run = type("KeepAfterRun", (_KeepAfter, PlateauRun), {})
-    kw = {"optimizer": q.get("optimizer", "adam"), "weight_decay": float(q.get("weight_decay", 0.0))}
-    runs, scores = [], []
-    for lr in q["lr_grid"]:
-        run = Run(build(torch.Generator().manual_seed(seed)), float(lr), train_loss, val_loss, int(q["eval_every"]),
-                  torch.Generator().manual_seed(seed + 7), **kw)
-        run.advance(int(q["pilot_steps"]))
-        half = run.vals[len(run.vals) // 2:]
-        runs.append(run)
-        scores.append(float(np.mean(half)))
-    run = runs[int(np.argmin(scores))]
-    tol, top, first = float(q["flat_tol"]), int(q["max_steps"]), int(q["min_steps"])
-    run.keep_from, run.best, run.best_state = first, float("inf"), None
-    stopped = run.advance(top, min_steps=first, tol=tol) or plateau(run.steps, run.vals, tol)
-    if run.best_state is None:  # max_steps < min_steps (ci): keep the last state
-        run.best_state = run.model.state_dict()
-    kept = int(run.steps[int(np.argmin([v if st >= first else np.inf for st, v in zip(run.steps, run.vals)]))]) \
-        if any(st >= first for st in run.steps) else run.step
-    run.model.load_state_dict(run.best_state)
-    progress(f"{label}: lr {run.lr:g}, {run.step} steps ({'plateau' if stopped else 'max steps'}), kept step "
-             f"{kept}, best validation value {run.best:.3e}")
-    return run.model, {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
-                       "plateau": stopped, "losses": run.losses, "kept": kept,
-                       "pilot_score": {float(r.lr): sc for r, sc in zip(runs, scores)}}
-
-
-def val_error(logits, y) -> float:
-    """The fine-tunes' validation value: 1 - weighted F1 of the validation epochs, plus 1e-3 x the
-    cross-entropy as a tie-break (it never outweighs one epoch's change of F1, about 0.016). Selected
-    on F1, not on cross-entropy: on an unseen subject the cross-entropy of a few-label model rises from
-    the first steps (over-confidence) while its F1 still climbs."""
+def val_curves(logits, y) -> dict:
+    """The fine-tunes' validation curves on the validation subject: ``err`` = 1 - weighted F1 (the
+    selection curve: the kept checkpoint is the best F1, a loss so that lower is better) and ``ce``
+    the cross-entropy (the stopping curve: the plateau test and the convergence gate read it; F1 on
+    60 epochs moves in steps of ~0.017 and is too coarse for a slope test)."""
     import torch.nn.functional as F
 
-    return 1.0 - weighted_f1(y.numpy(), logits.argmax(1).numpy()) + 1e-3 * float(F.cross_entropy(logits, y))
+    return {"err": 1.0 - weighted_f1(y.numpy(), logits.argmax(1).numpy()), "ce": float(F.cross_entropy(logits, y))}
 
 
 def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray, p: dict, seed: int,
              label: str, progress):
-    """Supervised fit of a fresh copy (``make()``) with :func:`fit_selected`: the same grid, batch and
-    stopping rule for every network. Returns (net, record)."""
+    """Supervised fit of a fresh copy (``make()``) by the shared rule
+    (``reprozoo.blocks.fitting.fit_to_plateau``) with the options the config's ``fit`` names
+    (``select: err``, ``stop_on: [ce]``, ``keep_from``, ``min_progress``, ``pilot_score: tail``): the
+    same grid, batch and stopping rule for every network. Returns (net, record); ``record["kept"]`` is
+    the step of the returned checkpoint."""
     import torch
     import torch.nn.functional as F
+
+    from reprozoo.blocks.fitting import fit_to_plateau
 
     q = p["fit"]
     bs = min(int(q["batch"]), len(y))
@@ -306,9 +301,14 @@ def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray,
 
     def val_loss(net):
         with torch.no_grad():
-            return val_error(net(Xv, fullv), yv)
+            return val_curves(net(Xv, fullv), yv)
 
-    return fit_selected(lambda gen: make(), train_loss, val_loss, q, seed, label, progress)
+    net, rec = fit_to_plateau(lambda gen: make(), train_loss, val_loss, q, seed, label, progress)
+    first = int(q.get("keep_from", 0))
+    steps, vals = np.array(rec["steps"]), np.array(rec["vals"])
+    ok = steps >= first
+    rec["kept"] = int(steps[ok][np.argmin(vals[ok])]) if ok.any() else int(steps[-1])
+    return net, rec
 
 
 def robustness(predict_fn, Xte, yte, subj, present: np.ndarray) -> np.ndarray:
@@ -401,8 +401,8 @@ def train(ctx) -> None:
             # below it learned nothing
             ctx.metrics.scalar(f"train_ce_{name}", float(np.mean(rec["losses"][-10:])))
 
-            def pred(Xs, m, net=net, fill=False):
-                return predict(net, Xs, m, fill)
+            def pred(Xs, m, net=net):
+                return predict(net, Xs, m)
 
             f1s[k] = per_subject_f1(y[te], pred(X[te], full_te), subj)
             ctx.progress(f"k={k}/class: test wF1 per subject {np.round(f1s[k], 3).tolist()}")
@@ -416,9 +416,6 @@ def train(ctx) -> None:
                         with torch.no_grad():
                             return net.from_stem(h1, torch.as_tensor(m)).argmax(1).numpy()
                 drops[""] = robustness(pred, X[te], y[te], subj, f["present"])
-                if v == "rector":  # the paper's protocol: missing channels enter as mask tokens
-                    drops["_fill"] = robustness(lambda Xs, m, net=net: predict(net, Xs, m, True), X[te], y[te],
-                                                subj, f["present"])
             if v in ("rector", "rector_fixedp", "rector_scratch") and k in (str(main), "all"):
                 _record_partition(ctx, net, anat, prefix="" if k == str(main) else "all_")
     if str(main) in f1s:
@@ -442,6 +439,8 @@ def train(ctx) -> None:
 
 GENERIC_CURVES = {"val_ft": ("fine-tuning step (main label count)", "validation 1 - weighted F1"),
                   "val_ftall": ("fine-tuning step (every training label)", "validation 1 - weighted F1"),
+                  "val_ft_ce": ("fine-tuning step (main label count)", "validation cross-entropy (stopping curve)"),
+                  "val_ftall_ce": ("fine-tuning step (every training label)", "validation cross-entropy (stopping curve)"),
                   "val_pt": ("pre-training step", "validation pre-training loss (fixed masks)")}
 
 
