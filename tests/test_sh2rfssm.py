@@ -9,8 +9,9 @@ torch = pytest.importorskip("torch")
 from reprozoo.blocks.spiking import causal_fft_conv, harmonic_rf_kernel  # noqa: E402
 from reprozoo.methods.sh2rfssm import data as D  # noqa: E402
 from reprozoo.methods.sh2rfssm import method as M  # noqa: E402
-from reprozoo.methods.sh2rfssm.model import (SpikingSSM, SpikingSSMLayer, imex_kernel,  # noqa: E402
-                                             imex_recurrence, lif_kernel, velocity_kernel)
+from reprozoo.methods.sh2rfssm.model import (SpikingSSM, SpikingSSMLayer, complex_diagonal_kernel,  # noqa: E402
+                                             imex_kernel, imex_recurrence, implicit_kernel,
+                                             implicit_recurrence, lif_kernel, velocity_kernel)
 
 
 def test_fft_path_equals_imex_recurrence():
@@ -23,6 +24,63 @@ def test_fft_path_equals_imex_recurrence():
     fft = causal_fft_conv(x.float(), imex_kernel(omega.float(), b.float(), 600)).double()
     # the kernel is float32 (rf_kernel): ϑ = acos(tr / 2r) near cos ϑ = 1 (ω = 0.05) limits it to ~1e-4
     assert (fft - ref).abs().max() / ref.abs().max() < 1e-3
+
+
+def test_implicit_kernel_equals_its_recurrence_and_damps_more_than_imex():
+    """The backward-Euler scheme: the FFT path with its closed-form kernel is its recurrence; its pole
+    modulus 1/√(1 + 2bΔt + Δt²ω²) lies below IMEX's √(1/(1 + 2bΔt)), the numerical damping growing
+    with ω, so at ω = 1, b = 0.001 the implicit resonator rings out ~350 times faster (decay rates -ln|λ|: 0.35 vs 0.001)."""
+    torch.manual_seed(3)
+    omega = torch.tensor([0.05, 0.3, 1.0, 1.8], dtype=torch.float64)
+    b = torch.tensor([0.001, 0.01, 0.2, 0.05], dtype=torch.float64)
+    x = torch.randn(3, 4, 600, dtype=torch.float64)
+    ref = implicit_recurrence(x, omega, b)
+    fft = causal_fft_conv(x.float(), implicit_kernel(omega.float(), b.float(), 600)).double()
+    assert (fft - ref).abs().max() / ref.abs().max() < 1e-3
+    h_imp = implicit_kernel(torch.tensor([1.0]), torch.tensor([0.001]), 2000)[0]
+    h_imex = imex_kernel(torch.tensor([1.0]), torch.tensor([0.001]), 2000)[0]
+    assert h_imp[1000:].abs().max() < 1e-3 * h_imp.abs().max()
+    assert h_imex[1000:].abs().max() > 0.1 * h_imex.abs().max()
+
+
+def test_complex_diagonal_kernel_is_a_first_order_complex_recurrence():
+    """cdiag_ssm's kernel: z_t = λ z_{t-1} + x_t, y_t = Re(e^{iφ} z_t) with one complex state per
+    channel; its poles are drawn like the resonators' (λ = exp(-ζω + iω√(1-ζ²)))."""
+    torch.manual_seed(4)
+    ld, fr, ph = torch.log(torch.tensor([0.01, 0.1])), torch.tensor([0.2, 1.0]), torch.tensor([0.3, -1.0])
+    lam = torch.exp(-ld.exp().double() + 1j * fr.double())
+    x = torch.randn(2, 300, dtype=torch.float64)
+    z, out = torch.zeros(2, dtype=torch.complex128), []
+    for t in range(300):
+        z = lam * z + x[:, t]
+        out.append((torch.exp(1j * ph.double()) * z).real)
+    ref = torch.stack(out, -1)
+    fft = causal_fft_conv(x.float()[None], complex_diagonal_kernel(ld, fr, ph, 300))[0].double()
+    assert (fft - ref).abs().max() / ref.abs().max() < 1e-4
+    layer = SpikingSSMLayer(16, kernel="cdiag", omega_range=(0.05, 1.5), zeta_range=(0.005, 0.2))
+    w = layer.freq / torch.sqrt(1 - (layer.log_decay.exp() / layer.freq) ** 2).clamp(min=1e-6)
+    w = w.detach()
+    assert float(w.min()) > 0.04 and float(w.max()) < 1.51
+    assert sum(p.numel() for p in layer.parameters()) == 16 * 4  # decay, frequency, phase, skip
+
+
+def test_models_start_at_the_chance_loss():
+    """Zero output layers: the first validation loss is the chance loss (ln K for classes, 1 for the
+    standardised adding target up to sampling), which the rule's min_progress is measured from."""
+    from reprozoo.methods.sh2rfssm.model import build
+
+    torch.manual_seed(0)
+    p = {"arch": {"channels": 8, "omega_range": [0.05, 1.5], "zeta_range": [0.005, 0.2],
+                  "tau_range": [2.0, 200.0], "dim": 8, "depth": 1, "heads": 1, "patch": 16}}
+    x, y = D.adding_problem(4000, 32, np.random.default_rng(0))
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    for v in M.VARIANTS:
+        net = build(M.VARIANTS[v]["family"], 2, 1, 32, M.VARIANTS[v], p["arch"])
+        loss, r2, *_ = M._evaluate(net.eval(), "adding", x, y, 4000)
+        assert loss == pytest.approx(1.0, abs=0.06) and abs(r2) < 0.02
+    xf, yf = D.frequency_discrimination(64, 32, np.random.default_rng(0))
+    net = build("ssm", 1, 4, 32, M.VARIANTS["sh2rf"], p["arch"]).eval()
+    assert M._evaluate(net, "freq", torch.from_numpy(xf), torch.from_numpy(yf), 64, 4)[0] == pytest.approx(math.log(4))
 
 
 def test_imex_kernel_closed_form_first_terms():
@@ -211,9 +269,11 @@ def test_skill_is_chance_normalised_per_item():
     rng = np.random.default_rng(0)
     y = torch.from_numpy(rng.uniform(0, 2, 500).astype(np.float32))
     x = torch.zeros(500, 2, 4)
-    _, r2, skill, _, _ = M._evaluate(_Const(torch.full((500, 1), float(y.mean()))), "adding", x, y, 500)
+    # the adding model's output is the standardised target: ŷ = 1 + out / √6
+    std = lambda v: (v - M.ADD_MEAN) / M.ADD_SD  # noqa: E731
+    _, r2, skill, _, _ = M._evaluate(_Const(std(torch.full((500, 1), float(y.mean())))), "adding", x, y, 500)
     assert abs(skill.mean()) < 1e-5 and abs(r2) < 1e-5
-    _, r2, skill, _, _ = M._evaluate(_Const(y[:, None].clone()), "adding", x, y, 500)
+    _, r2, skill, _, _ = M._evaluate(_Const(std(y[:, None].clone())), "adding", x, y, 500)
     assert r2 == pytest.approx(1.0) and np.allclose(skill, 1.0)
     yc = torch.from_numpy(rng.integers(0, 4, 4000))
     logits = torch.nn.functional.one_hot(yc, 4).float()

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-ORDER = ["sh2rf", "sh2rf_sampled", "hrf_homog", "lif_ssm", "transformer"]
+ORDER = ["sh2rf", "sh2rf_implicit", "hrf_homog", "cdiag_ssm", "transformer"]
 
 
 def _plt():
