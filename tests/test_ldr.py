@@ -181,8 +181,7 @@ def test_objective_is_nll_plus_lambda_d():
 # --- training loop ----------------------------------------------------------------------------------
 
 def _bench(**train):
-    tc = {"lr": 1e-2, "batch_size": 16, "val_every": 5, "patience": 4, "min_delta": 1e-3, "min_steps": 20,
-          "max_steps": 400}
+    tc = {"lr": 1e-2, "batch_size": 16, "val_every": 5, "flat_tol": 0.01, "min_steps": 20, "max_steps": 400}
     tc.update(train)
     return {"flow": {"kind": "maf", "hidden": [32, 32], "transforms": 2}, "train": tc}
 
@@ -206,44 +205,62 @@ def test_every_variant_starts_from_the_same_flow_and_minibatches():
 
 
 def test_early_stop_on_a_planted_overfit_keeps_the_best_parameters():
-    """16 training points, a flow that can memorise them: the validation NLL turns up, training
-    stops at least `patience` evaluations after its minimum, once the curve is no longer falling
-    (long before max_steps), and the returned flow is the one at the minimum, not the last one."""
+    """16 training points, a flow that can memorise them: the validation NLL turns up, the
+    constant-lr phase stops once the gate's plateau test passes (long before max_steps), the lr/10
+    phase runs until the WHOLE curve passes it again, and the returned flow is the one at the
+    minimum over both phases, not the last one."""
+    from reprozoo.claims import plateau
+
     x, c, xv, cv = _toy()
     b = _bench(lr=3e-3)
     flow, rec = train_flow(None, 0.0, x, c, xv, cv, 2, b, seed=0, n=16, bench="toy")
     assert rec["capped"] == 0 and rec["stop_step"] < 400
     assert rec["best_step"] > 5  # the minimum lies inside the run
-    assert rec["stop_step"] >= rec["best_step"] + 5 * 4  # patience: 4 evaluations without a new best
     assert rec["val_loss"][-1] > min(rec["val_loss"]) + 1e-3  # it did turn up
-    # the lr/10 phase starts from that minimum and can only keep or improve it
-    assert rec["final_step"] > rec["stop_step"] and rec["anneal_gain"] >= 0 and rec["anneal_gain_nll"] >= -1e-9
+    # the lr/10 phase: at least 5 evaluations, and it ends where the gate calls the whole curve flat
+    assert rec["final_step"] >= rec["stop_step"] + 5 * 5
+    assert plateau(rec["val_steps"], rec["val_loss"], 0.01, scale="value")
+    assert rec["anneal_gain"] >= 0 and rec["anneal_gain_nll"] >= -1e-9
     with torch.no_grad():
         v = float(-flow.log_prob(xv).mean())
-    steps, losses = rec["val_steps"] + rec["final_steps"], rec["val_loss"] + rec["final_loss"]
-    assert v == pytest.approx(losses[steps.index(rec["final_best_step"])], abs=1e-5)  # the best state, returned
-    assert v == pytest.approx(rec["val_nll_final"], abs=1e-5)
-    assert v <= min(rec["val_loss"]) + 1e-6
-    assert rec["lr"] == [3e-3] * len(rec["lr"])  # constant lr in the gate's curve: the convergence gate's lr check
+    assert v == pytest.approx(rec["val_loss"][rec["val_steps"].index(rec["final_best_step"])], abs=1e-5)
+    assert v == pytest.approx(rec["val_nll_final"], abs=1e-5) and v <= min(rec["val_loss"]) + 1e-6
+    # the gate's lr curve: constant, then a tenth of it after the drop (the gate's floor)
+    drop = rec["val_steps"].index(rec["stop_step"])
+    assert set(rec["lr"][:drop + 1]) == {3e-3} and set(rec["lr"][drop + 1:]) == {3e-3 * 0.1}
 
 
 def test_lr10_phase_recovers_what_a_too_high_rate_leaves_on_the_table():
     """Planted: a rate so high that the constant-lr phase plateaus in optimiser noise. The lr/10
-    phase must then gain (anneal_gain > 0), which is what the recorded audit is there to show."""
+    phase must then gain (anneal_gain > 0), and it runs until that gain has flattened out too."""
     x, c, xv, cv = _toy(n=400, seed=1)
     b = _bench(lr=1e-1, batch_size=16, min_steps=50, max_steps=300)
     _, rec = train_flow(None, 0.0, x, c, xv, cv, 2, b, seed=0, n=400, bench="toy")
     assert rec["anneal_gain"] > 1e-3 and rec["anneal_gain_nll"] > 1e-3
 
 
+def test_extend_doubles_each_phase_for_the_budget_audit():
+    """`reprozoo converge --factor 2` doubles train.extend: each phase then runs on to twice its
+    length at the plateau (so the audit trains longer even where the plateau stop decides)."""
+    x, c, xv, cv = _toy(n=64, seed=2)
+    b1, b2 = _bench(lr=1e-2, max_steps=2000), _bench(lr=1e-2, max_steps=2000, extend=2)
+    _, r1 = train_flow(None, 0.0, x, c, xv, cv, 2, b1, seed=0, n=64, bench="toy")
+    _, r2 = train_flow(None, 0.0, x, c, xv, cv, 2, b2, seed=0, n=64, bench="toy")
+    assert r2["stop_step"] == r1["stop_step"]  # the same plateau, the same run up to it
+    assert r2["val_loss"][:len(r1["val_steps"]) // 2] == r1["val_loss"][:len(r1["val_steps"]) // 2]
+    drop = r2["val_steps"][[i for i, lr in enumerate(r2["lr"]) if lr < 1e-2][0] - 1]
+    assert drop == 2 * r1["stop_step"]
+    assert r2["final_step"] - drop >= 2 * 5 * 5
+
+
 def test_the_stop_rule_measures_flatness_as_the_convergence_gate_does():
-    """tail_improvement is the gate's relative improvement (scale: range): the same number on
+    """tail_improvement is the gate's relative improvement (scale: value): the same number on
     falling, flat and rising curves, so a run stops exactly when the gate would call it flat."""
     from reprozoo.claims import _tail_check
     from reprozoo.methods.ldr.method import tail_improvement
     from reprozoo.registry import Convergence
 
-    conv = Convergence(curve="v", mode="min", scale="range")
+    conv = Convergence(curve="v", mode="min", scale="value")
     steps = np.arange(10, 810, 10, dtype=float)
     rng = np.random.default_rng(0)
     for curve in (3 * np.exp(-steps / 100), 3 * np.exp(-steps / 1000), 1 + 1e-4 * steps,
@@ -294,10 +311,27 @@ def test_n_to_reach_recovers_a_planted_shift_in_log_n_at_a_fixed_level():
     # the level is fixed: noise on the baseline's plateau cannot move where it is crossed
     noisy = base[:5] + [0.43, 0.6]  # a noisy plateau after the crossing, dipping below the level
     assert n_to_reach(ns, noisy, level)[0] == pytest.approx(n_b)
-    assert n_to_reach(ns, [0.0] * len(ns), level) == (2 * 4096, 1)  # never reached: > the largest N
+    assert n_to_reach(ns, [0.0] * len(ns), level) == (4096, 1)  # never reached: recorded at the largest N
     assert n_to_reach(ns, [1.0] * len(ns), level) == (64, -1)  # reached at once: at most the smallest N
     assert samples_to_reach(ns, base, 0.25) == pytest.approx(32 * 2**2.5)
     assert math.isinf(samples_to_reach(ns, base, 2.0))
+
+
+def test_reach_precondition_is_per_seed():
+    """reach_ok: a seed whose ML curve never reaches ESS* makes 'reach_ok > 0.5' fail to hold under
+    the platform's interval rule, even when every other seed reaches it comfortably."""
+    from reprozoo.claims import decide
+    from reprozoo.methods.ldr.efficiency import NOT_REACHED, reach_ok
+
+    assert reach_ok([0.1, 0.5, 0.8], 0.6) == pytest.approx(1.2)
+    assert reach_ok([0.1, 0.5, 0.55], 0.6) == NOT_REACHED
+    good = [reach_ok([0.2, 0.7 + 0.01 * k], 0.6) for k in range(5)]
+    assert decide(good, ">", 0.5) == "holds"
+    for k in range(5):
+        one_bad = good[:k] + [NOT_REACHED] + good[k + 1:]
+        assert decide(one_bad, ">", 0.5) != "holds"
+    for k in range(3):  # three seeds, one of them short
+        assert decide(good[:k] + [NOT_REACHED] + good[k + 1:3], ">", 0.5) != "holds"
     with pytest.raises(ValueError):
         samples_to_reach([64, 32], [0.1, 0.2], 0.15)
 
@@ -306,42 +340,56 @@ def test_control_harm_is_in_the_claims_units_and_sign():
     from reprozoo.methods.ldr.calibrate import MARGINS, harms
 
     # ML on N samples (index 0) against ML on all (index -1): lower ESS, higher NLL and E-W2 = harm > 0
-    res = {"ess": [0.5, 0.8], "nll": [2.1, 2.0], "ew2c": [2.0, 1.0], "ew2rw": [0.1, 0.1]}
+    res = {"ess": [0.5, 0.8], "nll": [2.1, 2.0], "ew2c": [2.0, 1.0]}
     h = harms(res, 0)
     assert h["ess"] == pytest.approx(math.log10(0.8 / 0.5) / MARGINS["ess"])
     assert h["nll"] == pytest.approx(0.1 / 0.05)
     assert h["ew2c"] == pytest.approx(math.log10(2.0) / 0.0969)
-    assert h["ew2rw"] == pytest.approx(0.0)
+    assert set(h) == {"ess", "nll", "ew2c"}  # the claimed metrics only
     # a planted improvement is a negative harm (never a control)
-    assert harms({"ess": [0.9, 0.8], "nll": [1.9, 2.0], "ew2c": [0.5, 1.0], "ew2rw": [0.1, 0.2]}, 0)["nll"] < 0
+    assert harms({"ess": [0.9, 0.8], "nll": [1.9, 2.0], "ew2c": [0.5, 1.0]}, 0)["nll"] < 0
 
 
 def test_control_is_the_mildest_harm_seen_at_twice_the_margin():
     from reprozoo.methods.ldr.calibrate import choose_controls
 
     ns = [32, 64, 256, 1024]
-    table = {"32": {"ess": 9, "nll": 9, "ew2c": 3, "ew2rw": 1.5},
-             "64": {"ess": 5, "nll": 2.5, "ew2c": 1, "ew2rw": 1.9},
-             "256": {"ess": 2.2, "nll": 1.9, "ew2c": 0.5, "ew2rw": 0.1}}
+    table = {"32": {"ess": 9, "nll": 9, "ew2c": 1.5},
+             "64": {"ess": 5, "nll": 2.5, "ew2c": 1},
+             "256": {"ess": 2.2, "nll": 1.9, "ew2c": 0.5}}
     chosen, reached = choose_controls(table, ns)
-    assert chosen == {"ess": 256, "nll": 64, "ew2c": 32, "ew2rw": 32}
-    assert reached == {"ess": True, "nll": True, "ew2c": True, "ew2rw": False}
+    assert chosen == {"ess": 256, "nll": 64, "ew2c": 32}
+    assert reached == {"ess": True, "nll": True, "ew2c": False}
 
 
-def test_smoke_controls_are_the_calibrated_ones_and_on_the_grid():
+def test_smoke_constants_are_the_calibrated_ones_and_on_the_grid():
+    """ess_star and n_control (calibrate.py sweeps), lr and λ (calibrate.py grid) in smoke.yaml are
+    the values the calibration files chose: nothing was tuned on the pipeline's seeds."""
     import json
     from pathlib import Path
 
-    from reprozoo.methods.ldr.method import control_n
+    from reprozoo.methods.ldr.calibrate import CALIBRATION_SEEDS, STAR_FRACTION, STAR_N
+    from reprozoo.methods.ldr.method import control_n, settings
     from reprozoo.registry import get
 
     here = Path(__file__).parents[1] / "src/reprozoo/methods/ldr"
     p = get("ldr").config("smoke")
+    assert not set(CALIBRATION_SEEDS) & set(p["seeds"])
     for name, b in p["benchmarks"].items():
-        cal = json.loads((here / f"calibration_smoke_{name}_control.json").read_text())
+        cal = json.loads((here / f"calibration_smoke_{name}_sweeps.json").read_text())
         ns = [int(n) for n in b["n_grid"]]
-        for k in ("ess", "nll", "ew2c", "ew2rw"):
+        # the smoke grid is the calibration grid or a subset of it that keeps ESS*'s anchor N
+        assert set(ns) <= set(cal["n"]) and ns[0] == cal["n"][0] and ns[-1] == cal["n"][-1]
+        assert cal["seeds"] == list(CALIBRATION_SEEDS) and cal["star_n"] == STAR_N[name] in ns
+        assert cal["ess_star"] == pytest.approx(STAR_FRACTION * np.mean(cal["ess_at_star_n"]), rel=1e-12)
+        assert float(b["ess_star"]) == pytest.approx(cal["ess_star"], abs=5e-5)
+        for k in ("ess", "nll", "ew2c"):
             assert control_n(b, k, ns) == cal["n_control"][k] < ns[-1]
+        for v in b["variants"]:
+            grid = json.loads((here / f"calibration_smoke_{name}_grid_{v}.json").read_text())
+            measure, weight, lr = settings(b, p, v)
+            chosen = grid["variants"][v]["chosen"]
+            assert lr == chosen["lr"] and (weight == chosen["lambda"] if measure else weight == 0.0)
     with pytest.raises(ValueError):
         control_n({"n_control": 48}, "ess", [32, 64])
 
@@ -375,15 +423,33 @@ def test_exact_model_has_unit_ess_and_the_entropy_as_nll():
     assert res["ess"] == pytest.approx(1.0, abs=1e-9)
     assert float(np.mean(res["nll_units"])) == pytest.approx(float(e_test.mean()), abs=1e-9)  # E = -log p
     assert res["ew2"] < 0.15 and res["test_logvar"] == pytest.approx(0.0, abs=1e-18)
-    # equal weights: the reweighted E-W2 is the plain one; nothing of the exact model lies above the crop
+    # equal weights: the reweighted E-W2 is the plain one; clipping can only shrink the distances
     assert res["ew2rw"] == pytest.approx(res["ew2"], rel=1e-9) and res["ew2c"] <= res["ew2"] + 1e-12
     worse = evaluate(ExactModel(t, widen=1.3), t, chart, test, e_test, ev, seed=0)
     assert worse["ess"] < 0.9 and np.mean(worse["nll_units"]) > np.mean(res["nll_units"])
     assert np.isfinite(worse["energies"]).all()
-    # the planted broadening is seen by both claimed E-W2: the cropped one more than 1.25x the exact
-    # model's (the no-harm margin), and reweighting removes most of it (ESS is still high)
+    # the planted broadening is seen by the claimed (clipped) E-W2: more than 1.25x the exact
+    # model's (the no-harm margin); reweighting removes most of it (ESS is still high)
     assert worse["ew2c"] > 1.25 * res["ew2c"] and worse["crop_frac"] > 0
     assert worse["ew2rw"] < worse["ew2c"]
+
+
+def test_clipped_ew2_counts_mass_above_the_window_that_a_crop_dropped():
+    """Planted: a model equal to the reference plus 20 % of its samples far above the window top.
+    Dropping those samples (the previous crop) makes the model look perfect; clipping them to the
+    top counts them, at a bounded cost (they sit AT the top, however far up they were)."""
+    from reprozoo.blocks.gen_metrics import energy_w2
+    from reprozoo.methods.ldr.method import clipped_ew2
+
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(-10.0, -9.0, 5000)
+    model = np.concatenate([rng.uniform(-10.0, -9.0, 4000), np.full(1000, 50.0)])
+    assert energy_w2(model, ref, max_energy=-8.0) < 0.05  # the crop hides the harm
+    clip = clipped_ew2(model, ref, -8.0)
+    assert clip > 0.5  # 20 % of the mass moved by ~1.5 kT: W2 ~ sqrt(0.2) x 1.5
+    far = np.concatenate([rng.uniform(-10.0, -9.0, 4000), np.full(1000, 5000.0)])
+    assert clipped_ew2(far, ref, -8.0) == pytest.approx(clip, rel=0.05)  # how far up does not matter
+    assert clipped_ew2(np.append(model, np.nan), ref, -8.0) >= clip - 1e-3  # a NaN energy counts as off the top
 
 
 class IsotropicTarget:

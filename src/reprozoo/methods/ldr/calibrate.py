@@ -1,31 +1,28 @@
 """The constants of each benchmark's config that are fixed BEFORE the pipeline measures: every
-variant's learning rate, each LDR variant's weight λ, and the level ESS*. All come from
-calibration seeds the pipeline never uses (100-104; the pipeline's seeds are 0-4), with the
-pipeline's own training rule (method.train_flow: plateau stop at a constant lr, then the lr/10
-phase), so no test-seed result can move them.
+variant's learning rate, each LDR variant's weight λ, the level ESS* and the no-harm controls'
+N. All come from calibration seeds the pipeline never uses (100-104; the pipeline's seeds are
+0-4), with the pipeline's own training rule, so no test-seed result can move them.
 
-* learning rate and λ: every variant gets the same grid, ``LR_GRID`` (x ``LAMBDA_GRID`` for an
-  LDR variant), and the cell with the lowest validation NLL of the trained flow, averaged over
-  the smallest and the largest N, on calibration seed 100. The validation NLL is the criterion
-  for every variant (it is ML's objective, and the part of LDR's objective that λ does not
-  scale); neither ESS nor any test metric enters the choice.
-* ESS* = ``STAR_FRACTION`` (0.9) x the mean over ``CALIBRATION_SEEDS`` (five) of ML's ESS at the
-  largest N, with ML's chosen learning rate: 90 % of what the baseline reaches with all the data.
-  It reads ML only. The sample-efficiency claims ask how many samples each model needs to get
-  there (efficiency.py).
+* learning rate and λ (``grid``): every variant gets the same grid, ``LR_GRID`` (x ``LAMBDA_GRID``
+  for an LDR variant; our grid, no public code gives one), and the cell with the lowest validation
+  NLL of the trained flow, averaged over the smallest and the largest N, on calibration seed 100.
+  The validation NLL is the criterion for every variant (it is ML's objective, and the part of
+  LDR's objective that λ does not scale); neither ESS nor any test metric enters the choice.
+* ESS* and n_control (``sweeps``): ML's whole sweep on every calibration seed.
+  ESS* = ``STAR_FRACTION`` (0.9) x the mean of ML's ESS at ``STAR_N`` (a mid-grid N, where ML's
+  curve is still steep; at the largest N, the previous anchor, ML's curve is a flat, noisy
+  plateau and the N where a seed crosses 0.9 of it is noise). It reads ML only. The
+  sample-efficiency claims ask how many samples each model needs to get there (efficiency.py).
+  n_control, one per no-harm metric (known harms that must NOT pass the no-harm test): for each
+  N below the largest, the harm of training ML on N instead of all the samples, in the claim's
+  own units (log10 ESS ratio, NLL difference, log10 clipped E-W2 ratio), divided by the claim's
+  margin, averaged over the seeds; the LARGEST N whose harm is at least ``CONTROL_FACTOR`` (2)
+  margins (the mildest harm on the grid that the metric sees at twice the margin), else the
+  smallest N.
 
     python -m reprozoo.methods.ldr.calibrate smoke gmm grid [VARIANT ...]   # lr (x λ) tables
-    python -m reprozoo.methods.ldr.calibrate smoke gmm star                 # ESS* (config's ml lr)
-    python -m reprozoo.methods.ldr.calibrate smoke gmm control              # n_control (the known harm)
-
-* n_control (the no-harm claims' controls, known harms that must NOT pass the no-harm test), one
-  per no-harm metric: ML's whole sweep on calibration seeds ``CONTROL_SEEDS``; for each N below the
-  largest, the harm of training on N instead of all the samples, in the claim's own units (log10
-  ESS ratio, NLL difference, log10 E-W2 ratios), divided by the claim's margin. A metric's
-  n_control is the LARGEST N whose harm (mean over the seeds) is at least ``CONTROL_FACTOR`` (2)
-  margins: the mildest harm on the grid that the metric sees at twice the margin. If no N on the
-  grid gets there, the smallest N (the strongest harm the grid has; the claim's control may then
-  hold, and the claim reads non-discriminative: the metric cannot see a harm of the margin's size).
+    python -m reprozoo.methods.ldr.calibrate smoke gmm sweeps [SEED ...]    # ESS*, n_control
+    python -m reprozoo.methods.ldr.calibrate smoke gmm sweeps_merge         # parts run in parallel
 """
 from __future__ import annotations
 
@@ -40,8 +37,12 @@ CALIBRATION_SEEDS = (100, 101, 102, 103, 104)
 STAR_FRACTION = 0.9
 CONTROL_SEEDS = (100, 101)
 CONTROL_FACTOR = 2.0
+# the N whose ML ESS (mean over CALIBRATION_SEEDS) sets ESS*: mid-grid, where ML's curve is still
+# steep (fixed before the sweeps below were run; the largest N, the previous anchor, sat on ML's
+# flat, noisy plateau, and the N at which a seed crossed it was noise)
+STAR_N = {"gmm": 512, "dw4": 1024}
 # the no-harm claims' margins (spec.yaml), in the claims' units: harm > 0 means worse
-MARGINS = {"ess": 0.0458, "nll": 0.05, "ew2c": 0.0969, "ew2rw": 0.0969}
+MARGINS = {"ess": 0.0458, "nll": 0.05, "ew2c": 0.0969}
 HERE = Path(__file__).parent
 
 
@@ -95,61 +96,14 @@ def grid_table(scale: str, bench: str, variants=None, seed: int = CALIBRATION_SE
             "variants": out}
 
 
-def ess_star(scale: str, bench: str, seeds=CALIBRATION_SEEDS) -> dict:
-    """STAR_FRACTION x the mean over ``seeds`` of ML's ESS at the largest N (the config's ml lr)."""
-    from .method import _seed, evaluate, settings, train_flow
-
-    p, b = _load(scale, bench)
-    _, _, lr = settings(b, p, "ml")
-    n = max(int(n) for n in b["n_grid"])
-    vals = []
-    for seed in seeds:
-        target, chart, data, d = _prepared(b, bench, seed, p.get("device", "cpu"))
-        flow, rec = train_flow(None, 0.0, d["pool"][0][:n], d["pool"][1][:n], *d["val"], chart.dim, b, seed, n, bench,
-                               lr=lr)
-        flow.eval()
-        res = evaluate(flow, target, chart, d["test"][0], data["e_test"], b["eval"], _seed(seed, n, 2, bench))
-        vals.append(res["ess"])
-        print(f"{bench} seed {seed} N={n}: ML ESS {res['ess']:.4f} (stop {rec['stop_step']})", flush=True)
-    mean = sum(vals) / len(vals)
-    star = STAR_FRACTION * mean
-    print(f"{bench}: ESS* = {STAR_FRACTION:g} x mean {mean:.4f} = {star:.4f}", flush=True)
-    return {"scale": scale, "bench": bench, "seeds": list(seeds), "n": n, "lr": lr, "ess": vals,
-            "fraction": STAR_FRACTION, "ess_star": star}
-
-
 def harms(res: dict, i: int) -> dict:
     """Harm of ML at grid index i against ML at the largest N, per no-harm metric, in margins."""
     import math
 
     h = {"ess": math.log10(res["ess"][-1]) - math.log10(res["ess"][i]),
          "nll": res["nll"][i] - res["nll"][-1],
-         "ew2c": math.log10(res["ew2c"][i]) - math.log10(res["ew2c"][-1]),
-         "ew2rw": math.log10(res["ew2rw"][i]) - math.log10(res["ew2rw"][-1])}
+         "ew2c": math.log10(res["ew2c"][i]) - math.log10(res["ew2c"][-1])}
     return {k: v / MARGINS[k] for k, v in h.items()}
-
-
-def control_n(scale: str, bench: str, seeds=CONTROL_SEEDS) -> dict:
-    """n_control: the largest N whose every harm (mean over ``seeds``) is >= CONTROL_FACTOR margins."""
-    from .method import datasets, sweep
-
-    p, b = _load(scale, bench)
-    ns = [int(n) for n in b["n_grid"]]
-    per_seed = []
-    for seed in seeds:
-        t0 = time.process_time()
-        res = sweep("ml", datasets(bench, b, seed), b, p, seed, bench)
-        per_seed.append({str(n): harms(res, i) for i, n in enumerate(ns[:-1])})
-        print(f"{bench} seed {seed}: {time.process_time() - t0:.1f} cpu-s", flush=True)
-    table = {}
-    for n in ns[:-1]:
-        table[str(n)] = {k: sum(s[str(n)][k] for s in per_seed) / len(per_seed) for k in MARGINS}
-        print(f"{bench} N={n}: harm / margin " + ", ".join(f"{k} {v:.2f}" for k, v in table[str(n)].items()), flush=True)
-    chosen, reached = choose_controls(table, ns)
-    print(f"{bench}: n_control = {chosen} (harm of 2 margins reached: {reached})", flush=True)
-    return {"scale": scale, "bench": bench, "seeds": list(seeds), "n_max": ns[-1], "margins": MARGINS,
-            "factor": CONTROL_FACTOR, "per_seed": per_seed, "harm_in_margins": table,
-            "n_control": chosen, "reached": reached}
 
 
 def choose_controls(table: dict, ns) -> tuple[dict, dict]:
@@ -162,6 +116,62 @@ def choose_controls(table: dict, ns) -> tuple[dict, dict]:
     return chosen, reached
 
 
+def ml_sweeps(scale: str, bench: str, seeds=CALIBRATION_SEEDS) -> dict:
+    """ML's whole sweep (the pipeline's ``sweep`` and training rule) on every calibration seed, and
+    from it both constants: ESS* = STAR_FRACTION x the mean of ML's ESS at STAR_N[bench], and
+    n_control per no-harm metric (``choose_controls`` on the harm table, mean over the same seeds)."""
+    from .method import datasets, sweep
+
+    p, b = _load(scale, bench)
+    ns = [int(n) for n in b["n_grid"]]
+    n_star = STAR_N[bench]
+    if n_star not in ns:
+        raise ValueError(f"STAR_N {n_star} is not on the {bench} grid {ns}")
+    curves, per_seed = [], []
+    for seed in seeds:
+        t0 = time.process_time()
+        res = sweep("ml", datasets(bench, b, seed), b, p, seed, bench)
+        curves.append({k: res[k] for k in ("ess", "nll", "ew2c", "ew2rw", "crop_frac", "stop_step", "final_step",
+                                           "capped", "anneal_gain_nll", "tail_phase2")})
+        per_seed.append({str(n): harms(res, i) for i, n in enumerate(ns[:-1])})
+        print(f"{bench} seed {seed}: {time.process_time() - t0:.1f} cpu-s", flush=True)
+    return _constants(scale, bench, b, ns, list(seeds), curves, per_seed)
+
+
+def merge_sweeps(scale: str, bench: str) -> dict:
+    """The per-seed part files of ``sweeps`` (run in parallel), merged in CALIBRATION_SEEDS order,
+    with ESS* and n_control computed from all of them (the same rule as ``ml_sweeps``)."""
+    parts = {}
+    for f in sorted(HERE.glob(f"calibration_part_{scale}_{bench}_sweeps_*.json")):
+        d = json.loads(f.read_text())
+        for s, c, h in zip(d["seeds"], d["curves"], d["per_seed_harm"]):
+            parts[int(s)] = (c, h)
+    missing = [s for s in CALIBRATION_SEEDS if s not in parts]
+    if missing:
+        raise SystemExit(f"sweeps_merge: no part file for seeds {missing}")
+    p, b = _load(scale, bench)
+    ns = [int(n) for n in b["n_grid"]]
+    curves = [parts[s][0] for s in CALIBRATION_SEEDS]
+    per_seed = [parts[s][1] for s in CALIBRATION_SEEDS]
+    return _constants(scale, bench, b, ns, list(CALIBRATION_SEEDS), curves, per_seed)
+
+
+def _constants(scale, bench, b, ns, seeds, curves, per_seed) -> dict:
+    n_star = STAR_N[bench]
+    ess_at = [c["ess"][ns.index(n_star)] for c in curves]
+    star = STAR_FRACTION * sum(ess_at) / len(ess_at)
+    table = {str(n): {k: sum(s[str(n)][k] for s in per_seed) / len(per_seed) for k in MARGINS} for n in ns[:-1]}
+    chosen, reached = choose_controls(table, ns)
+    reach = [max(c["ess"]) >= star for c in curves]
+    print(f"{bench}: ESS* = {STAR_FRACTION:g} x mean ML ESS at N = {n_star} {ess_at} = {star:.4f}; "
+          f"reached on {sum(reach)}/{len(reach)} seeds; n_control = {chosen} ({reached})", flush=True)
+    lr = b["train"]["lr"]
+    return {"scale": scale, "bench": bench, "seeds": list(seeds), "n": ns, "lr": lr["ml"] if isinstance(lr, dict) else lr,
+            "curves": curves, "star_n": n_star, "fraction": STAR_FRACTION, "ess_at_star_n": ess_at, "ess_star": star,
+            "reached_per_seed": reach, "margins": MARGINS, "factor": CONTROL_FACTOR, "per_seed_harm": per_seed,
+            "harm_in_margins": table, "n_control": chosen, "reached": reached}
+
+
 def main(argv: list[str]) -> None:
     import torch
 
@@ -169,13 +179,17 @@ def main(argv: list[str]) -> None:
     scale, bench, what = argv[:3]
     if what == "grid":
         out = grid_table(scale, bench, argv[3:] or None)
-    elif what == "star":
-        out = ess_star(scale, bench)
-    elif what == "control":
-        out = control_n(scale, bench)
+    elif what == "sweeps":  # optional seeds: one part file per call, merged by `sweeps_merge`
+        out = ml_sweeps(scale, bench, tuple(int(x) for x in argv[3:]) or CALIBRATION_SEEDS)
+    elif what == "sweeps_merge":
+        out = merge_sweeps(scale, bench)
+        what, argv = "sweeps", argv[:3]
     else:
-        raise SystemExit("usage: python -m reprozoo.methods.ldr.calibrate SCALE BENCH grid [VARIANT ...] | star | control")
+        raise SystemExit("usage: python -m reprozoo.methods.ldr.calibrate SCALE BENCH grid [VARIANT ...] | sweeps [SEED ...]"
+                         " | sweeps_merge")
     tag = "_".join([scale, bench, what] + argv[3:])
+    if what == "sweeps" and len(argv) > 3:
+        tag = "part_" + tag
     (HERE / f"calibration_{tag}.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -15,21 +15,19 @@ Stages:
   of size N, an independent validation set and test set, all with energy labels).
 * train (variant x seed): the variant swept over every benchmark's N grid.
 
-Training (train_flow): Adam at a constant learning rate (per variant, from one grid chosen on
-validation by one rule: calibrate.py). Every ``val_every`` steps the variant's own objective is
-evaluated on the validation set (the NLL for ML; NLL + λ D for LDR); the constant-lr phase stops
-when it has not improved by ``min_delta`` for ``patience`` evaluations AND its last 30 % improves
-by at most ``flat_tol`` (2 %) of its whole improvement (the convergence gate's measure and
-tolerance), not before ``min_steps``, at most ``max_steps``. Then, from its best parameters, a
-final phase at ``final_lr_factor`` x lr (1/10) runs until ``patience`` evaluations pass without an
-improvement: a plateau that was optimiser noise shows as what this phase still gains
-(``anneal_gain_nll_*``, and at the largest N the ESS before it, ``ess_phase1_nmax_*``). The
-parameters with the best validation objective over both phases are kept. The constant-lr
-validation curve and its lr curve at every N are the convergence gate's inputs.
+Training (train_flow): the shared rule of ``reprozoo.blocks.fitting`` (``PlateauRun``): Adam at
+a constant learning rate (per variant, from one grid chosen on validation by one rule:
+calibrate.py), the variant's own objective on the validation set every ``val_every`` steps (the
+NLL for ML; NLL + λ D for LDR), stop once the gate's plateau test (value scale, ``flat_tol`` = half
+the gate's tolerance) passes, not before ``min_steps``, at most ``max_steps``; then lr/10 until the
+whole curve passes the same test again. The parameters with the best validation objective over
+both phases are kept. The whole validation curve and its lr curve at every N are the convergence
+gate's inputs; what the lr/10 phase gained is recorded (``anneal_gain_nll_*``, and at the largest N
+the ESS before it, ``ess_phase1_nmax_*``).
 
 Per N, on the trained flow, from 10^4 flow samples: Kish ESS (normalised, in [1/n, 1]) against
 the exact target energy; E-W2 between the energies of flow samples and of test samples (kT):
-uncropped, cropped at the top of the energy window, and importance-reweighted; test NLL per test
+unclipped, clipped at the top of the energy window (claimed), and importance-reweighted; test NLL per test
 point (nats, density on the COM-free subspace, per unit); Var(log q + E/T) on the test set. From
 the ESS curve: N(ESS*) at the benchmark's fixed level ESS* (efficiency.py). Per benchmark: the
 E-W2 of an independent reference sample (the training pool) against the test set, the metric's
@@ -82,14 +80,16 @@ def benchmarks_for(p: dict, variant: str | None = None) -> dict[str, dict]:
 
 # --- training ------------------------------------------------------------------------------------
 
-def tail_improvement(steps, values, tail: float = 0.3) -> float:
+def tail_improvement(steps, values, tail: float = 0.3, scale: str = "value") -> float:
     """How much a validation curve still improves over its last ``tail`` of training, relative to
-    its whole improvement so far: -(Theil-Sen slope) x (tail length) / (first value - best value).
-    The platform's convergence gate uses this measure (``scale: range``) with a 2 % tolerance:
-    this is :func:`reprozoo.claims.tail_fit` itself."""
+    its level there: -(Theil-Sen slope) x (tail length) / |median of the tail| (``scale: value``;
+    ``range`` divides by the whole improvement instead). The platform's convergence gate uses this
+    measure with a 2 % tolerance: this is :func:`reprozoo.claims.tail_fit` itself. (The range scale
+    let runs stop at min_steps: the first evaluation's loss, far above the rest, made any later
+    slope look small.)"""
     from ...claims import tail_fit
 
-    return tail_fit(steps, values, scale="range", tail=tail)["improvement"]
+    return tail_fit(steps, values, scale=scale, tail=tail)["improvement"]
 
 
 def variant_setting(value, variant: str, what: str):
@@ -105,13 +105,20 @@ def train_flow(measure: str | None, weight: float, u, c, u_val, c_val, dim: int,
                bench: str = "", lr: float | None = None, keep_phase1: bool = False):
     """Fit one flow on u (flow coordinates; ``c`` = E/T + log_det, per point) by ML (+ λ D(ℓ)).
 
-    Phase 1: Adam at the constant ``lr`` until the plateau rule stops it (the convergence gate's
-    curve). Phase 2: from phase 1's best parameters, ``final_lr_factor`` x lr (default 1/10) until
-    ``patience`` evaluations pass without an improvement of ``min_delta`` (at most ``max_steps``
-    more steps): what a lower rate still gains is recorded (``anneal_gain``, ``anneal_gain_nll``),
-    and the flow with the best validation objective over both phases is returned, with a record."""
+    The shared training rule (``reprozoo.blocks.fitting.PlateauRun``, the gate's own plateau test on
+    the ``value`` scale, ``train.scale``): Adam at the constant ``lr`` until the variant's own validation objective
+    (NLL for ML, NLL + λ D for LDR) is flat over the last 30 % of the curve (``flat_tol``, not before
+    ``min_steps``, at most ``max_steps``); then the rate drops to ``final_lr_factor`` x lr (1/10, the
+    gate's floor) and training goes on until the WHOLE curve, lr/10 phase included, passes the same
+    plateau test again (at least 5 evaluations after the drop, at most ``max_steps`` more). Each
+    stop also needs ``patience`` evaluations without a new best by ``min_delta`` (our condition on
+    top of the gate's test: a slow steady descent passed the 1 % slope test at min_steps). With
+    ``extend`` > 1 (``reprozoo converge --factor``), each phase runs on to ``extend`` x its length at
+    the plateau. The parameters with the best validation objective over both phases are returned,
+    with a record (the whole curve and its lr curve are the convergence gate's input)."""
     import torch
 
+    from ...blocks.fitting import PlateauRun
     from ...blocks.flows import make_flow
     from .dispersion import objective
 
@@ -121,67 +128,65 @@ def train_flow(measure: str | None, weight: float, u, c, u_val, c_val, dim: int,
                      **fc.get("kwargs", {})).to(u.device)
     flow.set_standardization(u)
     lr = float(tc["lr"] if lr is None else lr)
-    opt = torch.optim.Adam(flow.parameters(), lr=lr, weight_decay=float(tc.get("weight_decay", 0.0)))
     gen = torch.Generator().manual_seed(_seed(seed, n, 1, bench))
     bs = min(int(tc["batch_size"]), n)
-    every, patience = int(tc["val_every"]), int(tc["patience"])
-    min_steps, max_steps, min_delta = int(tc["min_steps"]), int(tc["max_steps"]), float(tc["min_delta"])
-    flat_tol = float(tc.get("flat_tol", 0.02))
+    every = int(tc["val_every"])
+    min_steps, max_steps = int(tc["min_steps"]), int(tc["max_steps"])
+    flat_tol = float(tc.get("flat_tol", 0.01))
     factor = float(tc.get("final_lr_factor", 0.1))
-    rec = {"val_steps": [], "val_loss": [], "val_nll": [], "lr": [], "final_steps": [], "final_loss": []}
-    state = {"best": math.inf, "nll": math.inf, "params": None, "step": 0, "since": 0}
+    extend = max(1, int(tc.get("extend", 1)))
 
-    def validate(step, phase1: bool) -> None:
+    def train_loss(model, g):
+        idx = torch.randint(0, n, (bs,), generator=g)
+        return objective(model.log_prob(u[idx]), c[idx], measure, weight)[0]
+
+    def val_loss(model):
         with torch.no_grad():
-            v_loss, v_nll = objective(flow.log_prob(u_val), c_val, measure, weight)
-        v = float(v_loss)
-        if phase1:
-            rec["val_steps"].append(step)
-            rec["val_loss"].append(v)
-            rec["val_nll"].append(float(v_nll))
-            rec["lr"].append(opt.param_groups[0]["lr"])
-        else:
-            rec["final_steps"].append(step)
-            rec["final_loss"].append(v)
-        if v < state["best"] - min_delta or state["params"] is None:
-            state.update(best=v, nll=float(v_nll), step=step, since=0,
-                         params={k: t.detach().clone() for k, t in flow.state_dict().items()})
-        else:
-            state["since"] += 1
+            v_loss, v_nll = objective(model.log_prob(u_val), c_val, measure, weight)
+        return {"loss": float(v_loss), "nll": float(v_nll)}
 
-    def one_step() -> None:
-        idx = torch.randint(0, n, (bs,), generator=gen)
-        loss, _ = objective(flow.log_prob(u[idx]), c[idx], measure, weight)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    run = PlateauRun(flow, lr, train_loss, val_loss, every, gen, weight_decay=float(tc.get("weight_decay", 0.0)),
+                     scale=str(tc.get("scale", "value")), select="loss", stop_on=["loss"])
+    patience, min_delta = int(tc.get("patience", 0)), float(tc.get("min_delta", 0.0))
 
-    step, stopped = 0, False
-    for step in range(1, max_steps + 1):
-        one_step()
-        if step % every == 0:
-            validate(step, True)
-            if step >= min_steps and state["since"] >= patience and \
-                    tail_improvement(rec["val_steps"], rec["val_loss"]) <= flat_tol:
-                stopped = True
-                break
-    stop1, best1, nll1, best_step1 = step, state["best"], state["nll"], state["step"]
-    flow.load_state_dict(state["params"])
-    phase1 = {k: t.clone() for k, t in state["params"].items()} if keep_phase1 else None
-    # phase 2: the same optimiser (its moment estimates kept) at a lower rate, from the best state
-    for g in opt.param_groups:
-        g["lr"] = lr * factor
-    state["since"] = 0
-    for step2 in range(1, max_steps + 1):
-        one_step()
-        if step2 % every == 0:
-            validate(stop1 + step2, False)
-            if state["since"] >= patience:
-                break
-    flow.load_state_dict(state["params"])
-    rec.update(stop_step=stop1, best_step=best_step1, capped=int(not stopped), final_step=stop1 + step2,
-               final_best_step=state["step"], anneal_gain=best1 - state["best"], anneal_gain_nll=nll1 - state["nll"],
-               val_nll_final=state["nll"], lr_used=lr, phase1_params=phase1)
+    def stalled() -> bool:
+        """Our extra condition (on top of the gate's plateau test): no new best by min_delta in the
+        last ``patience`` evaluations (a slow, steady descent can pass a 1 % slope test)."""
+        if patience <= 0:
+            return True
+        if len(run.vals) <= patience:
+            return False
+        return min(run.vals[-patience:]) > min(run.vals[:-patience]) - min_delta
+
+    def to_plateau(first: int, until: int) -> bool:
+        while run.step < until:
+            if run.advance(min(until, run.step + every), min_steps=first, tol=flat_tol) and stalled():
+                return True
+        return False
+
+    stopped1 = to_plateau(min_steps, max_steps)
+    stop1 = run.step
+    if extend > 1:
+        run.advance(min(max_steps, extend * stop1))
+    # phase 1's best (the audit of the lr/10 phase compares against it)
+    i1 = int(np.argmin(run.vals))
+    best1, nll1, best_step1 = run.vals[i1], run.curves["nll"][i1], run.steps[i1]
+    phase1 = {k: t.detach().clone() for k, t in run.best_state.items()} if keep_phase1 else None
+    drop = run.step
+    run.set_lr(lr * factor)
+    stopped2 = to_plateau(drop + 5 * every, drop + max_steps)
+    if extend > 1:
+        run.advance(drop + extend * (run.step - drop))
+    flow.load_state_dict(run.best_state)
+    i = int(np.argmin(run.vals))
+    rec = {"val_steps": run.steps, "val_loss": run.vals, "val_nll": run.curves["nll"], "lr": run.lrs,
+           "stop_step": stop1, "best_step": best_step1, "capped": int(not (stopped1 and stopped2)),
+           "final_step": run.step, "final_best_step": run.steps[i], "anneal_gain": best1 - run.vals[i],
+           "anneal_gain_nll": nll1 - run.curves["nll"][i], "val_nll_final": run.curves["nll"][i],
+           "lr_used": lr, "phase1_params": phase1,
+           # the lr/10 phase's own flatness (the gate's measure over its points only)
+           "tail_phase2": tail_improvement(run.steps[len(run.steps) - (run.step - drop) // every - 1:],
+                                           run.vals[len(run.vals) - (run.step - drop) // every - 1:])}
     return flow, rec
 
 
@@ -197,10 +202,10 @@ def evaluate(flow, target, chart, u_test, e_test, ev: dict, seed: int) -> dict:
     """ESS, per-point test NLL, the three E-W2, Var(ℓ) on the test set; the flow samples' energies.
 
     E-W2 (kT) between the energies of ``ev["n_samples"]`` flow samples and of the test set:
-    ``ew2`` uncropped (recorded, not claimed: a few samples in the proposal's tail decide it),
-    ``ew2c`` with both sides cropped at ``ev["energy_hi"]`` (the top of the energy window;
+    ``ew2`` unclipped (recorded, not claimed: a few samples in the proposal's tail decide it),
+    ``ew2c`` with both sides clipped at ``ev["energy_hi"]`` (the top of the energy window;
     ``crop_frac`` = the fraction of flow samples above it), ``ew2rw`` importance-reweighted
-    (self-normalised weights p/q, uncropped: the weights remove the tail)."""
+    (self-normalised weights p/q, unclipped; a diagnostic, not claimed)."""
     import torch
 
     from ...blocks.gen_metrics import energy_w2, kish_ess, log_importance_weights
@@ -220,9 +225,22 @@ def evaluate(flow, target, chart, u_test, e_test, ev: dict, seed: int) -> dict:
     e_np = energy.cpu().numpy()
     ell = (test_lq + e_test.double() / target.temperature).cpu().numpy()
     return {"ess": kish_ess(log_w), "nll_units": (-test_lq).cpu().numpy(), "ew2": energy_w2(energy, e_test),
-            "ew2c": energy_w2(energy, e_test, max_energy=crop), "ew2rw": energy_w2(energy, e_test, weights=w),
+            "ew2c": clipped_ew2(energy, e_test, crop), "ew2rw": energy_w2(energy, e_test, weights=w),
             "crop_frac": float(np.mean(~(e_np <= crop))),
             "test_logvar": float(np.var(ell)), "energies": e_np}
+
+
+def clipped_ew2(e_model, e_ref, top: float) -> float:
+    """E-W2 with both sides' energies clipped at ``top`` (the top of the energy window): a sample
+    above it counts as a sample AT the top, so mass the flow puts up there is still a harm the
+    metric sees (dropping it, the previous crop, hid it), while how far up it lies (10-300 kT for a
+    handful of tail samples) no longer decides the number."""
+    from ...blocks.gen_metrics import energy_w2
+
+    em = np.asarray(e_model.cpu().numpy() if hasattr(e_model, "cpu") else e_model, float).ravel()
+    er = np.asarray(e_ref.cpu().numpy() if hasattr(e_ref, "cpu") else e_ref, float).ravel()
+    em = np.where(np.isnan(em), np.inf, em)  # a non-finite energy is off the top too
+    return energy_w2(np.minimum(em, top), np.minimum(er, top))
 
 
 def _histogram(energies, ev: dict) -> list[float]:
@@ -248,8 +266,6 @@ def sweep(variant: str, data: dict, b: dict, p: dict, seed: int, bench: str = ""
     """Train and evaluate one variant at every N of a benchmark's grid; a JSON-able dict of curves."""
     import torch
 
-    from ...blocks.gen_metrics import energy_w2
-
     target, chart = _setup(b)
     device = p.get("device", "cpu")
     temp = target.temperature
@@ -259,11 +275,11 @@ def sweep(variant: str, data: dict, b: dict, p: dict, seed: int, bench: str = ""
     u_test, _ = flow_coords(chart, data["test"], data["e_test"], temp, device)
     ns, ev = [int(n) for n in b["n_grid"]], b["eval"]
     keys = ("ess", "nll", "ew2", "ew2c", "ew2rw", "crop_frac", "test_logvar", "train_logvar", "stop_step",
-            "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll", "seconds")
+            "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll", "tail_phase2", "seconds")
     out = {"n": ns, **{k: [] for k in keys}, "nll_units": {}, "val": {}, "weight": weight, "lr_used": lr}
     # the metric's floor: an independent reference sample (the training pool at the largest N, from
     # chains independent of the test set's) scored against the test set with the same crop
-    out["ew2_ref"] = energy_w2(data["e_pool"], data["e_test"], max_energy=float(ev["energy_hi"]))
+    out["ew2_ref"] = clipped_ew2(data["e_pool"], data["e_test"], float(ev["energy_hi"]))
     for n in ns:
         t0 = time.perf_counter()
         flow, rec = train_flow(measure, weight, u_pool[:n], c_pool[:n], u_val, c_val, chart.dim, b, seed, n, bench,
@@ -283,7 +299,7 @@ def sweep(variant: str, data: dict, b: dict, p: dict, seed: int, bench: str = ""
             out[k].append(res[k])
         out["nll"].append(float(np.mean(res["nll_units"])))
         out["train_logvar"].append(float(ell.var(unbiased=False)))
-        for k in ("stop_step", "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll"):
+        for k in ("stop_step", "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll", "tail_phase2"):
             out[k].append(rec[k])
         out["nll_units"][str(n)] = res["nll_units"].tolist()
         out["val"][str(n)] = {k: rec[k] for k in ("val_steps", "val_loss", "val_nll", "lr")}
@@ -291,7 +307,7 @@ def sweep(variant: str, data: dict, b: dict, p: dict, seed: int, bench: str = ""
             if n == n_tag:
                 out[f"energy_hist_{tag}"] = _histogram(res["energies"], ev)
         progress(f"{bench} {variant} N={n}: ESS {res['ess']:.3f} NLL {out['nll'][-1]:.3f} "
-                 f"E-W2 {res['ew2']:.3f} / cropped {res['ew2c']:.3f} / reweighted {res['ew2rw']:.3f} "
+                 f"E-W2 {res['ew2']:.3f} / clipped {res['ew2c']:.3f} / reweighted {res['ew2rw']:.3f} "
                  f"(stop {rec['stop_step']}, best {rec['best_step']}, lr/10 to {rec['final_step']}, "
                  f"gain {rec['anneal_gain_nll']:.4f} nats, {out['seconds'][-1]:.1f}s)")
     out["energy_hist_ref"] = _histogram(data["e_test"].cpu().numpy(), ev)
@@ -323,14 +339,15 @@ def train_shared(ctx) -> None:
 
 def record(ctx, name: str, res: dict, b: dict) -> None:
     """Curves over N, scalars at the largest N and at the control N, N(ESS*), convergence curves."""
-    from .efficiency import n_to_reach
+    from .efficiency import n_to_reach, reach_ok
 
     m, ns = ctx.metrics, res["n"]
     for k in ("ess", "nll", "ew2", "ew2c", "ew2rw", "crop_frac", "test_logvar", "train_logvar", "stop_step",
-              "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll"):
+              "best_step", "final_step", "capped", "anneal_gain", "anneal_gain_nll", "tail_phase2"):
         m.curve(f"{k}_{name}", ns, res[k])
-    for k in ("ess", "ew2", "ew2c", "ew2rw"):
+    for k in ("ess", "ew2", "ew2c", "ew2rw", "crop_frac"):
         m.scalar(f"{k}_nmax_{name}", res[k][-1])
+    for k in ("ess", "ew2", "ew2c"):  # the claimed metrics' controls (ew2: the clipped one's N)
         m.scalar(f"{k}_nctl_{name}", res[k][ns.index(control_n(b, k, ns))])
     m.scalar(f"ew2_ref_{name}", res["ew2_ref"])
     m.scalar(f"ess_phase1_nmax_{name}", res["ess_phase1_nmax"])
@@ -343,6 +360,7 @@ def record(ctx, name: str, res: dict, b: dict) -> None:
     m.scalar(f"n_reach_{name}", n_star)
     m.scalar(f"n_reach_censored_{name}", censored)
     m.scalar(f"ess_reach_margin_{name}", max(res["ess"]) - star)  # > 0: the curve reaches ESS*
+    m.scalar(f"reach_ok_{name}", reach_ok(res["ess"], star))  # per seed: > 0.5 iff ESS* is reached
     # > log10 2: N(ESS*) at least twice the smallest N, so a 2x saving is visible on the grid
     m.scalar(f"n_reach_room_{name}", math.log10(n_star) - math.log10(ns[0]))
     m.scalar(f"capped_runs_{name}", float(sum(res["capped"])))
@@ -368,8 +386,8 @@ def record(ctx, name: str, res: dict, b: dict) -> None:
 
 def control_n(b: dict, metric: str, ns) -> int:
     """The N of the no-harm control on ``metric`` (ML on N samples against ML on the largest N):
-    ``n_control`` is one N for every metric, or one per metric (calibrate.py ``control``; the
-    uncropped E-W2, not claimed, uses the cropped one's)."""
+    ``n_control`` is one N for every metric, or one per metric (calibrate.py ``sweeps``; the
+    unclipped E-W2, not claimed, uses the clipped one's)."""
     ctl = b["n_control"]
     if isinstance(ctl, dict):
         key = "ew2c" if metric == "ew2" else metric
@@ -410,13 +428,13 @@ def plot(table, plots_dir, params: dict) -> None:
         p = plt()
         _ess_plot(plots_dir / f"curve_ess_{name}.png", table, name, variants, float(b["ess_star"]), p)
         _panels(plots_dir / f"curve_nll_ew2_{name}.png", table, variants, p, logx=True,
-                panels=[(f"nll_{name}", "test NLL (nats)", False), (f"ew2c_{name}", "E-W2, cropped (kT)", True),
-                        (f"ew2rw_{name}", "E-W2, reweighted (kT)", True), (f"ew2_{name}", "E-W2, uncropped (kT)", True)],
+                panels=[(f"nll_{name}", "test NLL (nats)", False), (f"ew2c_{name}", "E-W2, clipped at the window top (kT)", True),
+                        (f"ew2rw_{name}", "E-W2, reweighted (kT)", True), (f"ew2_{name}", "E-W2, unclipped (kT)", True)],
                 xlabel="training samples N (MCMC)", title=f"{name.upper()}: held-out NLL and energy W2 vs N")
         _panels(plots_dir / f"curve_val_loss_{name}.png", table, variants, p, logx=False,
                 panels=[(f"val_loss_{name}_nmin", "validation objective, smallest N", False),
                         (f"val_loss_{name}_nmax", "validation objective, largest N", False)],
-                xlabel="optimiser step (constant-lr phase)",
+                xlabel="optimiser step (constant lr, then lr/10 after the plateau)",
                 title=f"{name.upper()}: has training flattened (and where did it stop)?")
         _energy_histograms(table, plots_dir, name, variants, name.upper(), p)
 
