@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from reprozoo.methods.afr_net import routing
-from reprozoo.methods.afr_net.data import make_cohort, ou_functional_connectivity
-from reprozoo.methods.afr_net.method import auc_units, precision_at_k, roc_auc, ttest_scores
+from reprozoo.methods.afr_net.data import (lyapunov_wishart_fc, make_cohort, ou_functional_connectivity,
+                                           stationary_covariance)
+from reprozoo.methods.afr_net.method import auc_units, oracle_auc, precision_at_k, roc_auc, ttest_scores
 
 
 def _random_graph(n=7, p=0.5, seed=0):
@@ -99,6 +100,30 @@ def test_ou_fc_matches_the_lyapunov_correlation():
     np.testing.assert_allclose(fc, cov / np.outer(sd, sd), atol=0.03)
 
 
+def test_closed_form_fc_solves_the_continuous_lyapunov_equation_and_matches_the_simulation():
+    """The cohort's FC: Sigma = (2 (I - g G_hat))^{-1} solves A Sigma + Sigma A^T + I = 0; Wishart draws
+    from it average to its correlation; a fine-step Euler-Maruyama run of the same OU model agrees."""
+    from scipy.linalg import solve_continuous_lyapunov
+
+    rng = np.random.default_rng(8)
+    n = 6
+    S = rng.random((n, n))
+    S = S + S.T
+    np.fill_diagonal(S, 0)
+    g = 0.8
+    sig = stationary_covariance(S[None], g)[0]
+    A = -np.eye(n) + g * S / np.linalg.eigvalsh(S)[-1]
+    np.testing.assert_allclose(sig, solve_continuous_lyapunov(A, -np.eye(n)), rtol=1e-10, atol=1e-12)
+    sd = np.sqrt(np.diag(sig))
+    corr = sig / np.outer(sd, sd)
+    fc = lyapunov_wishart_fc(np.repeat(S[None], 200, 0), g, 400, rng)
+    np.testing.assert_allclose(fc.mean(0), corr, atol=0.01)
+    np.testing.assert_allclose(fc.std(0)[~np.eye(n, dtype=bool)],
+                               ((1 - corr**2) / np.sqrt(400))[~np.eye(n, dtype=bool)], rtol=0.3)  # finite-scan noise
+    sim = ou_functional_connectivity(np.repeat(S[None], 4, 0), g, 0.05, 100_000, 2_000, rng).mean(0)
+    np.testing.assert_allclose(sim, corr, atol=0.04)
+
+
 def test_a_uniform_gate_is_the_fixed_gate():
     """Scaling every conductance by one factor (a gate constant over the edges) leaves every current
     unchanged: only the spread of the gates over the edges re-routes (what ``gate_sd`` measures)."""
@@ -117,7 +142,7 @@ def test_a_uniform_gate_is_the_fixed_gate():
 def cohort():
     return make_cohort(np.random.default_rng(5), n_subjects=120, n_regions=40, n_modules=4, p_in=0.35,
                        p_out=0.03, weight_sigma=0.5, n_pathways=2, path_edges=4, sc_noise=0.3, global_noise=0.05,
-                       gate_noise=0.3, severity=(0.4, 0.6), coupling=0.9, dt=0.5, n_steps=200, burn_in=50)
+                       gate_noise=0.3, severity=(0.4, 0.6), coupling=0.9, n_samples=200)
 
 
 def test_the_disease_is_in_routing_not_in_sc(cohort):
@@ -137,20 +162,26 @@ def test_the_disease_is_in_routing_not_in_sc(cohort):
     assert precision_at_k(ttest_scores(fz, y), cohort.planted) >= 5 * chance
 
 
-def test_smoke_cohort_is_below_the_t_test_ceiling():
-    """The review's calibration: at the smoke setting the effect is weak enough that a t-test on FC no
-    longer finds every planted edge, yet strong enough that it finds most (not a null cohort)."""
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_smoke_cohort_is_below_the_t_test_ceiling_yet_learnable(seed):
+    """The review's calibration, per smoke seed (the cohort train_shared draws): a t-test on FC no longer
+    finds every planted edge (the graded severity leaves some routes barely touched), yet it finds
+    some (not a null cohort), and a model told the planted edges classifies well (AUC > 0.8)."""
     from pathlib import Path
 
     import yaml
 
+    from reprozoo.methods.afr_net.data import split_indices
+
     cfg = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/afr_net/configs/smoke.yaml").read_text())
     d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"])}
-    c = make_cohort(np.random.default_rng(11), **d)
-    e, y = c.edges, c.y
+    c = make_cohort(np.random.default_rng(seed * 1_000_003), **d)                # ctx.rng(0) of that seed
+    sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed * 1_000_003 + 1))
+    e, y, tr = c.edges, c.y, sp["train"]
     fz = np.arctanh(np.clip(c.fc[:, e[:, 0], e[:, 1]], -0.999, 0.999))
-    prec = precision_at_k(ttest_scores(fz, y), c.planted)
-    assert 5 * c.planted.mean() <= prec < 1.0
+    prec = precision_at_k(ttest_scores(fz[tr], y[tr]), c.planted)
+    assert 3 * c.planted.mean() <= prec < 1.0
+    assert oracle_auc(fz, np.log(c.sc[:, e[:, 0], e[:, 1]]), y, c.planted, tr, sp["test"]) > 0.8
 
 
 def test_auc_closed_forms():

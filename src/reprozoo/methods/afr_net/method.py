@@ -22,9 +22,13 @@ train (per variant x seed), recorded metrics:
   saliency readout for every variant (AFR-Net included), the like-for-like comparison;
 - ``sc_ttest_prec``, ``fc_ttest_prec``: model-free references, precision at k of a two-sample
   t-test on the training subjects' log SC (chance here: the disease is not in SC) and Fisher-z FC
-  on the SC edges (how hard localisation is in this cohort);
+  on the SC edges (how hard localisation is in this cohort); ``fc_ttest_margin`` (weakest planted
+  |t| minus strongest unplanted |t|: > 0 exactly at the t-test's ceiling); ``oracle_auc`` (test AUC
+  of a logistic regression told the planted edges: the cohort's reachable AUC);
 - AFR-Net only: ``gate_sd`` (spread over edges of theta * a_e, the precondition that learned
-  gates differ from fixed ones; 0 for ``afr_net_fixed``), ``prec_at_k_gate`` (the same readout
+  gates differ from fixed ones; 0 for ``afr_net_fixed``), ``gate_effect`` (mean |change of the
+  logit difference| when the trained network's gates are set to 0, over its spread: do the gates
+  change the output?), ``prec_at_k_gate`` (the same readout
   on the gates instead of the mask), ``mask_mean``, ``gate_mean``;
 - curves ``val_fit`` / ``lr_fit`` (validation cross-entropy and learning rate per evaluation: the
   convergence gate's), ``val_loss`` (the same curve, for the generic plot), ``train_loss`` (per step),
@@ -83,6 +87,21 @@ def precision_at_k(score: np.ndarray, truth: np.ndarray, k: int | None = None) -
         return float("nan")                                      # real data: nothing planted
     top = np.argsort(-np.asarray(score), kind="stable")[:k]
     return float(truth[top].mean())
+
+
+def oracle_auc(fz: np.ndarray, log_sc: np.ndarray, y: np.ndarray, planted: np.ndarray, train: np.ndarray,
+               test: np.ndarray) -> float:
+    """Test AUC of a model told the planted edges: L2 logistic regression (C = 1, z-scored inputs) on
+    the planted edges' Fisher-z FC and log SC of the training subjects. What a classifier can reach
+    on this cohort at most without having to find the edges (the cohort's ceiling, a precondition)."""
+    from sklearn.linear_model import LogisticRegression
+
+    if not planted.any():
+        return float("nan")
+    X = np.concatenate([fz[:, planted], log_sc[:, planted]], 1)
+    mu, sd = X[train].mean(0), X[train].std(0) + 1e-9
+    clf = LogisticRegression(C=1.0, max_iter=2000).fit((X[train] - mu) / sd, y[train])
+    return roc_auc(y[test], clf.decision_function((X[test] - mu) / sd))
 
 
 def ttest_scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -266,6 +285,15 @@ def train(ctx) -> None:
         # unchanged (= the fixed gates): the spread of theta * a_e over the edges is how far the
         # learned routing departs from routing by SC alone (0 for afr_net_fixed)
         ctx.metrics.scalar("gate_sd", float((p["afr"]["theta"] * gate).std(1).mean()))
+        # do the gates change the output? the same trained network with its gates set to 0 (the fixed
+        # routing) on the same subjects and pairs: mean |change of the logit difference| over the
+        # held-out subjects, in units of the logit difference's spread (0 when the output ignores them)
+        zl, _ = _predict(model, T, held, ctx.seed)
+        model.learn_gate = False
+        z0, _ = _predict(model, T, held, ctx.seed)
+        model.learn_gate = True
+        dl, d0 = (zl[:, 1] - zl[:, 0]).cpu().numpy(), (z0[:, 1] - z0[:, 0]).cpu().numpy()
+        ctx.metrics.scalar("gate_effect", float(np.abs(dl - d0).mean() / (dl.std() + 1e-12)))
         ctx.metrics.scalar("prec_at_k_gate", precision_at_k(np.abs(gate[yh == 1].mean(0) - gate[yh == 0].mean(0)), planted))
     else:
         native = sal
@@ -276,7 +304,15 @@ def train(ctx) -> None:
     log_sc = np.log(cohort.sc[tr][:, edges[:, 0], edges[:, 1]])
     ctx.metrics.scalar("sc_ttest_prec", precision_at_k(ttest_scores(log_sc, y[tr]), planted))
     fz = np.arctanh(np.clip(cohort.fc[tr][:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
-    ctx.metrics.scalar("fc_ttest_prec", precision_at_k(ttest_scores(fz, y[tr]), planted))
+    t_fc = ttest_scores(fz, y[tr])
+    ctx.metrics.scalar("fc_ttest_prec", precision_at_k(t_fc, planted))
+    # the ceiling margin of this seed's cohort: |t| of the weakest planted edge minus the largest |t| of
+    # an unplanted one; > 0 exactly when the t-test finds every planted edge (precision 1)
+    if planted.any():
+        ctx.metrics.scalar("fc_ttest_margin", float(t_fc[planted].min() - t_fc[~planted].max()))
+    fz_all = np.arctanh(np.clip(cohort.fc[:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
+    sc_all = np.log(cohort.sc[:, edges[:, 0], edges[:, 1]] + 1e-12)
+    ctx.metrics.scalar("oracle_auc", oracle_auc(fz_all, sc_all, y, planted, tr, test.cpu().numpy()))
     flat = edges[:, 0] * N + edges[:, 1]
     ctx.metrics.curve("edge_score", flat, native)
     if v == "afr_net":
