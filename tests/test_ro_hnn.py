@@ -1,6 +1,7 @@
 """RO-HNN numerics: the kink-chain reference (forces, energy, topological charge, kink kinematics),
 the reductions' symplectic structure, the latent HNN (closed-form force, J grad H, leapfrog),
-the bounded energy of a decoded 1-dof Hamiltonian rollout, and the error metrics."""
+the bounded energy of a decoded 1-dof Hamiltonian rollout, the intrusive PSD-Galerkin baseline,
+and the error metrics (state error, valid-prediction time)."""
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 import yaml
 
 from reprozoo.methods.ro_hnn.latent_dynamics import LatentHNN, rollout
-from reprozoo.methods.ro_hnn.method import relative_state_error
+from reprozoo.methods.ro_hnn.method import PSDGalerkin, relative_state_error, valid_prediction_time
 from reprozoo.methods.ro_hnn.reductions import (LinearPSD, SymplecticAE, poisson_matrix, psd_cotangent_lift,
                                                 symplectic_lift_matrix)
 from reprozoo.methods.ro_hnn.sine_gordon import KinkChain
@@ -278,3 +279,57 @@ def test_state_error_scale():
                                      np.broadcast_to(p.mean(1, keepdims=True), p.shape))
     np.testing.assert_allclose(np.sqrt((mean_pred**2).mean(-1)), 1.0)  # time-mean prediction: 1
     assert relative_state_error(q, p, q, p).max() == 0.0
+
+
+def test_latent_hnn_with_learned_mass_fused_rollout_and_vector_field():
+    """The ae_hnn baseline's HNN, H = P minv P / 2 + V(Q) (minv may be negative): the fused rollout
+    equals repeated velocity-Verlet steps, and the vector field is J grad H."""
+    minv = np.array([0.4, -1.7])
+    hnn = LatentHNN(2, 16, np.full(2, 0.7), torch.Generator().manual_seed(1), np.zeros(2), substeps=2, minv=minv).eval()
+    assert isinstance(hnn.minv, torch.nn.Parameter)
+    q, p = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    with torch.no_grad():
+        qs, ps = rollout(hnn, q, p, 0.3, 4)
+        for k in range(4):
+            q, p = hnn.step(q, p, 0.3)
+            torch.testing.assert_close(qs[:, k + 1], q)
+            torch.testing.assert_close(ps[:, k + 1], p)
+        dq, _ = hnn.vector_field(q, p)
+        e = torch.tensor([1e-6, 0.0], dtype=torch.float64)
+        dh_dp = (hnn.hamiltonian(q, p + e) - hnn.hamiltonian(q, p - e)) / 2e-6
+        torch.testing.assert_close(dq[:, 0], dh_dp, rtol=1e-6, atol=1e-8)
+        # the learned mass is used: the step differs from the unit-mass one
+        unit = LatentHNN(2, 16, np.full(2, 0.7), torch.Generator().manual_seed(1), np.zeros(2), substeps=2).eval()
+        assert not torch.allclose(unit.step(q, p, 0.3)[0], hnn.step(q, p, 0.3)[0])
+
+
+def test_psd_galerkin_with_all_modes_reproduces_the_full_chain():
+    """With a complete basis (Phi = I: every mode) the intrusive Galerkin system is the chain itself:
+    its leapfrog rollout equals the reference; with 8 modes it conserves the reduced Hamiltonian
+    (leapfrog at the reference step: bounded, no drift) and stays on the 8-mode subspace."""
+    chain = _chain(16, 0.7, 4.0)
+    q, p = _traj(chain, 0.1, 20.0, 5, count=2, x0=1.0)
+    q_ref = np.zeros(chain.n)
+    full = PSDGalerkin(chain, np.eye(chain.n), q_ref, 5)
+    qs, ps = full.integrate(q[:, 0], p[:, 0], 0.5, q.shape[1] - 1)
+    np.testing.assert_allclose(qs, q, atol=1e-9)
+    np.testing.assert_allclose(ps, p, atol=1e-9)
+
+    q_ref = q.reshape(-1, chain.n).mean(0)
+    phi = psd_cotangent_lift(q.reshape(-1, chain.n) - q_ref, p.reshape(-1, chain.n), 8)
+    gal = PSDGalerkin(chain, phi, q_ref, 5)
+    qz, pz = (q[:, 0] - q_ref) @ phi, p[:, 0] @ phi
+    zq, zp = gal.integrate(qz, pz, 0.5, 400)
+    h = gal.hamiltonian(zq, zp)
+    rel = np.abs(h / h[:, :1] - 1)
+    assert rel.max() < 1e-2
+    assert rel[:, 200:].max() < 2.0 * rel[:, :200].max() + 1e-12  # bounded oscillation, no secular drift
+    # the reduced force is the projected chain force
+    np.testing.assert_allclose(gal.force(qz), -chain.grad_potential(q_ref + qz @ phi.T) @ phi)
+
+
+def test_valid_prediction_time():
+    err = np.array([[0.1, 0.2, 0.6, 0.1, 0.9],     # first exceeds 0.5 at index 2
+                    [0.1, 0.1, 0.1, 0.1, 0.1],     # never: the rollout's length
+                    [0.7, 0.1, 0.1, 0.1, 0.1]])    # at t = 0
+    np.testing.assert_allclose(valid_prediction_time(err, 0.5, 2.0, 4.0), [1.0, 2.0, 0.0])

@@ -2,14 +2,13 @@
 
 * HNN (RO-HNN and PSD + HNN): H_theta(Q, P) = |P|^2 / 2 + V_theta(Q), V_theta an MLP. The vector
   field is J grad H = (dH/dP, -dH/dQ) = (P, -grad V_theta(Q)); it is integrated by leapfrog
-  (``blocks.symplectic.leapfrog_step``), so the learned latent flow is symplectic and conserves a
+  (velocity Verlet), so the learned latent flow is symplectic and conserves a
   modified H_theta for exponentially long times. Unit latent mass: the reductions keep the
   latent kinetic energy |P|^2 / 2 (orthonormal PSD basis; isometry penalty of the symplectic AE).
 * Neural ODE (plain AE baseline): dz/dt = f_theta(z), an MLP, integrated by classical RK4
   (``blocks.ode.rk_increment``): no conserved quantity is built in.
-* Latent HNNs with many modes (the 8-mode PSD baseline) take ``substeps`` leapfrog steps per
-  sampling interval, so that the chain's faster modes, which such a latent carries, stay inside
-  leapfrog's stability limit.
+* Plain autoencoder + HNN (ablation): the same latent HNN with a learned diagonal inverse mass
+  (initialised by least squares on dQ/dt = minv P of the encoded training trajectories), leapfrog.
 All are trained on the same windows of (encoded) training trajectories, by rolling out K sampling
 intervals and matching the (encoded) states (MSE scaled by each coordinate's spread).
 """
@@ -20,23 +19,32 @@ import torch
 from torch import nn
 
 from ...blocks.ode import RK4, rk_increment
-from ...blocks.symplectic import leapfrog_step
 from .reductions import _mlp
 
 
 class LatentHNN(nn.Module):
-    def __init__(self, n: int, width: int, s_q: np.ndarray, gen: torch.Generator, q_mean=None, substeps: int = 1):
+    """H = P^T diag(minv) P / 2 + V_theta(Q). ``minv`` (the inverse latent mass) is fixed at 1 for
+    the symplectic reductions (their latent is canonical with unit mass by construction); given an
+    initial value it is learned (the plain autoencoder + HNN baseline, whose latent halves are not
+    canonical: the data-fitted inverse mass, possibly negative, lets the HNN match dQ/dt = minv P)."""
+
+    def __init__(self, n: int, width: int, s_q: np.ndarray, gen: torch.Generator, q_mean=None, substeps: int = 1,
+                 minv=None):
         super().__init__()
         self.net = _mlp(n, width, 1, gen)
         self.register_buffer("s_q", torch.as_tensor(s_q))
         self.register_buffer("q_mean", torch.as_tensor(np.zeros(n) if q_mean is None else q_mean))
+        if minv is None:
+            self.register_buffer("minv", torch.ones(n, dtype=torch.float64))
+        else:
+            self.minv = nn.Parameter(torch.as_tensor(np.asarray(minv, float)).clone())
         self.substeps = int(substeps)
 
     def potential(self, qz):
         return self.net((qz - self.q_mean) / self.s_q).squeeze(-1)
 
     def hamiltonian(self, qz, pz):
-        return 0.5 * (pz**2).sum(-1) + self.potential(qz)
+        return 0.5 * (self.minv * pz**2).sum(-1) + self.potential(qz)
 
     def _folded(self):
         """The weights with the input scaling folded in: u = (Q - mean) / s, so
@@ -60,11 +68,14 @@ class LatentHNN(nn.Module):
 
     def vector_field(self, qz, pz):
         """J grad H = (dH/dP, -dH/dQ)."""
-        return pz, -self.grad_potential(qz)
+        return self.minv * pz, -self.grad_potential(qz)
 
     def step(self, qz, pz, h: float):
-        for _ in range(self.substeps):
-            qz, pz = leapfrog_step(qz, pz, self.grad_potential, h / self.substeps)
+        dt = h / self.substeps
+        for _ in range(self.substeps):  # velocity Verlet of H = P minv P / 2 + V(Q)
+            p_half = pz - 0.5 * dt * self.grad_potential(qz)
+            qz = qz + dt * (self.minv * p_half)
+            pz = p_half - 0.5 * dt * self.grad_potential(qz)
         return qz, pz
 
     def integrate(self, qz, pz, h: float, steps: int):
@@ -77,7 +88,7 @@ class LatentHNN(nn.Module):
         p_half = torch.add(pz, self._grad(qz, *wts), alpha=-0.5 * dt)
         for i in range(steps):
             for j in range(self.substeps):
-                qz = torch.add(qz, p_half, alpha=dt)
+                qz = torch.add(qz, self.minv * p_half, alpha=dt)
                 g = self._grad(qz, *wts)
                 if j < self.substeps - 1:
                     p_half = torch.add(p_half, g, alpha=-dt)

@@ -3,25 +3,32 @@
 The kink's states lie on a curved two-dimensional submanifold parametrised by its position and
 velocity (``sine_gordon.py``): the setting in which a nonlinear symplectic reduction with one degree
 of freedom can follow the dynamics and a linear one cannot. Variants (same data, same optimiser
-rule, same learning-rate grid, same step budget):
-  ro_hnn    symplectic autoencoder, n = 1 (cotangent lift of a nonlinear embedding, reductions.py)
-            + latent HNN integrated by leapfrog                                        [the paper]
-  psd_hnn   linear PSD, n = 1 (cotangent lift by SVD) + the same latent HNN and leapfrog [linear MOR]
-  ae_node   plain autoencoder, 2n = 2 + latent neural ODE integrated by RK4            [no structure]
-  psd8_hnn  linear PSD with 8 modes (the reconstruction RO-HNN reaches with one) + latent HNN
-                                                                         [linear MOR, matched accuracy]
+rule, same learning-rate grid, same step budget for every learned part):
+  ro_hnn         symplectic autoencoder, n = 1 (cotangent lift of a nonlinear embedding,
+                 reductions.py) + latent HNN integrated by leapfrog                     [the paper]
+  psd_hnn        linear PSD, n = 1 (cotangent lift by SVD) + the same latent HNN, leapfrog [linear MOR]
+  ae_node        plain autoencoder, 2n = 2 + latent neural ODE integrated by RK4        [no structure]
+  ae_hnn         the same plain autoencoder + the same latent HNN (learned inverse mass), leapfrog:
+                 separates the reduction (ae_hnn vs ro_hnn) from the latent integrator (ae_hnn vs ae_node)
+  psd8_galerkin  intrusive PSD-Galerkin with 8 modes (the reconstruction RO-HNN reaches with one):
+                 the true chain Hamiltonian restricted to the PSD subspace, H_r(Q, P) = |P|^2 / 2 +
+                 V(q_ref + Phi Q), integrated by leapfrog at the reference step; nothing is trained
+                                                                  [classical MOR, matched accuracy]
 
 Stages per cell: (1) fit the reduction on training snapshots (PSD: closed-form SVD);
-(2) encode the training and validation trajectories and fit the dynamics on K-step rollout windows;
+(2) encode the training and validation trajectories and fit the dynamics on K-step rollout windows
+(PSD-Galerkin: none, the reduced equations come from the known Hamiltonian);
 (3) from encoded held-out initial states, roll out 10x the training horizon, decode and compare with
 the leapfrog reference. Every fit follows the platform's shared rule (``reprozoo.blocks.fitting``):
 Adam at a constant rate from ``fit.lr_grid`` (``pilot_steps`` each, the best validation loss
 continues), stopped when the validation curve passes the plateau test at half the gate's tolerance,
 or at ``max_steps``; the best-validation weights are kept.
 Errors: state error |x_hat - x| with q and p each scaled by the test trajectory's RMS fluctuation
-about its time mean; energy error (drift) |H(x_hat(t)) - H(x_hat(0))| / (H(x0) - E_rest) under the
-true chain Hamiltonian, E_rest the energy of the kink at rest at the trap centre; the constant
-encode-decode offset |H(x_hat(0)) - H(x0)| / (H(x0) - E_rest) is recorded apart (energy_offset).
+about its time mean; valid-prediction time (vpt): the first time that error exceeds ``vpt_threshold``
+(in training horizons T, capped at the rollout's 10 T); energy error (drift) |H(x_hat(t)) -
+H(x_hat(0))| / (H(x0) - E_rest) under the true chain Hamiltonian, E_rest the energy of the kink at
+rest at the trap centre; the constant encode-decode offset |H(x_hat(0)) - H(x0)| / (H(x0) - E_rest)
+is recorded apart (energy_offset).
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ import time
 
 import numpy as np
 
-from ...blocks.fitting import fit_to_plateau
+from ...blocks.fitting import fit_to_plateau, log_fit
 from ...io import save_npz
 from .sine_gordon import KinkChain
 
@@ -84,10 +91,10 @@ def fit_reduction(variant: str, d: dict, cfg: dict, f: dict, seed: int, progress
 
     q, pm = _snapshots(d, "train")
     qv, pv = (torch.as_tensor(a) for a in _snapshots(d, "val"))
-    n = cfg["psd_matched_dof"] if variant == "psd8_hnn" else cfg["latent_dof"]
+    n = cfg["psd_matched_dof"] if variant == "psd8_galerkin" else cfg["latent_dof"]
     q_ref = q.mean(0)
     phi = psd_cotangent_lift(q - q_ref, pm, n)
-    if variant in ("psd_hnn", "psd8_hnn"):
+    if variant in ("psd_hnn", "psd8_galerkin"):
         return LinearPSD(phi, q_ref), None
     s_q, s_p = float((q - q_ref).std()), float(pm.std())
     qt, pt = torch.as_tensor(q), torch.as_tensor(pm)
@@ -134,15 +141,16 @@ def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, see
     n = qz.shape[-1]
     s_z = np.concatenate([qz.reshape(-1, n).std(0), pz.reshape(-1, n).std(0)])
     q_mean = qz.reshape(-1, n).mean(0)
+    minv = None
+    if variant == "ae_hnn":  # least squares of dQ/dt = minv P (central differences) on the training latents
+        dq = (qz[:, 2:] - qz[:, :-2]) / (2 * h)
+        pc = pz[:, 1:-1]
+        minv = (dq * pc).reshape(-1, n).sum(0) / (pc**2).reshape(-1, n).sum(0)
 
     def build(gen):
         if variant == "ae_node":
             return LatentNODE(n, cfg["dyn_width"], s_z, gen)
-        # the 8-mode PSD latent carries the chain's faster modes: leapfrog at the sampling step h is
-        # unstable on them (rollouts blew up from the first step in the 3-seed run at ba349b0), so its
-        # latent HNN takes sub-steps; this only helps the baseline
-        sub = cfg["psd_matched_substeps"] if variant == "psd8_hnn" else 1
-        return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, q_mean, sub)
+        return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, q_mean, minv=minv)
 
     qt, pt = torch.as_tensor(qz), torch.as_tensor(pz)
     w = torch.as_tensor(1.0 / s_z**2)
@@ -174,6 +182,27 @@ def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, see
     return model, rec
 
 
+class PSDGalerkin:
+    """Intrusive PSD-Galerkin: Hamilton's equations of H_r(Q, P) = H(q_ref + Phi Q, Phi P) =
+    |P|^2 / 2 + V(q_ref + Phi Q) (Phi orthonormal), i.e. dQ/dt = P, dP/dt = -Phi^T grad V(q_ref + Phi Q),
+    integrated by leapfrog with ``substeps`` steps per sampling interval (the reference's step)."""
+
+    def __init__(self, chain: KinkChain, phi: np.ndarray, q_ref: np.ndarray, substeps: int):
+        self.chain, self.phi, self.q_ref, self.substeps = chain, np.asarray(phi), np.asarray(q_ref), int(substeps)
+
+    def force(self, qz):
+        return -self.chain.grad_potential(self.q_ref + qz @ self.phi.T) @ self.phi
+
+    def hamiltonian(self, qz, pz):
+        return 0.5 * (pz**2).sum(-1) + self.chain.potential(self.q_ref + qz @ self.phi.T)
+
+    def integrate(self, qz, pz, h: float, steps: int):
+        from ...blocks.symplectic import leapfrog
+        qs, ps = leapfrog(np.asarray(qz), np.asarray(pz), lambda x: -self.force(x), h / self.substeps,
+                          steps * self.substeps, every=self.substeps)
+        return np.moveaxis(qs, 0, 1), np.moveaxis(ps, 0, 1)
+
+
 def predict(reduction, dynamics, q0: np.ndarray, p0: np.ndarray, h: float, steps: int):
     """Encode, roll out, decode: q, p [batch, steps + 1, N]."""
     import torch
@@ -182,7 +211,10 @@ def predict(reduction, dynamics, q0: np.ndarray, p0: np.ndarray, h: float, steps
 
     with torch.no_grad():
         qz, pz = reduction.encode(torch.as_tensor(q0), torch.as_tensor(p0))
-    rq, rp = rollout(dynamics, qz.detach().clone(), pz.detach().clone(), h, steps)
+    if isinstance(dynamics, PSDGalerkin):
+        rq, rp = (torch.as_tensor(a) for a in dynamics.integrate(qz.numpy(), pz.numpy(), h, steps))
+    else:
+        rq, rp = rollout(dynamics, qz.detach().clone(), pz.detach().clone(), h, steps)
     with torch.no_grad():
         qh, ph = reduction.decode(rq.detach(), rp.detach())
     return qh.numpy(), ph.numpy()
@@ -198,7 +230,16 @@ def relative_state_error(q, pm, qh, ph):
     return np.sqrt((((qh - q) ** 2).sum(-1) / rq**2 + ((ph - pm) ** 2).sum(-1) / rp**2) / 2)
 
 
-def long_horizon_metrics(chain: KinkChain, q, pm, qh, ph, e_rest: float, n_train_pts: int) -> dict:
+def valid_prediction_time(err, threshold: float, h: float, t_train: float):
+    """Per trajectory: the first time the state error exceeds ``threshold``, in training horizons
+    (0 if it does at t = 0; the rollout's length if it never does). err [..., T]."""
+    bad = err > threshold
+    first = np.where(bad.any(-1), bad.argmax(-1), err.shape[-1] - 1)
+    return first * h / t_train
+
+
+def long_horizon_metrics(chain: KinkChain, q, pm, qh, ph, e_rest: float, n_train_pts: int,
+                         vpt_threshold: float = 0.5, h: float = 1.0) -> dict:
     """State and energy errors against the reference: per time (mean over trajectories, ``*_t``)
     and per test trajectory (arrays over the first axis)."""
     with np.errstate(over="ignore", invalid="ignore"):
@@ -210,7 +251,7 @@ def long_horizon_metrics(chain: KinkChain, q, pm, qh, ph, e_rest: float, n_train
     err = np.where(np.isfinite(err), err, 1e3)  # a blow-up counts as a large finite error
     e_err = np.where(np.isfinite(e_err), e_err, 1e3)
     k = n_train_pts
-    return {"state_err_t": err.mean(0), "energy_err_t": e_err.mean(0),
+    return {"vpt": valid_prediction_time(err, vpt_threshold, h, k * h), "state_err_t": err.mean(0), "energy_err_t": e_err.mean(0),
             "excitation_ratio_t": ((e_hat - e_rest) / (e0 - e_rest))[0],
             "state_err_long": err.mean(1), "state_err_train": err[:, :k + 1].mean(1), "state_err_max": err.max(1),
             "energy_err_first": e_err[:, :k + 1].mean(1), "energy_err_last": e_err[:, -(k + 1):].mean(1),
@@ -220,13 +261,10 @@ def long_horizon_metrics(chain: KinkChain, q, pm, qh, ph, e_rest: float, n_train
 def _record_fit(ctx, name: str, rec: dict | None) -> None:
     if rec is None:
         return
-    ctx.metrics.curve(f"val_{name}", rec["steps"], rec["vals"])
-    ctx.metrics.curve(f"lr_{name}", rec["steps"], rec["lrs"])
+    log_fit(ctx.metrics, name, rec)  # val_/lr_ curves, lr_chosen_, steps_ (the shared record)
     ls = rec["losses"]
     every = max(1, len(ls) // 100)
     ctx.metrics.curve(f"{name}_loss", range(0, len(ls), every), ls[::every])
-    ctx.metrics.scalar(f"lr_chosen_{name}", rec["lr"])
-    ctx.metrics.scalar(f"stop_step_{name}", rec["stop"])
     ctx.metrics.scalar(f"lr_drop_step_{name}", -1 if rec["drop_step"] is None else rec["drop_step"])
     ctx.metrics.scalar(f"plateau_{name}", float(rec["plateau"]))
     ctx.metrics.scalar(f"val_best_{name}", min(rec["vals"]))
@@ -245,10 +283,14 @@ def train(ctx) -> None:
     ctx.metrics.scalar("slaving_r2", float(d["slaving_r2"]))
     t0, c0 = time.perf_counter(), time.process_time()
     red, ae_rec = fit_reduction(ctx.variant, d, p["model"], p["fit"], ctx.seed, ctx.progress)
-    with torch.no_grad():
-        z_train = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_train"]), torch.as_tensor(d["p_train"]))]
-        z_val = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_val"]), torch.as_tensor(d["p_val"]))]
-    dyn, dyn_rec = fit_dynamics(ctx.variant, z_train, z_val, p["model"], p["fit"], p["h"], ctx.seed, ctx.progress)
+    if ctx.variant == "psd8_galerkin":  # intrusive: the reduced equations of the known Hamiltonian
+        dyn, dyn_rec = PSDGalerkin(chain, red.phi.numpy(), red.q_ref.numpy(),
+                                   int(round(p["h"] / p["system"]["dt"]))), None
+    else:
+        with torch.no_grad():
+            z_train = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_train"]), torch.as_tensor(d["p_train"]))]
+            z_val = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_val"]), torch.as_tensor(d["p_val"]))]
+        dyn, dyn_rec = fit_dynamics(ctx.variant, z_train, z_val, p["model"], p["fit"], p["h"], ctx.seed, ctx.progress)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
     ctx.metrics.scalar("train_cpu_s", time.process_time() - c0)
     _record_fit(ctx, "ae", ae_rec)
@@ -256,8 +298,9 @@ def train(ctx) -> None:
 
     steps = d["q_test"].shape[1] - 1
     qh, ph = predict(red, dyn, d["q_test"][:, 0], d["p_test"][:, 0], p["h"], steps)
-    m = long_horizon_metrics(chain, d["q_test"], d["p_test"], qh, ph, float(d["e_rest"]), n_train_pts)
-    for key in ("state_err_long", "energy_err_first", "energy_err_last", "energy_err_long"):
+    m = long_horizon_metrics(chain, d["q_test"], d["p_test"], qh, ph, float(d["e_rest"]), n_train_pts,
+                             p["vpt_threshold"], p["h"])
+    for key in ("vpt", "state_err_long", "energy_err_first", "energy_err_last", "energy_err_long"):
         ctx.metrics.units(key, m[key])  # one unit per held-out trajectory
     ctx.metrics.scalar("state_err_train", float(m["state_err_train"].mean()))
     ctx.metrics.scalar("state_err_max", float(m["state_err_max"].max()))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ORDER = ["ro_hnn", "psd_hnn", "psd8_hnn", "ae_node"]
-COLORS = {"ro_hnn": "tab:red", "psd_hnn": "tab:blue", "ae_node": "tab:green", "psd8_hnn": "tab:purple"}
+ORDER = ["ro_hnn", "psd_hnn", "psd8_galerkin", "ae_hnn", "ae_node"]
+COLORS = {"ro_hnn": "tab:red", "psd_hnn": "tab:blue", "ae_node": "tab:green", "psd8_galerkin": "tab:purple", "ae_hnn": "tab:orange"}
 
 
 def _variants(table):
