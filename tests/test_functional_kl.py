@@ -572,3 +572,75 @@ def test_girsanov_terms_are_the_sampling_floor_of_the_nonlinear_suite():
     kl, se = chain_kl(P, Q, ts, 20000, np.random.default_rng(1))
     many = girsanov_terms(P, Q, ts, euler_chain(P, ts, 20000, np.random.default_rng(2)))
     assert abs(many.mean() - kl) < 5 * np.hypot(se, many.std() / np.sqrt(len(many)))
+
+
+def test_mlp_candidate_base_is_the_exact_gaussian_noise_predictor():
+    # neural.py: before the network has learned anything (its output layer starts near zero), the
+    # candidate is the moment-matched Gaussian noise predictor s S^{-1} (x - a mu); for Gaussian
+    # clean paths its held-out loss at each node is the MMSE tr(I - s^2 S^{-1}) per measure and half
+    import torch
+
+    from reprozoo.methods.functional_kl.fkl import _alpha_sigma
+    from reprozoo.methods.functional_kl.neural import Gaussian, _predict
+
+    rng = np.random.default_rng(3)
+    d, n = 4, 20000
+    A = rng.standard_normal((d, d)) * 0.5
+    Sigma, mu = A @ A.T + 0.2 * np.eye(d), np.array([1.0, -0.5, 0.0, 2.0])
+    z = rng.multivariate_normal(mu, Sigma, size=n)
+    base = Gaussian([z, z])
+    net = torch.nn.Linear(d + 2, d)
+    torch.nn.init.zeros_(net.weight)
+    torch.nn.init.zeros_(net.bias)
+    net.base = base
+    for lam in (-4.0, 0.0, 3.0):
+        a, s = _alpha_sigma(lam)
+        eps = rng.standard_normal((n, d))
+        x = torch.as_tensor(a * z + s * eps, dtype=torch.float32)
+        pred = _predict(net, x, torch.full((n,), lam), torch.zeros(n)).detach().double().numpy()
+        mmse = np.trace(np.eye(d) - s**2 * np.linalg.inv(a**2 * Sigma + s**2 * np.eye(d)))
+        assert np.mean(np.sum((pred - eps) ** 2, 1)) == pytest.approx(mmse, rel=0.03)
+
+
+def test_mlp_candidate_enters_the_heldout_rule_node_by_node():
+    # fkl.estimate: at a node where the MLP candidate's held-out loss is below the best ridge
+    # candidate's, its integrand is used (chosen_family NEURAL), elsewhere the ridge one
+    from reprozoo.methods.functional_kl.fkl import NEURAL, select
+
+    ts = np.linspace(0, 1, 5)
+    W = _whitener(ts, 0.3, {"kernel_length": 1.0})
+    P, Q = LinearSDE.ou(0.0, drift=1.0, sigma=0.3), LinearSDE.ou(0.0, sigma=0.3)
+    rng = np.random.default_rng(0)
+    za, zb = W(P.sample_paths(ts, 400, rng)), W(Q.sample_paths(ts, 400, rng))
+    cfg = FKLConfig(n_nodes=6, n_noise=2, n_eval_noise=1, features=("affine",))
+    feats = Features(W.L, 1, cfg.features)
+    st = pair_stats(za, zb, cfg, feats, np.random.default_rng(1), np.random.default_rng(2))
+    cands = [(q, r) for q in feats.sizes for r in cfg.ridges]
+    best = np.array([heldout_loss(s, *select(s, cands)) for s in st])
+    win = np.array([True, False, True, False, False, True])
+    nn = {"heldout": np.where(win, best - 1e-3, best + 1e-3)}
+    for k in ("forward_plain", "reverse_plain", "forward_crossfit", "reverse_crossfit"):
+        nn[k] = np.full(6, 7.0)
+    ridge = estimate(st, cfg, feats.sizes, "crossfit")
+    mixed = estimate(st, cfg, feats.sizes, "crossfit", neural=nn)
+    assert np.array_equal(mixed["chosen_family"] == NEURAL, win)
+    assert np.allclose(mixed["integrand_forward"], np.where(win, 7.0, ridge["integrand_forward"]))
+
+
+def test_analytic_affine_moments_are_the_noise_average_of_the_sampled_ones():
+    # fkl.affine_moments: with many noise draws per path the sampled Gram, noise cross-moments and
+    # noise energy of the affine block converge to the exact noise average (same standardisation)
+    ts = np.linspace(0, 1, 5)
+    W = _whitener(ts, 0.3, {"kernel_length": 1.0})
+    P = LinearSDE.ou(1.0, 0.5, sigma=0.3, m0=-0.5)
+    rng = np.random.default_rng(4)
+    za, zb = W(P.sample_paths(ts, 200, rng)), W(P.sample_paths(ts, 200, rng))
+    cfg = FKLConfig(n_nodes=3, n_noise=400, n_eval_noise=1, features=("affine",), analytic_affine=True)
+    feats = Features(W.L, 1, cfg.features)
+    for st in pair_stats(za, zb, cfg, feats, np.random.default_rng(1), np.random.default_rng(2)):
+        for m in (0, 1):
+            for h in (0, 1):
+                scale = st.N[m, h]
+                assert np.allclose(st.Ga[m, h] / scale, st.G[m, h] / scale, atol=0.02)
+                assert np.allclose(st.ca[m, h] / scale, st.c[m, h] / scale, atol=0.02)
+                assert st.ea[m, h] == pytest.approx(st.e[m, h], rel=0.01)

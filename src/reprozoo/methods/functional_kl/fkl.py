@@ -40,6 +40,11 @@ and B. The chosen regressor is then used by both estimators:
 * ``crossfit`` (ours, not in the paper): fits on the two halves, 1/2 E <eps^A_1 - eps^B_1,
   eps^A_2 - eps^B_2>; the halves' regression errors are independent, so that variance term cancels.
 
+``analytic_affine``: the affine candidate's training moments are replaced by their exact average
+over the noise draws (:func:`affine_moments`), which removes the noise-draw part of the fits'
+variance (the gate columns stay sampled). ``neural``: an MLP candidate (neural.py) joins the per-node
+held-out choice (:func:`estimate`).
+
 Branch gates (issue 25 review: an affine or per-coordinate polynomial regressor cannot express the
 denoiser of a law whose paths split into branches, so it returns the KL between the two laws'
 moment-matched Gaussians). If the clean whitened paths are a two-component Gaussian mixture with a
@@ -98,6 +103,8 @@ class FKLConfig:
     features: tuple = ("affine", "gate", "cubic", "pairs")  # nested candidate feature sets (see Features)
     ridges: tuple = (0.1, 1.0, 10.0)  # candidate ridge penalties alpha (absolute, on standardised features)
     estimator: str = "crossfit"  # "plain": the paper's plug-in square; "crossfit": ours (see module doc)
+    neural: dict | None = None  # the MLP candidate's fit settings (neural.py); None: ridge candidates only
+    analytic_affine: bool = False  # the affine candidate's training moments averaged over the noise exactly
 
     @classmethod
     def from_params(cls, p: dict | None) -> "FKLConfig":
@@ -110,6 +117,7 @@ class FKLConfig:
 
 ESTIMATORS = ("plain", "crossfit")
 FAMILIES = ("affine", "gate", "cubic", "pairs")
+NEURAL = len(FAMILIES)  # chosen_family code of the MLP candidate (neural.py)
 N_GATES = 2  # one branch gate fitted on A's paths, one on B's
 
 
@@ -277,6 +285,33 @@ class NodeStats:
     N: np.ndarray  # (2, 2)
     M: np.ndarray  # (2, p, p)
     R: np.ndarray | None = None  # (n_A * n_eval_noise, p)
+    # the affine block's training moments with the noise averaged out exactly (analytic_affine):
+    # Ga (2, 2, 1 + d, 1 + d), ca (2, 2, 1 + d, d), ea (2, 2); None: the sampled ones are used
+    Ga: np.ndarray | None = None
+    ca: np.ndarray | None = None
+    ea: np.ndarray | None = None
+
+    def moments(self, m: int, h: int, q: int):
+        """(G, c, e) of measure m, half h on the first q columns: the exact noise average for the
+        affine candidate when it was computed, the sampled moments otherwise."""
+        if self.Ga is not None and q == self.Ga.shape[-1]:
+            return self.Ga[m, h], self.ca[m, h], self.ea[m, h]
+        return self.G[m, h, :q, :q], self.c[m, h, :q], self.e[m, h]
+
+
+def affine_moments(z: np.ndarray, a: float, s: float, reps: int, mu: np.ndarray, sd: np.ndarray):
+    """Noise-averaged moments of the standardised affine features phi = [1, (x - mu) / sd] and the
+    noise eps, x = a z + s eps, over ``reps`` draws per clean path z (the expectation of what
+    :func:`_rows` + Features.transform + Phi^T Phi give): E[x] = a z, Cov[x | z] = s^2 I,
+    E[x eps^T | z] = s I. Returns (G, c, e) for len(z) * reps rows."""
+    n, d = z.shape
+    u = (a * z - mu) / sd
+    phi = np.concatenate([np.ones((n, 1)), u], axis=1)
+    G = phi.T @ phi
+    G[1:, 1:] += n * np.diag(s**2 / sd**2)
+    c = np.zeros((1 + d, d))
+    c[1:] = n * np.diag(s / sd)
+    return reps * G, reps * c, float(reps * n * d)
 
 
 def _rows(z: np.ndarray, a: float, s: float, reps: int, rng: np.random.Generator):
@@ -307,6 +342,16 @@ def pair_stats(za: np.ndarray, zb: np.ndarray, cfg: FKLConfig, feats: Features,
         gates = [b.gate(a, s) for b in branches] if feats.gated else None
         phis, phis_ev = feats.transform([x for x, _ in train], ev, gates)
         p, d = phis[0].shape[1], za.shape[1]
+        extra = {}
+        if cfg.analytic_affine:  # in the same standardised coordinates as the sampled features
+            xs = [x for x, _ in train]
+            n_rows = sum(len(x) for x in xs)
+            mu = sum(x.sum(0) for x in xs) / n_rows
+            sd = np.sqrt(np.maximum(sum(np.einsum("ij,ij->j", x, x) for x in xs) / n_rows - mu**2, 0.0)) + 1e-12
+            mom = [affine_moments(halves[m][h], a, s, cfg.n_noise, mu, sd) for m in (0, 1) for h in (0, 1)]
+            extra = {"Ga": np.stack([g for g, _, _ in mom]).reshape(2, 2, 1 + d, 1 + d),
+                     "ca": np.stack([c for _, c, _ in mom]).reshape(2, 2, 1 + d, d),
+                     "ea": np.array([e for _, _, e in mom]).reshape(2, 2)}
         G, c = np.empty((2, 2, p, p)), np.empty((2, 2, p, d))
         e, N = np.empty((2, 2)), np.empty((2, 2))
         for i, (Phi, (_, eps)) in enumerate(zip(phis, train)):
@@ -314,7 +359,7 @@ def pair_stats(za: np.ndarray, zb: np.ndarray, cfg: FKLConfig, feats: Features,
             G[m, h], c[m, h] = Phi.T @ Phi, Phi.T @ eps
             e[m, h], N[m, h] = float(np.sum(eps**2)), len(eps)
         M = np.stack([Phi.T @ Phi / len(Phi) for Phi in phis_ev])
-        out.append(NodeStats(G, c, e, N, M, phis_ev[0] if keep_rows else None))
+        out.append(NodeStats(G, c, e, N, M, phis_ev[0] if keep_rows else None, **extra))
     return out
 
 
@@ -334,8 +379,10 @@ def heldout_loss(st: NodeStats, q: int, ridge: float) -> float:
     total = 0.0
     for m in (0, 1):
         for h in (0, 1):
-            W, o = _solve(st.G[m, h], st.c[m, h], q, ridge), 1 - h
-            sse = st.e[m, o] - 2.0 * np.sum(W * st.c[m, o, :q]) + np.sum(W * (st.G[m, o, :q, :q] @ W))
+            G, c, _ = st.moments(m, h, q)
+            W, o = _solve(G, c, q, ridge), 1 - h
+            Go, co, eo = st.moments(m, o, q)
+            sse = eo - 2.0 * np.sum(W * co) + np.sum(W * (Go @ W))
             total += sse / st.N[m, o]
     return float(total)
 
@@ -348,13 +395,14 @@ def select(st: NodeStats, cands: list[tuple[int, float]]) -> tuple[int, float]:
 
 def _differences(st: NodeStats, q: int, ridge: float, estimator: str) -> tuple[np.ndarray, np.ndarray]:
     """The two weight differences (A minus B) whose inner product under a measure is the integrand."""
+    mo = {(m, h): st.moments(m, h, q)[:2] for m in (0, 1) for h in (0, 1)}
     if estimator == "plain":
-        D = (_solve(st.G[0, 0] + st.G[0, 1], st.c[0, 0] + st.c[0, 1], q, ridge)
-             - _solve(st.G[1, 0] + st.G[1, 1], st.c[1, 0] + st.c[1, 1], q, ridge))
+        D = (_solve(mo[0, 0][0] + mo[0, 1][0], mo[0, 0][1] + mo[0, 1][1], q, ridge)
+             - _solve(mo[1, 0][0] + mo[1, 1][0], mo[1, 0][1] + mo[1, 1][1], q, ridge))
         return D, D
     if estimator == "crossfit":
-        return (_solve(st.G[0, 0], st.c[0, 0], q, ridge) - _solve(st.G[1, 0], st.c[1, 0], q, ridge),
-                _solve(st.G[0, 1], st.c[0, 1], q, ridge) - _solve(st.G[1, 1], st.c[1, 1], q, ridge))
+        return (_solve(*mo[0, 0], q, ridge) - _solve(*mo[1, 0], q, ridge),
+                _solve(*mo[0, 1], q, ridge) - _solve(*mo[1, 1], q, ridge))
     raise ValueError(f"unknown estimator '{estimator}' ({' | '.join(ESTIMATORS)})")
 
 
@@ -372,20 +420,33 @@ def node_units(st: NodeStats, q: int, ridge: float, estimator: str, reps: int) -
     return vals.reshape(-1, reps).mean(axis=1)
 
 
-def estimate(stats: list[NodeStats], cfg: FKLConfig, sizes: list[int], estimator: str | None = None) -> dict:
+def estimate(stats: list[NodeStats], cfg: FKLConfig, sizes: list[int], estimator: str | None = None,
+             neural: dict | None = None) -> dict:
     """KL(A || B) and KL(B || A) from the node moments, with the regressor chosen per node by held-out loss.
 
     ``sizes``: the candidate column counts (Features.sizes). Returns forward, reverse, their
     integrands per node (nats per unit lambda), and per node the chosen feature set (index into the
     nested sets, 0 = affine) and ridge; with A's evaluation rows kept (NodeStats.R), also the
-    per-path contributions of A to the forward KL (``units_forward``, their mean is ``forward``)."""
+    per-path contributions of A to the forward KL (``units_forward``, their mean is ``forward``).
+
+    ``neural``: the MLP candidate's per-node held-out loss and integrands (neural.neural_pair); at a
+    node where its held-out loss is below the best ridge candidate's, its integrand is used
+    (chosen_family NEURAL, chosen_ridge nan): the same held-out rule over all candidates."""
     estimator = estimator or cfg.estimator
     _, wts = lambda_nodes(cfg)
     cands = [(int(q), float(r)) for q in sizes for r in cfg.ridges]
     fwd, rev, feats, ridges, units = [], [], [], [], 0.0
     with_units = all(st.R is not None for st in stats)
-    for st, w in zip(stats, wts):
+    for i, (st, w) in enumerate(zip(stats, wts)):
         q, r = select(st, cands)
+        if neural is not None and neural["heldout"][i] < heldout_loss(st, q, r):
+            fwd.append(float(neural[f"forward_{estimator}"][i]))
+            rev.append(float(neural[f"reverse_{estimator}"][i]))
+            feats.append(NEURAL)
+            ridges.append(np.nan)
+            if with_units:
+                units = units + w * neural[f"units_{estimator}"][i]
+            continue
         f, b = node_kl(st, q, r, estimator)
         fwd.append(f)
         rev.append(b)
@@ -404,11 +465,14 @@ def estimate(stats: list[NodeStats], cfg: FKLConfig, sizes: list[int], estimator
 
 def stack_stats(stats: list[NodeStats]) -> dict[str, np.ndarray]:
     """Arrays (one leading axis over nodes) for saving; :func:`unstack_stats` reverses it."""
-    return {k: np.stack([getattr(s, k) for s in stats]) for k in ("G", "c", "e", "N", "M")}
+    keys = ("G", "c", "e", "N", "M") + (("Ga", "ca", "ea") if stats[0].Ga is not None else ())
+    return {k: np.stack([getattr(s, k) for s in stats]) for k in keys}
 
 
 def unstack_stats(arrays: dict[str, np.ndarray]) -> list[NodeStats]:
-    return [NodeStats(*(arrays[k][i] for k in ("G", "c", "e", "N", "M"))) for i in range(len(arrays["G"]))]
+    extra = [k for k in ("Ga", "ca", "ea") if k in arrays]
+    return [NodeStats(*(arrays[k][i] for k in ("G", "c", "e", "N", "M")), **{k: arrays[k][i] for k in extra})
+            for i in range(len(arrays["G"]))]
 
 
 class FKL:
@@ -433,7 +497,13 @@ class FKL:
                           keep_rows=keep_rows, branches=branches)
 
     def kl(self, paths_q: np.ndarray, estimator: str | None = None) -> dict:
-        return estimate(self.stats(paths_q), self.cfg, self.feats.sizes, estimator)
+        nn = None
+        if self.cfg.neural:
+            from .neural import neural_pair
+
+            nn = neural_pair(self.zp, self.whiten(paths_q), self.cfg, self.cfg.neural,
+                             int(self.rng.integers(2**31)), progress=lambda *_: None)
+        return estimate(self.stats(paths_q), self.cfg, self.feats.sizes, estimator, neural=nn)
 
 
 def functional_kl(paths_p: np.ndarray, paths_q: np.ndarray, whiten: Whitener, cfg: FKLConfig,

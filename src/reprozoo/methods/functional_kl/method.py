@@ -27,7 +27,8 @@ Variants and what each cell computes:
     exact value for the linear cases).
 
   The regressor chosen at each node is recorded (``affine_nodes_<case>``: nodes where the affine set
-  won; ``chosen_family_<case>`` per node). The moments of every fit are computed once per seed in
+  won; ``mlp_nodes_<case>``: nodes where the MLP candidate of neural.py won, when ``fkl.neural`` is
+  set; ``chosen_family_<case>`` per node). The moments of every fit are computed once per seed in
   ``train_shared`` (benchmark.npz); each variant evaluates its own estimator from them.
 * ``true_sde``, ``linear_interp``, ``ot_linear``, ``ot_bridge``, ``flow_matching`` (baselines: the
   trajectory-inference methods being evaluated, trajectory.py): from snapshots of the bifurcating
@@ -53,9 +54,12 @@ import numpy as np
 from ...blocks.fitting import log_fit
 from ...io import save_npz
 from .bifurcation import BifurcatingSDE, chain_kl, euler_chain, girsanov_terms
-from .fkl import FKL, FKLConfig, Features, Whitener, estimate, lambda_nodes, pair_stats, stack_stats, unstack_stats
+from .fkl import FKL, NEURAL, FKLConfig, Features, Whitener, estimate, lambda_nodes, pair_stats, stack_stats, unstack_stats
 from .linear_sde import LinearSDE, gaussian_kl, girsanov_kl
 from .mixture import BranchMixture, mixture_kl
+from .neural import neural_pair
+
+NN_KEYS = ("heldout", "forward_plain", "reverse_plain", "forward_crossfit", "reverse_crossfit")
 
 BENCHMARK_VARIANTS = ("fkl_plain", "fkl_crossfit")
 TI_VARIANTS = ("true_sde", "linear_interp", "ot_linear", "indep_bridge", "ot_bridge", "flow_matching")
@@ -124,8 +128,14 @@ def _pair(xp, xq, ts, sigma, p, cfg, seed_rng) -> dict[str, np.ndarray]:
     W = _whitener(ts, sigma, p)
     feats = Features(W.L, xp.shape[2], cfg.features)
     rng_p, rng_q = (np.random.default_rng(s) for s in seed_rng.integers(2**62, size=2))
-    stats = pair_stats(W(xp), W(xq), cfg, feats, rng_p, rng_q)
-    return {**stack_stats(stats), "sizes": np.array(feats.sizes)}
+    zp, zq = W(xp), W(xq)
+    stats = pair_stats(zp, zq, cfg, feats, rng_p, rng_q)
+    out = {**stack_stats(stats), "sizes": np.array(feats.sizes)}
+    if cfg.neural:  # the MLP candidate (neural.py): its per-node held-out loss and integrands
+        nn = neural_pair(zp, zq, cfg, cfg.neural, int(seed_rng.integers(2**31)), progress=lambda *_: None)
+        out.update({f"nn_{k}": v for k, v in nn.items() if k in NN_KEYS})
+        out["nn_steps"] = np.array([r["stop"] for r in nn["records"]])
+    return out
 
 
 def benchmark_moments(ctx) -> dict[str, np.ndarray]:
@@ -205,9 +215,11 @@ def benchmark_moments(ctx) -> dict[str, np.ndarray]:
 
 
 def _case_stats(arrays, name: str):
+    """The node moments, the candidate column counts and (if it was fitted) the MLP candidate's arrays."""
     pre = f"{name}/"
     sub = {k[len(pre):]: arrays[k] for k in arrays.files if k.startswith(pre)}
-    return unstack_stats(sub), [int(q) for q in sub["sizes"]]
+    nn = {k: sub[f"nn_{k}"] for k in NN_KEYS} if "nn_heldout" in sub else None
+    return unstack_stats(sub), [int(q) for q in sub["sizes"]], nn
 
 
 def run_benchmark(ctx, estimator: str) -> None:
@@ -218,8 +230,8 @@ def run_benchmark(ctx, estimator: str) -> None:
     lams, _ = lambda_nodes(cfg)
 
     def est(name):
-        stats, sizes = _case_stats(arrays, name)
-        return estimate(stats, cfg, sizes, estimator)
+        stats, sizes, nn = _case_stats(arrays, name)
+        return estimate(stats, cfg, sizes, estimator, neural=nn)
 
     def suite(cases, suffix, ref_name, ref_metric):
         rels, rels_c, ests, refs, rels_o = [], [], [], [], []
@@ -235,6 +247,7 @@ def run_benchmark(ctx, estimator: str) -> None:
             ctx.metrics.scalar(f"kl_est_coarse_{name}", oc["forward"])
             ctx.metrics.scalar(f"rel_err_coarse_{name}", rel_c)
             ctx.metrics.scalar(f"affine_nodes_{name}", int(np.sum(o["chosen_family"] == 0)))
+            ctx.metrics.scalar(f"mlp_nodes_{name}", int(np.sum(o["chosen_family"] == NEURAL)))
             ctx.metrics.curve(f"chosen_family_{name}", lams, o["chosen_family"])
             ctx.metrics.curve(f"integrand_{name}", lams, o["integrand_forward"])
             if f"{name}/kl_oracle" in arrays.files:  # the sampling floor (exact terms on P's paths)
@@ -391,6 +404,7 @@ def run_trajectory_inference(ctx) -> None:
     ctx.metrics.units("path_kl", out["units_forward"])
     ctx.metrics.scalar("path_kl_reverse", out["reverse"])
     ctx.metrics.scalar("path_kl_affine_nodes", int(np.sum(out["chosen_family"] == 0)))
+    ctx.metrics.scalar("path_kl_mlp_nodes", int(np.sum(out["chosen_family"] == NEURAL)))
     lams, _ = lambda_nodes(cfg)
     ctx.metrics.curve("path_kl_integrand", lams, out["integrand_forward"])
     ctx.metrics.curve("path_kl_chosen_family", lams, out["chosen_family"])
