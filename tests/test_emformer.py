@@ -13,7 +13,8 @@ import yaml
 from reprozoo.data.pde.common import march
 from reprozoo.methods.emformer.loss import CompositeLoss
 from reprozoo.methods.emformer.method import (anomaly_autocorrelation, block_speed, finetune, forecast_skill,
-                                              make_data, placebo_shift, planted_short_rmse, start_states)
+                                              lookback_gain, make_data, observe, placebo_shift,
+                                              planted_short_rmse, start_states)
 from reprozoo.methods.emformer.model import EMFormerNet, MultiBranchConv, SingleConvMultiScale, rollout
 from reprozoo.methods.emformer.qg import QG2D
 from reprozoo.methods.emformer.skill import latitude_weights, weighted_acc, weighted_rmse
@@ -233,8 +234,24 @@ def test_skill_window_sits_where_the_anomaly_autocorrelation_decays():
     assert ac[lo - 2] > 0.55 and 0.3 < ac[lo - 1] < 0.7 and abs(ac[hi - 1]) < 0.2
 
 
-def test_block_speed_reports_the_ratios_and_an_aa_control():
-    sp = block_speed(6, 4, 8, 2, repeats=1, target_s=0.002)
+@pytest.mark.parametrize("padding", ["circular", "zeros"])
+def test_single_conv_equals_multibranch_for_both_paddings(padding):
+    """The timed blocks: the reference code's zero padding and our periodic one compute the same
+    function in the merged and the multi-branch form (and the two paddings differ at the edges)."""
+    torch.manual_seed(0)
+    a, b = MultiBranchConv(3, padding).double(), SingleConvMultiScale(3, padding).double()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 8, 12, dtype=torch.float64)
+    torch.testing.assert_close(b(x), a(x))
+    other = MultiBranchConv(3, "zeros" if padding == "circular" else "circular").double()
+    other.load_state_dict(a.state_dict())
+    assert (other(x) - a(x))[..., 0, :].abs().max() > 1e-3
+    torch.testing.assert_close(other(x)[..., 2:-2, 2:-2], a(x)[..., 2:-2, 2:-2])  # same in the interior
+
+
+@pytest.mark.parametrize("padding", ["circular", "zeros"])
+def test_block_speed_reports_the_ratios_and_an_aa_control(padding):
+    sp = block_speed(6, 4, 8, 2, repeats=1, target_s=0.002, padding=padding)
     for m in ("fwd", "fwdbwd"):
         np.testing.assert_allclose(sp[f"speedup_{m}"], sp[f"multibranch_{m}_ms"] / sp[f"single_{m}_ms"])
         np.testing.assert_allclose(sp[f"speedup_{m}_aa"], sp[f"multibranch_copy_{m}_ms"] / sp[f"multibranch_{m}_ms"])
@@ -263,10 +280,11 @@ def test_placebo_context_is_another_starts_context():
 
 def test_test_units_are_independent_flows_and_the_placebo_crosses_trajectories():
     p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/smoke.yaml").read_text())
-    s, e = p["sim"], p["eval"]
-    starts = start_states(s["n_test"], s["n_frames"], e["leads"], e["stride"])
+    s, e, H = p["sim"], p["eval"], p["finetune"]["history"]
+    starts = start_states(s["n_test"], s["n_frames"], e["leads"], e["stride"], H)
     assert s["n_test"] >= 16 and e["stride"] >= e["leads"] and len(starts) >= 64
-    shift = placebo_shift(s["n_frames"], e["leads"], e["stride"])
+    assert min(b for _, b in starts) >= H  # the observed history of every start is in its trajectory
+    shift = placebo_shift(s["n_frames"], e["leads"], e["stride"], H)
     rolled = [starts[(i - shift) % len(starts)] for i in range(len(starts))]
     assert all(a != b[0] and t == b[1] for (a, t), b in zip(starts, rolled))  # same time, other flow
 
@@ -304,3 +322,56 @@ def test_finetune_stops_at_the_gates_plateau_relative_to_its_gain():
         assert rec["stop"] >= 8
     else:
         assert rec["stop"] == 30
+
+
+def test_observation_keeps_the_large_scales_and_drops_the_rest():
+    ny, nx = 32, 64
+    y, x = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
+    low = np.cos(2 * np.pi * (2 * y / ny + 5 * x / nx))
+    high = np.sin(2 * np.pi * (9 * y / ny + 3 * x / nx)) + np.cos(2 * np.pi * (1 * y / ny + 20 * x / nx))
+    f = (low + high)[None, None, None].astype(np.float32)
+    obs = observe(f, (3, 6))
+    np.testing.assert_allclose(obs[0, 0, 0], low, atol=1e-5)
+    np.testing.assert_allclose(observe(obs, (3, 6)), obs, atol=1e-5)  # a projection
+
+
+def _ar_fields(coef, n_traj, n_frames, seed):
+    """psi = a(t) cos(2 pi x / nx) + b(t) sin(...), (a, b) a linear AR process with lag coefficients coef."""
+    rng = np.random.default_rng(seed)
+    z = np.zeros((n_traj, n_frames + 50, 2))
+    for t in range(2, z.shape[1]):
+        z[:, t] = sum(c * z[:, t - 1 - i] for i, c in enumerate(coef)) + rng.standard_normal((n_traj, 2))
+    z = z[:, 50:]
+    x = np.arange(16)
+    cx, sx = np.cos(2 * np.pi * x / 16), np.sin(2 * np.pi * x / 16)
+    psi = z[..., 0, None] * cx + z[..., 1, None] * sx
+    psi = np.broadcast_to(psi[..., None, :], (*psi.shape[:2], 8, 16))
+    return np.stack([psi, psi], axis=2).astype(np.float32)
+
+
+@pytest.mark.parametrize("coef,markov", [((0.8,), True), ((1.2, -0.5), False)])
+def test_lookback_gain_sees_a_second_lag_and_not_a_markov_process(coef, markov):
+    data = {k: _ar_fields(coef, n, 200, i) for i, (k, n) in enumerate((("train", 6), ("val", 2), ("test", 4)))}
+    g = lookback_gain(data, (1, 2))
+    assert g.shape == (4,)
+    if markov:
+        assert abs(g.mean()) < 0.02
+    else:
+        assert g.min() > 0.1
+
+
+def test_observed_history_opens_the_context_and_is_ignored_without_one():
+    torch.manual_seed(2)
+    net = EMFormerNet(dim=8, depth=1, heads=2).double()
+    for p in net.head.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x, h = torch.randn(2, 2, 32, 64, dtype=torch.float64), torch.randn(2, 2, 2, 32, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(rollout(net, x, 2, 0, history=h), rollout(net, x, 2, 0))
+        with_h = rollout(net, x, 2, 2, history=h)
+        # the history's keys/values are those a forecast step on each observed frame leaves
+        _, kv0 = net(h[:, 0])
+        _, kv1 = net(h[:, 1], [kv0])
+        want, _ = net(x, [kv0, kv1])
+        torch.testing.assert_close(with_h[0], want)
+        assert (with_h[0] - rollout(net, x, 2, 2)[0]).abs().max() > 1e-6

@@ -5,7 +5,8 @@ composite loss.
 Stages (the state is (psi, zeta) standardised per variable with the training mean and std, so RMSE
 is in standard deviations; one lead step = ``sim.dt_save`` model time units):
 
-* train_shared (per seed): simulate QG trajectories (``qg.py``); split train / val / test
+* train_shared (per seed): simulate QG trajectories (``qg.py``), observed coarse-grained (``observe``,
+  ``sim.obs_k``: only the large-scale Fourier modes, so the observed sequence is not Markov); split train / val / test
   trajectories; pretrain one single-step forecaster (one-step loss, no context) with the paper's
   composite loss (learned sinusoidal weight, ``loss.py``); every variant of the seed starts from it.
 * train (per variant x seed): fine-tune a pretrained forecaster on R-step rollouts by the same rule
@@ -25,14 +26,19 @@ test states (its ACC curve) in every run.
 Variants (all share the simulator, the network size, the pretrained model, the fine-tuning rule,
 its learning-rate grid, caps and batches, and the rollout length):
 
-* ``emformer``    single-conv multi-scale block, accumulative-context fine-tuning (our reading: each
-                  step attends to the keys/values of its earlier forecast steps), the paper's loss;
-                  also records the placebo-context control (``acc_win_placebo``: each forecast
-                  attends to another trajectory's context) and the block timings;
+* ``emformer``    single-conv multi-scale block, accumulative-context fine-tuning (our reading: the
+                  ``finetune.history`` observed frames before the start open the key/value context,
+                  then each step attends to the latest ``finetune.window`` entries: observed frames
+                  and its own earlier steps), the paper's loss; also records the placebo-context
+                  control (``acc_win_placebo``: each forecast attends to another trajectory's
+                  context), the same network without context (``acc_win_nocontext``) and the block
+                  timings (zero padding as in the reference code, and circular);
 * ``rollout_ft``  the same pretrained model, standard rollout fine-tuning (Markov steps);
 * ``pretrained``  the pretrained model, no fine-tuning (the short-lead reference); also records the
                   planted control (its lead-1 forecast made ``PLANT_FACTOR`` times worse);
-* ``persistence`` the forecast x(t + k) = x(t), no model (the anomaly autocorrelation).
+* ``persistence`` the forecast x(t + k) = x(t), no model (the anomaly autocorrelation); also
+                  records the data's lookback gain (``lookback_gain``: a 2-frame linear forecaster
+                  against a 1-frame one), the context claims' precondition.
 
 No fixed-weight loss ablation: in fine-tuning it matched ``emformer`` to four digits (README), and
 the stage where the weighting could matter (pretraining) would need a second pretraining per seed.
@@ -79,6 +85,8 @@ def make_data(p: dict, rng: np.random.Generator) -> dict:
     sim = QG2D(ny=s["ny"], nx=s["nx"], beta=s["beta"], ld=s["ld"], mu=s["mu"], nu=s["nu"],
                forcing_amp=s["forcing_amp"])
     traj = simulate(sim, rng, s["n_traj"], s["n_frames"], s["dt_save"], s["dt_max"], s["spinup"])
+    if s.get("obs_k"):
+        traj = observe(traj, s["obs_k"])
     n_test, n_val = s["n_test"], s["n_val"]
     train, val, test = traj[: -n_val - n_test], traj[-n_val - n_test: -n_test], traj[-n_test:]
     mean = train.mean(axis=(0, 1, 3, 4), keepdims=True)[0]
@@ -87,6 +95,57 @@ def make_data(p: dict, rng: np.random.Generator) -> dict:
     train, val, test = norm(train), norm(val), norm(test)
     return {"train": train, "val": val, "test": test, "clim": train.mean(axis=(0, 1)),
             "mean": mean[0, :, 0, 0], "std": std[0, :, 0, 0]}
+
+
+def observe(traj: np.ndarray, obs_k) -> np.ndarray:
+    """The partial observation: every field coarse-grained to its large scales, Fourier modes with
+    |ky| <= obs_k[0] and |kx| <= obs_k[1] (integer wavenumbers of the grid) kept, the rest set to zero.
+    The unobserved small scales carry part of the state, so the observed sequence is NOT Markov: an
+    earlier observed frame says something about the current unobserved scales (``lookback_gain``)."""
+    ny, nx = traj.shape[-2:]
+    ky = np.abs(np.fft.fftfreq(ny, 1.0 / ny))[:, None]
+    kx = np.abs(np.fft.rfftfreq(nx, 1.0 / nx))[None, :]
+    mask = (ky <= obs_k[0]) & (kx <= obs_k[1])
+    return np.fft.irfft2(np.fft.rfft2(traj) * mask, s=(ny, nx)).astype(np.float32)
+
+
+def _lowmodes(traj: np.ndarray, obs_k) -> np.ndarray:
+    """Real features of the observed psi: its kept Fourier coefficients (the observed field exactly),
+    (..., features) for traj (..., C, H, W)."""
+    ny = traj.shape[-2]
+    f = np.fft.rfft2(traj[..., 0, :, :])
+    rows = np.r_[0: obs_k[0] + 1, ny - obs_k[0]: ny]
+    f = f[..., rows, : obs_k[1] + 1].reshape(*f.shape[:-2], -1)
+    return np.concatenate([f.real, f.imag], axis=-1) / np.sqrt(f.shape[-1])
+
+
+def lookback_gain(data: dict, obs_k, ridges=(1e-3, 1e-2, 1e-1, 1.0)) -> np.ndarray:
+    """Does a longer lookback help? Two linear one-step forecasters of the observed psi modes (ridge
+    least squares on the training trajectories, the ridge chosen on validation for each): the
+    1-frame model x(t) -> x(t+1) - x(t) and the 2-frame model [x(t), x(t-1)] -> x(t+1) - x(t).
+    Returns, per test trajectory, 1 - MSE(2-frame) / MSE(1-frame): > 0 where the earlier observed
+    frame carries information the current one lacks (0 up to fitting noise for Markov data)."""
+    def pairs(traj, lag):
+        z = _lowmodes(traj, obs_k)
+        x = z[:, 1:-1] if lag == 1 else np.concatenate([z[:, 1:-1], z[:, :-2]], axis=-1)
+        return x, z[:, 2:] - z[:, 1:-1]
+
+    def fit(x, y, lam):
+        x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+        x = np.concatenate([x, np.ones((len(x), 1))], axis=1)
+        return np.linalg.solve(x.T @ x + lam * len(x) * np.eye(x.shape[1]), x.T @ y)
+
+    def mse(w, x, y):
+        x = np.concatenate([x, np.ones((*x.shape[:-1], 1))], axis=-1)
+        return ((x @ w - y) ** 2).mean(axis=(-2, -1))
+
+    err = {}
+    for lag in (1, 2):
+        xt, yt = pairs(data["train"], lag)
+        xv, yv = pairs(data["val"], lag)
+        w = min((fit(xt, yt, lam) for lam in ridges), key=lambda w: mse(w, xv, yv).mean())
+        err[lag] = mse(w, *pairs(data["test"], lag))
+    return 1.0 - err[2] / err[1]
 
 
 def anomaly_autocorrelation(traj: np.ndarray, clim: np.ndarray, leads: int) -> np.ndarray:
@@ -210,16 +269,20 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
     cfg = p["finetune"]
     fit = cfg["fit"]
     R, window = cfg["rollout"], (cfg["window"] if accumulative else 0)
+    H = int(cfg.get("history", 0))  # observed frames before the start (read only with a context)
     lat_w = _lat_w(data)
-    val = torch.from_numpy(_val_windows(data["val"], R + 1, cfg.get("n_val", 32)))
+    val = torch.from_numpy(_val_windows(data["val"], H + R + 1, cfg.get("n_val", 32)))
+
+    def forecast(net, win):
+        return rollout(net, win[:, H], R, window, history=win[:, :H] if H else None)
 
     def train_loss(m, gen):  # the same generator seed for every variant: the same batches
-        win = torch.from_numpy(_draw(data["train"], R + 1, cfg["batch"], gen))
-        return m.loss(rollout(m.net, win[:, 0], R, window), win[:, 1:].transpose(0, 1), lat_w)
+        win = torch.from_numpy(_draw(data["train"], H + R + 1, cfg["batch"], gen))
+        return m.loss(forecast(m.net, win), win[:, H + 1:].transpose(0, 1), lat_w)
 
     def val_loss(m):
         with torch.no_grad():
-            return _val_rmse(rollout(m.net, val[:, 0], R, window), val[:, 1:].transpose(0, 1), lat_w)
+            return _val_rmse(forecast(m.net, val), val[:, H + 1:].transpose(0, 1), lat_w)
 
     every = int(fit["eval_every"])
     runs = []
@@ -247,17 +310,19 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
 
 # --- evaluation ----------------------------------------------------------------------------------
 
-def start_states(n_traj: int, n_frames: int, leads: int, stride: int) -> list[tuple[int, int]]:
-    """The test units: (trajectory, frame) of every forecast start, ``stride`` frames apart."""
-    return [(a, b) for a in range(n_traj) for b in range(0, n_frames - leads, stride)]
+def start_states(n_traj: int, n_frames: int, leads: int, stride: int, first: int = 0) -> list[tuple[int, int]]:
+    """The test units: (trajectory, frame) of every forecast start, ``stride`` frames apart, from frame
+    ``first`` (the observed history before a start stays inside its trajectory)."""
+    return [(a, b) for a in range(n_traj) for b in range(first, n_frames - leads, stride)]
 
 
 def forecast_skill(net, data: dict, leads: int, window: int, starts: list[tuple[int, int]],
-                   placebo_shift: int = 0):
+                   placebo_shift: int = 0, history: int = 0):
     """Autoregressive forecasts from the start states (``net`` None: persistence). Returns RMSE and
     ACC per start, lead and variable (starts, leads, C), and the forecast and truth of the first
     start (leads, C, H, W). ``placebo_shift``: each forecast attends to the context of another
-    start's forecast (``model.rollout``)."""
+    start's forecast (``model.rollout``). ``history``: observed frames before each start that open the
+    context (with ``window`` > 0)."""
     test = data["test"]
     win = np.stack([test[a, b: b + leads + 1] for a, b in starts])
     if net is None:
@@ -268,27 +333,30 @@ def forecast_skill(net, data: dict, leads: int, window: int, starts: list[tuple[
         from .model import rollout
 
         with torch.no_grad():
-            f = rollout(net, torch.from_numpy(win[:, 0]), leads, window, placebo_shift=placebo_shift)
+            hist = (torch.from_numpy(np.stack([test[a, b - history: b] for a, b in starts]))
+                    if history and window else None)
+            f = rollout(net, torch.from_numpy(win[:, 0]), leads, window, placebo_shift=placebo_shift, history=hist)
             f = f.numpy().transpose(1, 0, 2, 3, 4)
     t = win[:, 1:]
     return weighted_rmse(f, t), weighted_acc(f, t, data["clim"]), f[0], t[0]
 
 
 def block_speed(channels: int, h: int, w: int, batch: int, repeats: int = 5, target_s: float = 0.05,
-                seed: int = 0) -> dict:
+                seed: int = 0, padding: str = "circular") -> dict:
     """Best-of-``repeats`` time per call of the single-conv and multi-branch blocks, forward and
     forward+backward, interleaved rounds in one process; the merge of the kernels is inside the timed
     single-conv call. Times are this process's CPU time (``time.process_time``), not wall time: on a
     shared machine a preempted process loses wall time that no block used. Also an identical second copy of the multi-branch block (the A/A control: a
     ratio that timing noise alone produces). Returns ms per call and the ratios multi-branch / single
-    (> 1: single faster) and multi-branch copy / multi-branch (``*_aa``)."""
+    (> 1: single faster) and multi-branch copy / multi-branch (``*_aa``). ``padding``: 'circular'
+    (our periodic model) or 'zeros' (the reference code's convolutions, padding inside the call)."""
     import torch
 
     from .model import MultiBranchConv, SingleConvMultiScale
 
     torch.manual_seed(seed)
-    blocks = {"single": SingleConvMultiScale(channels), "multibranch": MultiBranchConv(channels),
-              "multibranch_copy": MultiBranchConv(channels)}
+    blocks = {"single": SingleConvMultiScale(channels, padding), "multibranch": MultiBranchConv(channels, padding),
+              "multibranch_copy": MultiBranchConv(channels, padding)}
     blocks["multibranch"].load_state_dict(blocks["single"].state_dict())
     blocks["multibranch_copy"].load_state_dict(blocks["single"].state_dict())
     x = torch.randn(batch, channels, h, w)
@@ -397,10 +465,10 @@ def _record_skill(ctx, rmse: np.ndarray, acc: np.ndarray, suffix: str = "") -> N
     ctx.metrics.units("rmse_short" + suffix, rmse[:, 0].mean(axis=1))
 
 
-def placebo_shift(n_frames: int, leads: int, stride: int) -> int:
+def placebo_shift(n_frames: int, leads: int, stride: int, first: int = 0) -> int:
     """Starts per test trajectory: rolling the batch by this many hands every forecast the context
     of the same start time on the NEXT trajectory (an unrelated flow)."""
-    return len(range(0, n_frames - leads, stride))
+    return len(range(first, n_frames - leads, stride))
 
 
 def train(ctx) -> None:
@@ -411,7 +479,8 @@ def train(ctx) -> None:
     with np.load(ctx.shared_dir / "data.npz") as z:
         data = {k: z[k] for k in z.files}
     e = p["eval"]
-    starts = start_states(data["test"].shape[0], data["test"].shape[1], e["leads"], e["stride"])
+    H = int(p["finetune"].get("history", 0))
+    starts = start_states(data["test"].shape[0], data["test"].shape[1], e["leads"], e["stride"], H)
     ctx.metrics.scalar("n_test_starts", len(starts))
     net, window = None, 0
     if weighting is not None:
@@ -432,28 +501,36 @@ def train(ctx) -> None:
         ctx.metrics.scalar("loss_weight_final", float(loss_fn.weight().detach()))
         net.eval()
         window = p["finetune"]["window"] if accumulative else 0
-    rmse, acc, f0, t0_ = forecast_skill(net, data, e["leads"], window, starts)
+    rmse, acc, f0, t0_ = forecast_skill(net, data, e["leads"], window, starts, history=H)
     _record_skill(ctx, rmse, acc)
     np.savez(ctx.outdir / "forecast_example.npz", forecast=f0, truth=t0_)
     if ctx.seed == p["seeds"][0]:  # psi snapshots of the first test forecast, flattened, for plot()
         for k in snapshot_leads(e["leads"]):
             ctx.metrics.curve(f"snap_psi_lead{k}_forecast", range(f0[k - 1, 0].size), f0[k - 1, 0].ravel())
             ctx.metrics.curve(f"snap_psi_lead{k}_truth", range(t0_[k - 1, 0].size), t0_[k - 1, 0].ravel())
+    if ctx.variant == "persistence" and p["sim"].get("obs_k"):  # the data's lookback precondition
+        g = lookback_gain(data, p["sim"]["obs_k"])
+        ctx.metrics.units("lookback_gain", g)
+        ctx.progress(f"lookback gain of a 2-frame linear forecaster over a 1-frame one: {g.mean():.3f}")
     if ctx.variant == "pretrained":  # the short-lead claim's planted control
         ctx.metrics.units("rmse_short_planted", planted_short_rmse(data, net, starts, PLANT_FACTOR, ctx.seed))
     if ctx.variant == "emformer":
         # placebo context: the same fine-tuned network, each forecast attending to another trajectory's
-        shift = placebo_shift(data["test"].shape[1], e["leads"], e["stride"])
-        rmse_p, acc_p, _, _ = forecast_skill(net, data, e["leads"], window, starts, placebo_shift=shift)
+        shift = placebo_shift(data["test"].shape[1], e["leads"], e["stride"], H)
+        rmse_p, acc_p, _, _ = forecast_skill(net, data, e["leads"], window, starts, placebo_shift=shift, history=H)
         _record_skill(ctx, rmse_p, acc_p, "_placebo")
-        m, s = p["model"], p["speed"]
-        for tag, (ch, h, w, b) in {"": (3 * m["dim"], p["sim"]["ny"] // m["patch"], p["sim"]["nx"] // m["patch"],
-                                        p["finetune"]["batch"]),
-                                   "_paper": tuple(s["paper_grid"])}.items():
-            sp = block_speed(ch, h, w, b, s["repeats"], s["target_s"], ctx.seed)
+        # no context at all: the same fine-tuned network run as a Markov forecaster (the placebo's
+        # reference: a placebo below it means a wrong context hurts, not that the right one helps)
+        rmse_n, acc_n, _, _ = forecast_skill(net, data, e["leads"], 0, starts)
+        _record_skill(ctx, rmse_n, acc_n, "_nocontext")
+        s = p["speed"]
+        grids = {"_paper": (tuple(s["paper_grid"]), "zeros"),  # the reference's convolutions
+                 "_paper_circ": (tuple(s["paper_grid"]), "circular")}  # our periodic model's
+        for tag, ((ch, h, w, b), pad) in grids.items():
+            sp = block_speed(ch, h, w, b, s["repeats"], s["target_s"], ctx.seed, pad)
             for k, v in sp.items():
                 ctx.metrics.scalar(k + tag, v)
-            ctx.progress(f"block speed-up{tag} ({ch} ch, {h}x{w}, batch {b}) fwd x{sp['speedup_fwd']:.2f}, "
+            ctx.progress(f"block speed-up{tag} ({ch} ch, {h}x{w}, batch {b}, {pad} padding) fwd x{sp['speedup_fwd']:.2f}, "
                          f"fwd+bwd x{sp['speedup_fwdbwd']:.2f} (A/A x{sp['speedup_fwd_aa']:.2f}, "
                          f"x{sp['speedup_fwdbwd_aa']:.2f})")
 

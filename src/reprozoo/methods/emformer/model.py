@@ -22,7 +22,8 @@ then a transposed patch projection returns the increment: x_{t+1} = x_t + Net(x_
 
 Accumulative context (``rollout(..., window > 0)``): each forecast step's attention also sees the
 keys and values of up to ``window`` earlier steps of the same forecast (the reference code's KV
-caches, ``add_kv``); window 0 is the Markov forecaster of standard rollout fine-tuning.
+caches, ``add_kv``), the first of them observed frames before the start (``history``); window 0 is
+the Markov forecaster of standard rollout fine-tuning.
 """
 from __future__ import annotations
 
@@ -37,20 +38,34 @@ def _circular(x: torch.Tensor, p: int) -> torch.Tensor:
     return F.pad(x, (p, p, p, p), mode="circular") if p else x
 
 
+PADDINGS = ("circular", "zeros")
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor, groups: int, padding: str) -> torch.Tensor:
+    """Depthwise 'same' convolution; ``padding`` 'circular' (our periodic fields: an explicit pad,
+    then a valid convolution) or 'zeros' (the reference code's ``nn.Conv2d(..., padding=k // 2)``:
+    the padding inside the convolution call)."""
+    p = w.shape[-1] // 2
+    if padding == "circular":
+        return F.conv2d(_circular(x, p), w, groups=groups)
+    if padding == "zeros":
+        return F.conv2d(x, w, padding=p, groups=groups)
+    raise ValueError(f"padding '{padding}': expected one of {PADDINGS}")
+
+
 class MultiBranchConv(nn.Module):
     """Sum of depthwise convolutions of sizes 1, 3, 5: three kernels launched, three outputs summed."""
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, padding: str = "circular"):
         super().__init__()
         self.weights = nn.ParameterList(
             [nn.Parameter(torch.randn(channels, 1, k, k) / k) for k in KERNELS])
-        self.channels = channels
+        self.channels, self.padding = channels, padding
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = 0
         for w in self.weights:
-            p = w.shape[-1] // 2
-            out = out + F.conv2d(_circular(x, p), w, groups=self.channels)
+            out = out + _conv(x, w, self.channels, self.padding)
         return out
 
 
@@ -67,7 +82,7 @@ class SingleConvMultiScale(MultiBranchConv):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(_circular(x, max(KERNELS) // 2), self.merged_kernel(), groups=self.channels)
+        return _conv(x, self.merged_kernel(), self.channels, self.padding)
 
 
 def multiscale(kind: str, channels: int) -> nn.Module:
@@ -138,7 +153,7 @@ class EMFormerNet(nn.Module):
 
 
 def rollout(net: EMFormerNet, x0: torch.Tensor, steps: int, window: int = 0, detach_inputs: bool = True,
-            placebo_shift: int = 0):
+            placebo_shift: int = 0, history: torch.Tensor | None = None):
     """Autoregressive forecast x_1..x_steps from x_0: (steps, B, C, H, W).
 
     window = 0: Markov steps (each sees only its input state). window > 0: accumulative context,
@@ -148,14 +163,26 @@ def rollout(net: EMFormerNet, x0: torch.Tensor, steps: int, window: int = 0, det
     ``placebo_shift`` (evaluation control): the context of forecast b is that of forecast
     b - placebo_shift of the batch (another start's earlier steps: context with the right statistics
     and the wrong content).
+    ``history`` (B, H, C, H, W): OBSERVED frames x_{-H}..x_{-1} before the start; with window > 0
+    the network first runs on them (outputs discarded) so that their keys/values open the context,
+    the same keys/values a forecast step of that input would leave. Our reading of the paper's
+    accumulative context on partially observed data: the only information a Markov forecaster lacks.
     """
     outs, ctx, x = [], [], x0
-    for _ in range(steps):
-        x, kv = net(x, ctx[-window:] if window > 0 else None)
-        outs.append(x)
+
+    def remember(kv):
         if window > 0:
             ctx.append([(torch.roll(k, placebo_shift, 0), torch.roll(v, placebo_shift, 0)) for k, v in kv]
                        if placebo_shift else kv)
+
+    if history is not None and window > 0:  # observed frames before x_0 enter the context first
+        for j in range(history.shape[1]):
+            _, kv = net(history[:, j], ctx[-window:] or None)
+            remember(kv)
+    for _ in range(steps):
+        x, kv = net(x, (ctx[-window:] or None) if window > 0 else None)
+        outs.append(x)
+        remember(kv)
         if detach_inputs:
             x = x.detach()
     return torch.stack(outs)
