@@ -9,7 +9,8 @@ import torch
 
 from reprozoo.blocks.gen_metrics import expected_coverage, sbc_ranks
 from reprozoo.methods.tfmpe.evaluation import (c2st_quadratic, calls_to_target, calls_to_target_per_unit,
-                                               conditional_ecdf_excess, coverage_error, site_summaries)
+                                               conditional_ecdf_excess, coverage_error, site_summaries,
+                                               worst_case_for_censored)
 from reprozoo.methods.tfmpe.pipelines import LikelihoodFactorisation, PriorOnly, train_joint, train_tfmpe
 from reprozoo.methods.tfmpe.simulators import HierarchicalGaussian, HierarchicalSIR
 from reprozoo.methods.tfmpe.tokenised_fm import (SIGMA_MIN, Layout, TokenVelocityField, cfm_loss, fit_cfm,
@@ -187,6 +188,56 @@ def test_per_observation_read_off_recovers_a_planted_s_fold_saving():
     assert lt.shape == (8,) and np.all(rt[level - 0.1 * (np.log10(1000) - 3) > target] == 0)
 
 
+def test_censored_tfmpe_observations_count_as_no_saving():
+    """Review of 7d8f6f9: an observation that reaches C2ST 0.6 for neither variant used to add
+    log10(10000 / 1000) = 1 (a full S-fold saving) because the grids end at different calls. With
+    TFMPE's censored read-offs at the top of joint's grid its difference is <= 0 (0 when joint is
+    censored too); TFMPE's reached observations and joint-only censoring (a lower bound on the
+    difference) are unchanged."""
+    target, calls_t, calls_j = 0.6, [100, 300, 1000], [100, 300, 1000, 3000, 10000]
+    never_t = np.array([[0.8, 0.8], [0.75, 0.75], [0.7, 0.7]])                # 2 observations, never reach
+    never_j = np.array([[0.8, 0.8], [0.75, 0.7], [0.7, 0.65], [0.68, 0.62], [0.65, 0.58]])  # obs 2 at ~7000
+    lt, rt = calls_to_target_per_unit(calls_t, never_t, target)
+    lj, rj = calls_to_target_per_unit(calls_j, never_j, target)
+    assert not rt.any() and list(rj) == [0.0, 1.0]
+    np.testing.assert_allclose(lj - lt, [1.0, lj[1] - 3.0])                  # the old read-off: savings
+    lt_fixed = worst_case_for_censored(lt, rt, max(calls_j))
+    diff = lj - lt_fixed
+    assert diff[0] == 0.0 and diff[1] < 0.0                                    # no saving, never an S-fold one
+    # reached observations keep their read-off (a planted 10-fold saving survives)
+    reach_t = np.array([[0.7], [0.6], [0.55]])
+    lr_, rr = calls_to_target_per_unit(calls_t, reach_t, target)
+    np.testing.assert_allclose(worst_case_for_censored(lr_, rr, 10000), lr_)
+    with pytest.raises(ValueError):
+        worst_case_for_censored(np.log10([3000.0]), np.array([1.0]), 1000)
+
+
+def test_sir_calibration_threshold_has_power_on_planted_miscalibration():
+    """Power check for the SIR calibration claim (review of 7d8f6f9): on SIR data at the claim's size
+    (S = 5, 1000 data sets x 20 draws, tertiles of the site summaries) a posterior that is exactly
+    calibrated by construction (draws N(m, s^2) around a centre m = theta + s z, so the truth is one
+    more draw) passes the spec's threshold at every seed, while the same with widths x0.8 (over-
+    confident) or x1.25 exceeds it at every seed. The SIR data enter through the stratification."""
+    thr = _claim_threshold("tfmpe_calibrated_sir")
+    m, n, L, S = HierarchicalSIR(days=8, population=500, infected0=5, tau=0.3), 1000, 20, 5
+    for kind, factor in (("exact", 1.0), ("narrow", 0.8), ("wide", 1.25)):
+        vals = []
+        for rep in range(3):
+            rng = np.random.default_rng([11, rep])
+            g, l, x = m.sample_joint(n, S, rng)
+            theta = np.concatenate([g, l.reshape(n, -1)], 1)
+            s = 0.3 * theta.std(0) * (1 + 0.5 * rng.random((n, 1)))           # widths vary with the data set
+            centre = theta + s * rng.standard_normal(theta.shape)
+            draws = centre[:, None] + factor * s[:, None] * rng.standard_normal((n, L, theta.shape[1]))
+            ranks = sbc_ranks(theta, draws)
+            vals.append(conditional_ecdf_excess(ranks, L, site_summaries(x, m.G, m.Lp), 3))
+        vals = np.array(vals)
+        if kind == "exact":
+            assert vals.max() < thr, vals
+        else:
+            assert vals.min() > thr, (kind, vals)
+
+
 def test_layout_masks_and_round_trip():
     lay = Layout(G=2, Lp=1, X=3)
     g, l, x = torch.randn(5, 2), torch.randn(5, 4, 1), torch.randn(5, 4, 3)
@@ -277,15 +328,18 @@ def test_trained_posteriors_match_the_analytic_conjugate_posterior():
     sets, tokenised posterior) and joint FMPE (the same posterior network on real 3-site sets) must
     reproduce the closed-form posterior of the conjugate model: means within 0.2 posterior sd on
     average, sds within 20 %, C2ST near chance. TFMPE costs exactly B simulator calls."""
+    from reprozoo import registry
+
+    cfg = registry.get("tfmpe").config("smoke")             # the smoke network, lr grid and stopping rule
     m, S, B, n_obs = HierarchicalGaussian(), 3, 2000, 5
     x_o = m.sample_joint(n_obs, S, np.random.default_rng(100))[2]
     m.calls = 0                                             # observations are not training cost
-    net = dict(dim=16, depth=1, heads=2)              # the smoke network
+    net, fit = cfg["net"], cfg["fit"]
     rng, gen = np.random.default_rng(1), torch.Generator().manual_seed(1)
-    lf = LikelihoodFactorisation(m, B, net, FIT, 4, rng, gen, init_seed=1)
-    tf, _, calls = train_tfmpe(lf, S, B, net, FIT, 2, rng, gen)
+    lf = LikelihoodFactorisation(m, B, net, fit, 4, rng, gen, init_seed=1)
+    tf, _, calls = train_tfmpe(lf, S, B, net, fit, 2, rng, gen)
     assert calls == lf.calls == B and m.calls == B
-    jt = train_joint(m, S, B, net, FIT, 4, 2, rng, gen)[0]
+    jt = train_joint(m, S, B, net, fit, 4, 2, rng, gen)[0]
     for est in (tf, jt):
         q = est.sample(x_o, 1000, gen)
         z, sd_ratio, c2 = [], [], []

@@ -23,7 +23,9 @@ simulator calls a budget sweep needs to reach a C2ST.
   opposite signs at different ranks from cancelling.
 * :func:`calls_to_target`: the simulator calls at which a C2ST-versus-calls curve first reaches a
   target (linear in log10 calls between grid points); :func:`calls_to_target_per_unit` reads it
-  off each observation's own curve (log10 calls per observation, the units of the claim).
+  off each observation's own curve (log10 calls per observation, the units of the claim);
+  :func:`worst_case_for_censored` gives the method's units that never reached the target the top
+  of the baseline's grid, so that they count as no saving (never as an S-fold one).
 """
 from __future__ import annotations
 
@@ -99,6 +101,21 @@ def calls_to_target_per_unit(calls, c2st_units, target: float) -> tuple[np.ndarr
     c2st_units = np.asarray(c2st_units, float)
     out = [calls_to_target(calls, c2st_units[:, i], target) for i in range(c2st_units.shape[1])]
     return np.log10([c for c, _ in out]), np.array([float(r) for _, r in out])
+
+
+def worst_case_for_censored(log_calls, reached, ceiling: float) -> np.ndarray:
+    """The method's per-unit read-off for a calls *ratio* against a baseline whose grid ends at
+    ``ceiling`` calls: a unit that never reached the target inside the method's own grid (its
+    read-off is only a lower bound, the grid's top) is given log10(``ceiling``), the most the
+    baseline's read-off can be. Its difference baseline - method is then <= 0: a censored unit can
+    never count as a saving (at the grid's top it would count log10(ceiling / own top), an S-fold
+    saving for nothing). Reached units are unchanged."""
+    log_calls = np.array(log_calls, float)
+    reached = np.asarray(reached, bool)
+    if log_calls.size and math.log10(ceiling) < log_calls.max() - 1e-12:
+        raise ValueError("ceiling below the method's own read-offs")
+    log_calls[~reached] = math.log10(ceiling)
+    return log_calls
 
 
 def calls_to_target(calls, c2st, target: float) -> tuple[float, bool]:
