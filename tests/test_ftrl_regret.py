@@ -112,26 +112,49 @@ def test_loglog_slope_recovers_a_power_law():
     assert np.isnan(loglog_slope(xs, [1, -1, 2, 3]))
 
 
-def test_static_sweep_is_prefixes_of_one_static_stream(tmp_path):
-    """The P_T = 0 sweep: every horizon reads the first T rounds of one static stream, and adding
-    it leaves the drifting streams as they were (drawn after them)."""
-    from reprozoo.methods.ftrl_regret.method import _load_static, _streams
+def test_static_sweep_is_prefixes_of_one_static_stream():
+    """The P_T = 0 sweep: every horizon reads the first T rounds of the static streams, and adding
+    it leaves the drifting streams as they were (drawn after them); replicates stack on axis 0 and
+    a task's own P_sweep / T_fix override the global ones."""
+    from reprozoo.methods.ftrl_regret.method import _static_prefixes, _streams
 
-    p = {"d": 3, "T_sweep": [50, 100], "P_fix": 2, "T_fix": 80, "P_sweep": [1, 2],
-         "linear": LIN, "logistic": LOGIT}
+    p = {"d": 3, "T_sweep": [50, 100], "P_fix": 2, "T_fix": 80, "P_sweep": [1, 2], "replicates": 3,
+         "linear": LIN, "logistic": {**LOGIT, "P_sweep": [2, 4], "T_fix": 120}}
     before = list(_streams(p, np.random.default_rng(0)))
     after = list(_streams({**p, "static_tasks": ["linear"]}, np.random.default_rng(0)))
     assert len(after) == len(before) + 1
     for (t0, s0, v0, a), (t1, s1, v1, b) in zip(before, after):
         assert (t0, s0, v0) == (t1, s1, v1)
         np.testing.assert_array_equal(a["y"], b["y"])
+    logit_P = [(v, s["x"].shape) for t, sw, v, s in before if t == "logistic" and sw == "P"]
+    assert logit_P == [(2, (3, 120, 3)), (4, (3, 120, 3))]
+    lin_P = [s for t, sw, v, s in before if t == "linear" and sw == "P"]
+    assert [path_length(u) for u in lin_P[1]["u"]] == pytest.approx([2.0] * 3)
+    assert not np.allclose(lin_P[1]["x"][0], lin_P[1]["x"][1])  # independent replicates
     task, sweep, T, full = after[-1]
     assert (task, sweep, T) == ("linear", "T0", 100)
-    assert path_length(full["u"]) == 0.0
-    np.savez(tmp_path / "streams.npz", **{f"linear/T0/100/{k}": a for k, a in full.items()})
-    got = list(_load_static(tmp_path, {**p, "static_tasks": ["linear"]}))
-    assert [g[2] for g in got] == [50, 100]
-    np.testing.assert_array_equal(got[0][3]["x"], full["x"][:50])
+    assert full["x"].shape == (3, 100, 3)
+    assert all(path_length(u) == 0.0 for u in full["u"])
+    got = list(_static_prefixes(p, full))
+    assert [g[0] for g in got] == [50, 100]
+    np.testing.assert_array_equal(got[0][1]["x"], full["x"][:, :50])
+
+
+def test_batched_learners_match_one_stream_runs():
+    """Batching N streams (each with its own discounts / steps) changes nothing per stream."""
+    rng = np.random.default_rng(3)
+    ss = [make_stream("logistic", 60, 3, 2.0, LOGIT, rng) for _ in range(2)]
+    x = np.stack([s["x"] for s in ss]); y = np.stack([s["y"] for s in ss])
+    for task in ("linear", "logistic"):
+        betas = np.array([[0.9, 1.0], [0.8, 0.95]])
+        got = L.run_discounted_ftrl_batch(task, x, y, betas, 1.0, 2.0)
+        etas = np.array([[0.1, 0.3], [0.2, 0.05]])
+        got_ogd = L.run_ogd_batch(task, x, y, etas, 2.0, 2.0)
+        for n, s in enumerate(ss):
+            np.testing.assert_allclose(got[n], L.run_discounted_ftrl(task, s, betas[n], 1.0, 2.0), rtol=1e-12)
+            np.testing.assert_allclose(got_ogd[n], L.run_ogd(task, s, etas[n], 2.0, 2.0), rtol=1e-12)
+        mix = L.fixed_share_batch(task, got, y if task == "logistic" else y, lr=0.5, share=0.01)
+        np.testing.assert_allclose(mix[1], L.fixed_share(task, got[1], y[1], lr=0.5, share=0.01), rtol=1e-12)
 
 
 def test_static_regret_vaw_logarithmic_ogd_sqrt():
@@ -151,3 +174,62 @@ def test_static_regret_vaw_logarithmic_ogd_sqrt():
     growth = {v: r[1] / r[0] for v, r in tot.items()}
     assert growth["dftrl_tuned"] < 8 ** 0.25, growth
     assert growth["ogd_tuned"] > 8 ** 0.4, growth
+
+
+def test_fixed_discount_costs_more_as_the_path_grows():
+    """The reduction's tracking cost: at one fixed discount, the dynamic regret on switching streams
+    rises with the number of switches (each switch costs ~ 1/(1-beta) rounds of re-locking).
+    Same horizon and noise, 4 streams per path length."""
+    d, T, beta = 3, 1200, 1 - 1 / 40
+    regs = []
+    for P in (1.0, 4.0, 16.0):
+        rng = np.random.default_rng(7)
+        tot = 0.0
+        for _ in range(4):
+            s = make_stream("linear", T, d, P, LIN, rng)
+            tot += dynamic_regret("linear", L.run_discounted_ftrl("linear", s, [beta], 1.0, 1.0)[:, 0], s)[-1]
+        regs.append(tot)
+    assert regs[0] < regs[1] < regs[2], regs
+    assert regs[2] > 2 * regs[0], regs
+
+
+def test_ensemble_tracks_a_switch():
+    """The fixed-share ensemble over discounts (P_T unknown) re-locks after a switch: over the last
+    quarter of a stream with one switch at the middle its per-round regret is far below undiscounted
+    FTRL's (which keeps averaging the old comparator) and close to the best single discount's."""
+    rng = np.random.default_rng(11)
+    d, T = 3, 2000
+    s = make_stream("linear", T, d, 1.0, LIN, rng)
+    grid = L.discount_grid(T)
+    experts = L.run_discounted_ftrl("linear", s, grid, 1.0, 1.0)
+    mix = L.fixed_share("linear", experts, s["y"], lr=0.1, share=1.0 / T)
+    ftrl = L.run_discounted_ftrl("linear", s, [1.0], 1.0, 1.0)[:, 0]
+    tail = slice(3 * T // 4, T)
+    r = lambda pred: (L.loss("linear", pred, s["y"]) - L.comparator_losses("linear", s))[tail].sum()
+    best = min(r(experts[:, k]) for k in range(len(grid)))
+    assert r(mix) < 0.5 * r(ftrl), (r(mix), r(ftrl))
+    assert r(mix) < best + 0.05 * (T // 4), (r(mix), best)
+
+
+def test_tuned_logistic_discount_scales_with_kappa():
+    """1 - beta = sqrt(kappa P_T / (d T)): the curvature factor enters under the square root (a 4x
+    smaller kappa halves the discount, i.e. doubles the window), and predictions_batch uses it."""
+    from reprozoo.methods.ftrl_regret.method import predictions_batch
+
+    T, d, P = 8000, 5, 16.0
+    a, b = 1 - L.tuned_discount(T, d, 0.4 * P), 1 - L.tuned_discount(T, d, 0.1 * P)
+    assert a / b == pytest.approx(2.0)
+    s = make_stream("logistic", 400, d, 2.0, LOGIT, np.random.default_rng(0))
+    cfg = {"ridge": 1.0, "logistic": {**LOGIT, "bound": 2.0, "kappa": 0.105, "grad_bound": 1.0, "meta_lr": 1.0}}
+    _, chosen = predictions_batch("dftrl_tuned", "logistic", {k: s[k][None] for k in ("x", "y", "u")}, cfg)
+    assert chosen["one_minus_beta"] == pytest.approx(np.sqrt(0.105 * 2.0 / (d * 400)))
+
+
+def test_unit_jumps_make_norm_and_squared_norm_paths_equal():
+    """With jump = 1 every switch moves u by exactly 1, so sum ||u_t - u_{t-1}|| and
+    sum ||u_t - u_{t-1}||^2 coincide (both = number of switches); with jump = 2 they differ by 2x."""
+    for jump, ratio in ((1.0, 1.0), (2.0, 2.0)):
+        us = switching_path(500, 4, 6 * jump, 2.0, jump, np.random.default_rng(1))
+        steps = np.linalg.norm(np.diff(us, axis=0), axis=1)
+        assert (steps**2).sum() == pytest.approx(ratio * steps.sum())
+        assert steps.sum() == pytest.approx(6 * jump)

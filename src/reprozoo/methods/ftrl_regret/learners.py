@@ -38,7 +38,7 @@ def loss(task: str, pred: np.ndarray, y: float) -> np.ndarray:
 
 
 def comparator_losses(task: str, stream: dict) -> np.ndarray:
-    z = np.einsum("td,td->t", stream["x"], stream["u"])
+    z = np.einsum("...d,...d->...", stream["x"], stream["u"])
     if task == "linear":
         return 0.5 * (stream["y"] - z) ** 2
     return np.logaddexp(0.0, -stream["y"] * z)
@@ -46,73 +46,91 @@ def comparator_losses(task: str, stream: dict) -> np.ndarray:
 
 def run_discounted_ftrl(task: str, stream: dict, betas, lam: float, bound: float) -> np.ndarray:
     """Predictions (T, K) of discounted FTRL with the K discounts ``betas`` (beta = 1: FTRL)."""
-    x_all, y_all = stream["x"], stream["y"]
-    T, d = x_all.shape
-    beta = np.asarray(betas, dtype=float)
-    K = len(beta)
-    bm = beta[:, None, None]
-    S = np.zeros((K, d, d))
-    r = np.zeros((K, d))
+    return run_discounted_ftrl_batch(task, stream["x"][None], stream["y"][None],
+                                     np.asarray(betas, float)[None], lam, bound)[0]
+
+
+def run_discounted_ftrl_batch(task: str, x_all: np.ndarray, y_all: np.ndarray, betas: np.ndarray,
+                              lam: float, bound: float) -> np.ndarray:
+    """N streams of one length at once: x (N, T, d), y (N, T), discounts (N, K) -> predictions (N, T, K).
+    Every (stream, discount) pair is an independent learner; batching only amortises the round loop."""
+    N, T, d = x_all.shape
+    beta = np.asarray(betas, dtype=float).reshape(N, -1)
+    K = beta.shape[1]
+    bm = beta[..., None, None]
+    S = np.zeros((N, K, d, d))
+    r = np.zeros((N, K, d))
     eye = lam * np.eye(d)
-    preds = np.empty((T, K))
-    w = np.zeros((K, d))
+    preds = np.empty((N, T, K))
+    w = np.zeros((N, K, d))
     for t in range(T):
-        x, y = x_all[t], y_all[t]
-        xx = np.outer(x, x)
+        x, y = x_all[:, t], y_all[:, t]                      # (N, d), (N,)
+        xx = (x[:, :, None] * x[:, None, :])[:, None]         # (N, 1, d, d)
+        xk = x[:, None, :]                                    # (N, 1, d)
         if task == "linear":
             S = bm * S + xx
-            w = np.linalg.solve(S + eye, (beta[:, None] * r)[..., None])[..., 0]
-            preds[t] = np.clip(w @ x, -bound, bound)
-            r = beta[:, None] * r + y * x
+            w = np.linalg.solve(S + eye, (beta[..., None] * r)[..., None])[..., 0]
+            preds[:, t] = np.clip(np.einsum("nkd,nd->nk", w, x), -bound, bound)
+            r = beta[..., None] * r + (y[:, None] * x)[:, None]
         else:
-            z = w @ x
+            z = np.einsum("nkd,nd->nk", w, x)
             p = sigmoid(z)
-            preds[t] = p
-            g = (-y * sigmoid(-y * z))[:, None] * x           # gradient of the logistic loss
+            preds[:, t] = p
+            g = (-y[:, None] * sigmoid(-y[:, None] * z))[..., None] * xk   # logistic gradient
             h = p * (1.0 - p)
-            S = bm * S + h[:, None, None] * xx
-            r = beta[:, None] * r + (h * z)[:, None] * x - g   # sum beta^{t-s} (H_s w_s - g_s)
+            S = bm * S + h[..., None, None] * xx
+            r = beta[..., None] * r + (h * z)[..., None] * xk - g         # sum beta^{t-s} (H_s w_s - g_s)
             w = np.linalg.solve(S + eye, r[..., None])[..., 0]
-            nrm = np.linalg.norm(w, axis=1, keepdims=True)
+            nrm = np.linalg.norm(w, axis=-1, keepdims=True)
             w = w * np.minimum(1.0, bound / np.maximum(nrm, 1e-300))
     return preds
 
 
 def run_ogd(task: str, stream: dict, etas, radius: float, bound: float) -> np.ndarray:
     """Predictions (T, K) of projected OGD with the K step sizes ``etas``."""
-    x_all, y_all = stream["x"], stream["y"]
-    T, d = x_all.shape
-    eta = np.asarray(etas, dtype=float)[:, None]
-    w = np.zeros((len(eta), d))
-    preds = np.empty((T, len(eta)))
+    return run_ogd_batch(task, stream["x"][None], stream["y"][None], np.asarray(etas, float)[None],
+                         radius, bound)[0]
+
+
+def run_ogd_batch(task: str, x_all: np.ndarray, y_all: np.ndarray, etas: np.ndarray, radius: float,
+                  bound: float) -> np.ndarray:
+    """N streams at once: x (N, T, d), y (N, T), steps (N, K) -> predictions (N, T, K)."""
+    N, T, d = x_all.shape
+    eta = np.asarray(etas, dtype=float).reshape(N, -1)[..., None]
+    w = np.zeros((N, eta.shape[1], d))
+    preds = np.empty((N, T, eta.shape[1]))
     for t in range(T):
-        x, y = x_all[t], y_all[t]
-        z = w @ x
+        x, y = x_all[:, t], y_all[:, t]
+        z = np.einsum("nkd,nd->nk", w, x)
         if task == "linear":
-            preds[t] = np.clip(z, -bound, bound)
-            g = (z - y)[:, None] * x
+            preds[:, t] = np.clip(z, -bound, bound)
+            g = (z - y[:, None])[..., None] * x[:, None, :]
         else:
-            preds[t] = sigmoid(z)
-            g = (-y * sigmoid(-y * z))[:, None] * x
+            preds[:, t] = sigmoid(z)
+            g = (-y[:, None] * sigmoid(-y[:, None] * z))[..., None] * x[:, None, :]
         w = w - eta * g
-        nrm = np.linalg.norm(w, axis=1, keepdims=True)
+        nrm = np.linalg.norm(w, axis=-1, keepdims=True)
         w = w * np.minimum(1.0, radius / np.maximum(nrm, 1e-300))
     return preds
 
 
 def fixed_share(task: str, preds: np.ndarray, y: np.ndarray, lr: float, share: float) -> np.ndarray:
     """Meta-learner over the K experts' predictions (T, K): fixed-share exponential weights."""
-    T, K = preds.shape
-    logw = np.full(K, -np.log(K))
-    out = np.empty(T)
+    return fixed_share_batch(task, preds[None], np.asarray(y)[None], lr, share)[0]
+
+
+def fixed_share_batch(task: str, preds: np.ndarray, y: np.ndarray, lr: float, share: float) -> np.ndarray:
+    """Fixed share over N streams at once: experts' predictions (N, T, K), labels (N, T) -> (N, T)."""
+    N, T, K = preds.shape
+    logw = np.full((N, K), -np.log(K))
+    out = np.empty((N, T))
     for t in range(T):
-        p = np.exp(logw - logw.max())
-        p /= p.sum()
-        out[t] = p @ preds[t]
-        logw = np.log(p) - lr * loss(task, preds[t], y[t])
-        m = logw.max()
-        q = np.exp(logw - m)
-        q = (1.0 - share) * q / q.sum() + share / K
+        p = np.exp(logw - logw.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        out[:, t] = (p * preds[:, t]).sum(axis=1)
+        logw = np.log(p) - lr * loss(task, preds[:, t], y[:, t, None])
+        q = np.exp(logw - logw.max(axis=1, keepdims=True))
+        q = (1.0 - share) * q / q.sum(axis=1, keepdims=True) + share / K
         logw = np.log(q)
     return out
 

@@ -9,24 +9,27 @@ Variants (one training cell per variant x seed; every variant sees the same stre
   ogd_tuned       projected OGD with Zinkevich's dynamic-regret step (P_T known)
   ogd_ensemble    OGD on a factor-2 step grid, the same meta-learner (Ader-style): no knowledge of P_T
   adam_two_discount  the Adam toy: a (beta1, beta2) sweep, clipped and clip-free (adam_toy.py)
+  adam_aa         its A/A control: the same sweep (clipped) with both drift slots at the slow rate
 
 Stages:
-  train_shared (per seed): draw every stream of the sweeps (streams.py), save streams.npz.
-  train (per variant): for task in (linear, logistic), run the learner on
+  train (per variant): draw every stream of the sweeps from the seed's generator (streams.py; the same
+  streams for every variant of a seed), ``replicates`` independent streams per sweep point, learnt
+  together (batched) and their final regrets averaged; for task in (linear, logistic), run the learner on
     * the T sweep at fixed path length P_fix -> curve regret_T_<task> (x = T, rounds)
     * the P sweep at fixed horizon T_fix     -> curve regret_P_<task> (x = P_T, path length)
+      (a task may override P_sweep and T_fix: logistic's tuned window is longer)
     and fit log-log slopes (slope_T_<task>, slope_P_<task>). The theorem's rate for the tuned
     discount is R_T = O~(sqrt(d T P_T)): slope 1/2 in T and 1/2 in P_T.
     The tuned variants (STATIC_VARIANTS) also run the static sweep on the tasks ``static_tasks``,
-    P_T = 0 over the same horizons (-> curve regret_T0_<task>, slope slope_T0_<task>): the curved-loss point of the paper, where
-    FTRL's regret is O(d log T) (log-log slope ~ 1/ln T) and OGD's O(sqrt T) (slope 1/2). Its
-    streams are prefixes of one static stream per (seed, task): common random numbers across T.
+    P_T = 0 over the same horizons (-> curve regret_T0_<task>, slope slope_T0_<task>): the curved-loss
+    point of the paper, where FTRL's regret is O(d log T) (log-log slope ~ 1/ln T) and OGD at
+    Zinkevich's step ~ 1/sqrt(T) pays ~ sqrt(T) (slope 1/2). Its streams are prefixes of the
+    static streams of (seed, task): common random numbers across T.
 Dynamic regret R_T = sum_t l_t(w_t) - l_t(u_t), in nats (logistic) or squared-loss units (linear),
 u_t the planted comparator of the stream.
 """
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import numpy as np
@@ -41,77 +44,86 @@ SHORT = {"linear": "lin", "logistic": "logit"}
 STATIC_VARIANTS = ("dftrl_tuned", "ogd_tuned")
 
 
+def _sweep(p: dict, task: str, sweep: str) -> tuple[list, float | None, int | None]:
+    """(values, P_fix, T_fix) of one sweep; a task may override P_sweep / T_fix / P_jump (logistic:
+    its tuned window is longer, so its P sweep runs at a longer horizon to keep the switch spacing
+    >= 2x it)."""
+    cfg = p[task]
+    if sweep == "T":
+        return list(p["T_sweep"]), p["P_fix"], None
+    return list(cfg.get("P_sweep", p["P_sweep"])), None, int(cfg.get("T_fix", p["T_fix"]))
+
+
+def _stack(streams: list[dict]) -> dict:
+    return {k: np.stack([s[k] for s in streams]) for k in ("x", "y", "u")}
+
+
 def _streams(p: dict, rng: np.random.Generator):
-    """Every (task, sweep, value) stream of one seed, in a fixed order."""
-    d = p["d"]
+    """Every (task, sweep, value) point of one seed with its ``replicates`` independent streams,
+    stacked along a leading axis (x (R, T, d), y (R, T), u (R, T, d)), in a fixed order. The static
+    (P_T = 0) sweep ("T0") yields one stack of full-length static streams per task; its horizons are
+    prefixes of it (``_static_prefixes``). Drawn after every drifting stream, so adding it leaves
+    those unchanged."""
+    d, R = p["d"], int(p.get("replicates", 1))
     for task in TASKS:
         cfg = p[task]
-        for T in p["T_sweep"]:
-            yield task, "T", T, make_stream(task, T, d, p["P_fix"], cfg, rng)
-        for P in p["P_sweep"]:
-            yield task, "P", P, make_stream(task, p["T_fix"], d, P, cfg, rng)
-    # drawn after every drifting stream, so those are the same streams as without the static sweep
-    for task in p.get("static_tasks", ()):
-        yield task, "T0", max(p["T_sweep"]), make_stream(task, max(p["T_sweep"]), d, 0.0, p[task], rng)
-
-
-def train_shared(ctx) -> None:
-    from ...io import save_npz
-
-    arrays = {}
-    for task, sweep, val, s in _streams(ctx.params, ctx.rng(1)):
-        for k, a in s.items():
-            arrays[f"{task}/{sweep}/{val:g}/{k}"] = a
-    save_npz(ctx.outdir / "streams.npz", **arrays)
-
-
-def _load(shared_dir: Path, p: dict):
-    z = np.load(shared_dir / "streams.npz")
-    for task in TASKS:
-        for sweep, vals in (("T", p["T_sweep"]), ("P", p["P_sweep"])):
+        for sweep in "TP":
+            vals, P_fix, T_fix = _sweep(p, task, sweep)
             for val in vals:
-                yield task, sweep, val, {k: z[f"{task}/{sweep}/{val:g}/{k}"] for k in ("x", "y", "u")}
-
-
-def _load_static(shared_dir: Path, p: dict):
-    """The static (P_T = 0) sweep: the first T rounds of one static stream per task, T in T_sweep."""
-    z = np.load(shared_dir / "streams.npz")
-    top = max(p["T_sweep"])
+                T, P = (val, P_fix) if sweep == "T" else (T_fix, val)
+                # the P sweep may use its own switch size (logistic: P_jump = 2, a 60-degree turn on
+                # its radius-2 sphere, as jump 1 is on linear's radius-1 sphere)
+                c = cfg if sweep == "T" else {**cfg, "jump": cfg.get("P_jump", cfg["jump"])}
+                yield task, sweep, val, _stack([make_stream(task, T, d, P, c, rng) for _ in range(R)])
     for task in p.get("static_tasks", ()):
-        full = {k: z[f"{task}/T0/{top:g}/{k}"] for k in ("x", "y", "u")}
-        for T in p["T_sweep"]:
-            yield task, "T0", T, {k: a[:T] for k, a in full.items()}
+        top = max(p["T_sweep"])
+        yield task, "T0", top, _stack([make_stream(task, top, d, 0.0, p[task], rng) for _ in range(R)])
 
 
-def predictions(variant: str, task: str, stream: dict, p: dict) -> tuple[np.ndarray, dict]:
-    """The variant's per-round predictions (T,) on one stream, and what it chose."""
+def _static_prefixes(p: dict, full: dict):
+    """The static sweep's horizons: the first T rounds of the static streams, T in T_sweep."""
+    for T in p["T_sweep"]:
+        yield T, {k: a[:, :T] for k, a in full.items()}
+
+
+def predictions_batch(variant: str, task: str, streams: dict, p: dict) -> tuple[np.ndarray, dict]:
+    """The variant's per-round predictions (N, T) on N stacked streams of one length, and what it
+    chose (mean over the streams). Each stream is learnt independently (own tuned discount/step)."""
     cfg = p[task]
-    T, d = stream["x"].shape
-    P = path_length(stream["u"])
+    x, y, u = streams["x"], streams["y"], streams["u"]
+    N, T, d = x.shape
+    P = np.array([path_length(ui) for ui in u])
     lam, bound, radius = p["ridge"], cfg["bound"], cfg["radius"]
     meta = dict(lr=cfg["meta_lr"], share=1.0 / T)
     if variant == "dftrl_tuned":
-        beta = L.tuned_discount(T, d, cfg["kappa"] * P)
-        return L.run_discounted_ftrl(task, stream, [beta], lam, bound)[:, 0], {"one_minus_beta": 1 - beta}
+        beta = np.array([[L.tuned_discount(T, d, cfg["kappa"] * Pi)] for Pi in P])
+        out = L.run_discounted_ftrl_batch(task, x, y, beta, lam, bound)[..., 0]
+        return out, {"one_minus_beta": float(np.mean(1 - beta))}
     if variant == "ftrl":
-        return L.run_discounted_ftrl(task, stream, [1.0], lam, bound)[:, 0], {"one_minus_beta": 0.0}
+        return L.run_discounted_ftrl_batch(task, x, y, np.ones((N, 1)), lam, bound)[..., 0], {"one_minus_beta": 0.0}
     if variant == "dftrl_ensemble":
-        experts = L.run_discounted_ftrl(task, stream, L.discount_grid(T), lam, bound)
-        return L.fixed_share(task, experts, stream["y"], **meta), {}
+        experts = L.run_discounted_ftrl_batch(task, x, y, np.tile(L.discount_grid(T), (N, 1)), lam, bound)
+        return L.fixed_share_batch(task, experts, y, **meta), {}
     G = cfg["grad_bound"]
     if variant == "ogd_tuned":
-        eta = L.tuned_ogd_step(T, P, 2 * radius, G)
-        return L.run_ogd(task, stream, [eta], radius, bound)[:, 0], {"eta": eta}
+        eta = np.array([[L.tuned_ogd_step(T, Pi, 2 * radius, G)] for Pi in P])
+        return L.run_ogd_batch(task, x, y, eta, radius, bound)[..., 0], {"eta": float(eta.mean())}
     if variant == "ogd_ensemble":
-        experts = L.run_ogd(task, stream, L.ogd_step_grid(T, 2 * radius, G), radius, bound)
-        return L.fixed_share(task, experts, stream["y"], **meta), {}
+        experts = L.run_ogd_batch(task, x, y, np.tile(L.ogd_step_grid(T, 2 * radius, G), (N, 1)), radius, bound)
+        return L.fixed_share_batch(task, experts, y, **meta), {}
     raise ValueError(f"unknown ftrl_regret variant '{variant}'")
+
+
+def predictions(variant: str, task: str, stream: dict, p: dict) -> tuple[np.ndarray, dict]:
+    """One stream (x (T, d), y (T,), u (T, d)): predictions (T,) and what the variant chose."""
+    out, chosen = predictions_batch(variant, task, {k: stream[k][None] for k in ("x", "y", "u")}, p)
+    return out[0], chosen
 
 
 def dynamic_regret(task: str, pred: np.ndarray, stream: dict) -> np.ndarray:
     """Cumulative dynamic regret sum_{s<=t} l_s(w_s) - l_s(u_s), per round t."""
     losses = L.loss(task, pred, stream["y"])
-    return np.cumsum(losses - L.comparator_losses(task, stream))
+    return np.cumsum(losses - L.comparator_losses(task, stream), axis=-1)
 
 
 def loglog_slope(xs, ys) -> float:
@@ -123,22 +135,32 @@ def loglog_slope(xs, ys) -> float:
 
 def train(ctx) -> None:
     p, v = ctx.params, ctx.variant
-    if v == "adam_two_discount":
+    if v.startswith("adam_"):
         return train_adam(ctx)
     static = v in STATIC_VARIANTS
     results = {(t, s): [] for t in TASKS for s in "TP"}
-    results.update({(t, "T0"): [] for t in p.get("static_tasks", ()) if static})
-    sweeps = itertools.chain(_load(ctx.shared_dir, p), _load_static(ctx.shared_dir, p) if static else ())
-    for task, sweep, val, stream in sweeps:
-        pred, chosen = predictions(v, task, stream, p)
-        cum = dynamic_regret(task, pred, stream)
-        results[(task, sweep)].append((val, cum[-1]))
-        if sweep == "T" and val == max(p["T_sweep"]):
-            idx = np.unique(np.geomspace(1, len(cum), 40).astype(int)) - 1
-            ctx.metrics.curve(f"cumregret_{SHORT[task]}", idx + 1, cum[idx])
-            for k, c in chosen.items():
-                ctx.metrics.scalar(f"{k}_{SHORT[task]}", c)
-        ctx.progress(f"{task} {sweep}={val:g}: dynamic regret {cum[-1]:.1f}")
+    # the streams are drawn here from the seed's generator ctx.rng(1) (seed-only: every variant of a
+    # seed sees the same streams, common random numbers) instead of being stored: with replicates
+    # they would take ~80 MB a seed
+    for task, sweep, val, streams in _streams(p, ctx.rng(1)):
+        if sweep == "T0":
+            if not static:
+                continue
+            points = list(_static_prefixes(p, streams))
+            results.setdefault((task, "T0"), [])
+        else:
+            points = [(val, streams)]
+        for val, st in points:
+            pred, chosen = predictions_batch(v, task, st, p)
+            cum = dynamic_regret(task, pred, st)                    # (R, T)
+            results[(task, sweep)].append((val, float(cum[:, -1].mean())))
+            if sweep == "T" and val == max(p["T_sweep"]):
+                idx = np.unique(np.geomspace(1, cum.shape[1], 40).astype(int)) - 1
+                ctx.metrics.curve(f"cumregret_{SHORT[task]}", idx + 1, cum[:, idx].mean(axis=0))
+                for k, c in chosen.items():
+                    ctx.metrics.scalar(f"{k}_{SHORT[task]}", c)
+            ctx.progress(f"{task} {sweep}={val:g}: dynamic regret {cum[:, -1].mean():.1f} "
+                         f"(mean of {cum.shape[0]} streams)")
     for (task, sweep), rows in results.items():
         xs, ys = zip(*rows)
         ctx.metrics.curve(f"regret_{sweep}_{SHORT[task]}", xs, ys)
@@ -154,24 +176,35 @@ def train_adam(ctx) -> None:
     one_minus_b1 = 2.0 ** -np.arange(a["n_beta1"], dtype=float)  # 1 (no momentum) ... 2^-(n-1)
     b1 = 1.0 - one_minus_b1
     b2 = 1.0 - 10.0 ** -np.asarray(a["beta2_decades"], float)
-    for drift, cycles in a["cycles"].items():
+    # adam_aa, the A/A control of adam_discount_grows_with_drift: both "drifts" at the slow rate, on
+    # independent noise (its "fast" slot draws from another generator), clipped Adam only
+    aa = ctx.variant == "adam_aa"
+    cycles_of = {k: (a["cycles"]["slow"] if aa else c) for k, c in a["cycles"].items()}
+    best_b1 = {}
+    for drift, cycles in cycles_of.items():
         best = {}
-        for clipped in (True, False):
+        for clipped in ((True,) if aa else (True, False)):
             tag = "clipped" if clipped else "free"
-            err = run_adam_grid(b1, b2, clipped, cycles, a, ctx.rng(100 + int(cycles * 10)))
+            offset = 100 + int(cycles * 10) + (1000 if aa and drift == "fast" else 0)
+            err = run_adam_grid(b1, b2, clipped, cycles, a, ctx.rng(offset))
             for j, k in enumerate(a["beta2_decades"]):
                 ctx.metrics.curve(f"adam_err_{drift}_{tag}_b2_{k}", one_minus_b1, err[:, j])
             per_b1 = err.min(axis=1)  # best beta2 at each beta1
             best[tag] = float(per_b1.min())
             ctx.metrics.scalar(f"adam_best_{drift}_{tag}", best[tag])
             ctx.metrics.scalar(f"adam_best_one_minus_beta1_{drift}_{tag}", float(one_minus_b1[per_b1.argmin()]))
+            best_b1[(drift, tag)] = float(one_minus_b1[per_b1.argmin()])
             ctx.metrics.scalar(f"adam_nomomentum_{drift}_{tag}", float(per_b1[0]))
             ctx.metrics.scalar(f"adam_leastdiscount_{drift}_{tag}", float(per_b1[-1]))
             ctx.metrics.scalar(f"adam_interior_ratio_{drift}_{tag}", best[tag] / min(per_b1[0], per_b1[-1]))
             ctx.progress(f"Adam {drift} drift ({tag}): best F_t(x_t) {best[tag]:.4f} at 1-beta1="
                          f"{one_minus_b1[per_b1.argmin()]:.4g}; beta1=0 {per_b1[0]:.4f}; "
                          f"1-beta1={one_minus_b1[-1]:.4g} {per_b1[-1]:.4f}")
-        ctx.metrics.scalar(f"adam_free_over_clipped_{drift}", best["free"] / best["clipped"])
+        if "free" in best:
+            ctx.metrics.scalar(f"adam_free_over_clipped_{drift}", best["free"] / best["clipped"])
+    # the theory's prediction: a faster drift needs a larger discount 1 - beta1 (grid steps of 2)
+    ctx.metrics.scalar("adam_log2_b1_fast_over_slow_clipped",
+                       float(np.log2(best_b1[("fast", "clipped")] / best_b1[("slow", "clipped")])))
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -232,10 +265,12 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         name = "linear" if task == "lin" else "logistic"
         for sweep in "TP":
             sub = table[table.metric == f"regret_{sweep}_{task}"]
+            fixed = labels[sweep][1] if sweep == "T" else f"T = {_sweep(params, name, 'P')[2]} rounds fixed"
             if not sub.empty:
                 _loglog_panel(pyplot, sub, plots_dir / f"curve_regret_{sweep}_{task}.png", labels[sweep][0], unit,
                               f"Does {name}-regression dynamic regret grow as sqrt({sweep})?\n"
-                              f"({labels[sweep][1]}; mean +- std over seeds)", theorem=True)
+                              f"({fixed}; mean of {params.get('replicates', 1)} streams, +- std over seeds)",
+                              theorem=True)
         sub = table[table.metric == f"regret_T0_{task}"]
         if not sub.empty:
             _loglog_panel(pyplot, sub, plots_dir / f"curve_regret_T0_{task}.png", labels["T"][0], unit,

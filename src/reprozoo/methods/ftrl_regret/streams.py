@@ -26,14 +26,16 @@ def switching_path(T: int, d: int, path_length: float, radius: float, jump: floa
     u = rng.standard_normal(d)
     u *= radius / np.linalg.norm(u)
     us = np.empty((T, d))
-    switches = set(int(s) for s in np.linspace(0, T, n_switch + 2)[1:-1].round())
-    for t in range(T):
-        if t in switches:
+    switches = sorted(set(int(s) for s in np.linspace(0, T, n_switch + 2)[1:-1].round()) - {0})
+    start = 0
+    for sw in switches + [T]:
+        us[start:sw] = u
+        if sw < T:
             v = rng.standard_normal(d)
             v -= (v @ u) / radius**2 * u
             v *= radius / np.linalg.norm(v)
             u = np.cos(theta) * u + np.sin(theta) * v
-        us[t] = u
+        start = sw
     return us
 
 
