@@ -384,8 +384,10 @@ def test_every_smoke_variant_trains_with_the_shared_plateau_rule_and_one_grid():
     for scale in ("ci", "smoke"):
         cfg = yaml.safe_load((folder / f"configs/{scale}.yaml").read_text())
         assert "train" not in cfg and len(cfg["fit"]["lr_grid"]) >= 2     # one grid, no per-variant rate
-        assert cfg["fit"]["flat_tol"] <= 0.01 and cfg["fit"].get("lr_drop", 1.0) >= 0.1
-        assert cfg["fit"]["scale"] == "range"      # the stop reads the scale the spec's gate reads
+        # one constant rate (no drop) stopped at a quarter of the gate's 0.02 on the gate's own scale
+        assert cfg["fit"]["flat_tol"] <= 0.005 and not cfg["fit"].get("lr_drop")
+        assert cfg["fit"]["scale"] == "value"      # the stop reads the scale the spec's gate reads
+        assert cfg["fit"]["keep_from"] == cfg["fit"]["pilot_steps"]   # no best weights from the pilot
         assert cfg["eval"]["early_step"] < cfg["fit"]["min_steps"]          # the control is an early model
 
 
@@ -435,7 +437,17 @@ def test_the_spec_gate_and_the_fit_read_the_same_scale_and_every_cnf_claim_has_t
 
     folder = Path(__file__).resolve().parents[1] / "src/reprozoo/methods/arbg"
     spec = yaml.safe_load((folder / "spec.yaml").read_text())
-    assert {c["scale"] for c in spec["convergence"]} == {"range"}
+    assert {c["scale"] for c in spec["convergence"]} == {"value"}
+    ids = {c["id"] for c in spec["claims"]}
+    # the authors' own E-W2 (AutoBG's +-1000 crop) is claimed against both baselines
+    assert {"ew2_crop_beats_flow_dw4", "ew2_crop_beats_cnf_dw4"} <= ids
+    for c in spec["claims"]:
+        if "_bulk_" in c["id"]:       # the bulk share precondition on BOTH sides of both bulk claims
+            base = "cnf" if "@cnf" in c["expr"] else "flow"
+            assert {f"frac_above_ref_max_dw4@{base} < 0.5", "frac_above_ref_max_dw4@arbg < 0.5"} <= set(c["requires"])
+        if "@cnf" in c["expr"]:       # a CNF the flow beats on likelihood is a strawman: untestable
+            assert "nll_dw4@cnf - nll_dw4@flow < 0" in c["requires"], c["id"]
+            assert "non-equivariant MLP" in c["text"], c["id"]
     for c in spec["claims"]:
         assert "@arbg" in c["expr"] and "@" in c["control"]
         base = "cnf" if "@cnf" in c["expr"] else "flow"

@@ -14,7 +14,7 @@ Stages.
   train (per variant x seed): maximum likelihood (flow matching for the CNF) with Adam under the
     platform's shared rule (:func:`fit_shared`, blocks/fitting.fit_to_plateau, config ``fit``): one
     learning-rate grid piloted on the validation split for every variant, the best rate continued
-    at a constant rate until the plateau test (on the gate's ``range`` scale) holds, the best
+    at one constant rate until the plateau test (on the gate's ``value`` scale) holds, the best
     validation checkpoint kept; validation and learning-rate curves every ``eval_every`` steps (the
     convergence gate reads both). Then ``n_samples`` proposal samples with their exact log q, log
     importance weights log w = -E(x)/T - log q(y), and the metrics:
@@ -438,10 +438,10 @@ def train(ctx) -> None:
                 oc, _ = evaluate(model_c, tgt, y_te, ep["n_samples"],
                                  torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 202 + k),
                                  p["energy_hist"][name], with_nll=False, **eval_kw)
-                for key in ("ess", "ess_clip", "ess_clip_a", "ess_clip_b", "ew2_crop_ref", "ew2_bulk", "ew2_rw",
-                            "frac_above_ref_max"):
+                for key in ("ess", "ess_clip", "ess_clip_a", "ess_clip_b", "ew2_crop", "ew2_crop_ref", "ew2_bulk",
+                            "ew2_rw", "frac_above_ref_max", "frac_above_crop"):
                     ctx.metrics.scalar(f"{key}_{tag}_{name}", oc[key])
-                ctx.progress(f"{name}: {tag} checkpoint ESS (clipped) {oc['ess_clip']:.4f}, E-W2 crop_ref "
+                ctx.progress(f"{name}: {tag} checkpoint ESS (clipped) {oc['ess_clip']:.4f}, E-W2 crop {oc['ew2_crop']:.3f}, crop_ref "
                              f"{oc['ew2_crop_ref']:.3f}, bulk {oc['ew2_bulk']:.3f}, reweighted {oc['ew2_rw']:.3f}")
             ctx.metrics.scalar(f"early_step_{name}", early)
         if v == "arbg":
