@@ -123,3 +123,25 @@ def test_no_invocation_record_says_so(project, capsys):
     lines, ok = budget.suite_lines(root / "results", "smoke")
     text = "\n".join(lines)
     assert "no `cores:`" in text and "no complete invocation at smoke" in text and ok
+
+
+def test_the_budget_audit_halves_plateau_tolerances_as_it_doubles_steps():
+    """A fit that stops on its plateau before its floor or cap would rerun unchanged at 2x steps:
+    the audit also divides every plateau tolerance by the factor, and its table says so."""
+    from reprozoo import converge
+
+    cfg = {"fit": {"min_steps": 500, "max_steps": 3000, "flat_tol": 0.01, "lr_grid": [1e-3]},
+           "heads": {"a": {"fit": {"flat_tol": 0.004, "max_steps": 100}}}, "solver": {"sw_steps": 40}}
+    keys = converge.budget_keys(cfg)
+    tols = converge.tolerance_keys(cfg)
+    assert set(keys) == {"fit.max_steps", "heads.a.fit.max_steps"}  # (floors are declared in training_budget)
+    assert tols == ["fit.flat_tol", "heads.a.fit.flat_tol"]
+    o = converge.scaled_override(cfg, keys, 2.0, tols)
+    assert o["fit"] == {"max_steps": 6000, "flat_tol": 0.005}
+    assert o["heads"]["a"]["fit"] == {"flat_tol": 0.002, "max_steps": 200}
+    rows = [{"id": "c", "value_1x": 1.0, "verdict_1x": "holds", "value_fx": 1.0, "verdict_fx": "holds",
+             "budget_sensitive": False, "factor": 2.0}]
+    text = converge.markdown(rows, 2.0, keys + tols, "abc")
+    assert "multiplied by 2 and every plateau tolerance (`fit.flat_tol`, `heads.a.fit.flat_tol`) divided by it" in text
+    # the method's own step count list is unchanged when it has no tolerance
+    assert "divided" not in converge.markdown(rows, 2.0, keys, "abc")

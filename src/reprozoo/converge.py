@@ -13,6 +13,12 @@ Which keys are step counts: the spec's ``training_budget:`` (dotted paths into t
 e.g. ``[denoiser.steps]``), else every integer under a key named like a training budget
 (:data:`BUDGET_NAMES`) at any depth. Solver step counts (``steps_conv``, ``sw_steps``) are not
 training and are left alone by that rule.
+
+Plateau tolerances: a model that stops on its plateau (the shared rule, ``blocks/fitting.py``) before
+its step floor or cap does not train longer when those are doubled, so the audit would rerun the same
+fit. Every float under a key named like a stopping tolerance (:data:`TOLERANCE_NAMES`, e.g.
+``fit.flat_tol``) is therefore divided by the factor: twice the steps and half the tolerance, so the
+audit tests the plateau where it is decided.
 """
 from __future__ import annotations
 
@@ -21,6 +27,25 @@ from typing import Any
 
 BUDGET_NAMES = {"steps", "epochs", "iters", "iterations", "n_epochs", "n_steps", "max_steps", "train_steps",
                 "pretrain_steps", "finetune_steps", "n_iter", "updates", "epochs_pretrain", "epochs_finetune"}
+
+
+TOLERANCE_NAMES = {"flat_tol"}
+
+
+def tolerance_keys(config: dict) -> list[str]:
+    """Dotted paths of the plateau tolerances (floats under :data:`TOLERANCE_NAMES`) in a scale config."""
+    out = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in TOLERANCE_NAMES and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                    out.append(f"{prefix}{k}")
+                else:
+                    walk(v, f"{prefix}{k}.")
+
+    walk(config, "")
+    return out
 
 
 def budget_keys(config: dict, declared: list[str] | None = None) -> list[str]:
@@ -53,15 +78,17 @@ def _get(config: dict, dotted: str):
     return node
 
 
-def scaled_override(config: dict, keys: list[str], factor: float) -> dict:
-    """A nested params override with each budget key multiplied by ``factor``."""
+def scaled_override(config: dict, keys: list[str], factor: float, tolerances: list[str] = ()) -> dict:
+    """A nested params override with each budget key multiplied by ``factor`` and each plateau
+    tolerance divided by it."""
     override: dict = {}
-    for key in keys:
+    for key in list(keys) + list(tolerances):
         parts = key.split(".")
         node = override
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = int(round(_get(config, key) * factor))
+        value = _get(config, key)
+        node[parts[-1]] = float(value) / factor if key in tolerances else int(round(value * factor))
     return override
 
 
@@ -82,8 +109,12 @@ def markdown(rows: list[dict], factor: float, keys: list[str], commit: str) -> s
     from .report import fmt
 
     n = sum(r["budget_sensitive"] for r in rows)
+    steps = [k for k in keys if k.rpartition(".")[2] not in TOLERANCE_NAMES]
+    tols = [k for k in keys if k.rpartition(".")[2] in TOLERANCE_NAMES]
+    tol_text = (f" and every plateau tolerance ({', '.join(f'`{k}`' for k in tols)}) divided by it"
+                if tols else "")
     lines = [f"Budget audit (`reprozoo converge`, commit `{commit[:12]}`): every training step count "
-             f"({', '.join(f'`{k}`' for k in keys) or 'none found'}) multiplied by {factor:g}; "
+             f"({', '.join(f'`{k}`' for k in steps) or 'none found'}) multiplied by {factor:g}{tol_text}; "
              f"{n} of {len(rows)} verdicts change (budget-sensitive).", "",
              f"| claim | value 1x | verdict 1x | value {factor:g}x | verdict {factor:g}x | budget-sensitive |",
              "|---|---|---|---|---|---|"]
@@ -102,7 +133,8 @@ def plan_override(method: str, scale: str, factor: float) -> tuple[dict, list[st
     if not keys:
         raise ValueError(f"method '{method}': no training step counts found in configs/{scale}.yaml; declare "
                          "them in its spec as training_budget: [dotted.key, ...]")
-    return scaled_override(config, keys, factor), keys
+    tols = [k for k in tolerance_keys(config) if k not in keys]
+    return scaled_override(config, keys, factor, tols), keys + tols
 
 
 def write(results: Path, method: str, scale: str, factor: float, keys: list[str], base: dict,
