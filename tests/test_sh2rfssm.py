@@ -14,29 +14,28 @@ from reprozoo.methods.sh2rfssm.model import (SpikingSSM, SpikingSSMLayer, comple
                                              implicit_recurrence, lif_kernel, velocity_kernel)
 
 
-def test_fft_path_equals_imex_recurrence():
-    """The FFT convolution with the closed-form kernel reproduces the step-by-step recurrence."""
-    torch.manual_seed(0)
+def _fft_vs_recurrence(kernel, recurrence, seed: int) -> float:
+    """Relative max error of the FFT path with ``kernel`` against the step-by-step ``recurrence``."""
+    torch.manual_seed(seed)
     omega = torch.tensor([0.05, 0.3, 1.0, 1.8], dtype=torch.float64)
     b = torch.tensor([0.001, 0.01, 0.2, 0.05], dtype=torch.float64)
     x = torch.randn(3, 4, 600, dtype=torch.float64)
-    ref = imex_recurrence(x, omega, b)
-    fft = causal_fft_conv(x.float(), imex_kernel(omega.float(), b.float(), 600)).double()
+    ref = recurrence(x, omega, b)
+    fft = causal_fft_conv(x.float(), kernel(omega.float(), b.float(), 600)).double()
+    return float((fft - ref).abs().max() / ref.abs().max())
+
+
+def test_fft_path_equals_imex_recurrence():
+    """The FFT convolution with the closed-form kernel reproduces the step-by-step recurrence."""
     # the kernel is float32 (rf_kernel): ϑ = acos(tr / 2r) near cos ϑ = 1 (ω = 0.05) limits it to ~1e-4
-    assert (fft - ref).abs().max() / ref.abs().max() < 1e-3
+    assert _fft_vs_recurrence(imex_kernel, imex_recurrence, seed=0) < 1e-3
 
 
 def test_implicit_kernel_equals_its_recurrence_and_damps_more_than_imex():
     """The backward-Euler scheme: the FFT path with its closed-form kernel is its recurrence; its pole
     modulus 1/√(1 + 2bΔt + Δt²ω²) lies below IMEX's √(1/(1 + 2bΔt)), the numerical damping growing
     with ω, so at ω = 1, b = 0.001 the implicit resonator rings out ~350 times faster (decay rates -ln|λ|: 0.35 vs 0.001)."""
-    torch.manual_seed(3)
-    omega = torch.tensor([0.05, 0.3, 1.0, 1.8], dtype=torch.float64)
-    b = torch.tensor([0.001, 0.01, 0.2, 0.05], dtype=torch.float64)
-    x = torch.randn(3, 4, 600, dtype=torch.float64)
-    ref = implicit_recurrence(x, omega, b)
-    fft = causal_fft_conv(x.float(), implicit_kernel(omega.float(), b.float(), 600)).double()
-    assert (fft - ref).abs().max() / ref.abs().max() < 1e-3
+    assert _fft_vs_recurrence(implicit_kernel, implicit_recurrence, seed=3) < 1e-3
     h_imp = implicit_kernel(torch.tensor([1.0]), torch.tensor([0.001]), 2000)[0]
     h_imex = imex_kernel(torch.tensor([1.0]), torch.tensor([0.001]), 2000)[0]
     assert h_imp[1000:].abs().max() < 1e-3 * h_imp.abs().max()

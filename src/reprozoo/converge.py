@@ -32,14 +32,14 @@ BUDGET_NAMES = {"steps", "epochs", "iters", "iterations", "n_epochs", "n_steps",
 TOLERANCE_NAMES = {"flat_tol"}
 
 
-def tolerance_keys(config: dict) -> list[str]:
-    """Dotted paths of the plateau tolerances (floats under :data:`TOLERANCE_NAMES`) in a scale config."""
+def _find(config: dict, match) -> list[str]:
+    """Dotted paths of the leaves ``match(key, value)`` accepts, at any depth."""
     out = []
 
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
-                if k in TOLERANCE_NAMES and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                if match(k, v):
                     out.append(f"{prefix}{k}")
                 else:
                     walk(v, f"{prefix}{k}.")
@@ -48,25 +48,19 @@ def tolerance_keys(config: dict) -> list[str]:
     return out
 
 
+def tolerance_keys(config: dict) -> list[str]:
+    """Dotted paths of the plateau tolerances (floats under :data:`TOLERANCE_NAMES`) in a scale config."""
+    return _find(config, lambda k, v: k in TOLERANCE_NAMES and isinstance(v, (int, float))
+                 and not isinstance(v, bool) and v > 0)
+
+
 def budget_keys(config: dict, declared: list[str] | None = None) -> list[str]:
     """Dotted paths of the training step counts in a scale config."""
     if declared:
         for key in declared:
             _get(config, key)  # raises with the key's name when it is not there
         return list(declared)
-    out = []
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                path = f"{prefix}{k}"
-                if k in BUDGET_NAMES and isinstance(v, int) and not isinstance(v, bool) and v > 1:
-                    out.append(path)
-                else:
-                    walk(v, path + ".")
-
-    walk(config, "")
-    return out
+    return _find(config, lambda k, v: k in BUDGET_NAMES and isinstance(v, int) and not isinstance(v, bool) and v > 1)
 
 
 def _get(config: dict, dotted: str):

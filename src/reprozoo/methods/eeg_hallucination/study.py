@@ -120,6 +120,15 @@ def preprocess_raw(raw, events: np.ndarray, p: dict):
                       reject={"eeg": p["reject_uv"] * 1e-6}, preload=True, verbose="ERROR")
 
 
+def _shuffle_splits(pool, n_first: int, out: list, rng: np.random.Generator) -> None:
+    """For each shuffle slot of ``out``, a within-subject label shuffle of ``pool``: the averages of a
+    random ``n_first`` trials and of the rest."""
+    for first, rest in out:
+        perm = rng.permutation(len(pool))
+        first.append(pool[perm[:n_first]].average().data)
+        rest.append(pool[perm[n_first:]].average().data)
+
+
 def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = True, n_shuffles: int = 0,
                    missed_fraction: float = 0.0, n_dvm_shuffles: int = 0) -> dict:
     """All subjects of one study: per-condition evoked averages, single trials, ground truth.
@@ -149,17 +158,9 @@ def simulate_study(p: dict, rng: np.random.Generator, head=None, effect: bool = 
         n_blink += nb
         for c in CONDITIONS:
             ev[c].append(epochs[c].average().data)
-        pool = epochs[["correct", "detected"]]
         n_det = len(epochs["detected"])
-        for k in range(n_shuffles):
-            perm = rng.permutation(len(pool))
-            shuffled[k][0].append(pool[perm[:n_det]].average().data)
-            shuffled[k][1].append(pool[perm[n_det:]].average().data)
-        pool = epochs[["detected", "missed"]]
-        for k in range(n_dvm_shuffles):
-            perm = rng.permutation(len(pool))
-            dvm_shuffled[k][0].append(pool[perm[:n_det]].average().data)
-            dvm_shuffled[k][1].append(pool[perm[n_det:]].average().data)
+        _shuffle_splits(epochs[["correct", "detected"]], n_det, shuffled, rng)
+        _shuffle_splits(epochs[["detected", "missed"]], n_det, dvm_shuffled, rng)
         trials.append(epochs.get_data(copy=False))
         labels.append(epochs.events[:, 2])
         groups.append(np.full(len(epochs), s))
