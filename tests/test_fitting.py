@@ -95,3 +95,27 @@ def test_range_scale_warmup_clip_and_pilot_tail_score():
         fit_to_plateau(build, tl, vl, {**FIT, "scale": "log"}, seed=0, progress=lambda s: None)
     with pytest.raises(ValueError, match="pilot_score"):
         fit_to_plateau(build, tl, vl, {**FIT, "pilot_score": "mean"}, seed=0, progress=lambda s: None)
+
+
+def test_after_a_rate_drop_the_stop_waits_until_the_plateau_window_is_past_the_drop():
+    build, tl, vl = _problem()
+    fit = {**FIT, "lr_grid": [3e-2], "lr_drop": 0.3, "max_steps": 3000}
+    _, rec = fit_to_plateau(build, tl, vl, fit, seed=0, progress=lambda s: None)
+    drop = rec["drop_step"]
+    assert drop is not None and rec["plateau"]
+    # the gate reads the last 30 % of the curve: at the stop, all of it was trained at the dropped rate
+    tail_start = 0.7 * rec["stop"]
+    assert tail_start >= drop
+    assert all(lr == pytest.approx(3e-2 * 0.3) for s, lr in zip(rec["steps"], rec["lrs"]) if s >= tail_start)
+
+
+def test_pilots_shorter_than_keep_from_are_still_ranked_and_pilot_scores_are_the_pilots_own():
+    build, tl, vl = _problem()
+    fit = {**FIT, "keep_from": 200}  # longer than the 40-step pilot: no pilot has a kept point
+    model, rec = fit_to_plateau(build, tl, vl, fit, seed=0, progress=lambda s: None)
+    assert rec["lr"] == 3e-2 and all(v < float("inf") for v in rec["pilot_best"].values())
+    assert rec["pilot_best"][50.0] > rec["pilot_best"][3e-2] < rec["pilot_best"][1e-4]
+    # the chosen rate's record is its score at the end of its pilot, not over the whole run
+    pilot = [v for s, v in zip(rec["steps"], rec["vals"]) if 0 < s <= FIT["pilot_steps"]]
+    assert rec["pilot_best"][3e-2] == pytest.approx(min(pilot))
+    assert min(rec["vals"]) < rec["pilot_best"][3e-2]

@@ -48,6 +48,7 @@ rule above):
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable
 
 import numpy as np
@@ -104,11 +105,10 @@ class PlateauRun:
         self.steps.append(self.step)
         self.vals.append(v)
         self.lrs.append(self.opt.param_groups[0]["lr"])
-        if v < self.best and (self.step >= self.keep_from or self.best_state is None):
-            if self.step < self.keep_from:  # a placeholder until the first evaluation that counts
-                self.best_state = copy.deepcopy(self.model.state_dict())
-            else:
-                self.best, self.best_state = v, copy.deepcopy(self.model.state_dict())
+        if self.step >= self.keep_from and v < self.best:
+            self.best, self.best_state = v, copy.deepcopy(self.model.state_dict())
+        elif self.best_state is None:  # a placeholder until the first evaluation that counts
+            self.best_state = copy.deepcopy(self.model.state_dict())
 
     def set_lr(self, lr: float) -> None:
         for group in self.opt.param_groups:
@@ -152,7 +152,11 @@ class PlateauRun:
 
     def pilot_score(self, how: str = "best") -> float:
         if how == "best":
-            return self.best
+            if np.isfinite(self.best):
+                return self.best
+            # a pilot shorter than keep_from has no kept point yet: rank it by its evaluations after
+            # the first (the shared initial weights score the same for every rate)
+            return float(min(self.vals[1:] or self.vals))
         if how == "tail":
             half = self.vals[len(self.vals) // 2:]
             return float(np.mean(half))
@@ -164,8 +168,11 @@ def fit_to_plateau(build: Callable, train_loss: Callable, val_loss: Callable, fi
     """The rule of the module docstring. Returns (model with its best-validation weights, record);
     the record holds the chosen run's ``steps``, ``vals``, ``lrs``, ``losses``, ``curves`` (a dict, empty
     unless ``val_loss`` returns one), the chosen ``lr``, ``stop`` (steps taken), ``plateau`` (whether the
-    plateau test held) and ``pilot_best`` (each rate's pilot score)."""
+    plateau test held) and ``pilot_best`` (each rate's score at the end of its pilot, the one it was
+    chosen on)."""
     import torch
+
+    from ..claims import TAIL
 
     missing = [k for k in ("lr_grid", "pilot_steps", "eval_every", "min_steps", "max_steps", "flat_tol")
                if k not in fit]
@@ -184,14 +191,18 @@ def fit_to_plateau(build: Callable, train_loss: Callable, val_loss: Callable, fi
                          torch.Generator().manual_seed(seed + 7), **kw)
         run.advance(int(fit["pilot_steps"]))
         runs.append(run)
-    run = min(runs, key=lambda r: r.pilot_score(how))
+    pilots = {float(r.lr): r.pilot_score(how) for r in runs}  # scored at the pilot's end, as chosen
+    run = min(runs, key=lambda r: pilots[float(r.lr)])
     tol, top, first = float(fit["flat_tol"]), int(fit["max_steps"]), int(fit["min_steps"])
     stopped = run.advance(top, min_steps=first, tol=tol)
     drop_step = None
     if stopped and fit.get("lr_drop") and run.step <= top // 2:
         drop_step = run.step
         run.set_lr(run.lr * float(fit["lr_drop"]))
-        stopped = run.advance(top, min_steps=run.step + int(fit["eval_every"]) * 5, tol=tol)
+        # the plateau test reads the last 30 % of the whole curve: stop only once that window lies
+        # after the drop, so a flat pre-drop stretch cannot vouch for the dropped rate
+        after = max(run.step + int(fit["eval_every"]) * 5, math.ceil(drop_step / (1 - TAIL)))
+        stopped = run.advance(top, min_steps=after, tol=tol)
     stopped = stopped or run.flat(tol)
     run.model.load_state_dict(run.best_state)
     drop = "" if drop_step is None else f" (x{fit['lr_drop']} from step {drop_step})"
@@ -199,7 +210,7 @@ def fit_to_plateau(build: Callable, train_loss: Callable, val_loss: Callable, fi
              f"best validation loss {run.best:.3e}")
     return run.model, {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
                        "drop_step": drop_step, "plateau": stopped, "losses": run.losses, "curves": run.curves,
-                       "pilot_best": {float(r.lr): r.pilot_score(how) for r in runs}}
+                       "pilot_best": pilots}
 
 
 def log_fit(metrics, name: str, rec: dict) -> None:
