@@ -12,6 +12,7 @@ P = dict(sfreq=100.0, n_subjects=14, n_trials={"correct": 30, "detected": 30, "m
          background_uv=4.0, white_uv=1.0, drift_uv=20.0, blink_rate=0.1, l_freq=0.1, h_freq=30.0,
          tmin=-0.2, tmax=0.8, reject_uv=100.0)
 WIN = {"n400": (250, 500), "p600": (500, 800)}
+SHIFT = 30.0  # ms: the shifted study of the latency claims' control (configs: latency_shift_ms)
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,10 @@ def studies():
     head = head_model(list(TEN_TWENTY), study.PLANTED, P["n_subjects"], rng)
     return {"planted": study.simulate_study(P, rng, head=head, effect=True),
             "null": study.simulate_study(P, rng, head=head, effect=False),
-            "partial": study.simulate_study(P, rng, head=head, effect=True, missed_fraction=0.4)}
+            "partial": study.simulate_study(P, rng, head=head, effect=True, missed_fraction=0.4),
+            "shifted": study.simulate_study({**P, "n400_ms": P["n400_ms"] + SHIFT, "p600_ms": P["p600_ms"] + SHIFT,
+                                             "effect_uv": 5.0},  # the control's mechanics, not its power
+                                            rng, head=head, effect=True)}
 
 
 def _diff(d, a, b):
@@ -226,3 +230,95 @@ def test_spec_margin_matches_config():
         cfg = yaml.safe_load((folder / "configs" / f"{scale}.yaml").read_text())
         assert cfg["equivalence_margin"] == claim["threshold"] == 0.2
         assert cfg["missed_partial_fraction"] == 0.4
+
+
+# --- the paper's own statistics: RM-ANOVA over ROI x window cells, FDR-corrected follow-ups ---------
+ROIS = {"pre_frontal": ["Fp1", "Fp2"], "frontal": ["F7", "F3", "Fz", "F4", "F8"], "central": ["C3", "Cz", "C4"],
+        "l_temporal": ["T7", "P7"], "r_temporal": ["T8", "P8"], "parietal": ["P3", "Pz", "P4"], "occipital": ["O1", "O2"]}
+WINDOWS = [[50, 120], [120, 280], [280, 550], [550, 750]]
+
+
+def test_rm_anova_is_the_paired_t_test_for_two_conditions_and_matches_statsmodels():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal((15, 3)) + np.array([0.0, 0.6, 0.2])
+    y[:, 2] += 1.5 * rng.standard_normal(15)  # unequal variances: sphericity violated, epsilon < 1
+    r2 = erp_stats.rm_anova(y[:, :2])
+    t = stats.ttest_rel(y[:, 0], y[:, 1])
+    assert r2["F"] == pytest.approx(t.statistic ** 2, rel=1e-10)
+    assert r2["p"] == pytest.approx(t.pvalue, rel=1e-10) and r2["eps"] == 1.0
+    r3 = erp_stats.rm_anova(y)
+    assert 0.5 <= r3["eps"] < 1.0  # lower bound 1/(k-1)
+    sm = pytest.importorskip("statsmodels.stats.anova")
+    import pandas as pd
+
+    df = pd.DataFrame([{"s": i, "c": j, "v": y[i, j]} for i in range(15) for j in range(3)])
+    ref = sm.AnovaRM(df, "v", "s", within=["c"]).fit().anova_table
+    assert r3["F"] == pytest.approx(float(ref["F Value"].iloc[0]), rel=1e-10)
+    assert r3["p"] == pytest.approx(float(ref["Pr > F"].iloc[0]), rel=1e-8)
+    # Greenhouse-Geisser: epsilon = 1 under compound symmetry (equal variances and covariances)
+    c = np.linalg.cholesky(0.5 * np.eye(3) + 0.5)
+    z = rng.standard_normal((4000, 3)) @ c.T
+    assert erp_stats.rm_anova(z)["eps"] > 0.99
+
+
+def test_window_means_average_roi_channels_and_inclusive_window():
+    t = np.round(np.arange(-20, 81) * 0.01, 10)
+    ev = {c: np.zeros((2, len(TEN_TWENTY), len(t))) for c in ("correct", "detected", "missed")}
+    ev["detected"][:, TEN_TWENTY.index("Cz")] = 3e-6  # 3 uV at Cz, 0 at C3 / C4: central mean 1 uV
+    ev["detected"][:, :, (t > 0.55 + 1e-9)] = 0.0
+    y, cells = erp_stats.window_means(ev, t, TEN_TWENTY, ROIS, WINDOWS)
+    assert y.shape == (28, 2, 3) and cells[8] == ("central", (50.0, 120.0))
+    np.testing.assert_allclose(y[cells.index(("central", (280.0, 550.0))), :, 1], 1.0)
+    # 550-750 ms: only the 550 ms sample (inclusive end) carries it: 1 uV / 21 samples
+    np.testing.assert_allclose(y[cells.index(("central", (550.0, 750.0))), :, 1], 1.0 / 21)
+    assert np.all(y[cells.index(("parietal", (280.0, 550.0)))] == 0)
+
+
+def test_paper_anova_finds_the_planted_central_effects_with_the_paper_signs(studies):
+    """The planted study: detected - correct is FDR-significant in the central ROI at 280-550 ms
+    (negative, the N400-like cell of the paper's Table 1) and in the parietal ROI at 550-750 ms
+    (positive, where the P600 is planted); the null study
+    gives no FDR-significant cell; gated follow-up q never falls below its cell's omnibus q."""
+    out = {}
+    for name in ("planted", "null"):
+        d = studies[name]
+        res = erp_stats.paper_anova(d["evoked"], d["times"], TEN_TWENTY, ROIS, WINDOWS)
+        for pair in erp_stats.ANOVA_PAIRS:
+            assert np.all(res["q"][pair] >= res["q_omni"] - 1e-15)
+        out[name] = res
+    pair = ("detected", "correct")
+    assert erp_stats.anova_cell_q(out["planted"], pair, "central", (280, 550), -1.0) < 0.05
+    # the planted P600 generator sits under Pz: its cell is the parietal one (the paper reports its
+    # 550-750 ms effect centrally; claim anova_p600 asks for the central cell as the paper states it)
+    assert erp_stats.anova_cell_q(out["planted"], pair, "parietal", (550, 750), +1.0) < 0.05
+    # the wrong direction reads q = 1
+    assert erp_stats.anova_cell_q(out["planted"], pair, "central", (280, 550), +1.0) == 1.0
+    assert (out["null"]["q_omni"] < 0.05).sum() == 0
+
+
+def test_shifted_components_are_flagged_by_the_latency_error(studies):
+    """The latency claims' control: components planted 30 ms late are recovered at their true
+    latency (fractional area within 10 ms) and so lie > 10 ms from the stated 400 / 600 ms."""
+    d = studies["shifted"]
+    diff, tp = _diff(d, "detected", "correct")
+    cl = erp_stats.cluster_test(diff, erp_stats.adjacency(TEN_TWENTY), 200, 0.05, 0)
+    for k, sign in (("n400", -1.0), ("p600", 1.0)):
+        r = erp_stats.recover(cl, diff.mean(0), tp, TEN_TWENTY, sign, 0.05, window_ms=WIN[k])
+        assert r["significant"], k
+        assert abs(r["area_latency_ms"] - (P[f"{k}_ms"] + SHIFT)) <= 10.0, (k, r["area_latency_ms"])
+        assert abs(r["area_latency_ms"] - P[f"{k}_ms"]) > 10.0, (k, r["area_latency_ms"])
+
+
+def test_detection_family_uncorrected_sign_and_window():
+    t = np.round(np.arange(81) * 0.01, 10)
+    rng = np.random.default_rng(0)
+    base = 0.01 * rng.standard_normal((12, len(TEN_TWENTY), len(t)))
+    base -= base.mean(0)  # t = 0 exactly everywhere but where a signal is added
+    pos400 = base.copy()
+    pos400[:, 9, 40] += 1.0  # positive at 400 ms: not an N400 decision
+    assert not erp_stats.detection_hits_uncorrected(pos400, t, 0.05, WIN)
+    neg400 = base.copy()
+    neg400[:, 9, 40] -= 1.0
+    assert erp_stats.detection_hits_uncorrected(neg400, t, 0.05, WIN)

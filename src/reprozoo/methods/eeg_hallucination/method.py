@@ -3,12 +3,13 @@ on a simulated 27-participant study with planted effects.
 
 Stages
 1. ``train_shared`` (per seed): one mne forward model (sphere head, 19 electrodes of the 10-20
-   system, planted dipoles jittered per subject), then two studies drawn with it
+   system, planted dipoles jittered per subject), then four studies drawn with it
    (:mod:`.study`): ``planted`` (detected hallucinations carry a larger N400 at ``n400_ms`` and
    P600 at ``p600_ms``; missed hallucinations are like correct content), ``null`` (no condition
-   effect at all) and ``partial`` (as ``planted``, but missed hallucinations carry
+   effect at all), ``partial`` (as ``planted``, but missed hallucinations carry
    ``missed_partial_fraction`` of each subject's detected effect: the positive control of the
-   "missed like correct" claims). Each subject's continuous EEG goes through mne: average reference, FIR
+   "missed like correct" claims) and ``shifted`` (as ``planted``, both components ``latency_shift_ms``
+   later). Each subject's continuous EEG goes through mne: average reference, FIR
    band-pass ``l_freq``-``h_freq`` Hz, epochs ``tmin``..``tmax`` s with baseline correction and
    peak-to-peak rejection at ``reject_uv`` uV, evoked averages per condition. Saved: evoked
    averages (V), single trials binned to ``bin_s`` for decoding, the truth of the planted effects.
@@ -28,8 +29,14 @@ Variants
   correction, on the same null contrasts: what the cluster correction buys.
 * ``raw_lr`` (baseline): decoding without the xDAWN spatial filter (same features, folds, C).
 * ``missed_partial`` (baseline, positive control): the ``partial`` study through the same
-  missed - correct analysis (cluster test, window-mean index, TOST): what a real but partial
-  missed-trial response looks like to the tests that call missed "like correct".
+  missed - correct analysis (cluster test, window-mean index, TOST, RM-ANOVA): what a real but
+  partial missed-trial response looks like to the tests that call missed "like correct".
+* ``rm_anova`` (method): the paper's own statistics (:func:`.erp_stats.paper_anova`) on the planted
+  study: RM-ANOVA over the three conditions in each (ROI, window) cell of the paper, BH-FDR over
+  cells and pairwise follow-ups. ``null_study`` runs it on the null study (its control).
+* ``shifted_latency`` (baseline, control of the latency claims): the cluster recovery on a fourth
+  study whose N400 and P600 are planted ``latency_shift_ms`` later than the latencies the claims
+  state; the latency errors are measured against the stated latencies, so the claims must flag it.
 
 Units: latencies ms, amplitudes uV (evoked stored in V), AUC and balanced accuracy in [0, 1].
 """
@@ -64,12 +71,16 @@ def train_shared(ctx) -> None:
     rng = ctx.rng()
     head = head_model(list(TEN_TWENTY), study.PLANTED, p["n_subjects"], rng)
     n_shuf = int(ctx.params["n_shuffles"])
-    studies = [("planted", True, 0, 0.0), ("null", False, n_shuf, 0.0),
-               ("partial", True, 0, float(ctx.params["missed_partial_fraction"]))]  # drawn last: the
-    for name, effect, n, frac in studies:  # planted and null studies keep their random streams
+    n_dvm = int(ctx.params["n_dvm_shuffles"])
+    shift = float(ctx.params["latency_shift_ms"])
+    p_shift = {**p, "n400_ms": p["n400_ms"] + shift, "p600_ms": p["p600_ms"] + shift}
+    studies = [("planted", p, True, 0, 0, 0.0), ("null", p, False, n_shuf, n_dvm, 0.0),
+               ("partial", p, True, 0, 0, float(ctx.params["missed_partial_fraction"])),
+               ("shifted", p_shift, True, 0, 0, 0.0)]  # each drawn after the ones before: adding a
+    for name, ps, effect, n, n_dvm_s, frac in studies:  # later study keeps the earlier draws
         ctx.progress(f"simulating the {name} study ({p['n_subjects']} subjects)")
-        d = study.simulate_study(p, rng, head=head, effect=effect, n_shuffles=n, missed_fraction=frac,
-                                 n_dvm_shuffles=n)
+        d = study.simulate_study(ps, rng, head=head, effect=effect, n_shuffles=n, missed_fraction=frac,
+                                 n_dvm_shuffles=n_dvm_s)
         Xb, tb = decoding.bin_time(d["trials"], d["times"], ctx.params["decode_tmin"], p["tmax"], ctx.params["bin_s"])
         np.savez(Path(ctx.shared_dir) / f"{name}.npz", times=d["times"], trials=Xb.astype(np.float32), bin_times=tb,
                  labels=d["labels"], groups=d["groups"], shuffled=d["shuffled"], dvm_shuffled=d["dvm_shuffled"],
@@ -151,11 +162,12 @@ def _cluster_recovery(ctx, d, meta, adj, post, tp) -> dict:
         truth = meta["truth"][k]
         ctx.metrics.scalar(f"{k}_p", r["p"])
         ctx.metrics.scalar(f"{k}_latency_ms", r["latency_ms"])
-        ctx.metrics.scalar(f"{k}_lat_err_ms", abs(r["latency_ms"] - truth["true_latency_ms"])
-                           if np.isfinite(r["latency_ms"]) else 1e3)
+        ref = float(p[f"{k}_ms"])  # the latency the claims state (400 / 600 ms); the shifted study
+        for name, lat in (("lat", r["latency_ms"]), ("area_lat", r["area_latency_ms"])):  # plants elsewhere
+            ctx.metrics.scalar(f"{k}_{name}_err_ms", abs(lat - ref) if np.isfinite(lat) else 1e3)
+            ctx.metrics.scalar(f"{k}_{name}_err_true_ms", abs(lat - truth["true_latency_ms"])
+                               if np.isfinite(lat) else 1e3)
         ctx.metrics.scalar(f"{k}_area_latency_ms", r["area_latency_ms"])
-        ctx.metrics.scalar(f"{k}_area_lat_err_ms", abs(r["area_latency_ms"] - truth["true_latency_ms"])
-                           if np.isfinite(r["area_latency_ms"]) else 1e3)
         ctx.metrics.scalar(f"{k}_ch_hit", float(r["peak_ch"] == truth["true_peak_ch"]))
         ctx.progress(f"{k}: p={r['p']:.3f} peak {r['latency_ms']:.1f} ms, 50% area {r['area_latency_ms']:.1f} ms "
                      f"at {r['peak_ch']} "
@@ -164,31 +176,41 @@ def _cluster_recovery(ctx, d, meta, adj, post, tp) -> dict:
     return res
 
 
-def _fpr(ctx, contrasts, adj, tp, lat_ms, kind: str, prefix: str = "") -> None:
-    """False-positive rate over null contrasts: any significant finding, and one at a planted latency.
+def _fpr(ctx, contrasts, adj, tp, lat_ms, kind: str, meta_ch, prefix: str = "") -> None:
+    """False-positive rates over null contrasts: the pipeline's detection family (an N400 found: a
+    significant negative cluster peaking in the N400 window; or a P600 found: a positive one peaking
+    in the P600 window; the uncorrected analogue: any sample of that sign and window), any
+    significant finding, and one at a planted latency.
     Units: the null contrasts (``null_hit_*``: 0/1 per contrast, paired across the cluster and the
     uncorrected variants, which read the same contrasts)."""
     from . import erp_stats
 
     p = ctx.params
-    at_lat, anywhere = [], []
+    win = {k: p[f"{k}_window_ms"] for k in ("n400", "p600")}
+    at_lat, anywhere, detect = [], [], []
     for i, diff in enumerate(contrasts):
         if kind == "cluster":
-            cl = [c for c in erp_stats.cluster_test(diff, adj, p["n_permutations"], p["alpha"], ctx.seed * 100 + i)
-                  if c["p"] < p["alpha"]]
-            masks = [c["mask"] for c in cl]
+            allc = erp_stats.cluster_test(diff, adj, p["n_permutations"], p["alpha"], ctx.seed * 100 + i)
+            masks = [c["mask"] for c in allc if c["p"] < p["alpha"]]
+            ga = diff.mean(0)  # the pipeline's detection decisions, exactly as on the planted study
+            detect.append(float(any(erp_stats.recover(allc, ga, tp, meta_ch, sign, p["alpha"], win[k])["significant"]
+                                    for k, sign in (("n400", -1.0), ("p600", 1.0)))))
         else:
             hits = erp_stats.uncorrected_hits(diff, p["alpha"])
             masks = [hits] if hits.any() else []
+            detect.append(float(erp_stats.detection_hits_uncorrected(diff, tp, p["alpha"], win)))
         anywhere.append(float(bool(masks)))
         at_lat.append(float(any(erp_stats.covers(m, tp, lat_ms, p["latency_tol_ms"]) for m in masks)))
+    ctx.metrics.scalar(f"{prefix}fwer_detection", np.mean(detect))
+    ctx.metrics.units(f"{prefix}null_hit_detection", detect)
     ctx.metrics.scalar(f"{prefix}fpr_at_latency", np.mean(at_lat))
     ctx.metrics.scalar(f"{prefix}fpr_any", np.mean(anywhere))
     ctx.metrics.units(f"{prefix}null_hit_at_latency", at_lat)
     ctx.metrics.units(f"{prefix}null_hit_any", anywhere)
     ctx.metrics.scalar(f"{prefix}n_null_contrasts", len(contrasts))
-    ctx.progress(f"{kind} {prefix or 'detected_vs_correct_'}: false positives at the planted latencies "
-                 f"{np.mean(at_lat):.2f}, anywhere {np.mean(anywhere):.2f} over {len(contrasts)} null contrasts")
+    ctx.progress(f"{kind} {prefix or 'detected_vs_correct_'}: false detections {np.mean(detect):.3f}, "
+                 f"at the planted latencies {np.mean(at_lat):.2f}, anywhere {np.mean(anywhere):.2f} "
+                 f"over {len(contrasts)} null contrasts")
 
 
 def _missed_effect(ctx, d, ch_names, post, tp, prefix: str = "") -> None:
@@ -218,6 +240,34 @@ def _missed_effect(ctx, d, ch_names, post, tp, prefix: str = "") -> None:
     ctx.metrics.scalar(f"{prefix}missed_tost_p", p_tost)
     ctx.progress(f"window index: missed {idx['missed'].mean():.2f} uV, detected {idx['detected'].mean():.2f} uV "
                  f"(ratio {ratio:.3f}); missed t-test p={p_t:.3g}, TOST (+-{bound:.2f} uV) p={p_tost:.3g}")
+
+
+def _anova(ctx, d, ch_names, prefix: str = "") -> None:
+    """The paper's statistics (:func:`.erp_stats.paper_anova`): RM-ANOVA over the three conditions in
+    every (ROI, window) cell of the paper, BH-FDR over cells and over the pairwise follow-ups.
+    ``anova_n400_q`` / ``anova_p600_q``: the gated follow-up q of detected - correct in the cells
+    where the paper's Table 1 reports its N400-like (280-550 ms, central, hallucinated < correct)
+    and P600-like (550-750 ms, central, hallucinated > correct) effects, 1 if the sign is the other
+    one; ``anova_mvc_min_q``: the smallest gated q of missed - correct over all cells."""
+    from . import erp_stats
+
+    p = ctx.params
+    ev = {c: d[f"evoked_{c}"] for c in ("correct", "detected", "missed")}
+    res = erp_stats.paper_anova(ev, d["times"], ch_names, p["anova_rois"], p["anova_windows_ms"], p["alpha"])
+    for k, sign in (("n400", -1.0), ("p600", 1.0)):
+        cell = p[f"anova_{k}_cell"]
+        ctx.metrics.scalar(f"anova_{prefix}{k}_q", erp_stats.anova_cell_q(
+            res, ("detected", "correct"), cell["roi"], cell["window_ms"], sign))
+    for (a, b), tag in zip(erp_stats.ANOVA_PAIRS, ("dvc", "mvc", "dvm")):
+        q = res["q"][(a, b)]
+        ctx.metrics.scalar(f"anova_{prefix}{tag}_min_q", float(q.min()))
+        ctx.metrics.scalar(f"anova_{prefix}{tag}_n_sig", int((q < p["alpha"]).sum()))
+    ctx.metrics.scalar(f"anova_{prefix}omnibus_n_sig", int((res["q_omni"] < p["alpha"]).sum()))
+    ctx.metrics.scalar(f"anova_{prefix}n_cells", len(res["cells"]))
+    sig = [f"{r} {w[0]:.0f}-{w[1]:.0f}" for (r, w), q in zip(res["cells"], res["q_omni"]) if q < p["alpha"]]
+    ctx.progress(f"RM-ANOVA: {len(sig)}/{len(res['cells'])} cells FDR-significant ({', '.join(sig) or 'none'}); "
+                 f"detected-correct follow-ups {int((res['q'][('detected', 'correct')] < p['alpha']).sum())}, "
+                 f"missed-correct {int((res['q'][('missed', 'correct')] < p['alpha']).sum())}")
 
 
 def _min_p(ctx, d, cname: str, adj, post, prefix: str = "") -> None:
@@ -252,6 +302,7 @@ def _real_analysis(ctx) -> None:
     post, tp = _post(d)
     adj = erp_stats.adjacency(meta["ch_names"], meta["sfreq"])
     _missed_effect(ctx, d, meta["ch_names"], post, tp, prefix="real_")
+    _anova(ctx, d, meta["ch_names"], prefix="real_")  # the paper's own statistics on its own data
     for cname, (a, b) in CONTRASTS.items():
         diff = _contrast(d, a, b, post)
         cl = erp_stats.cluster_test(diff, adj, p["n_permutations"], p["alpha"], ctx.seed)
@@ -272,7 +323,8 @@ def train(ctx) -> None:
 
     mne.set_log_level("ERROR")
     v = ctx.variant
-    name = {"null_study": "null", "uncorrected": "null", "missed_partial": "partial"}.get(v, "planted")
+    name = {"null_study": "null", "uncorrected": "null", "missed_partial": "partial",
+            "shifted_latency": "shifted"}.get(v, "planted")
     d, meta = _load(ctx, name)
     post, tp = _post(d)
     adj = erp_stats.adjacency(meta["ch_names"], meta["sfreq"])
@@ -287,23 +339,32 @@ def train(ctx) -> None:
         _decode(ctx, d, "xdawn")
         if (Path(ctx.shared_dir) / "real.npz").exists():
             _real_analysis(ctx)
+    elif v == "rm_anova":  # the paper's own statistics on the planted study
+        _anova(ctx, d, meta["ch_names"])
+    elif v == "shifted_latency":  # the latency claims' control: components planted latency_shift_ms later
+        _cluster_recovery(ctx, d, meta, adj, post, tp)
     elif v == "null_study":
         res = _cluster_recovery(ctx, d, meta, adj, post, tp)  # same analysis, nothing planted
         _record_erp(ctx, d, meta, res, post)
         _min_p(ctx, d, "detected_vs_missed", adj, post)  # the control of detected_vs_missed
-        _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "cluster")
-        _fpr(ctx, _null_contrasts(d, post, "detected_vs_missed"), adj, tp, lat_ms, "cluster", prefix="dvm_")
+        ch = meta["ch_names"]
+        _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "cluster", ch)
+        _fpr(ctx, _null_contrasts(d, post, "detected_vs_missed"), adj, tp, lat_ms, "cluster", ch, prefix="dvm_")
+        _anova(ctx, d, ch)  # the control of the RM-ANOVA claims
         _decode(ctx, d, "xdawn")
     elif v == "uncorrected":
-        _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "uncorrected")
-        _fpr(ctx, _null_contrasts(d, post, "detected_vs_missed"), adj, tp, lat_ms, "uncorrected", prefix="dvm_")
+        ch = meta["ch_names"]
+        _fpr(ctx, _null_contrasts(d, post), adj, tp, lat_ms, "uncorrected", ch)
+        _fpr(ctx, _null_contrasts(d, post, "detected_vs_missed"), adj, tp, lat_ms, "uncorrected", ch, prefix="dvm_")
     elif v == "raw_lr":
         _decode(ctx, d, "raw")
     elif v == "missed_partial":  # the positive control: the same missed - correct analysis
         _min_p(ctx, d, "missed_vs_correct", adj, post)
         _missed_effect(ctx, d, meta["ch_names"], post, tp)
+        _anova(ctx, d, meta["ch_names"])  # power of the RM-ANOVA's "missed: no signature"
     else:
-        raise ValueError(f"unknown variant {v!r}: erp_pipeline, null_study, uncorrected, raw_lr, missed_partial")
+        raise ValueError(f"unknown variant {v!r}: erp_pipeline, rm_anova, null_study, uncorrected, raw_lr, "
+                         "missed_partial, shifted_latency")
 
 
 def plot(table, plots_dir, params) -> None:

@@ -6,7 +6,8 @@
   (``mne.viz.plot_topomap``, cluster channels marked), planted study above, null study below.
 * ``decoding_per_subject.png``: LOSO balanced accuracy per held-out subject, xDAWN vs raw vs the null study
   (mean and range over seeds).
-* ``null_fpr.png``: false-positive rate over null contrasts, cluster test vs uncorrected.
+* ``null_fpr.png``: false-positive rates over null contrasts (the detection family of claim
+  ``null_fwer``, at a planted latency, anywhere), cluster test vs uncorrected.
 * ``missed_equivalence.png``: missed - correct as a fraction of detected - correct (window-mean
   index) per seed with the +-margin equivalence band, and the p-values of the tests that call
   missed "like correct" (cluster test, window t-test, TOST), with missed trials carrying nothing
@@ -130,14 +131,15 @@ def plot_fpr(table, plots_dir: Path, params) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     labels = []
     for i, (v, lab) in enumerate((("null_study", "cluster perm."), ("uncorrected", "uncorrected"))):
-        for j, (metric, hatch) in enumerate((("fpr_at_latency", ""), ("fpr_any", "//"))):
+        for j, (metric, hatch, what) in enumerate((("fwer_detection", "..", "detections"),
+                                                   ("fpr_at_latency", "", "at latency"), ("fpr_any", "//", "anywhere"))):
             t = table[(table.variant == v) & (table.metric == metric)]
             if t.empty:
                 continue
-            ax.bar(i * 3 + j, t.value.mean(), color="tab:blue" if i == 0 else "tab:gray", hatch=hatch,
+            ax.bar(i * 4 + j, t.value.mean(), color="tab:blue" if i == 0 else "tab:gray", hatch=hatch,
                    yerr=t.value.std(ddof=1) if len(t) > 1 else 0, capsize=3)
-            ax.plot(np.full(len(t), i * 3 + j), t.value, "k.", ms=4)
-            labels.append((i * 3 + j, f"{lab}\n{'at latency' if j == 0 else 'anywhere'}"))
+            ax.plot(np.full(len(t), i * 4 + j), t.value, "k.", ms=4)
+            labels.append((i * 4 + j, f"{lab}\n{what}"))
     ax.axhline(params["alpha"], color="r", ls=":", label=f"alpha = {params['alpha']}")
     ax.set_xticks([x for x, _ in labels], [s for _, s in labels], fontsize=7)
     ax.set(ylabel="fraction of null contrasts with a finding", ylim=(0, 1.05),
