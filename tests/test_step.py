@@ -197,18 +197,18 @@ def test_reap_finds_planted_dead_experts(batches):
 
 
 def test_step_score_is_sum_of_selected_first_order_changes(model, batches):
-    """Step's score from expert_scores equals the sum over the selected highest-loss positions of
-    |<dL/dy_t, y_t(without j) - y_t>| assembled by hand for one batch."""
+    """Step's score from expert_scores equals sum_t |<dL_sel/dy_t, y_t(without j) - y_t>| assembled
+    by hand for one batch, where L_sel is the mean loss of the selected highest-loss tokens only."""
     ids = batches[:1]
     scores, _ = pruning.expert_scores(model, ids, "step", 0.25)
     blocks = moe.moe_blocks(model)
     cap = pruning._Capture(blocks, keep_output=True)
     try:
         nll = pruning.token_nll(model(input_ids=ids[0]).logits, ids[0])
-        nll[:, :-1].mean().backward()
+        sel = pruning.selected_tokens(nll.detach().reshape(-1), 0.25)
+        nll.reshape(-1)[sel].mean().backward()
     finally:
         cap.close()
-    sel = pruning.selected_tokens(nll.detach().reshape(-1), 0.25)
     assert int(sel.sum()) == round(0.25 * ids[0].shape[0] * (ids[0].shape[1] - 1))
     for i, b in enumerate(blocks):
         x, g = cap.x[i], cap.y[i].grad.reshape(-1, CFG["hidden"])
@@ -219,10 +219,45 @@ def test_step_score_is_sum_of_selected_first_order_changes(model, batches):
             for j in range(CFG["experts"]):
                 bj = copy.deepcopy(b)
                 moe.prune_block(bj, [e for e in range(CFG["experts"]) if e != j])
-                hit = sel & (idx == j).any(1)
+                hit = (idx == j).any(1)
                 ref[j] = ((moe.block_output(bj, x) - y) * g).sum(-1)[hit].abs().sum()
         np.testing.assert_allclose(scores[i].numpy(), ref.numpy(), rtol=1e-8, atol=1e-14)
     model.zero_grad(set_to_none=True)
+
+
+def test_step_gradient_comes_from_the_selected_tokens_only(model, batches):
+    """Selective guidance: the last MoE layer's output gradient vanishes at every unselected position
+    (its output reaches only its own position's loss), and the scores change when the selection does:
+    a token that is not selected contributes nothing to the differentiated objective."""
+    ids = batches[0]
+    blocks = moe.moe_blocks(model)
+    cap = pruning._Capture(blocks, keep_output=True)
+    try:
+        nll = pruning.token_nll(model(input_ids=ids).logits, ids)
+        sel = pruning.selected_tokens(nll.detach().reshape(-1), 0.25)
+        nll.reshape(-1)[sel].mean().backward()
+        g_last = cap.y[len(blocks) - 1].grad.reshape(-1, CFG["hidden"])
+    finally:
+        cap.close()
+        model.zero_grad(set_to_none=True)
+    assert float(g_last[~sel].abs().max()) == 0.0
+    assert float(g_last[sel].abs().sum(-1).min()) > 0.0
+    quarter, _ = pruning.expert_scores(model, [ids], "step", 0.25)
+    every, _ = pruning.expert_scores(model, [ids], "step", 1.0)
+    assert not torch.allclose(quarter[-1], every[-1])
+
+
+def test_random_rule_is_seeded_and_removes_the_same_number():
+    """The random control: reproducible per seed, different across seeds, and it removes exactly
+    round(s * E) experts of every layer like every other rule."""
+    m = moe.build_model(CFG, 0).eval()
+    ids = [torch.randint(0, CFG["vocab"], (2, CFG["seq_len"]), generator=torch.Generator().manual_seed(3))]
+    a, _ = pruning.expert_scores(m, ids, "random", seed=4)
+    b, _ = pruning.expert_scores(m, ids, "random", seed=4)
+    c, _ = pruning.expert_scores(m, ids, "random", seed=5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+    assert all(len(k) == CFG["experts"] - 3 for k in pruning.keep_sets(a, 0.5))
 
 
 def test_corpus_splits_files_disjointly():
@@ -315,3 +350,17 @@ def test_switch_balance_loss_is_per_layer():
     pooled_same = float(load_balancing_loss_func((peaked([0, 1]), peaked([0, 1])), E, k))
     pooled_swapped = float(load_balancing_loss_func((peaked([0, 1]), peaked([2, 3])), E, k))
     assert pooled_swapped < 0.6 * pooled_same  # the pooled loss half-forgives the collapsed layers
+
+
+def test_window_nll_units_average_to_the_held_out_loss(model, batches):
+    """The claims' test units: one mean loss per window, in window order, whose mean is the loss
+    over every target (equal-length windows), i.e. the log of the table's perplexity."""
+    from reprozoo.methods.step import method
+
+    units = method.window_nll(model, batches)
+    assert units.shape == (sum(b.shape[0] for b in batches),)
+    with torch.no_grad():
+        allnll = torch.cat([pruning.token_nll(model(input_ids=b).logits, b)[:, :-1].reshape(-1) for b in batches])
+        first = pruning.token_nll(model(input_ids=batches[0]).logits, batches[0])[0, :-1].mean()
+    np.testing.assert_allclose(units.mean(), float(allnll.mean()), rtol=1e-12)
+    np.testing.assert_allclose(units[0], float(first), rtol=1e-12)

@@ -28,9 +28,17 @@ Variants (identical model, calibration tokens, held-out tokens and sparsities; `
   each expert's removal, with re-routing) scores, then the knowledge-preserving re-fit;
 * ``step_nokp`` (ablation): Step's scores without the re-fit: what the scoring alone does;
 * ``reap`` (baseline): router weight x activation norm (REAP), no re-fit;
-* ``reap_kp`` (ablation): REAP's scores followed by the same re-fit as Step: separates Step's
-  scoring from our re-fit;
-* ``frequency`` (baseline): how often the router selects each expert, no re-fit.
+* ``reap_refit`` (control): REAP's scores followed by the same re-fit as Step: the control of the
+  claims on Step with its re-fit (REAP + re-fit in Step's place must not pass them), so they credit
+  Step's selection of experts, not our re-fit;
+* ``frequency`` (baseline): how often the router selects each expert, no re-fit;
+* ``random`` (control): the same number of experts removed per layer at random (seeded by the
+  seed), no re-fit: the control of the claims on the scoring rules alone.
+
+Held-out test units: every perplexity is exp of a mean loss over equal-length test windows; the
+per-window losses (``nll_dense``, ``nll50``, nats per byte, the same windows in the same order for
+every variant of a seed) are recorded as units, so the claims (on log-perplexity differences)
+take unit-level intervals.
 """
 from __future__ import annotations
 
@@ -49,8 +57,9 @@ VARIANTS = {  # variant -> (scoring rule, knowledge-preserving re-fit)
     "step": ("step", True),
     "step_nokp": ("step", False),
     "reap": ("reap", False),
-    "reap_kp": ("reap", True),
+    "reap_refit": ("reap", True),
     "frequency": ("frequency", False),
+    "random": ("random", False),
 }
 GENERIC_CURVES = ["val_moe"]
 
@@ -104,20 +113,25 @@ def load_model(p: dict, shared_dir: Path, device: str):
     return model.to(device)
 
 
-def mean_nll(model, batches) -> float:
-    """Held-out loss in nats per token (byte at miniature scale), averaged over every target."""
+def window_nll(model, batches) -> np.ndarray:
+    """Held-out loss in nats per token (byte at miniature scale) of every window, averaged over
+    its targets: one value per test unit, in window order."""
     import torch
 
     from .pruning import token_nll
 
     model.eval()
-    tot, n = 0.0, 0
+    out = []
     with torch.no_grad():
         for ids in batches:
-            nll = token_nll(model(input_ids=ids).logits, ids)[:, :-1]
-            tot += float(nll.sum())
-            n += nll.numel()
-    return tot / n
+            out.append(token_nll(model(input_ids=ids).logits, ids)[:, :-1].double().mean(1).cpu().numpy())
+    return np.concatenate(out)
+
+
+def mean_nll(model, batches) -> float:
+    """Held-out loss in nats per token averaged over every target (windows have equal length, so
+    it is the mean of ``window_nll``)."""
+    return float(np.mean(window_nll(model, batches)))
 
 
 def train_shared(ctx) -> None:
@@ -209,12 +223,14 @@ def train(ctx) -> None:
         ctx.metrics.scalar("lr_chosen_moe", rec["lr"])
         ctx.metrics.scalar("steps_moe", rec["stop"])
 
-    dense_nll = mean_nll(dense, held_b)
+    dense_units = window_nll(dense, held_b)
+    dense_nll = float(np.mean(dense_units))
+    ctx.metrics.units("nll_dense", dense_units)
     ctx.metrics.scalar("ppl_dense", math.exp(dense_nll))
     dense_bytes, dense_expert = moe.param_bytes(dense), moe.expert_param_count(dense)
 
     t0 = time.perf_counter()
-    scores, usage = pruning.expert_scores(dense, calib, rule, c["token_frac"])
+    scores, usage = pruning.expert_scores(dense, calib, rule, c["token_frac"], seed=ctx.seed)
     score_s = time.perf_counter() - t0
     usage_frac = torch.cat([u / u.sum() for u in usage]).tolist()
     ctx.metrics.curve("expert_usage", range(len(usage_frac)), usage_frac)
@@ -231,8 +247,11 @@ def train(ctx) -> None:
         if refit:
             pruning.preserve_knowledge(model, dense, calib, p["refit"]["ridge"], p["refit"].get("max_joint", 8192))
         prune_s = score_s + time.perf_counter() - t1
-        ppl.append(math.exp(mean_nll(model, held_b)))
+        units = window_nll(model, held_b)
+        ppl.append(math.exp(float(np.mean(units))))
         tag = f"{int(round(100 * s))}"
+        if abs(s - 0.5) < 1e-9:
+            ctx.metrics.units("nll50", units)   # per test window, the claims' units
         ctx.metrics.scalar(f"ppl{tag}", ppl[-1])
         ctx.metrics.scalar(f"mem_ratio{tag}", moe.param_bytes(model) / dense_bytes)
         ctx.metrics.scalar(f"expert_mem_ratio{tag}", moe.expert_param_count(model) / dense_expert)
@@ -266,8 +285,8 @@ def train(ctx) -> None:
 
 # --- plots -----------------------------------------------------------------------------------------
 
-RULE_STYLE = {"step": ("C0", "-"), "step_nokp": ("C0", "--"), "reap": ("C1", "-"), "reap_kp": ("C1", "--"),
-              "frequency": ("C2", "-")}
+RULE_STYLE = {"step": ("C0", "-"), "step_nokp": ("C0", "--"), "reap": ("C1", "-"), "reap_refit": ("C1", "--"),
+              "frequency": ("C2", "-"), "random": ("0.5", ":")}
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:

@@ -6,18 +6,25 @@ uniform sparsity, as REAP does). Notation of ``moe.py``: token t, router probabi
 set K_t, gate values w_{t,j}, expert outputs f_j(x_t), block output y_t.
 
 * ``frequency`` (baseline): S_j = #{t : j in K_t}, how often the router picks expert j.
+* ``random`` (control): S_j uniform at random (a seeded generator): the same number of experts
+  removed per layer, with no information; the rule every informed rule must beat.
 * ``reap`` (baseline, REAP of Lasby et al. 2025): S_j = mean over {t : j in K_t} of
   w_{t,j} ||f_j(x_t)||_2, router weight x activation norm, averaged over the tokens routed to j.
 * ``step`` (the paper's method, our reading of it; see README):
-  1. **selective tokens**: only the fraction ``token_frac`` of positions with the highest
+  1. **selective tokens**: only the fraction ``token_frac`` of target positions with the highest
      next-token loss l_t in each calibration batch count (the informative tokens, whose
-     contribution a token-uniform average dilutes);
-  2. **loss-aware evaluation**: removing expert j changes token t's block output by
+     contribution a token-uniform average dilutes). The objective that is differentiated is their
+     loss alone, L_sel = mean_{s in Sel} l_s: the gradient is backpropagated from the selected
+     tokens only, never from the others;
+  2. **loss-aware evaluation**: removing expert j changes position t's block output by
      Dy_{t,j} = y_t^{(-j)} - y_t, where y^{(-j)} re-routes t to its best k experts other than j
-     (renormalised gate values, exactly what the pruned router does). To first order the loss
-     changes by <dL/dy_t, Dy_{t,j}>; the score is S_j = sum_{t selected, j in K_t} |<dL/dy_t, Dy_{t,j}>|
-     (absolute value: a saliency, so that removals which help some tokens and hurt others do not
-     cancel);
+     (renormalised gate values, exactly what the pruned router does). To first order the selected
+     tokens' loss changes by <dL_sel/dy_t, Dy_{t,j}>; the score is
+     S_j = sum_{t : j in K_t} |<dL_sel/dy_t, Dy_{t,j}>| (absolute value: a saliency, so that removals
+     which help some tokens and hurt others do not cancel). The sum runs over every position whose
+     change reaches a selected token's loss: in the last MoE layer only the selected positions
+     themselves (dL_sel/dy_t = 0 elsewhere), in earlier layers also the earlier positions a selected
+     token attends to;
   3. **knowledge preservation** (``preserve_knowledge``): after removal, layer by layer, the kept
      experts' down projections D_j are re-fitted in closed form so that the pruned block
      reproduces the dense block on the calibration tokens:
@@ -90,10 +97,11 @@ def removal_deltas(block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(deltas, 1), idx[:, :k]
 
 
-def expert_scores(model: nn.Module, batches: list[torch.Tensor], rule: str, token_frac: float = 0.5
-                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def expert_scores(model: nn.Module, batches: list[torch.Tensor], rule: str, token_frac: float = 0.5,
+                  seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Importance of every expert per layer under ``rule`` (higher = keep), and the router's usage
-    counts per layer (the histogram every rule sees), from calibration batches of token ids."""
+    counts per layer (the histogram every rule sees), from calibration batches of token ids.
+    ``seed``: the generator of the ``random`` rule only."""
     blocks = moe.moe_blocks(model)
     E = [b.gate.num_experts for b in blocks]
     score = [torch.zeros(e, dtype=torch.float64) for e in E]
@@ -115,8 +123,9 @@ def expert_scores(model: nn.Module, batches: list[torch.Tensor], rule: str, toke
                 logits = model(input_ids=ids).logits
                 nll = token_nll(logits, ids)
                 if need_grad:
-                    nll[:, :-1].mean().backward()
-            sel = selected_tokens(nll.detach().reshape(-1), token_frac) if need_grad else None
+                    # selective: only the selected tokens' loss is differentiated (step 1)
+                    sel = selected_tokens(nll.detach().reshape(-1), token_frac)
+                    nll.reshape(-1)[sel].mean().backward()
             with torch.no_grad():
                 for i, b in enumerate(blocks):
                     x = cap.x[i]
@@ -130,7 +139,6 @@ def expert_scores(model: nn.Module, batches: list[torch.Tensor], rule: str, toke
                         g = cap.y[i].grad.reshape(-1, x.shape[-1])
                         dy, idx_k = removal_deltas(b, x)
                         taylor = (dy * g.unsqueeze(1)).sum(-1).abs()      # (N, k)
-                        taylor = taylor * sel.unsqueeze(1)
                         score[i] += torch.bincount(idx_k.reshape(-1).cpu(), taylor.reshape(-1).double().cpu(), minlength=E[i])
     finally:
         cap.close()
@@ -141,10 +149,13 @@ def expert_scores(model: nn.Module, batches: list[torch.Tensor], rule: str, toke
         model.zero_grad(set_to_none=True)
     if rule == "frequency":
         score = [c.clone() for c in count]
+    elif rule == "random":
+        gen = torch.Generator().manual_seed(int(seed))
+        score = [torch.rand(e, generator=gen, dtype=torch.float64) for e in E]
     elif rule == "reap":
         score = [s / c.clamp(min=1) for s, c in zip(score, count)]
     elif rule != "step":
-        raise ValueError(f"unknown pruning rule {rule!r}; known: frequency, reap, step")
+        raise ValueError(f"unknown pruning rule {rule!r}; known: frequency, random, reap, step")
     return score, count
 
 
