@@ -233,3 +233,59 @@ def test_unit_jumps_make_norm_and_squared_norm_paths_equal():
         steps = np.linalg.norm(np.diff(us, axis=0), axis=1)
         assert (steps**2).sum() == pytest.approx(ratio * steps.sum())
         assert steps.sum() == pytest.approx(6 * jump)
+
+
+def test_fixed_discount_is_tuned_once_at_the_smallest_T_over_P():
+    """dftrl_fixed: the theory's discount at the sweep's point with the smallest T / P_T (smallest T
+    of the T sweep, largest P_T of the P sweep), the same for every point of the sweep; at that
+    point it is exactly dftrl_tuned."""
+    from reprozoo.methods.ftrl_regret.method import fixed_tuning_point, predictions_batch
+
+    p = {"d": 3, "ridge": 1.0, "T_sweep": [200, 400, 800], "P_fix": 2, "T_fix": 400, "P_sweep": [1, 2, 4],
+         "linear": {**LIN, "bound": 1.0, "kappa": 1.0, "grad_bound": 3.0, "meta_lr": 0.1},
+         "logistic": {**LOGIT, "bound": 2.0, "kappa": 0.105, "grad_bound": 1.0, "meta_lr": 1.0,
+                      "P_sweep": [2, 4, 8], "T_fix": 600}}
+    assert fixed_tuning_point(p, "linear", "T") == (200, 2.0)
+    assert fixed_tuning_point(p, "linear", "P") == (400, 4.0)
+    assert fixed_tuning_point(p, "logistic", "P") == (600, 8.0)
+    rng = np.random.default_rng(4)
+    for T, P in ((200, 2.0), (800, 2.0)):
+        s = make_stream("linear", T, 3, P, LIN, rng)
+        st = {k: s[k][None] for k in ("x", "y", "u")}
+        fixed, cf = predictions_batch("dftrl_fixed", "linear", st, p, sweep="T")
+        tuned, ct = predictions_batch("dftrl_tuned", "linear", st, p)
+        assert cf["one_minus_beta"] == pytest.approx(np.sqrt(2.0 / (3 * 200)))
+        if T == 200:
+            np.testing.assert_allclose(fixed, tuned, rtol=1e-12)
+        else:  # never retuned: a longer horizon keeps the short window
+            assert ct["one_minus_beta"] == pytest.approx(cf["one_minus_beta"] / 2)
+    with pytest.raises(ValueError):
+        predictions_batch("dftrl_fixed", "linear", st, p)
+
+
+def test_half_slopes_separate_a_fixed_discount_from_a_power_law():
+    """The rate claims read the slopes over both halves of a sweep. A power law x^(1/2) has 1/2 on
+    both; the regret of a discount fixed once, a x + b with b/a at the middle of a 16x range, has a
+    full-range slope of ~ 1/2 (what the band alone cannot tell apart) but halves on either side of
+    1/2 by more than the 0.15 band."""
+    from reprozoo.methods.ftrl_regret.method import half_slopes
+
+    xs = [1000, 2000, 4000, 8000, 16000]
+    lo, hi = half_slopes(xs, [3 * x**0.5 for x in xs])
+    assert lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+    ys = [x + 4000.0 for x in xs]
+    assert abs(loglog_slope(xs, ys) - 0.5) < 0.05
+    lo, hi = half_slopes(xs, ys)
+    assert lo < 0.35 and hi > 0.65, (lo, hi)
+
+
+def test_subgrid_argmin_finds_the_vertex():
+    """The Adam claim's optimum below the grid step: the vertex of the parabola in log error through
+    the discrete argmin and its neighbours; exact for a log-parabola, the end point at an edge."""
+    from reprozoo.methods.ftrl_regret.method import subgrid_argmin
+
+    k = np.arange(11, dtype=float)
+    for k0 in (3.3, 5.0, 7.6):
+        assert subgrid_argmin(np.exp(0.2 * (k - k0) ** 2)) == pytest.approx(k0)
+    assert subgrid_argmin(np.exp(k)) == 0.0
+    assert subgrid_argmin(np.exp(-k)) == 10.0
