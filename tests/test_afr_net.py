@@ -1,5 +1,6 @@
 """AFR-Net numerics: Kirchhoff currents, Thomson's principle, invariance of the currents to a uniform
-gate, unbiased load sampling, gradients, the linear stochastic FC against its Lyapunov covariance,
+gate, unbiased load sampling, the published closed-form routing energy and mask (invariant to a uniform
+gate), the gates' path to the output, gradients, the linear stochastic FC against its Lyapunov covariance,
 the planted patient effect (in routing, not in SC) and its calibration, AUC."""
 import numpy as np
 import pytest
@@ -136,6 +137,98 @@ def test_a_uniform_gate_is_the_fixed_gate():
     a = torch.linspace(0, 1, len(g), dtype=torch.float64)
     f2 = routing.unit_flows(B, (g * torch.exp(2.0 * a))[None], pairs)
     assert (f2 - f0).abs().max() > 1e-2
+
+
+def _symmetric_fc(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    F = torch.randn(n, n, generator=g, dtype=torch.float64) * 0.4
+    return (F + F.T) / 2 + torch.eye(n, dtype=torch.float64)
+
+
+def test_closed_form_energy_is_the_fc_weighted_dissipation_of_every_pair():
+    """The published closed form 2 g_e d_e^T R L_T R d_e equals the power each edge dissipates, summed
+    over every ordered pair (i, j) sending a unit current weighted by |F_ij| (computed pair by pair
+    from the Kirchhoff currents)."""
+    e, B, g = _random_graph(n=7, seed=9)
+    n = B.shape[1]
+    F = _symmetric_fc(n, 0)
+    ii, jj = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    pairs = torch.stack([ii.reshape(-1), jj.reshape(-1)])[None]
+    f = routing.unit_flows(B, g[None], pairs)[0]                                  # (E, N^2)
+    T = F.abs() * (1 - torch.eye(n, dtype=torch.float64))
+    ref = (f**2 / g[:, None] * T.reshape(1, -1)).sum(1)
+    torch.testing.assert_close(routing.edge_energy(B, g[None], F[None], scale=1.0)[0], ref, rtol=1e-9, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda gg: routing.edge_energy(B, gg, F[None], scale=1.0),
+                                    (g[None].clone().requires_grad_(True),), eps=1e-6, atol=1e-6)
+
+
+def test_a_uniform_gate_leaves_the_mask_unchanged_and_a_spread_gate_moves_it():
+    """Energies scale as 1 / c when every conductance is multiplied by c; the log-min-max removes the
+    factor, so only the spread of the gates over the edges changes the mask (what ``gate_sd`` reads)."""
+    e, B, g = _random_graph(n=9, seed=6)
+    F = _symmetric_fc(9, 1)
+    S_e = g.clone()
+    t = torch.tensor(0.0, dtype=torch.float64)
+    E0 = routing.edge_energy(B, g[None], F[None])
+    E1 = routing.edge_energy(B, (g * 7.3)[None], F[None])
+    torch.testing.assert_close(E1, E0 / 7.3, rtol=1e-9, atol=0)
+    m0 = routing.mask_from_energy(E0, S_e[None], 8.0, 1.0, t)
+    torch.testing.assert_close(routing.mask_from_energy(E1, S_e[None], 8.0, 1.0, t), m0, atol=1e-6, rtol=0)
+    a = torch.linspace(-1, 1, len(g), dtype=torch.float64)
+    m2 = routing.mask_from_energy(routing.edge_energy(B, (g * torch.exp(a))[None], F[None]), S_e[None], 8.0, 1.0, t)
+    assert (m2 - m0).abs().max() > 0.05
+    # the published log-min-max form, written out in numpy
+    le, lc = np.log(E0[0].numpy() + 1e-6), -np.log(S_e.numpy() + 1e-6)
+    mm = lambda x: (x - x.min()) / (x.max() - x.min() + 1e-6)
+    np.testing.assert_allclose(m0[0].numpy(), 1 / (1 + np.exp(-8.0 * (mm(le) - mm(lc)))), rtol=1e-9)
+
+
+def test_the_gates_reach_the_output_by_construction():
+    """The learned gates enter the logits through energy -> mask -> attention bias: at initialisation
+    the logits have a non-zero gradient in the gate network's output, and replacing the learned gates
+    by the structural ones (afr_net_fixed's routing) changes the mask and the logits."""
+    from reprozoo.methods.afr_net.models import AFRNet
+
+    torch.manual_seed(0)
+    c = make_cohort(np.random.default_rng(3), n_subjects=8, n_regions=20, n_modules=2, p_in=0.4, p_out=0.05,
+                    weight_sigma=0.5, n_pathways=1, path_edges=3, sc_noise=0.3, global_noise=0.1, gate_noise=0.2,
+                    severity=(0.4, 0.8), coupling=0.9, n_samples=200)
+    S, F = torch.tensor(c.sc, dtype=torch.float32), torch.tensor(c.fc, dtype=torch.float32)
+    model = AFRNet(20, torch.as_tensor(c.edges), d=16, heads=2, dropout=0.0).eval()
+    H = model.encode(S, F)
+    u, v = model.edges[:, 0], model.edges[:, 1]
+    a = model.log_conductance(H, S[:, u, v], F[:, u, v]).detach().requires_grad_(True)
+    E = routing.edge_energy(model.B, torch.exp(a), F)
+    m = routing.mask_from_energy(E, S[:, u, v], model.tau, model.lambda_cost, model.threshold)
+    z = model.readout(H, m)
+    (z[:, 1] - z[:, 0]).sum().backward()
+    assert torch.isfinite(a.grad).all() and a.grad.abs().max() > 1e-4
+    with torch.no_grad():
+        z_l, aux_l = model(S, F)
+        model.learn_gate = False
+        z_s, aux_s = model(S, F)
+        model.learn_gate = True
+    torch.testing.assert_close(aux_s["a"], torch.log(S[:, u, v] + 1e-6))
+    assert (aux_l["m"] - aux_s["m"]).abs().max() > 0.01 and (z_l - z_s).abs().max() > 1e-4
+
+
+def test_evaluation_applies_the_same_attention_mask_as_training():
+    """torch's eval-mode fast path mis-applies a per-sample (batch * heads, N, N) float mask; AFR-Net's
+    forward avoids it, so the network evaluated (eval mode, no autograd) is the network trained."""
+    from reprozoo.methods.afr_net.models import slow_attention_path
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, 0.0, batch_first=True).eval()
+    H = torch.randn(3, 5, 16)
+    mask = torch.full((3, 5, 5), float("-inf"))
+    for b in range(3):
+        mask[b][torch.rand(5, 5) < 0.6] = -1.0 * b
+        mask[b].fill_diagonal_(0.0)
+    mask = mask.repeat_interleave(2, 0)
+    ref = layer(H, src_mask=mask).detach()                        # autograd on: the reference path
+    with torch.no_grad(), slow_attention_path():
+        torch.testing.assert_close(layer(H, src_mask=mask), ref)
+    assert torch.backends.mha.get_fastpath_enabled()              # restored afterwards
 
 
 @pytest.fixture(scope="module")

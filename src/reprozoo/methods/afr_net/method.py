@@ -3,9 +3,10 @@
 Variants (same cohort, same split, same training rule: ``blocks.fitting.fit_to_plateau`` with one
 learning-rate grid piloted on validation cross-entropy, a constant rate to the plateau test, the same
 batch size, dropout and best-validation weights; only the model differs):
-- ``afr_net``: adaptive flow routing (models.AFRNet, routing.py) with the paper's auxiliary
-  losses (alignment, structural budget, gate sparsity).
-- ``afr_net_fixed``: ablation, the same network with the gates fixed at 0 (routing by structural
+- ``afr_net``: adaptive flow routing as published (models.AFRNet, routing.py; reference code
+  v1.0.1): learned conductances g_e = exp(a_e), closed-form routing energy, log-min-max mask,
+  masked graph transformer; cross-entropy alone, as in that code.
+- ``afr_net_fixed``: ablation, the same network with g_e = S_e (routing by structural
   conductance alone, no learned re-routing).
 - ``mlp``: MLP on the concatenated upper triangles of SC and FC.
 - ``gcn``: GCN on each subject's SC with the FC rows as node features.
@@ -14,21 +15,23 @@ Stages. train_shared (per seed): draw the cohort (data.py) and the stratified 60
 train (per variant x seed), recorded metrics:
 - ``auc`` (test ROC AUC, patient = positive; recorded per test subject as placement values whose
   mean is the AUC, ``auc_units``), ``acc``, ``val_auc``;
-- ``prec_at_k``: precision at k = number of planted edges of the model's own pathway readout,
+- ``prec_at_k`` (units: one hit/miss per planted edge, mean = precision@k): precision at
+  k = number of planted edges of the model's own pathway readout,
   among the SC edges (chance = k / E, ``chance_prec``). AFR-Net's readout is the paper's: the
   group difference |mean_patients m_e - mean_controls m_e| of the routing mask on held-out subjects;
   the baselines have no routing, so theirs is gradient x (input - training mean) saliency of the
   logit difference, summed over the edge's SC and FC entries. ``prec_at_k_saliency`` is that same
   saliency readout for every variant (AFR-Net included), the like-for-like comparison;
-- ``sc_ttest_prec``, ``fc_ttest_prec``: model-free references, precision at k of a two-sample
+- ``sc_ttest_prec``, ``fc_ttest_prec`` (units per planted edge, as ``prec_at_k``): model-free references, precision at k of a two-sample
   t-test on the training subjects' log SC (chance here: the disease is not in SC) and Fisher-z FC
   on the SC edges (how hard localisation is in this cohort); ``fc_ttest_margin`` (weakest planted
   |t| minus strongest unplanted |t|: > 0 exactly at the t-test's ceiling); ``oracle_auc`` (test AUC
   of a logistic regression told the planted edges: the cohort's reachable AUC);
-- AFR-Net only: ``gate_sd`` (spread over edges of theta * a_e, the precondition that learned
+- AFR-Net only: ``gate_sd`` (spread over edges of a_e - log S_e, the precondition that learned
   gates differ from fixed ones; 0 for ``afr_net_fixed``), ``gate_effect`` (mean |change of the
-  logit difference| when the trained network's gates are set to 0, over its spread: do the gates
-  change the output?), ``prec_at_k_gate`` (the same readout
+  logit difference| when the trained network's gates are replaced by g_e = S_e, over its spread: do the gates
+  change the output?), ``mask_shift`` (mean |m_learned - m_structural|: do the gates move the
+  mask?), ``prec_at_k_gate`` (the same readout
   on the gates instead of the mask), ``mask_mean``, ``gate_mean``;
 - curves ``val_fit`` / ``lr_fit`` (validation cross-entropy and learning rate per evaluation: the
   convergence gate's), ``val_loss`` (the same curve, for the generic plot), ``train_loss`` (per step),
@@ -89,6 +92,17 @@ def precision_at_k(score: np.ndarray, truth: np.ndarray, k: int | None = None) -
     return float(truth[top].mean())
 
 
+def planted_hits(score: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per planted edge (in edge order): 1 if it is among the k highest scores, k = number of planted
+    edges. Their mean is precision@k (k = number planted, so recall@k = precision@k): the per-edge
+    units of the pathway claim, paired across variants (the same planted edges in the same order)."""
+    truth = np.asarray(truth).astype(bool)
+    k = int(truth.sum())
+    top = np.zeros(len(truth), bool)
+    top[np.argsort(-np.asarray(score), kind="stable")[:k]] = True
+    return top[truth].astype(float)
+
+
 def oracle_auc(fz: np.ndarray, log_sc: np.ndarray, y: np.ndarray, planted: np.ndarray, train: np.ndarray,
                test: np.ndarray) -> float:
     """Test AUC of a model told the planted edges: L2 logistic regression (C = 1, z-scored inputs) on
@@ -140,8 +154,9 @@ def build_model(variant: str, cohort: Cohort, tensors: dict, p: dict):
     if variant in ("afr_net", "afr_net_fixed"):
         a = p["afr"]
         x = AFRNet.node_features(S, F)
-        return AFRNet(N, torch.as_tensor(cohort.edges), d=a["d"], heads=a["heads"], dropout=drop, theta=a["theta"],
-                      n_pairs=a["n_pairs"], tau=a["tau"], learn_gate=variant == "afr_net",
+        return AFRNet(N, torch.as_tensor(cohort.edges), d=a["d"], heads=a["heads"], dropout=drop, tau=a["tau"],
+                      lambda_cost=a["lambda_cost"], energy_scale=a["energy_scale"], learn_gate=variant == "afr_net",
+                      graph_layers=a.get("graph_layers", 1),
                       feat_mean=x.mean(0), feat_std=x.std(0))
     if variant == "mlp":
         x = MLPBaseline.features(S, F)
@@ -152,16 +167,15 @@ def build_model(variant: str, cohort: Cohort, tensors: dict, p: dict):
 
 
 def _predict(model, T: dict, idx, seed: int, batch: int = 64):
-    """Logits and aux of ``idx`` in eval mode; AFR-Net's pairs from a fixed generator."""
+    """Logits and aux of ``idx`` in eval mode (deterministic: the routing energy is closed-form)."""
     import torch
 
-    gen = torch.Generator(device=T["S"].device).manual_seed(10_000 + seed)
     model.eval()
     logits, auxes = [], []
     with torch.no_grad():
         for s in range(0, len(idx), batch):
             b = idx[s:s + batch]
-            z, aux = model(T["S"][b], T["F"][b], T["M"][b], generator=gen)
+            z, aux = model(T["S"][b], T["F"][b])
             logits.append(z)
             auxes.append(aux)
     aux = {k: torch.cat([a[k] for a in auxes]) for k in auxes[0]} if auxes[0] else {}
@@ -172,19 +186,14 @@ def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=prin
     """The shared training rule (``blocks.fitting.fit_to_plateau``): the same learning-rate grid for
     every variant, piloted on validation cross-entropy, the best rate continued at a constant rate
     until the validation curve passes the platform's plateau test; best-validation weights kept.
-    One step = one minibatch of ``fit.batch`` training subjects; AFR-Net adds its regularisers."""
+    One step = one minibatch of ``fit.batch`` training subjects; cross-entropy for every model (the
+    published AFR-Net code, v1.0.1, trains on the task loss alone)."""
     import torch
 
     from ...blocks.fitting import fit_to_plateau
-    from .models import afr_regularisers
-
-    f, a = p["fit"], p["afr"]
-    is_afr = variant.startswith("afr_net")
+    f = p["fit"]
     ce = torch.nn.functional.cross_entropy
     train_idx, val_idx = T["train"], T["val"]
-    dev = T["S"].device
-    # the block's generators live on the CPU; AFR-Net's pair sampling needs one on the data's device
-    pair_gen = None if dev.type == "cpu" else torch.Generator(device=dev).manual_seed(seed + 1)
 
     def build(gen):
         torch.manual_seed(seed)                                   # same initial weights for every rate
@@ -193,13 +202,8 @@ def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=prin
     def train_loss(model, gen):
         pick = torch.randint(len(train_idx), (f["batch"],), generator=gen)
         b = train_idx[pick.to(train_idx.device)]
-        z, aux = model(T["S"][b], T["F"][b], T["M"][b], generator=gen if pair_gen is None else pair_gen)
-        loss = ce(z, T["y"][b])
-        if is_afr:
-            r = afr_regularisers(aux)
-            loss = loss + a["lambda_align"] * r["align"] + a["lambda_budget"] * r["budget"] \
-                + a["lambda_gate"] * r["gate"]
-        return loss
+        z, _ = model(T["S"][b], T["F"][b])
+        return ce(z, T["y"][b])
 
     def val_loss(model):
         zv, _ = _predict(model, T, val_idx, seed)
@@ -213,11 +217,10 @@ def saliency_edge_scores(model, T: dict, idx, edges: np.ndarray, seed: int) -> n
     (both triangles of each matrix summed): the readout available to any differentiable model."""
     import torch
 
-    gen = torch.Generator(device=T["S"].device).manual_seed(20_000 + seed)
     model.eval()
     S = T["S"][idx].clone().requires_grad_(True)
     F = T["F"][idx].clone().requires_grad_(True)
-    z, _ = model(S, F, T["M"][idx], generator=gen)
+    z, _ = model(S, F)
     (z[:, 1] - z[:, 0]).sum().backward()
     mS, mF = T["S"][T["train"]].mean(0), T["F"][T["train"]].mean(0)
     contrib = ((S.grad * (S.detach() - mS)).abs() + (F.grad * (F.detach() - mF)).abs()).mean(0)
@@ -228,13 +231,11 @@ def saliency_edge_scores(model, T: dict, idx, edges: np.ndarray, seed: int) -> n
 def load_tensors(shared_dir: Path, p: dict, device: str = "cpu"):
     import torch
 
-    from .routing import demand
-
     cohort = Cohort.load(shared_dir / "cohort.npz")
     split = np.load(shared_dir / "split.npz")
     S = torch.as_tensor(cohort.sc, dtype=torch.float32, device=device)
     F = torch.as_tensor(cohort.fc, dtype=torch.float32, device=device)
-    T = {"S": S, "F": F, "M": demand(S, F, p["afr"]["hops"], p["afr"]["rho"]),
+    T = {"S": S, "F": F,
          "y": torch.as_tensor(cohort.y, dtype=torch.long, device=device)}
     for k in ("train", "val", "test"):
         T[k] = torch.as_tensor(split[k], dtype=torch.long, device=device)
@@ -281,23 +282,31 @@ def train(ctx) -> None:
         native = np.abs(m[yh == 1].mean(0) - m[yh == 0].mean(0))
         ctx.metrics.scalar("mask_mean", float(m.mean()))
         ctx.metrics.scalar("gate_mean", float(gate.mean()))
-        # a gate constant over the edges rescales every conductance alike and leaves the currents
-        # unchanged (= the fixed gates): the spread of theta * a_e over the edges is how far the
-        # learned routing departs from routing by SC alone (0 for afr_net_fixed)
-        ctx.metrics.scalar("gate_sd", float((p["afr"]["theta"] * gate).std(1).mean()))
-        # do the gates change the output? the same trained network with its gates set to 0 (the fixed
-        # routing) on the same subjects and pairs: mean |change of the logit difference| over the
+        # a log-conductance shift constant over the edges scales every energy alike and leaves the mask
+        # unchanged: the spread over the edges of a_e - log S_e is how far the learned routing departs
+        # from routing by SC alone (0 for afr_net_fixed)
+        s_e = aux["S_e"].cpu().numpy()
+        ctx.metrics.scalar("gate_sd", float((gate - np.log(s_e + 1e-6)).std(1).mean()))
+        # do the gates change the output? the same trained network with its gates replaced by the
+        # structural ones (g_e = S_e, afr_net_fixed's routing) on the same subjects: mean |change of the logit difference| over the
         # held-out subjects, in units of the logit difference's spread (0 when the output ignores them)
         zl, _ = _predict(model, T, held, ctx.seed)
         model.learn_gate = False
-        z0, _ = _predict(model, T, held, ctx.seed)
+        z0, aux0 = _predict(model, T, held, ctx.seed)
         model.learn_gate = True
+        # how far the mask itself moves (mean |m_learned - m_structural| over edges and subjects): tells a
+        # mask the gates do not move from a moved mask the classifier ignores
+        ctx.metrics.scalar("mask_shift", float(np.abs(m - aux0["m"].cpu().numpy()).mean()))
         dl, d0 = (zl[:, 1] - zl[:, 0]).cpu().numpy(), (z0[:, 1] - z0[:, 0]).cpu().numpy()
         ctx.metrics.scalar("gate_effect", float(np.abs(dl - d0).mean() / (dl.std() + 1e-12)))
         ctx.metrics.scalar("prec_at_k_gate", precision_at_k(np.abs(gate[yh == 1].mean(0) - gate[yh == 0].mean(0)), planted))
     else:
         native = sal
-    ctx.metrics.scalar("prec_at_k", precision_at_k(native, planted))
+    # precision@k with k = number of planted edges, recorded per planted edge (hit or miss): the
+    # pathway claim's interval resamples edges and seeds (real data, nothing planted: NaN)
+    record_prec = (lambda name, sc: ctx.metrics.units(name, planted_hits(sc, planted))) if planted.any() \
+        else (lambda name, sc: ctx.metrics.scalar(name, float("nan")))
+    record_prec("prec_at_k", native)
     ctx.metrics.scalar("prec_at_k_saliency", precision_at_k(sal, planted))
     ctx.metrics.scalar("chance_prec", k / len(edges))
     tr = T["train"].cpu().numpy()
@@ -305,7 +314,7 @@ def train(ctx) -> None:
     ctx.metrics.scalar("sc_ttest_prec", precision_at_k(ttest_scores(log_sc, y[tr]), planted))
     fz = np.arctanh(np.clip(cohort.fc[tr][:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
     t_fc = ttest_scores(fz, y[tr])
-    ctx.metrics.scalar("fc_ttest_prec", precision_at_k(t_fc, planted))
+    record_prec("fc_ttest_prec", t_fc)
     # the ceiling margin of this seed's cohort: |t| of the weakest planted edge minus the largest |t| of
     # an unplanted one; > 0 exactly when the t-test finds every planted edge (precision 1)
     if planted.any():

@@ -1,12 +1,12 @@
 """AFR-Net (miniature) and the two baselines, all taking a batch of (SC, FC) matrices.
 
-* :class:`AFRNet`: node encoder (transformer whose attention is restricted to SC neighbours, node
-  features = FC row, log SC strength, FC absolute row sum, plus a learned ROI embedding) ->
-  edge gates a_e = sigmoid(MLP[|h_u - h_v|, h_u * h_v, S_e, F_e]) -> flow routing
-  (routing.py) -> information load L_e (z-scored) -> soft mask m_e = sigmoid(tau (L_e - t)) ->
-  masked graph transformer (attention bias log m_e on SC edges, -inf elsewhere, 0 on the
-  diagonal) -> mean pooling -> classifier. ``learn_gate=False`` fixes a_e = 0: routing by the
-  structural conductances alone (ablation).
+* :class:`AFRNet`: the published architecture (reference code v1.0.1): node encoder (transformer
+  whose attention is restricted to SC neighbours, node features = FC row, log SC strength, FC
+  absolute row sum, plus a learned ROI embedding) -> edge gates a_e = MLP[|h_u - h_v|, h_u * h_v,
+  S_e, F_e] -> conductance g_e = exp(a_e) -> closed-form routing energy (routing.py) -> log-min-max
+  soft mask with structural cost -> masked graph transformer (attention bias log m_e on SC edges,
+  -inf elsewhere, 0 on the diagonal) -> mean pooling -> classifier. ``learn_gate=False`` sets
+  g_e = S_e: routing by the structural conductances alone (ablation).
 * :class:`MLPBaseline`: MLP on the concatenated upper triangles of SC and FC.
 
 All three z-score their network inputs element-wise with the training subjects' mean and std (the
@@ -21,19 +21,52 @@ Every model returns logits (b, 2) and a dict of auxiliary tensors (empty for the
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
 from . import routing
 
 
+@contextmanager
+def slow_attention_path():
+    """Run ``nn.TransformerEncoderLayer`` on its reference path. In eval mode without autograd, torch
+    (2.13 here) takes a fused "fast path" that mis-applies a per-sample float attention mask of shape
+    (batch * heads, N, N): its output differs from the training-mode computation with the same mask
+    (tests/test_afr_net.py::test_evaluation_applies_the_same_attention_mask_as_training). Every
+    evaluation of AFR-Net (validation loss, test AUC, the readouts, gate_effect) would otherwise use a
+    different network from the one trained."""
+    prev = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(prev)
+
+
 class AFRNet(nn.Module):
+    """The published architecture (AFR-Net v1.0.1), reduced in depth and width.
+
+    node encoder -> gate a_e = MLP[|h_u - h_v|, h_u * h_v, S_e, F_e] (raw output) -> conductance
+    g_e = exp(a_e) -> closed-form routing energy E_e (routing.edge_energy: every pair, FC-weighted)
+    -> mask m_e = sigmoid(tau (mm(log E) - lambda_cost mm(-log S) - t)) -> masked graph transformer
+    (attention bias log m_e on SC edges, -inf elsewhere, 0 on the diagonal) -> LayerNorm -> mean
+    pooling -> classifier. The gates reach the output only through the mask, as in the paper; the
+    min-max of log E spreads every subject's energies over [0, 1], so with tau = 8 the mask spans
+    sigmoid(-8) .. sigmoid(8) and the attention biases span about 8 nats whatever the gates' scale.
+
+    ``gate_mode``: ``learned`` (the method), ``structural`` (ablation: g_e = S_e, routing by structural
+    conductance alone, the gate network unused) or ``uniform`` (g_e = 1, for tests).
+    """
+
     def __init__(self, n_regions: int, edges: torch.Tensor, d: int = 32, heads: int = 2, dropout: float = 0.1,
-                 theta: float = 2.0, n_pairs: int = 128, tau: float = 8.0, learn_gate: bool = True,
-                 eps: float = 1e-6, feat_mean: torch.Tensor | None = None, feat_std: torch.Tensor | None = None):
+                 tau: float = 8.0, lambda_cost: float = 1.0, energy_scale: float = 100.0, learn_gate: bool = True,
+                 graph_layers: int = 1, eps: float = 1e-6, feat_mean: torch.Tensor | None = None, feat_std: torch.Tensor | None = None):
         super().__init__()
-        self.n, self.heads, self.theta, self.n_pairs, self.tau = n_regions, heads, theta, n_pairs, tau
-        self.learn_gate, self.eps = learn_gate, eps
+        self.n, self.heads, self.tau, self.lambda_cost = n_regions, heads, tau, lambda_cost
+        self.energy_scale, self.eps = energy_scale, eps
+        self.gate_mode = "learned" if learn_gate else "structural"
         self.register_buffer("edges", edges.long())
         self.register_buffer("B", routing.incidence_matrix(edges.long(), n_regions))
         adj = torch.zeros(n_regions, n_regions, dtype=torch.bool)
@@ -44,11 +77,23 @@ class AFRNet(nn.Module):
         self.register_buffer("feat_std", torch.ones(n_regions, n_regions + 2) if feat_std is None else feat_std.clamp_min(1e-6))
         self.embed = nn.Linear(n_regions + 2, d)
         self.roi = nn.Embedding(n_regions, d)
-        self.encoder = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout, batch_first=True)
-        self.gate = nn.Sequential(nn.Linear(2 * d + 2, d), nn.SiLU(), nn.Linear(d, d), nn.SiLU(), nn.Linear(d, 1))
+        self.encoder = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout, activation="gelu", batch_first=True)
+        self.encoder_norm = nn.LayerNorm(d)
+        self.gate = nn.Sequential(nn.Linear(2 * d + 2, d), nn.SiLU(), nn.Dropout(dropout), nn.Linear(d, 1))
         self.threshold = nn.Parameter(torch.zeros(()))
-        self.graph = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout, batch_first=True)
-        self.head = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d, 2))
+        self.graph = nn.ModuleList([nn.TransformerEncoderLayer(d, heads, 2 * d, dropout, activation="gelu",
+                                                          batch_first=True) for _ in range(graph_layers)])
+        self.graph_norm = nn.LayerNorm(d)
+        self.head = nn.Sequential(nn.Dropout(dropout / 2), nn.Linear(d, d), nn.ReLU(), nn.Dropout(dropout),
+                                  nn.Linear(d, 2))
+
+    @property
+    def learn_gate(self) -> bool:
+        return self.gate_mode == "learned"
+
+    @learn_gate.setter
+    def learn_gate(self, value: bool) -> None:
+        self.gate_mode = "learned" if value else "structural"
 
     @staticmethod
     def node_features(S: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
@@ -56,46 +101,54 @@ class AFRNet(nn.Module):
         strength = torch.log1p(S.sum(-1, keepdim=True))
         return torch.cat([F, strength, F.abs().mean(-1, keepdim=True)], -1)
 
-    def route(self, S: torch.Tensor, F: torch.Tensor, M: torch.Tensor, generator=None):
-        """Node embeddings -> gates -> loads; returns (H, L (z-scored), L_raw, a, S_e)."""
+    def encode(self, S: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
         X = (self.node_features(S, F) - self.feat_mean) / self.feat_std
         H = self.embed(X) + self.roi.weight
-        H = self.encoder(H, src_mask=self.encoder_mask)
-        u, v = self.edges[:, 0], self.edges[:, 1]
-        S_e, F_e = S[:, u, v], F[:, u, v]
-        if self.learn_gate:
+        with slow_attention_path():
+            return self.encoder_norm(self.encoder(H, src_mask=self.encoder_mask))
+
+    def log_conductance(self, H: torch.Tensor, S_e: torch.Tensor, F_e: torch.Tensor) -> torch.Tensor:
+        """a_e = log g_e for the current gate mode."""
+        if self.gate_mode == "learned":
+            u, v = self.edges[:, 0], self.edges[:, 1]
             hu, hv = H[:, u], H[:, v]
             feats = torch.cat([(hu - hv).abs(), hu * hv, S_e.unsqueeze(-1), F_e.unsqueeze(-1)], -1)
-            a = torch.sigmoid(self.gate(feats)).squeeze(-1)
-        else:
-            a = torch.zeros_like(S_e)
-        g = (S_e + self.eps) * torch.exp(self.theta * a)               # = exp(-c_e + theta a_e)
-        pairs, alpha = routing.sample_pairs(M, self.n_pairs, generator)
-        L_raw = routing.edge_loads(self.B, g, pairs, alpha, self.eps)
-        return H, routing.standardize(L_raw), L_raw, a, S_e
+            return self.gate(feats).squeeze(-1)
+        if self.gate_mode == "structural":
+            return torch.log(S_e + self.eps)
+        return torch.zeros_like(S_e)
 
-    def forward(self, S, F, M, generator=None):
-        H, L, L_raw, a, S_e = self.route(S, F, M, generator)
-        m = torch.sigmoid(self.tau * (L - self.threshold))
-        b = len(S)
-        bias = torch.full((b, self.n, self.n), float("-inf"), device=S.device)
+    def route(self, S: torch.Tensor, F: torch.Tensor):
+        """Node embeddings -> gates -> energies -> mask; returns (H, E, m, a, S_e)."""
+        H = self.encode(S, F)
+        u, v = self.edges[:, 0], self.edges[:, 1]
+        S_e, F_e = S[:, u, v], F[:, u, v]
+        a = self.log_conductance(H, S_e, F_e)
+        E = routing.edge_energy(self.B, torch.exp(a), F, self.energy_scale)
+        m = routing.mask_from_energy(E, S_e, self.tau, self.lambda_cost, self.threshold, self.eps)
+        return H, E, m, a, S_e
+
+    def readout(self, H: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """Masked graph transformer on H with attention bias log m_e on the SC edges -> logits."""
+        b = len(H)
+        bias = torch.full((b, self.n, self.n), float("-inf"), device=H.device)
         u, v = self.edges[:, 0], self.edges[:, 1]
         logm = torch.log(m + 1e-9)
         bias[:, u, v] = logm
         bias[:, v, u] = logm
         bias[:, torch.arange(self.n), torch.arange(self.n)] = 0.0  # self-loops kept
-        Z = self.graph(H, src_mask=bias.repeat_interleave(self.heads, 0))
-        return self.head(Z.mean(1)), {"L": L, "m": m, "a": a, "S_e": S_e}
+        bias = bias.repeat_interleave(self.heads, 0)
+        Z = H
+        with slow_attention_path():
+            for layer in self.graph:
+                Z = layer(Z, src_mask=bias)
+        Z = self.graph_norm(Z)
+        return self.head(Z.mean(1))
 
-
-def afr_regularisers(aux: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
-    """The paper's auxiliary losses: load-mask alignment KL(softmax L || sg softmax log m), the
-    structural budget mean(c_e m_e) with c_e = -log(S_e + eps), and gate sparsity mean(a_e)."""
-    p = torch.log_softmax(aux["L"], -1)
-    q = torch.log_softmax(torch.log(aux["m"] + eps), -1).detach()
-    align = (p.exp() * (p - q)).sum(-1).mean()
-    budget = (-torch.log(aux["S_e"] + eps) * aux["m"]).mean()
-    return {"align": align, "budget": budget, "gate": aux["a"].abs().mean()}
+    def forward(self, S, F, M=None, generator=None):
+        with slow_attention_path():
+            H, E, m, a, S_e = self.route(S, F)
+            return self.readout(H, m), {"E": E, "m": m, "a": a, "S_e": S_e}
 
 
 def upper_triangle(X: torch.Tensor) -> torch.Tensor:

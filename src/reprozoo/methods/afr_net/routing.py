@@ -30,6 +30,20 @@ estimated, as in the paper, by drawing P pairs with probability |M_ij| / T (T = 
 weighting each with sign(M_ij) T / P (unbiased). Self-pairs carry no current, so the diagonal of
 M is dropped before sampling (same expectation, less variance). Loads are z-scored per subject
 before they become the soft mask ``m = sigmoid(tau (L - t))``.
+
+The published code (AFR-Net v1.0.1, ``dial/routing.py``) replaced the sampled loads by their closed form
+(its "Route A", :func:`edge_energy`), which is what the model now uses: with the task Laplacian
+``L_T = diag(T 1) - T`` of ``T = |sym F|`` (zero diagonal) and ``R = (L_g + 11^T/N)^{-1}``, the
+energy an edge dissipates when every ordered pair (i, j) sends a unit current weighted by T_ij is
+
+    E_e = sum_{i != j} T_ij (f_e^{(ij)})^2 / g_e = 2 g_e d_e^T R L_T R d_e      (d_e = row e of B)
+
+(one inverse and one product for all pairs, no sampling noise). The published conductance is
+``g_e = exp(a_e)`` with ``a_e`` the gate network's raw output (no sigmoid, no SC term: the gate reads
+S_e and learns its own use of it). The mask (:func:`mask_from_energy`) is the published log-min-max
+form with a structural cost: ``m_e = sigmoid(tau (mm(log E_e) - lambda_cost mm(-log S_e) - t))``,
+mm = min-max over the subject's edges. A gate constant over the edges scales every energy by one
+factor, which the min-max removes (tests): only the spread of the gates re-routes.
 """
 from __future__ import annotations
 
@@ -112,3 +126,31 @@ def exact_edge_loads(B: torch.Tensor, g: torch.Tensor, M: torch.Tensor) -> torch
 def standardize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """z-score along the last axis (per subject)."""
     return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + eps)
+
+
+def task_laplacian(F: torch.Tensor) -> torch.Tensor:
+    """L_T = diag(T 1) - T for T = |(F + F^T) / 2| with zero diagonal; F (..., N, N)."""
+    T = (0.5 * (F + F.transpose(-1, -2))).abs()
+    T = T * (1.0 - torch.eye(F.shape[-1], dtype=F.dtype, device=F.device))
+    return torch.diag_embed(T.sum(-1)) - T
+
+
+def edge_energy(B: torch.Tensor, g: torch.Tensor, F: torch.Tensor, scale: float = 100.0) -> torch.Tensor:
+    """Closed-form routing energy per edge (..., E): 2 g_e d_e^T R L_T R d_e (times ``scale``, the
+    published code's factor 100, which only sets the energies against the log's eps)."""
+    D = B @ torch.linalg.inv(grounded_laplacian(B, g))                          # (..., E, N): rows d_e^T R
+    return 2.0 * scale * g * ((D @ task_laplacian(F)) * D).sum(-1)
+
+
+def minmax(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(x - min) / (max - min + eps) along the last axis (per subject)."""
+    lo, hi = x.min(-1, keepdim=True).values, x.max(-1, keepdim=True).values
+    return (x - lo) / (hi - lo + eps)
+
+
+def mask_from_energy(E: torch.Tensor, S_e: torch.Tensor, tau: float, lambda_cost: float,
+                     threshold: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """m_e = sigmoid(tau (mm(log E_e) - lambda_cost mm(-log S_e) - t)): high-energy, low-cost edges open."""
+    e_norm = minmax(torch.log(E + eps), eps)
+    c_norm = minmax(-torch.log(S_e + eps), eps)
+    return torch.sigmoid(tau * (e_norm - lambda_cost * c_norm - threshold))
