@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from reprozoo.methods.ro_hnn.latent_dynamics import LatentHNN, rollout
+from reprozoo.methods.ro_hnn.latent_dynamics import ExplicitEuler, GeneralHNN, LatentHNN, rollout
 from reprozoo.methods.ro_hnn.method import PSDGalerkin, relative_state_error, valid_prediction_time
 from reprozoo.methods.ro_hnn.reductions import (LinearPSD, SymplecticAE, poisson_matrix, psd_cotangent_lift,
                                                 symplectic_lift_matrix)
@@ -281,26 +281,86 @@ def test_state_error_scale():
     assert relative_state_error(q, p, q, p).max() == 0.0
 
 
-def test_latent_hnn_with_learned_mass_fused_rollout_and_vector_field():
-    """The ae_hnn baseline's HNN, H = P minv P / 2 + V(Q) (minv may be negative): the fused rollout
-    equals repeated velocity-Verlet steps, and the vector field is J grad H."""
-    minv = np.array([0.4, -1.7])
-    hnn = LatentHNN(2, 16, np.full(2, 0.7), torch.Generator().manual_seed(1), np.zeros(2), substeps=2, minv=minv).eval()
-    assert isinstance(hnn.minv, torch.nn.Parameter)
+def test_general_hnn_vector_field_is_j_grad_h_by_finite_differences():
+    """The ae_hnn baseline's HNN: a non-separable H(Q, P) (an MLP of both halves); its closed-form
+    vector field is J grad H, and H really couples Q and P (d2H/dQdP != 0)."""
+    hnn = GeneralHNN(2, 16, np.array([0.7, 1.3, 0.5, 2.0]), torch.Generator().manual_seed(1),
+                     np.array([0.1, -0.2, 0.3, 0.0])).eval()
     q, p = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    eps = 1e-6
     with torch.no_grad():
-        qs, ps = rollout(hnn, q, p, 0.3, 4)
-        for k in range(4):
-            q, p = hnn.step(q, p, 0.3)
-            torch.testing.assert_close(qs[:, k + 1], q)
-            torch.testing.assert_close(ps[:, k + 1], p)
-        dq, _ = hnn.vector_field(q, p)
-        e = torch.tensor([1e-6, 0.0], dtype=torch.float64)
-        dh_dp = (hnn.hamiltonian(q, p + e) - hnn.hamiltonian(q, p - e)) / 2e-6
-        torch.testing.assert_close(dq[:, 0], dh_dp, rtol=1e-6, atol=1e-8)
-        # the learned mass is used: the step differs from the unit-mass one
-        unit = LatentHNN(2, 16, np.full(2, 0.7), torch.Generator().manual_seed(1), np.zeros(2), substeps=2).eval()
-        assert not torch.allclose(unit.step(q, p, 0.3)[0], hnn.step(q, p, 0.3)[0])
+        dq, dp = hnn.vector_field(q, p)
+        for i in range(2):
+            e = torch.zeros(2, dtype=torch.float64)
+            e[i] = eps
+            dh_dq = (hnn.hamiltonian(q + e, p) - hnn.hamiltonian(q - e, p)) / (2 * eps)
+            dh_dp = (hnn.hamiltonian(q, p + e) - hnn.hamiltonian(q, p - e)) / (2 * eps)
+            torch.testing.assert_close(dq[:, i], dh_dp, rtol=1e-6, atol=1e-8)
+            torch.testing.assert_close(dp[:, i], -dh_dq, rtol=1e-6, atol=1e-8)
+        shifted, _ = hnn.vector_field(q + 0.3, p)
+    assert (shifted - dq).abs().max() > 1e-3  # dH/dP depends on Q: not separable
+
+
+def test_general_hnn_implicit_midpoint_is_symplectic_and_solves_its_equation():
+    """One step of the implicit midpoint rule: the fixed point solves z1 = z0 + h J grad H((z0 + z1)/2),
+    and the step's Jacobian M satisfies M^T J M = J (symplectic for a non-separable H)."""
+    hnn = GeneralHNN(1, 16, np.ones(2), torch.Generator().manual_seed(2), iters=40).eval()
+    z0 = torch.randn(3, 2, dtype=torch.float64)
+    h = 0.1
+    q1, p1 = hnn.step(z0[:, :1], z0[:, 1:], h)
+    with torch.no_grad():
+        mq, mp = hnn.vector_field(0.5 * (z0[:, :1] + q1), 0.5 * (z0[:, 1:] + p1))
+    torch.testing.assert_close(q1, z0[:, :1] + h * mq, rtol=0, atol=1e-12)
+    torch.testing.assert_close(p1, z0[:, 1:] + h * mp, rtol=0, atol=1e-12)
+    jmat = torch.as_tensor(poisson_matrix(1))
+    for z in z0:
+        m = torch.autograd.functional.jacobian(lambda x: torch.cat(hnn.step(x[None, :1], x[None, 1:], h), -1)[0], z)
+        torch.testing.assert_close(m.T @ jmat @ m, jmat, rtol=0, atol=1e-10)
+
+
+def test_general_hnn_rollout_keeps_its_hamiltonian_bounded():
+    """Long implicit-midpoint rollouts of a confined general HNN (random MLP + |z|^2 / 2): the learned
+    H oscillates without secular drift, and its error falls as h^2."""
+    hnn = GeneralHNN(1, 16, np.ones(2), torch.Generator().manual_seed(0), iters=20).eval()
+    h0 = hnn.hamiltonian  # s_z = 1, mean 0: the MLP's input is z itself
+    hnn.hamiltonian = lambda q, p: h0(q, p) + 0.5 * (q**2 + p**2).sum(-1)
+    gen_field = hnn._field
+    hnn._field = lambda z, wts: gen_field(z, wts) + torch.cat([z[..., 1:], -z[..., :1]], -1)
+    z0 = torch.randn(4, 2, dtype=torch.float64)
+    errs = []
+    with torch.no_grad():
+        for h in (0.1, 0.05):
+            qs, ps = hnn.integrate(z0[:, :1], z0[:, 1:], h, int(60 / h))
+            e = hnn.hamiltonian(qs, ps)
+            rel = (e / e[:, :1] - 1).abs()
+            half = rel.shape[1] // 2
+            assert float(rel[:, half:].max()) < 2.0 * float(rel[:, :half].max())
+            errs.append(float(rel.max()))
+    assert 3.0 < errs[0] / errs[1] < 5.0
+
+
+def test_euler_control_uses_the_same_field_and_drifts_where_leapfrog_does_not():
+    """ro_hnn_euler: the same latent HNN's vector field stepped by explicit Euler. One step is
+    z + h J grad H(z); on a confined HNN its learned energy grows secularly (Euler is not
+    symplectic), while leapfrog's stays bounded: the control differs from RO-HNN in exactly that."""
+    hnn = _confined_hnn(1, seed=4)
+    euler = ExplicitEuler(hnn)
+    q0, p0 = torch.randn(4, 1, dtype=torch.float64), torch.randn(4, 1, dtype=torch.float64)
+    with torch.no_grad():
+        dq, dp = hnn.vector_field(q0, p0)
+        q1, p1 = euler.step(q0, p0, 0.1)
+        torch.testing.assert_close(q1, q0 + 0.1 * dq)
+        torch.testing.assert_close(p1, p0 + 0.1 * dp)
+        out = {}
+        for name, model in (("euler", euler), ("leapfrog", hnn)):
+            q, p, es = q0, p0, []
+            for _ in range(2000):
+                q, p = model.step(q, p, 0.1)
+                es.append(hnn.hamiltonian(q, p))
+            e = torch.stack(es, 1)
+            out[name] = (e[:, -200:].mean(1) - e[:, :200].mean(1)) / e[:, :200].mean(1).abs()
+    assert bool((out["euler"] > 0.1).all())          # secular growth
+    assert bool((out["leapfrog"].abs() < 0.01).all())  # bounded
 
 
 def test_psd_galerkin_with_all_modes_reproduces_the_full_chain():

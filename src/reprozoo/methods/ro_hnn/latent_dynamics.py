@@ -5,10 +5,13 @@
   (velocity Verlet), so the learned latent flow is symplectic and conserves a
   modified H_theta for exponentially long times. Unit latent mass: the reductions keep the
   latent kinetic energy |P|^2 / 2 (orthonormal PSD basis; isometry penalty of the symplectic AE).
+* Control ``ro_hnn_euler``: RO-HNN's trained latent HNN integrated by explicit Euler (``ExplicitEuler``).
 * Neural ODE (plain AE baseline): dz/dt = f_theta(z), an MLP, integrated by classical RK4
   (``blocks.ode.rk_increment``): no conserved quantity is built in.
-* Plain autoencoder + HNN (ablation): the same latent HNN with a learned diagonal inverse mass
-  (initialised by least squares on dQ/dt = minv P of the encoded training trajectories), leapfrog.
+* Plain autoencoder + general HNN (baseline): the plain autoencoder's latent halves are not
+  canonical and need not carry a separable energy, so its HNN is general: H_theta(Q, P) an MLP of
+  both halves (non-separable), integrated by the implicit midpoint rule (symplectic for every H;
+  solved by fixed-point iteration from an explicit Euler guess, differentiated through the iterations).
 All are trained on the same windows of (encoded) training trajectories, by rolling out K sampling
 intervals and matching the (encoded) states (MSE scaled by each coordinate's spread).
 """
@@ -22,59 +25,59 @@ from ...blocks.ode import RK4, rk_increment
 from .reductions import _mlp
 
 
-class LatentHNN(nn.Module):
-    """H = P^T diag(minv) P / 2 + V_theta(Q). ``minv`` (the inverse latent mass) is fixed at 1 for
-    the symplectic reductions (their latent is canonical with unit mass by construction); given an
-    initial value it is learned (the plain autoencoder + HNN baseline, whose latent halves are not
-    canonical: the data-fitted inverse mass, possibly negative, lets the HNN match dQ/dt = minv P)."""
+def _folded_grad(net, scale, mean):
+    """The weights of a two-hidden-layer tanh MLP with its input scaling u = (x - mean) / scale folded
+    in: W1 u + b1 = (W1 / s) x + (b1 - (W1 / s) mean). Computed once per rollout."""
+    lin1, lin2, lin3 = net[0], net[2], net[4]
+    w1 = lin1.weight / scale
+    return w1, lin1.bias - w1 @ mean, lin2.weight, lin2.bias, lin3.weight[0]
 
-    def __init__(self, n: int, width: int, s_q: np.ndarray, gen: torch.Generator, q_mean=None, substeps: int = 1,
-                 minv=None):
+
+def _mlp_grad(x, w1, b1, w2, b2, w3):
+    """d MLP / d x in closed form (the chain rule through the two tanh layers, written out): a plain
+    forward computation, so training needs first-order autograd only (no double backward)."""
+    h1 = torch.tanh(torch.addmm(b1, x, w1.T))
+    h2 = torch.tanh(torch.addmm(b2, h1, w2.T))
+    g1 = torch.addcmul(w3, w3, h2 * h2, value=-1) @ w2
+    return torch.addcmul(g1, g1, h1 * h1, value=-1) @ w1
+
+
+class LatentHNN(nn.Module):
+    """H = |P|^2 / 2 + V_theta(Q): unit latent mass, as the symplectic reductions' latent is canonical
+    with unit mass by construction (orthonormal PSD basis; isometric symplectic autoencoder)."""
+
+    def __init__(self, n: int, width: int, s_q: np.ndarray, gen: torch.Generator, q_mean=None, substeps: int = 1):
         super().__init__()
         self.net = _mlp(n, width, 1, gen)
         self.register_buffer("s_q", torch.as_tensor(s_q))
         self.register_buffer("q_mean", torch.as_tensor(np.zeros(n) if q_mean is None else q_mean))
-        if minv is None:
-            self.register_buffer("minv", torch.ones(n, dtype=torch.float64))
-        else:
-            self.minv = nn.Parameter(torch.as_tensor(np.asarray(minv, float)).clone())
         self.substeps = int(substeps)
 
     def potential(self, qz):
         return self.net((qz - self.q_mean) / self.s_q).squeeze(-1)
 
     def hamiltonian(self, qz, pz):
-        return 0.5 * (self.minv * pz**2).sum(-1) + self.potential(qz)
+        return 0.5 * (pz**2).sum(-1) + self.potential(qz)
 
     def _folded(self):
-        """The weights with the input scaling folded in: u = (Q - mean) / s, so
-        W1 u + b1 = (W1 / s) Q + (b1 - (W1 / s) mean). Computed once per rollout."""
-        lin1, lin2, lin3 = self.net[0], self.net[2], self.net[4]
-        w1 = lin1.weight / self.s_q
-        return w1, lin1.bias - w1 @ self.q_mean, lin2.weight, lin2.bias, lin3.weight[0]
+        return _folded_grad(self.net, self.s_q, self.q_mean)
 
-    @staticmethod
-    def _grad(qz, w1, b1, w2, b2, w3):
-        h1 = torch.tanh(torch.addmm(b1, qz, w1.T))
-        h2 = torch.tanh(torch.addmm(b2, h1, w2.T))
-        g1 = torch.addcmul(w3, w3, h2 * h2, value=-1) @ w2
-        return torch.addcmul(g1, g1, h1 * h1, value=-1) @ w1
+    _grad = staticmethod(_mlp_grad)
 
     def grad_potential(self, qz):
-        """dV/dQ in closed form (the chain rule through the two tanh layers, written out): a plain
-        forward computation, so training needs first-order autograd only (no double backward)."""
+        """dV/dQ in closed form (``_mlp_grad``)."""
         shape = qz.shape
         return self._grad(qz.reshape(-1, shape[-1]), *self._folded()).reshape(shape)
 
     def vector_field(self, qz, pz):
         """J grad H = (dH/dP, -dH/dQ)."""
-        return self.minv * pz, -self.grad_potential(qz)
+        return pz, -self.grad_potential(qz)
 
     def step(self, qz, pz, h: float):
         dt = h / self.substeps
-        for _ in range(self.substeps):  # velocity Verlet of H = P minv P / 2 + V(Q)
+        for _ in range(self.substeps):  # velocity Verlet of H = |P|^2 / 2 + V(Q)
             p_half = pz - 0.5 * dt * self.grad_potential(qz)
-            qz = qz + dt * (self.minv * p_half)
+            qz = qz + dt * p_half
             pz = p_half - 0.5 * dt * self.grad_potential(qz)
         return qz, pz
 
@@ -88,7 +91,7 @@ class LatentHNN(nn.Module):
         p_half = torch.add(pz, self._grad(qz, *wts), alpha=-0.5 * dt)
         for i in range(steps):
             for j in range(self.substeps):
-                qz = torch.add(qz, self.minv * p_half, alpha=dt)
+                qz = torch.add(qz, p_half, alpha=dt)
                 g = self._grad(qz, *wts)
                 if j < self.substeps - 1:
                     p_half = torch.add(p_half, g, alpha=-dt)
@@ -98,6 +101,51 @@ class LatentHNN(nn.Module):
             if i < steps - 1:
                 p_half = torch.add(pz, g, alpha=-0.5 * dt)
         return torch.stack(qs, 1), torch.stack(ps, 1)
+
+
+class GeneralHNN(nn.Module):
+    """H_theta(Q, P) = MLP((Q, P) scaled): a general, non-separable Hamiltonian on a latent whose halves
+    need not be canonical. Vector field J grad H = (dH/dP, -dH/dQ); one step of the implicit midpoint
+    rule z1 = z0 + h J grad H((z0 + z1) / 2) (symplectic for every H), solved by ``iters`` fixed-point
+    iterations from the explicit Euler guess."""
+
+    def __init__(self, n: int, width: int, s_z: np.ndarray, gen: torch.Generator, z_mean=None, iters: int = 4):
+        super().__init__()
+        self.net = _mlp(2 * n, width, 1, gen)
+        self.register_buffer("s_z", torch.as_tensor(s_z))
+        self.register_buffer("z_mean", torch.as_tensor(np.zeros(2 * n) if z_mean is None else z_mean))
+        self.n, self.iters = n, int(iters)
+
+    def hamiltonian(self, qz, pz):
+        return self.net((torch.cat([qz, pz], -1) - self.z_mean) / self.s_z).squeeze(-1)
+
+    def _field(self, z, wts):
+        g = _mlp_grad(z, *wts)
+        return torch.cat([g[..., self.n:], -g[..., :self.n]], -1)
+
+    def vector_field(self, qz, pz):
+        """J grad H = (dH/dP, -dH/dQ)."""
+        shape = qz.shape
+        z = torch.cat([qz, pz], -1).reshape(-1, 2 * self.n)
+        f = self._field(z, _folded_grad(self.net, self.s_z, self.z_mean))
+        return f[:, :self.n].reshape(shape), f[:, self.n:].reshape(shape)
+
+    def integrate(self, qz, pz, h: float, steps: int):
+        wts = _folded_grad(self.net, self.s_z, self.z_mean)
+        z = torch.cat([qz, pz], -1)
+        zs = [z]
+        for _ in range(steps):
+            z1 = z + h * self._field(z, wts)
+            for _ in range(self.iters):
+                z1 = z + h * self._field(0.5 * (z + z1), wts)
+            z = z1
+            zs.append(z)
+        zs = torch.stack(zs, 1)
+        return zs[..., :self.n], zs[..., self.n:]
+
+    def step(self, qz, pz, h: float):
+        q, p = self.integrate(qz, pz, h, 1)
+        return q[:, 1], p[:, 1]
 
 
 class LatentNODE(nn.Module):
@@ -116,9 +164,21 @@ class LatentNODE(nn.Module):
         return z[..., :self.n], z[..., self.n:]
 
 
+class ExplicitEuler:
+    """A trained latent HNN integrated by explicit (forward) Euler instead of leapfrog: the same
+    vector field, a non-symplectic integrator (the control ``ro_hnn_euler``)."""
+
+    def __init__(self, model: LatentHNN):
+        self.model = model
+
+    def step(self, qz, pz, h: float):
+        dq, dp = self.model.vector_field(qz, pz)
+        return qz + h * dq, pz + h * dp
+
+
 def rollout(model, qz, pz, h: float, steps: int):
     """States at steps 0..steps, stacked on axis 1: [batch, steps + 1, n] each."""
-    if isinstance(model, LatentHNN):
+    if isinstance(model, (LatentHNN, GeneralHNN)):
         return model.integrate(qz, pz, h, steps)
     qs, ps = [qz], [pz]
     for _ in range(steps):

@@ -8,8 +8,10 @@ rule, same learning-rate grid, same step budget for every learned part):
                  reductions.py) + latent HNN integrated by leapfrog                     [the paper]
   psd_hnn        linear PSD, n = 1 (cotangent lift by SVD) + the same latent HNN, leapfrog [linear MOR]
   ae_node        plain autoencoder, 2n = 2 + latent neural ODE integrated by RK4        [no structure]
-  ae_hnn         the same plain autoencoder + the same latent HNN (learned inverse mass), leapfrog:
-                 separates the reduction (ae_hnn vs ro_hnn) from the latent integrator (ae_hnn vs ae_node)
+  ae_hnn         the same plain autoencoder + a general latent HNN (non-separable H_theta(Q, P), an MLP
+                 of both halves, as its latent is not canonical), implicit midpoint (symplectic for any H)
+  ro_hnn_euler   the control: RO-HNN's own trained reduction and latent HNN (the same fits, the same
+                 weights), integrated by explicit Euler instead of leapfrog (the latent integrator swapped)
   psd8_galerkin  intrusive PSD-Galerkin with 8 modes (the reconstruction RO-HNN reaches with one):
                  the true chain Hamiltonian restricted to the PSD subspace, H_r(Q, P) = |P|^2 / 2 +
                  V(q_ref + Phi Q), integrated by leapfrog at the reference step; nothing is trained
@@ -96,6 +98,8 @@ def fit_reduction(variant: str, d: dict, cfg: dict, f: dict, seed: int, progress
     phi = psd_cotangent_lift(q - q_ref, pm, n)
     if variant in ("psd_hnn", "psd8_galerkin"):
         return LinearPSD(phi, q_ref), None
+    if variant == "ro_hnn_euler":  # the control: RO-HNN's own reduction (same seed, same fit)
+        variant = "ro_hnn"
     s_q, s_p = float((q - q_ref).std()), float(pm.std())
     qt, pt = torch.as_tensor(q), torch.as_tensor(pm)
     iso = cfg["isometry_weight"] if variant == "ro_hnn" else 0.0
@@ -135,22 +139,19 @@ def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, see
     """Dynamics trained on K-step rollouts of (encoded) trajectories z = (Q, P) [traj, T, n] each."""
     import torch
 
-    from .latent_dynamics import LatentHNN, LatentNODE, rollout
+    from .latent_dynamics import GeneralHNN, LatentHNN, LatentNODE, rollout
 
     (qz, pz), (qv, pv) = z_train, z_val
     n = qz.shape[-1]
     s_z = np.concatenate([qz.reshape(-1, n).std(0), pz.reshape(-1, n).std(0)])
-    q_mean = qz.reshape(-1, n).mean(0)
-    minv = None
-    if variant == "ae_hnn":  # least squares of dQ/dt = minv P (central differences) on the training latents
-        dq = (qz[:, 2:] - qz[:, :-2]) / (2 * h)
-        pc = pz[:, 1:-1]
-        minv = (dq * pc).reshape(-1, n).sum(0) / (pc**2).reshape(-1, n).sum(0)
+    z_mean = np.concatenate([qz.reshape(-1, n).mean(0), pz.reshape(-1, n).mean(0)])
 
     def build(gen):
         if variant == "ae_node":
             return LatentNODE(n, cfg["dyn_width"], s_z, gen)
-        return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, q_mean, minv=minv)
+        if variant == "ae_hnn":
+            return GeneralHNN(n, cfg["dyn_width"], s_z, gen, z_mean, cfg["midpoint_iters"])
+        return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, z_mean[:n])
 
     qt, pt = torch.as_tensor(qz), torch.as_tensor(pz)
     w = torch.as_tensor(1.0 / s_z**2)
@@ -290,7 +291,11 @@ def train(ctx) -> None:
         with torch.no_grad():
             z_train = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_train"]), torch.as_tensor(d["p_train"]))]
             z_val = [a.detach().numpy() for a in red.encode(torch.as_tensor(d["q_val"]), torch.as_tensor(d["p_val"]))]
-        dyn, dyn_rec = fit_dynamics(ctx.variant, z_train, z_val, p["model"], p["fit"], p["h"], ctx.seed, ctx.progress)
+        base = "ro_hnn" if ctx.variant == "ro_hnn_euler" else ctx.variant  # the control: RO-HNN's own fits
+        dyn, dyn_rec = fit_dynamics(base, z_train, z_val, p["model"], p["fit"], p["h"], ctx.seed, ctx.progress)
+        if ctx.variant == "ro_hnn_euler":
+            from .latent_dynamics import ExplicitEuler
+            dyn = ExplicitEuler(dyn)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
     ctx.metrics.scalar("train_cpu_s", time.process_time() - c0)
     _record_fit(ctx, "ae", ae_rec)
@@ -309,7 +314,7 @@ def train(ctx) -> None:
         for split, key in (("test", "recon_err"), ("train", "recon_err_train")):
             rq, rp = red.decode(*red.encode(torch.as_tensor(d[f"q_{split}"]), torch.as_tensor(d[f"p_{split}"])))
             ctx.metrics.units(key, relative_state_error(d[f"q_{split}"], d[f"p_{split}"], rq.numpy(), rp.numpy()).mean(1))
-    if ctx.variant == "ro_hnn":
+    if ctx.variant.startswith("ro_hnn"):
         with torch.no_grad():
             qz, _ = red.encode(torch.as_tensor(d["q_test"]), torch.as_tensor(d["p_test"]))
             ctx.metrics.scalar("isometry_defect", float(red.isometry_penalty(qz.reshape(-1, qz.shape[-1]))))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ORDER = ["ro_hnn", "psd_hnn", "psd8_galerkin", "ae_hnn", "ae_node"]
-COLORS = {"ro_hnn": "tab:red", "psd_hnn": "tab:blue", "ae_node": "tab:green", "psd8_galerkin": "tab:purple", "ae_hnn": "tab:orange"}
+ORDER = ["ro_hnn", "psd_hnn", "psd8_galerkin", "ae_hnn", "ae_node", "ro_hnn_euler"]
+COLORS = {"ro_hnn": "tab:red", "psd_hnn": "tab:blue", "ae_node": "tab:green", "psd8_galerkin": "tab:purple", "ae_hnn": "tab:orange",
+          "ro_hnn_euler": "tab:gray"}
 
 
 def _variants(table):
