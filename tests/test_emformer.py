@@ -375,3 +375,24 @@ def test_observed_history_opens_the_context_and_is_ignored_without_one():
         want, _ = net(x, [kv0, kv1])
         torch.testing.assert_close(with_h[0], want)
         assert (with_h[0] - rollout(net, x, 2, 2)[0]).abs().max() > 1e-6
+
+
+def test_context_age_embedding_leaves_markov_steps_alone_and_reweights_past_against_present():
+    """The keys' context-age embedding: a Markov step adds the same row to all of a query's keys, which
+    the softmax ignores, so the pretrained (Markov) forecaster does not depend on it; with a context of
+    another step, a nonzero embedding shifts each query's attention between past and present (a head
+    can attend to the previous step apart from the current one), so the forecast changes."""
+    torch.manual_seed(3)
+    net = EMFormerNet(dim=8, depth=1, heads=2).double()
+    for p in net.head.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x = torch.randn(2, 2, 32, 64, dtype=torch.float64)
+    with torch.no_grad():
+        y0, _ = net(x)
+        _, kv_prev = net(x + 0.5 * torch.randn_like(x))
+        y_ctx0, _ = net(x, [kv_prev])
+        torch.nn.init.normal_(net.blocks[0].age, std=1.0)
+        y_markov, _ = net(x)
+        torch.testing.assert_close(y_markov, y0)
+        y_ctx, _ = net(x, [kv_prev])
+        assert (y_ctx - y_ctx0).abs().max() > 1e-6

@@ -9,7 +9,8 @@ is in standard deviations; one lead step = ``sim.dt_save`` model time units):
   ``sim.obs_k``: only the large-scale Fourier modes, so the observed sequence is not Markov); split train / val / test
   trajectories; pretrain one single-step forecaster (one-step loss, no context) with the paper's
   composite loss (learned sinusoidal weight, ``loss.py``); every variant of the seed starts from it.
-* train (per variant x seed): fine-tune a pretrained forecaster on R-step rollouts by the same rule
+* train (per variant x seed): fine-tune a pretrained forecaster on R-step rollouts (R = 5, the
+  reference's ``t_out_train``: the regime where standard fine-tuning trades lead 1 for long leads) by the same rule
   (learning-rate grid, constant rate to the plateau of the fine-tuning curve relative to its gain),
   then forecast from the test start states (16 trajectories x 6 starts, stride = forecast length)
   autoregressively to ``eval.leads`` and record latitude-weighted RMSE and ACC per start state (the
@@ -29,10 +30,12 @@ its learning-rate grid, caps and batches, and the rollout length):
 * ``emformer``    single-conv multi-scale block, accumulative-context fine-tuning (our reading: the
                   ``finetune.history`` observed frames before the start open the key/value context,
                   then each step attends to the latest ``finetune.window`` entries: observed frames
-                  and its own earlier steps), the paper's loss; also records the placebo-context
-                  control (``acc_win_placebo``: each forecast attends to another trajectory's
-                  context), the same network without context (``acc_win_nocontext``) and the block
-                  timings (zero padding as in the reference code, and circular);
+                  and its own earlier steps; the keys carry a learned context-age embedding,
+                  ours), the paper's loss; also records the placebo context of the same size
+                  (``acc_win_placebo``: each forecast attends to another trajectory's context), a
+                  second placebo (``acc_win_placebo2``, the A/A floor of real against placebo), the
+                  same network without context (``acc_win_nocontext``) and the block timings (zero
+                  padding as in the reference code, and circular);
 * ``rollout_ft``  the same pretrained model, standard rollout fine-tuning (Markov steps);
 * ``pretrained``  the pretrained model, no fine-tuning (the short-lead reference); also records the
                   planted control (its lead-1 forecast made ``PLANT_FACTOR`` times worse);
@@ -51,8 +54,8 @@ multi-branch block against an identical copy of itself) as the speed claims' con
 
 Training: one rule for every model (``blocks.fitting``): a learning-rate grid piloted on the
 validation trajectories from the same weights, the best rate continued at a constant rate to the
-convergence gate's own plateau test (pretraining: ``fit_to_plateau``, one drop of the rate if the
-first plateau comes early; fine-tuning: ``PlateauRun`` with the plateau judged relative to the
+convergence gate's own plateau test (pretraining: ``fit_to_plateau``, at the smoke scale without a rate
+drop; fine-tuning: ``PlateauRun`` with the plateau judged relative to the
 fine-tuning gain, ``scale: range``), best-validation weights kept. No schedule reaches zero.
 """
 from __future__ import annotations
@@ -519,6 +522,11 @@ def train(ctx) -> None:
         shift = placebo_shift(data["test"].shape[1], e["leads"], e["stride"], H)
         rmse_p, acc_p, _, _ = forecast_skill(net, data, e["leads"], window, starts, placebo_shift=shift, history=H)
         _record_skill(ctx, rmse_p, acc_p, "_placebo")
+        # a second placebo of the same size (the trajectory after next): the A/A floor of the
+        # real-against-placebo comparison (two uninformative contexts, the same statistics)
+        rmse_q, acc_q, _, _ = forecast_skill(net, data, e["leads"], window, starts, placebo_shift=2 * shift,
+                                             history=H)
+        _record_skill(ctx, rmse_q, acc_q, "_placebo2")
         # no context at all: the same fine-tuned network run as a Markov forecaster (the placebo's
         # reference: a placebo below it means a wrong context hurts, not that the right one helps)
         rmse_n, acc_n, _, _ = forecast_skill(net, data, e["leads"], 0, starts)

@@ -23,7 +23,9 @@ then a transposed patch projection returns the increment: x_{t+1} = x_t + Net(x_
 Accumulative context (``rollout(..., window > 0)``): each forecast step's attention also sees the
 keys and values of up to ``window`` earlier steps of the same forecast (the reference code's KV
 caches, ``add_kv``), the first of them observed frames before the start (``history``); window 0 is
-the Markov forecaster of standard rollout fine-tuning.
+the Markov forecaster of standard rollout fine-tuning. The keys carry a learned context-age
+embedding (ours, zero at start; ``Block.age``) so that a head can attend to a past step apart from
+the present one.
 """
 from __future__ import annotations
 
@@ -93,10 +95,21 @@ def multiscale(kind: str, channels: int) -> nn.Module:
     raise ValueError(f"multi-scale block '{kind}': expected 'single' or 'multibranch'")
 
 
+MAX_AGE = 8  # context entries older than this share the last age embedding
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int, kind: str, mlp_ratio: int = 2):
         super().__init__()
         self.heads = heads
+        # context-age embedding of the keys (ours): row a is added to the keys of the step a steps
+        # back (row 0: the current step). Without it a context key of the previous frame at a given
+        # place is nearly the current frame's key there (lag-1 autocorrelation ~0.95), so no head
+        # can tell now from then and the attention can only average the two, never difference
+        # them (the tendency, the information a Markov step lacks). Zero at start, so the
+        # pretrained Markov model is unchanged; a Markov step never trains it (one shift of all of
+        # a query's keys leaves the softmax unchanged).
+        self.age = nn.Parameter(torch.zeros(MAX_AGE + 1, dim))
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.ms_qkv = multiscale(kind, 3 * dim)
@@ -111,9 +124,11 @@ class Block(nn.Module):
         qkv = self.qkv(self.norm1(x)).transpose(1, 2).reshape(b, 3 * d, h, w)
         qkv = self.ms_qkv(qkv).reshape(b, 3 * d, n).transpose(1, 2)
         q, k, v = qkv.reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        kk, vv = k, v
+        age = self.age.reshape(MAX_AGE + 1, self.heads, 1, d // self.heads)
+        kk, vv = k + age[0], v
         if cache:
-            kk = torch.cat([c[0] for c in cache] + [k], dim=2)
+            n_c = len(cache)
+            kk = torch.cat([c[0] + age[min(n_c - i, MAX_AGE)] for i, c in enumerate(cache)] + [kk], dim=2)
             vv = torch.cat([c[1] for c in cache] + [v], dim=2)
         a = F.scaled_dot_product_attention(q, kk, vv).transpose(1, 2).reshape(b, n, d)
         x = x + self.proj(a)
