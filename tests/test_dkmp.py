@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("ase")
 
-from reprozoo.blocks.atomistic import AtomsData, TrainConfig, fit, fit_energy_scale  # noqa: E402
+from reprozoo.blocks.atomistic import AtomsData, fit_energy_scale  # noqa: E402
 from reprozoo.blocks.atomistic.cost import loglog_slope, median_seconds, peak_tensor_bytes  # noqa: E402
 from reprozoo.blocks.atomistic.dilated import (DilatedSchNet, Shell, StarGraphData, distinct_shells,  # noqa: E402
                                                parse_shells, shell_window, star_graph)
@@ -214,11 +214,11 @@ def test_rotation_translation_permutation_invariance(mode):
     np.testing.assert_allclose(f2, f0[perm], atol=1e-9)
 
 
-def test_training_is_deterministic():
-    # labels need not be physical here: four rattled Cu55 frames with a pair-repulsion energy
+def _toy_frames(n=4, seed0=10):
+    """Rattled Cu55 frames with a pair-repulsion energy (labels need not be physical here)."""
     frames = {"positions": [], "numbers": [], "cells": [], "pbc": [], "energy": [], "forces": []}
-    for s in range(4):
-        pos, num = _cluster(3, seed=10 + s)
+    for s in range(n):
+        pos, num = _cluster(3, seed=seed0 + s)
         d = pos[:, None] - pos[None]
         r = np.linalg.norm(d, axis=-1) + np.eye(len(pos))
         frames["energy"].append(0.5 * np.sum(np.triu(np.exp(-r), 1)))
@@ -226,20 +226,69 @@ def test_training_is_deterministic():
         for key, val in zip(("positions", "numbers", "cells", "pbc"), (pos, num, np.zeros((3, 3)), np.zeros(3, bool))):
             frames[key].append(val)
     frames["energy"] = np.asarray(frames["energy"])
+    return frames
+
+
+FIT = {"lr_grid": [1e-3, 3e-3], "pilot_steps": 2, "eval_every": 2, "min_steps": 4, "max_steps": 6, "flat_tol": 0.01,
+       "clip": 10.0, "batch_size": 2, "energy_weight": 1.0, "force_weight": 10.0}
+
+
+def test_training_is_deterministic_and_uses_the_shared_rule(monkeypatch):
+    """fit_model (blocks.fitting.fit_to_plateau): the same seed gives the same fit; the optimiser's
+    rate is constant at the chosen rate of the grid after the pilots (no schedule), and the lr curve
+    the gate reads is that rate."""
+    import reprozoo.methods.dkmp.method as M
+
+    train, val = _toy_frames(4, 10), _toy_frames(2, 20)
+    vcfg, mcfg = {"shells": DKMP, "select": "dilated"}, {"n_features": 8, "n_rbf": 8, "window_width": 0.3}
+    used = []
+    orig = torch.optim.Adam.step
+
+    def step(self, *a, **k):
+        used.append(self.param_groups[0]["lr"])
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
 
     def run(seed):
-        data = StarGraphData(frames, DKMP)
-        torch.manual_seed(seed)
-        m = DilatedSchNet(DKMP, n_features=8, n_rbf=8)
-        fit_energy_scale(m, data)
-        hist = fit(m, data, None, TrainConfig(epochs=1, batch_size=2, lr=3e-3, seed=seed))
-        return hist["step_loss"], torch.cat([p.detach().flatten() for p in m.parameters()])
+        used.clear()
+        m, rec = M.fit_model(vcfg, mcfg, FIT, StarGraphData(train, DKMP).precompute(),
+                             StarGraphData(val, DKMP).precompute(), seed, progress=lambda *_: None)
+        return rec, list(used), torch.cat([p.detach().flatten() for p in m.parameters()]), m
 
-    l1, p1 = run(0)
-    l2, p2 = run(0)
-    l3, p3 = run(1)
-    assert l1 == l2 and torch.equal(p1, p2)
+    r1, u1, p1, m1 = run(0)
+    r2, u2, p2, _ = run(0)
+    r3, _, p3, _ = run(1)
+    assert r1["vals"] == r2["vals"] and r1["losses"] == r2["losses"] and torch.equal(p1, p2)
     assert not torch.equal(p1, p3)
+    assert r1["lr"] in FIT["lr_grid"] and sorted(r1["pilot_best"]) == FIT["lr_grid"]
+    tail = u1[len(FIT["lr_grid"]) * FIT["pilot_steps"]:]  # after the pilots: the chosen run, constant rate
+    assert len(tail) == r1["stop"] - FIT["pilot_steps"] and set(tail) == {r1["lr"]}
+    assert set(r1["lrs"]) == {r1["lr"]} and r1["steps"][0] == 0 and r1["stop"] <= FIT["max_steps"]
+    # the returned weights are the best-validation ones
+    from reprozoo.blocks.atomistic import evaluate
+
+    best = 1e3 * evaluate(m1, StarGraphData(val, DKMP), 8, 1.0, 10.0, dtype=torch.float32)["force_mae"]
+    assert best == pytest.approx(min(r1["vals"]), rel=1e-5)
+
+
+def test_both_trained_variants_share_one_fit_config():
+    """One training rule for the method and its baseline: a single ``fit`` block in every config
+    (no per-variant training keys), with the step keys that ``reprozoo converge`` scales."""
+    from pathlib import Path
+
+    import yaml
+
+    import reprozoo.methods.dkmp.method as M
+    from reprozoo.registry import get
+
+    folder = Path(M.__file__).parent
+    for scale in ("ci", "smoke", "paper"):
+        cfg = yaml.safe_load((folder / "configs" / f"{scale}.yaml").read_text())
+        assert "train" not in cfg and {"lr_grid", "pilot_steps", "min_steps", "max_steps", "flat_tol"} <= set(cfg["fit"])
+        assert all(set(v) <= {"shells", "select", "cost_of"} for v in cfg["variants"].values())
+    spec = get("dkmp")
+    assert set(spec.training_budget) == {"fit.min_steps", "fit.max_steps"}
 
 
 # --- cost helpers -----------------------------------------------------------------------------
@@ -315,8 +364,12 @@ def test_loop_timer_and_direct_graph_time_is_positive():
     train = {**_frames(pos, num), "energy": [-3.5 * len(num)], "forces": [np.zeros_like(pos)]}
     with pytest.raises(ValueError):
         M.measure_costs(arch, mcfg, cells, train, 0, repeats=3, progress=lambda *_: None)
-    out = M.measure_costs(arch, mcfg, cells, train, 0, repeats=5, progress=lambda *_: None, min_loop_s=0.0)
+    out = M.measure_costs(arch, mcfg, cells, train, 0, repeats=5, progress=lambda *_: None, min_loop_s=0.0,
+                          md_repeats=7)
     for v in arch:
+        # the scaling claim's quantity gets md_repeats rounds, the others repeats
+        assert all(len(r) == 7 for r in out[v]["time_md_step_reps_ms"])
+        assert all(len(r) == 5 for r in out[v]["time_step_reps_ms"])
         assert out[v]["graph_positive"] and all(g > 0 for g in out[v]["graph_ms"])
         assert all(len(r) == 5 for r in out[v]["graph_reps_ms"])
         np.testing.assert_allclose(out[v]["graph_ms"], np.median(out[v]["graph_reps_ms"], axis=1))
@@ -479,34 +532,6 @@ def test_nve_conserves_energy_between_star_selection_flips():
 
 
 # --- the pipeline's bookkeeping: lr curve for the gate, timing precision, held-out frames ---------
-
-def test_lr_curve_is_the_optimisers_rate(monkeypatch):
-    """The lr curve the convergence gate reads is the rate the shared fit's optimiser used."""
-    import reprozoo.methods.dkmp.method as M
-
-    used = []
-    orig = torch.optim.Adam.step
-
-    def step(self, *a, **k):
-        used.append(self.param_groups[0]["lr"])
-        return orig(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.Adam, "step", step)
-    frames = {"positions": [], "numbers": [], "cells": [], "pbc": [], "energy": [], "forces": []}
-    for s in range(5):
-        pos, num = _cluster(2, seed=s)
-        for key, val in zip(("positions", "numbers", "cells", "pbc", "forces"),
-                            (pos, num, np.zeros((3, 3)), np.zeros(3, bool), np.zeros_like(pos))):
-            frames[key].append(val)
-    frames["energy"] = np.zeros(5)
-    data = StarGraphData(frames, DKMP)
-    m = DilatedSchNet(DKMP, n_features=8, n_rbf=8)
-    fit_energy_scale(m, data)
-    cfg = TrainConfig(epochs=3, batch_size=2, lr=2e-3, lr_final_factor=0.3, max_steps=8, seed=0)
-    fit(m, data, None, cfg)
-    np.testing.assert_allclose(used, M.lr_schedule(np.arange(len(used)), cfg, len(data)), rtol=1e-12)
-    assert len(used) == 8 and min(used) >= 0.3 * 2e-3 - 1e-15
-
 
 def test_slope_standard_error_from_repeats():
     import reprozoo.methods.dkmp.method as M

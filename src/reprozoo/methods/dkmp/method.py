@@ -23,14 +23,16 @@ with the graph given, graph construction alone, and the whole step (graph built 
 positions, then energy + forces) timed as one call, for star variants also that whole step
 with its candidates from a naive O(N^2) all-pairs search (the planted control of the scaling
 claim: the same graph, a cost that grows faster); each quantity timed as the per-call mean of a
-loop of calls lasting >= ``cost.min_loop_s`` CPU seconds, the median over >= 5 such loops reported
-and every loop kept (the slopes' standard error for the timing-precision precondition; one
+loop of calls lasting >= ``cost.min_loop_s`` CPU seconds, the median over ``cost.repeats`` (>= 5)
+such loops reported (``cost.md_repeats`` for the whole step, the scaling claim's quantity; each
+round sweeps one variant's cells back to back) and every loop kept (the slopes' standard error for the timing-precision precondition; one
 thread: CPU time is compute time, whatever else runs on the cores); peak torch tensor memory (allocator events
 replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors; edges per layer; and one
 training step on a Cu309 frame -> ``cost.json``.
-train (per training variant x seed): fit on the Cu309 training frames (shared ``fit``, the same
-steps, batch, learning rate and schedule for all), validation force MAE every half pass with the
-schedule's learning rate (the convergence curve and the gate's lr check); per-frame force and
+train (per training variant x seed): fit on the Cu309 training frames with the platform's one
+training rule (:func:`fit_model`: ``blocks.fitting.fit_to_plateau``, the same lr grid, pilots, step
+cap and plateau stop for both models; constant rate, best-validation weights), curves
+``val_force_mae`` and ``lr_force_mae`` for the convergence gate; per-frame force and
 energy errors on held-out frames (the test split of Cu309, every ``eval_stride``-th frame of the
 clusters never trained on; ``ctx.metrics.units``), the planted control (the same errors x 1.25),
 edges per layer.
@@ -246,7 +248,8 @@ def loop_seconds(fn, min_seconds: float = 0.2, device: str = "cpu", clock=None) 
 
 
 def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: dict, seed: int,
-                  repeats: int = 5, device: str = "cpu", progress=print, min_loop_s: float = 0.2) -> dict:
+                  repeats: int = 5, device: str = "cpu", progress=print, min_loop_s: float = 0.2,
+                  md_repeats: int | None = None) -> dict:
     """Interleaved per-cell cost of every variant, from one process.
 
     Per cell and variant: ``time_step_ms`` (energy + forces, graph given), ``time_md_step_ms`` (the
@@ -257,8 +260,12 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     edge_index int64 and shifts), ``mem_md_step_mb`` (their sum), ``edges_layer``. Each timing of
     a quantity is the per-call mean of a loop of calls lasting at least ``min_loop_s`` (CPU time on
     CPU, see :func:`loop_seconds`); the reported time is the median over ``repeats`` such loops
-    (``*_reps``: every repeat, [cell][repeat], for the timing-precision precondition); the variant
-    order alternates between repeats. ``md_step_parts_ratio``: whole step / (graph + step with the
+    (``*_reps``: every repeat, [cell][repeat], for the timing-precision precondition);
+    ``time_md_step_ms``, the quantity of the scaling claim, gets ``md_repeats`` (>= ``repeats``)
+    rounds. Order: per round, each variant and quantity sweeps the cells back to back (one slope's
+    measurements lie within about a second, so a slow change of the machine's load scales every cell
+    of the sweep alike and cancels in that round's slope), the sweep direction and the variant
+    order alternate between rounds. ``md_step_parts_ratio``: whole step / (graph + step with the
     graph given), a consistency check (about 1). Training step time/memory on ``train_frames``
     (one frame)."""
     import torch
@@ -271,6 +278,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     sizes = [len(c["numbers"][0]) for c in cells]
     if repeats < 5:
         raise ValueError(f"cost repeats must be >= 5 (a median of loops), got {repeats}")
+    md_repeats = max(int(md_repeats or repeats), repeats)
 
     def seconds(fn):
         return loop_seconds(fn, min_loop_s, device)
@@ -316,20 +324,25 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
              "time_md_step_naive_ms": naive_md_step}
     # the naive search only for the star variants (the control of the scaling claim reads DKMP's)
     kinds_of = {v: [k for k in kinds if k != "time_md_step_naive_ms" or not is_dense(variants[v])] for v in names}
-    for v in names:  # warm-up (allocator, autograd)
-        ef(v, batches[v][0])
+    for v in names:  # warm-up (allocator, autograd), every cell once
+        for s in range(len(sizes)):
+            ef(v, batches[v][s])
         train_step(v)
     t = {k: {v: [[] for _ in sizes] for v in names} for k in kinds}
     ttrain = {v: [] for v in names}
-    for r in range(repeats):
+    for r in range(md_repeats):
         order = names if r % 2 == 0 else names[::-1]
-        for s in range(len(sizes)):
-            for v in order:
-                for k in kinds_of[v]:
-                    t[k][v][s].append(seconds(lambda: kinds[k](v, s)))
+        cell_order = range(len(sizes)) if r % 2 == 0 else range(len(sizes) - 1, -1, -1)
         for v in order:
-            ttrain[v].append(seconds(lambda: train_step(v)))
-        progress(f"cost repeat {r + 1}/{repeats} done")
+            for k in kinds_of[v]:
+                if r >= repeats and k != "time_md_step_ms":
+                    continue
+                for s in cell_order:
+                    t[k][v][s].append(seconds(lambda: kinds[k](v, s)))
+            if r < repeats:
+                ttrain[v].append(seconds(lambda: train_step(v)))
+        if (r + 1) % 5 == 0 or r + 1 == md_repeats:
+            progress(f"cost round {r + 1}/{md_repeats} done")
     for v in names:
         for k in kinds_of[v]:
             out[v][k] = [1e3 * float(np.median(ts)) for ts in t[k][v]]
@@ -365,9 +378,9 @@ def cost_architectures(variants: dict) -> dict:
 
 def slope_se(n, reps) -> float:
     """Standard error of a log-log slope from the timing repeats: the slope of each repeat (repeat r
-    of every cell size), their standard deviation over the repeats / sqrt(repeats). The claim reads
-    the slope of the best-of-repeats times, at least as precise as one repeat, so this is a
-    conservative precision (inf with fewer than 2 repeats)."""
+    of every cell size: one round's sweep), their standard deviation over the repeats /
+    sqrt(repeats). The claim reads the slope of the per-cell medians of the repeats (inf with fewer
+    than 2 repeats)."""
     from ...blocks.atomistic.cost import loglog_slope
 
     t = np.asarray(reps, float)  # [cell][repeat]
@@ -385,24 +398,12 @@ def train_shared(ctx) -> None:
     t0 = time.perf_counter()
     cost = measure_costs(cost_architectures(p["variants"]), p["model"], cells, train_frame, ctx.seed,
                          p.get("cost", {}).get("repeats", 5), p.get("device", "cpu"), ctx.progress,
-                         p.get("cost", {}).get("min_loop_s", 0.2))
+                         p.get("cost", {}).get("min_loop_s", 0.2), p.get("cost", {}).get("md_repeats"))
     ctx.metrics.scalar("cost_seconds", time.perf_counter() - t0)
     (ctx.outdir / "cost.json").write_text(json.dumps(cost, indent=1))
 
 
 # --- per variant -------------------------------------------------------------------------------
-
-def lr_schedule(steps, cfg, n_train: int) -> np.ndarray:
-    """The learning rate of the shared ``fit`` after ``steps`` optimiser steps: cosine from ``lr``
-    to ``lr * lr_final_factor`` over the run's total steps (the rate the next step uses). Recorded
-    next to the validation curve so that the convergence gate can check that the rate is still
-    above a tenth of its peak where it judges the plateau (a test checks it against the optimiser)."""
-    spe = int(np.ceil(n_train / cfg.batch_size))
-    total = cfg.epochs * spe if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * spe)
-    x = np.minimum(np.asarray(steps, float), total) / max(total, 1)
-    f = cfg.lr_final_factor
-    return cfg.lr * (f + (1 - f) * 0.5 * (1 + np.cos(np.pi * x)))
-
 
 def eval_frame_ids(md, eval_ids, train_ids, stride: int = 1) -> list[np.ndarray]:
     """Frame indices scored per evaluation system: the test split of a training system; every
@@ -459,10 +460,46 @@ def record_costs(ctx, arch: str) -> None:
                  f"(se {slope_se(n, cost['time_md_step_reps_ms']):.3f})")
 
 
+def fit_model(vcfg: dict, mcfg: dict, fcfg: dict, train_data, val_data, seed: int, device="cpu", label: str = "model",
+              progress=print):
+    """The shared training rule (:func:`reprozoo.blocks.fitting.fit_to_plateau`) with the ``fit`` keys of
+    the config, the same for every trained variant: one learning-rate grid, each rate piloted
+    ``pilot_steps`` from the same initial weights (``build_model`` seeded by ``seed``, energy scale fitted
+    on the training frames) on the same frames (one random training frame per step, drawn from the
+    generator the rule seeds); the rate with the lowest validation force MAE continues at a constant
+    rate until the platform's plateau test holds on the validation force MAE (meV/A, every
+    ``eval_every`` steps) at or after ``min_steps``, or ``max_steps``; best-validation weights kept.
+    Loss: ``energy_weight`` x (energy error per atom)^2 + ``force_weight`` x mean (force error)^2, gradients
+    clipped at norm ``clip``. Returns (model, record)."""
+    import torch
+
+    from ...blocks.atomistic import evaluate, fit_energy_scale, loss_terms
+    from ...blocks.fitting import fit_to_plateau
+
+    ew, fw = float(fcfg.get("energy_weight", 1.0)), float(fcfg.get("force_weight", 10.0))
+    bs = int(fcfg.get("batch_size", 1))
+    rule = {k: v for k, v in fcfg.items() if k not in ("energy_weight", "force_weight", "batch_size")}
+
+    def build(gen):
+        m = build_model(vcfg, mcfg, seed)
+        fit_energy_scale(m, train_data)
+        return m.float().to(device)
+
+    def train_loss(model, gen):
+        idx = torch.randint(len(train_data), (bs,), generator=gen).tolist()
+        loss, _, _ = loss_terms(model, train_data.collate(idx, dtype=torch.float32), ew, fw)
+        return loss
+
+    def val_loss(model):
+        return 1e3 * evaluate(model, val_data, 8, ew, fw, dtype=torch.float32)["force_mae"]
+
+    return fit_to_plateau(build, train_loss, val_loss, rule, seed, label=label, progress=progress)
+
+
 def train(ctx) -> None:
     import torch
 
-    from ...blocks.atomistic import TrainConfig, fit, fit_energy_scale
+    from ...blocks.fitting import log_fit
 
     p, v = ctx.params, ctx.variant
     vcfg = p["variants"][v]
@@ -476,25 +513,22 @@ def train(ctx) -> None:
     train_data = build_data(frames_of(md, train_ids, "train"), vcfg, device).precompute()
     val_data = build_data(frames_of(md, train_ids, "val"), vcfg, device).precompute()
 
-    model = build_model(vcfg, p["model"], ctx.seed)
-    fit_energy_scale(model, train_data)
-    model.to(device)
-    # the same steps, batch size, learning rate, schedule and data for every variant; the validation
-    # force MAE, val_per_epoch times a pass, shows whether the curve has flattened within that budget
-    cfg = TrainConfig.from_dict({**p["train"], "seed": ctx.seed})
-    hist = fit(model, train_data, val_data, cfg, progress=ctx.progress)
-    ctx.metrics.scalar("train_seconds", hist["seconds"])
-    ctx.metrics.scalar("train_steps", hist["steps"])
-    ctx.metrics.scalar("train_ms_per_step", 1e3 * hist["seconds"] / max(hist["steps"], 1))
-    losses = np.asarray(hist["step_loss"])
+    # the same rule, grid, step cap and data for every trained variant (blocks.fitting): the curve
+    # val_force_mae (validation force MAE, meV/A) and its constant rate lr_force_mae feed the gate
+    t0 = time.process_time()
+    model, rec = fit_model(vcfg, p["model"], p["fit"], train_data, val_data, ctx.seed, device, label=v,
+                           progress=ctx.progress)
+    log_fit(ctx.metrics, "force_mae", rec)
+    ctx.metrics.scalar("train_cpu_seconds", time.process_time() - t0)
+    ctx.metrics.scalar("plateau_force_mae", float(rec["plateau"]))
+    for lr, score in rec["pilot_best"].items():
+        ctx.metrics.scalar(f"pilot_val_force_mae_lr{lr:g}", float(score))
+    losses = np.asarray(rec["losses"])
     every = max(1, len(losses) // 20)
     ctx.metrics.curve("train_loss", np.arange(0, len(losses), every) + 1, losses[::every])
-    val_steps = np.asarray(hist["val_steps"])
-    val_fmae = 1e3 * np.asarray(hist["val_force_mae"])
-    ctx.metrics.curve("val_force_mae", val_steps, val_fmae)
-    ctx.metrics.curve("lr", val_steps, lr_schedule(val_steps, cfg, len(train_data)))
-    ctx.metrics.scalar("val_force_mae_final", float(val_fmae[-1]))
+    ctx.metrics.scalar("val_force_mae_best", float(np.min(rec["vals"])))
     ctx.metrics.scalar("n_params", sum(q.numel() for q in model.parameters()))
+    model.eval()
 
     # held-out frames: the test split of the training cluster, every eval_stride-th frame of the
     # clusters never trained on; one unit per frame, in the same order for every variant
