@@ -106,6 +106,10 @@ class HierarchicalGaussian(Simulator):
         rhs[1:] = lik * x.mean(axis=1)
         return cov @ rhs, 0.5 * (cov + cov.T)
 
+    def site_moments(self, g: np.ndarray, l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and sd (m, K) of the site law x | g, l for l (m, Lp): theta + sigma * eps."""
+        return np.repeat(l[:, :1], self.X, axis=1), np.full((len(l), self.X), self.sigma)
+
     def sample_posterior(self, x: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
         """n exact posterior draws (n, S+1), ordered (mu, theta_1..S)."""
         mean, cov = self.posterior(x)
