@@ -510,3 +510,51 @@ def test_stopping_rule_refuses_spikes_and_late_drops():
     drop = flat.copy()
     drop[-8:] = 9.0  # a new best 10 % below everything before the tail, then flat
     assert not stop_here(xs, drop)
+
+
+def test_fixed_budget_scoring_sees_the_model_at_that_step_and_does_not_perturb_training(systems):
+    """The initialisation claims score each fine-tune at a fixed step budget through
+    ``fit_multitask(after_step=...)``: the hook is called once per step, sees the tied models
+    exactly as they are after that step (their predictions at the budget differ from the start
+    and from the end), and scoring there changes nothing in the training itself."""
+    from reprozoo.methods.gffmerge.multitask import evaluate_frames
+
+    def run(hook):
+        init = _init(3)
+        ms = [copy.deepcopy(init) for _ in systems]
+        for m, d in zip(ms, systems):
+            fit_energy_scale(m, d)
+        tie(ms)
+        start = [evaluate_frames(m, d)["force_mae"] for m, d in zip(ms, systems)]
+        h = fit_multitask(ms, systems, steps=6, lr=1e-2, batch_size=2, seed=5, vals=systems, eval_every=2,
+                          after_step=hook)
+        return ms, h, start
+
+    calls, at_budget = [], {}
+
+    def hook(step, ms):
+        calls.append(step)
+        assert not any(m.training for m in ms)
+        if step == 3:
+            at_budget["f"] = [evaluate_frames(m, d)["force_mae"] for m, d in zip(ms, systems)]
+            at_budget["state"] = {k: v.clone() for k, v in ms[0].state_dict().items()}
+
+    m1, h1, start = run(hook)
+    m2, h2, _ = run(None)
+    assert calls == list(range(1, 7))
+    assert h1["step_loss"] == h2["step_loss"]
+    assert all(torch.equal(a, b) for a, b in zip(m1[0].state_dict().values(), m2[0].state_dict().values()))
+    end = [evaluate_frames(m, d)["force_mae"] for m, d in zip(m1, systems)]
+    for s, b, e in zip(start, at_budget["f"], end):
+        assert not np.allclose(s, b) and not np.allclose(b, e)
+    assert not all(torch.equal(a, m1[0].state_dict()[k]) for k, a in at_budget["state"].items())
+
+
+def test_steps_to_target_is_the_first_validation_at_or_below_it():
+    from reprozoo.methods.gffmerge.method import steps_to_target
+
+    xs, f = [0, 10, 20, 30, 40], [50.0, 12.0, 9.0, 9.5, 8.0]
+    assert steps_to_target(xs, f, 9.0) == 20
+    assert steps_to_target(xs, f, 8.5) == 40
+    assert steps_to_target(xs, f, 60.0) == 0
+    assert steps_to_target(xs, f, 7.9) is None

@@ -32,7 +32,10 @@ Adam, cosine decay over 70 % of a cap then held) that stops at the first validat
 curve is flat by the convergence gate's own test (``reprozoo.claims.plateau``); wall times of joint
 training and fine-tunes are times to a plateau. Metrics: energy MAE (meV/atom) and force MAE (meV/A) per system and their
 means, the means also per test frame (``ctx.metrics.units``: the claims' intervals resample
-frames); merge, fine-tune and joint-training wall times; per-layer alignment residuals.
+frames); merge, fine-tune and joint-training wall times; per-layer alignment residuals. The
+fine-tunes are also scored after a fixed budget of ``finetune.budget_steps`` steps (``budget_*``,
+per test frame) and record their steps to a validation force MAE within ``finetune.target_factor``
+of the specialists' (``steps_to_target``).
 """
 from __future__ import annotations
 
@@ -176,7 +179,7 @@ def _stop_rule(p: dict, part: str) -> dict:
             "min_steps": int(p[part].get("min_steps", 0))}
 
 
-def _train_until_flat(ctx, models, trains: list, vals: list, part: str, seed: int) -> dict:
+def _train_until_flat(ctx, models, trains: list, vals: list, part: str, seed: int, after_step=None) -> dict:
     """Train ``models`` (tied: one backbone with a head per system; untied: independent models
     side by side; one: plain training) with the ``part`` config (lr, lr_final_factor, decay_frac,
     or decay_steps, max_steps, eval_every, min_steps, batch_size) until the mean validation force MAE is flat
@@ -194,7 +197,7 @@ def _train_until_flat(ctx, models, trains: list, vals: list, part: str, seed: in
                          p["train"].get("energy_weight", 1.0), p["train"].get("force_weight", 10.0), seed=seed,
                          vals=vals, eval_every=int(c["eval_every"]), stop=_stop_rule(p, part), progress=ctx.progress,
                          decay_frac=float(c["decay_steps"]) / int(c["max_steps"]) if "decay_steps" in c
-                         else float(c.get("decay_frac", 1.0)))
+                         else float(c.get("decay_frac", 1.0)), after_step=after_step)
     hist["curve_dict"] = {
         "x": [int(st) for st, _, _ in hist["curve"]],
         "force": [1e3 * float(np.mean([r["force_mae"] for r in ev])) for _, ev, _ in hist["curve"]],
@@ -203,11 +206,12 @@ def _train_until_flat(ctx, models, trains: list, vals: list, part: str, seed: in
     return hist
 
 
-def _multitask(ctx, models, systems, part: str, seed: int, curve_name: str | None = None) -> dict:
+def _multitask(ctx, models, systems, part: str, seed: int, curve_name: str | None = None, after_step=None) -> dict:
     """Joint training / fine-tuning of the tied ``models`` on ``systems`` (``part`` = ``joint`` or
     ``finetune``) until flat; records the validation curves (force and energy MAE, mean of
     systems) and the learning rate as ``{curve_name}val_force_mae`` etc."""
-    hist = _train_until_flat(ctx, models, [s["train"] for s in systems], [s["val"] for s in systems], part, seed)
+    hist = _train_until_flat(ctx, models, [s["train"] for s in systems], [s["val"] for s in systems], part, seed,
+                             after_step=after_step)
     if curve_name is not None:
         c = hist["curve_dict"]
         ctx.metrics.curve(f"{curve_name}val_force_mae", c["x"], c["force"])
@@ -526,7 +530,35 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         _record_errors(ctx, systems, models, prefix=f"{pre}pre_ft_")
         ctx.progress(f"[{setting}] fine-tuning {v} until flat (at most {p['finetune']['max_steps']} steps)")
         tie(models)
-        hist = _multitask(ctx, models, systems, "finetune", ctx.seed * 100 + 50, curve_name=pre)
+        # the fixed fine-tuning budget (configs' finetune.budget_steps, stated before any
+        # measurement): test errors after exactly that many steps, the same for both starts
+        budget = int(p["finetune"]["budget_steps"])
+        if not 1 <= budget <= int(p["finetune"]["max_steps"]):
+            raise ValueError("finetune.budget_steps must lie in [1, finetune.max_steps]")
+        reached = []
+
+        def at_budget(step, ms):
+            if step == budget:
+                reached.append(step)
+                ctx.progress(f"[{setting}] {v} after the fixed budget of {budget} fine-tuning steps")
+                _record_errors(ctx, systems, ms, prefix=f"{pre}budget_")
+
+        hist = _multitask(ctx, models, systems, "finetune", ctx.seed * 100 + 50, curve_name=pre, after_step=at_budget)
+        if not reached:  # the stopping rule cannot stop before finetune.min_steps (>= budget_steps at smoke)
+            raise RuntimeError(f"{v}: the fine-tune stopped at step {hist['steps']}, before its fixed budget of {budget} steps")
+        ctx.metrics.scalar(f"{pre}budget_steps", budget)
+        # steps to a fixed accuracy: the first validation at which the fine-tune's validation force
+        # MAE (mean of systems) is within ``finetune.target_factor`` of the specialists' (each on its
+        # own system, the same validation frames); never reached: the steps run (censored, flagged)
+        spec = json.loads((sd / f"specialists_{setting}.json").read_text())["systems"]
+        target = float(p["finetune"].get("target_factor", 1.25)) * 1e3 * float(
+            np.mean([spec[s["tag"]]["val_force_mae"] for s in systems]))
+        # (validations after the first step: a start already at the target counts its first validation)
+        xs, fs = hist["curve_dict"]["x"], hist["curve_dict"]["force"]
+        hit = steps_to_target([x for x in xs if x > 0], [f for x, f in zip(xs, fs) if x > 0], target)
+        ctx.metrics.scalar(f"{pre}ft_target_force_mae", target)
+        ctx.metrics.scalar(f"{pre}steps_to_target", hit if hit is not None else hist["steps"])
+        ctx.metrics.scalar(f"{pre}target_reached", float(hit is not None))
         sc = ctx.metrics.scalars
         ctx.metrics.scalar(f"{pre}finetune_seconds", hist["seconds"])
         ctx.metrics.scalar(f"{pre}finetune_cpu_seconds", hist["cpu_seconds"])
@@ -535,6 +567,15 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         if f"{pre}merge_cpu_seconds" in sc:
             ctx.metrics.scalar(f"{pre}merge_ft_cpu_seconds", sc[f"{pre}merge_cpu_seconds"] + hist["cpu_seconds"])
     _record_errors(ctx, systems, models, prefix=pre)
+
+
+def steps_to_target(steps, values, target: float):
+    """The first step at which ``values`` (a validation curve, lower is better) is at or below
+    ``target``; None if it never is."""
+    for st, v in zip(steps, values):
+        if v <= target:
+            return int(st)
+    return None
 
 
 # --- plots -----------------------------------------------------------------------------------------

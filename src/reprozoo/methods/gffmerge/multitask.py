@@ -105,7 +105,7 @@ def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, 
                   lr_final_factor: float = 0.1, energy_weight: float = 1.0, force_weight: float = 10.0,
                   grad_clip: float | None = 10.0, seed: int = 0, vals: list[AtomsData] | None = None,
                   eval_at: list[int] | None = None, eval_every: int | None = None, stop: dict | None = None,
-                  progress=None, decay_frac: float = 1.0) -> dict:
+                  progress=None, decay_frac: float = 1.0, after_step=None) -> dict:
     """Train ``models`` on their systems for at most ``steps`` steps (:func:`cosine_lr` with
     ``decay_frac``: the decay spans ``decay_frac`` x ``steps``, then the rate is held). Tied models
     (:func:`tie`) are one backbone with a head per system (joint training, fine-tunes); untied ones
@@ -118,7 +118,9 @@ def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, 
     validation (at or after ``min_steps``) where the mean force MAE curve so far passes
     ``reprozoo.claims.plateau`` with that tolerance and at least ``min_points`` points in its tail,
     the tail does not rise by more than ``tol`` either (a spike is not a plateau), and the best
-    value in that tail is no more than ``tol`` below the best before it."""
+    value in that tail is no more than ``tol`` below the best before it. ``after_step(step, models)``,
+    if given, is called after every optimizer step (models in eval mode, not timed, before the
+    step's validation): e.g. to score the models at a fixed step budget."""
     dtype = next(models[0].parameters()).dtype
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -170,6 +172,12 @@ def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, 
         seconds += time.perf_counter() - t0
         cpu += time.process_time() - c0
         hist["step_loss"].append(float(loss.detach()))
+        if after_step is not None:
+            for m in models:
+                m.eval()
+            after_step(step, models)
+            for m in models:
+                m.train()
         if step in eval_at:
             for m in models:
                 m.eval()
