@@ -401,25 +401,38 @@ def test_eval_cells_with_elastic_tensors(tmp_path):
     assert len(e) == 4 and np.isfinite(ds.C_voigt[e]).reshape(4, -1).all(axis=1).sum() == 2
 
 
-def test_schedule_and_validation_points():
-    """The fit validates evals_per_epoch times per epoch, keeps the rate >= lr_floor x peak, and returns the
-    best-validation state."""
+def test_shared_fit_rule():
+    """The fit is the shared rule (blocks.fitting.fit_to_plateau): every grid rate piloted, validation every
+    eval_every steps (x axis: epochs = steps / batches per epoch), the chosen rate held constant (never below
+    the gate's floor), the returned model is the best-validation state, and every rate starts from the same
+    initial weights."""
     from reprozoo.data.crystals.common import synthetic_targets
-    from reprozoo.methods.ceitnet.training import FitConfig, fit, lr_factor, predict, voigt
+    from reprozoo.methods.ceitnet.training import fit, predict, voigt
 
-    assert lr_factor(0, 100, 0.3) == pytest.approx(1.0) and lr_factor(100, 100, 0.3) == pytest.approx(0.3)
-    assert lr_factor(50, 100, 0.3) == pytest.approx(0.65)
     structs = _structures(6, seed=3)
     d = AtomsData(atoms_frames(structs), 4.5)
     y = np.stack([synthetic_targets(a.cell.array, a.positions, a.get_chemical_symbols())[0] for a in structs])
-    torch.manual_seed(0)
-    model = CEITNet(2, n_features=8, n_channels=4, n_out=2, n_interactions=1, n_rbf=4, cutoff=4.5, avg_neighbors=20.0)
-    hist = fit(model, d, np.arange(4), np.arange(4, 6), y, FitConfig(epochs=3, batch_size=2, lr=1e-2,
-                                                                         evals_per_epoch=2, lr_floor=0.3))
-    assert hist["epoch"] == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.5, 3.0])
-    assert min(hist["lr"]) >= 0.3 * 1e-2 - 1e-12 and max(hist["lr"]) == pytest.approx(1e-2)
+    built = []
+
+    def make():
+        m = CEITNet(2, n_features=8, n_channels=4, n_out=2, n_interactions=1, n_rbf=4, cutoff=4.5, avg_neighbors=20.0)
+        built.append([q.detach().clone() for q in m.parameters()])
+        return m
+
+    cfg = {"lr_grid": [3e-3, 1e-2], "pilot_steps": 2, "eval_every": 1, "min_steps": 4, "max_steps": 6,
+           "flat_tol": 0.01, "clip": 10.0, "batch_size": 2}
+    model, hist = fit(make, d, np.arange(4), np.arange(4, 6), y, cfg, seed=0)
+    assert len(built) == 2 and all(torch.equal(a, b) for a, b in zip(*built))  # same initial weights per rate
+    assert set(hist["pilot_best"]) == {3e-3, 1e-2} and hist["lr_chosen"] in (3e-3, 1e-2)
+    n = len(hist["epoch"])
+    assert hist["epoch"] == pytest.approx([k / 2 for k in range(n)])  # 4 cells, batches of 2: 2 steps an epoch
+    assert 4 <= 2 * hist["epoch"][-1] <= 6
+    assert hist["lr"] == pytest.approx([hist["lr_chosen"]] * n)  # constant: the gate's floor holds
     best = fnorm(voigt(predict(model, d, np.arange(4, 6))), voigt(y[4:6]))
     assert best == pytest.approx(min(hist["val_fnorm"]), rel=1e-5)
+    assert hist["best_epoch"] == pytest.approx(hist["epoch"][int(np.argmin(hist["val_fnorm"]))])
+    with pytest.raises(ValueError, match="missing"):
+        fit(make, d, np.arange(4), np.arange(4, 6), y, {"lr_grid": [1e-2]}, seed=0)
 
 
 def test_unrotated_control_is_flagged(data):
@@ -441,7 +454,7 @@ def test_trained_float32_models_equivariant(variant):
         pytest.importorskip("e3nn")
     from reprozoo.data.crystals.common import synthetic_targets
     from reprozoo.methods.ceitnet.method import build, float64_copy
-    from reprozoo.methods.ceitnet.training import FitConfig, fit, target_scale
+    from reprozoo.methods.ceitnet.training import fit, target_scale
 
     structs = _structures(6, seed=5)
     d = AtomsData(atoms_frames(structs), CUTOFF)
@@ -454,9 +467,11 @@ def test_trained_float32_models_equivariant(variant):
         y = np.stack([t[0] if order == 2 else t[1] if order == 3 else np.einsum("ij,kl->ijkl", t[0], t[0])
                       for t in ys])
         torch.manual_seed(order)
-        m = build(variant, order, p, avg_neighbors=10.0, out_scale=target_scale(y[:4]))
-        w0 = [q.detach().clone() for q in m.parameters()]
-        fit(m, d, np.arange(4), np.arange(4, 6), y, FitConfig(epochs=2, batch_size=2, lr=1e-2, stop_tol=None))
+        w0 = [q.detach().clone() for q in build(variant, order, p, 10.0, target_scale(y[:4])).parameters()]
+        cfg = {"lr_grid": [1e-2], "pilot_steps": 2, "eval_every": 1, "min_steps": 4, "max_steps": 4,
+               "flat_tol": 0.0, "batch_size": 2, "keep_from": 1}
+        m, _ = fit(lambda: build(variant, order, p, avg_neighbors=10.0, out_scale=target_scale(y[:4])), d,
+                   np.arange(4), np.arange(4, 6), y, cfg, seed=order)
         assert any(not torch.equal(a, q) for a, q in zip(w0, m.parameters()))  # it did train
         e32 = equivariance_error(m, d, n_rotations=2, seed=1, dtype=torch.float32)
         e64 = equivariance_error(float64_copy(variant, order, p, m), d, n_rotations=2, seed=1)

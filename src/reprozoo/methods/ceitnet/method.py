@@ -69,7 +69,8 @@ def float64_copy(variant: str, order: int, p: dict, model):
 
 def fit_config(fit: dict, order: int, variant: str) -> dict:
     """The scale config's ``fit`` block for one order and variant: a value may be given per order
-    (``{o4: .., o2: ..}``; ``{4: ..}`` too) and then per variant (``{default: .., e3nn_baseline: ..}``)."""
+    (``{o4: .., o2: ..}``; ``{4: ..}`` too) and then per variant (``{default: .., e3nn_baseline: ..}``).
+    The smoke and paper configs give every variant the same values (one grid, one rule)."""
     out = {}
     for key, val in fit.items():
         if isinstance(val, dict) and (f"o{order}" in val or order in val):
@@ -77,7 +78,6 @@ def fit_config(fit: dict, order: int, variant: str) -> dict:
         if isinstance(val, dict):
             val = val.get(variant, val.get("default"))
         out[key] = val
-    out["epochs"] = int(out["epochs"])
     return out
 
 
@@ -98,8 +98,8 @@ def train(ctx) -> None:
     import torch
 
     from ...blocks.cartesian import frobenius_errors
-    from .training import (FitConfig, equivariance_error, fit, inversion_zero, mean_degree, predict, rattled,
-                           target_scale, tensor_metrics, time_forward, voigt)
+    from .training import (equivariance_error, fit, inversion_zero, mean_degree, predict, rattled, target_scale,
+                           tensor_metrics, time_forward, voigt)
 
     p, v = ctx.params, ctx.variant
     device = p.get("device", "cpu")
@@ -123,19 +123,23 @@ def train(ctx) -> None:
     orders = list(p.get("variant_orders", {}).get(v, p["orders"]))
     for order in orders:
         targets = ds.targets(order)
-        torch.manual_seed(ctx.seed * 100 + order)
-        model = build(v, order, p, avg_deg, target_scale(targets[tr]))
-        ctx.progress(f"order {order}: {TARGET_NAMES[order]}, {v} with {model.param_count()} parameters")
+        scale = target_scale(targets[tr])
+
+        def make(order=order, scale=scale):
+            return build(v, order, p, avg_deg, scale)
+
+        ctx.progress(f"order {order}: {TARGET_NAMES[order]}, {v}")
         # odd orders: skip centrosymmetric training cells (zero target, zero output of any equivariant model)
         skip = inversion_zero([ds.structures[k] for k in tr], targets[tr], order)
         tr_used = tr[~skip] if (~skip).any() else tr
         ctx.metrics.scalar(f"n_train_used_o{order}", len(tr_used))
-        fit_cfg = fit_config(p["fit"], order, v)
-        cfg = FitConfig(**{**fit_cfg, "seed": ctx.seed * 100 + order, "device": device})
         if skip.any():
             ctx.progress(f"order {order}: {skip.sum()} of {len(tr)} training cells are centrosymmetric with a zero "
                          f"target (no gradient for an equivariant model): training on {len(tr_used)}")
-        hist = fit(model, data, tr_used, va, targets, cfg, ctx.progress)
+        # the shared rule (blocks.fitting.fit_to_plateau): one lr grid piloted on validation Fnorm, the best
+        # rate kept constant until the validation curve is flat, best-validation weights
+        model, hist = fit(make, data, tr_used, va, targets, fit_config(p["fit"], order, v), ctx.seed * 100 + order,
+                          ctx.progress, device)
         te_k = np.concatenate([te, ev4 if order == 4 else ev])
         pred = predict(model, data, te_k, device=device)
         met = tensor_metrics(pred, targets[te_k])
@@ -147,12 +151,18 @@ def train(ctx) -> None:
         if len(te_k) > len(te):  # the 20-cell test split alone, for comparison
             ctx.metrics.scalar(f"fnorm_test_split_o{order}", tensor_metrics(pred[: len(te)], targets[te])["fnorm"])
         ctx.metrics.curve(f"val_fnorm_o{order}", hist["epoch"], hist["val_fnorm"])
-        ctx.metrics.curve(f"train_loss_o{order}", hist["epoch"], hist["loss"])
+        ctx.metrics.curve(f"train_loss_o{order}", hist["epoch"][1:], hist["loss"][1:])  # none at step 0
         ctx.metrics.curve(f"lr_o{order}", hist["epoch"], hist["lr"])
         ctx.metrics.scalar(f"best_epoch_o{order}", hist["best_epoch"])
         ctx.metrics.scalar(f"stopped_epoch_o{order}", hist["stopped_epoch"])
         ctx.metrics.scalar(f"train_seconds_o{order}", hist["train_seconds"])
+        ctx.metrics.scalar(f"lr_chosen_o{order}", hist["lr_chosen"])
+        ctx.metrics.scalar(f"plateau_reached_o{order}", float(hist["plateau"]))
+        for i, (lr_k, score) in enumerate(hist["pilot_best"].items()):  # grid point i: its pilot's score
+            ctx.metrics.scalar(f"pilot_val_fnorm_o{order}_grid{i}", score)
         ctx.metrics.scalar(f"params_o{order}", model.param_count())
+        ctx.progress(f"order {order}: {model.param_count()} parameters, lr {hist['lr_chosen']:g} "
+                     f"({'plateau' if hist['plateau'] else 'max steps'} at epoch {hist['stopped_epoch']:.1f})")
 
         e32 = equivariance_error(model, eq_data, None, torch.float32, eq["n_rotations"], seed=ctx.seed,
                                  device=device)

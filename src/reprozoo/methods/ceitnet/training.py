@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -72,25 +71,7 @@ def inversion_zero(structures, targets: np.ndarray, order: int, symprec: float =
 
 # --- training ------------------------------------------------------------------------------------
 
-@dataclass
-class FitConfig:
-    epochs: int = 100
-    batch_size: int = 32
-    lr: float = 3e-3
-    evals_per_epoch: int = 1      # validation points per epoch (the gate needs >= 5 in the last 30 %)
-    lr_floor: float = 0.3         # cosine decay from lr to lr_floor * lr at the last step (never below 0.1 x peak)
-    stop_tol: float | None = 0.02  # early stop once the validation curve passes the convergence gate's own test
-    stop_min_points: int = 6      # ... with at least this many points in its last 30 %
-    min_epochs_frac: float = 0.4  # ... and not before this share of ``epochs``
-    grad_clip: float = 10.0
-    seed: int = 0
-    device: str = "cpu"
-
-
-def lr_factor(step: int, total: int, floor: float) -> float:
-    """Cosine decay from 1 at step 0 to ``floor`` at step ``total`` (flat at ``floor`` after it)."""
-    t = min(max(step / max(total, 1), 0.0), 1.0)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + np.cos(np.pi * t))
+FIT_KEYS = ("lr_grid", "pilot_steps", "eval_every", "min_steps", "max_steps", "flat_tol")
 
 
 def predict(model, data: AtomsData, idx, dtype=torch.float32, batch_size: int = 256, device=None) -> np.ndarray:
@@ -107,82 +88,57 @@ def voigt(t: np.ndarray) -> np.ndarray:
     return to_voigt(torch.as_tensor(t, dtype=torch.float64)).numpy()
 
 
-def fit(model, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: FitConfig, progress=None):
-    """Adam on the MSE of the Voigt components / out_scale^2, with a cosine decay of the learning rate from
-    ``lr`` to ``lr_floor * lr`` over ``epochs`` (the rate stays up through the convergence gate's window: a
-    plateau there is the model's, not the schedule's). Validation Fnorm ``evals_per_epoch`` times per epoch
-    (x axis: epochs, fractional); keeps the state with the lowest validation Fnorm. Stops early once the
-    validation curve is flat by :func:`reprozoo.claims.plateau` (the gate's test, tolerance ``stop_tol``, at
-    least ``stop_min_points`` points in the last 30 %), but not before ``min_epochs_frac * epochs``.
-    ``hist``: epoch, loss (mean training loss since the previous evaluation), val_fnorm, lr (at the
-    evaluation), best_epoch, stopped_epoch, train_seconds."""
-    from ...claims import plateau
+def fit(build, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: dict, seed: int, progress=None,
+        device="cpu"):
+    """The platform's shared training rule (:func:`reprozoo.blocks.fitting.fit_to_plateau`) on the MSE of
+    the Voigt components / out_scale^2: every rate of ``cfg["lr_grid"]`` piloted for ``pilot_steps`` from
+    the same initial weights (``build()`` under ``torch.manual_seed(seed)``), the rate with the lowest
+    validation Fnorm continued at that constant rate until the validation Fnorm passes the gate's plateau
+    test (``flat_tol``; not before ``min_steps``, at most ``max_steps``), best-validation weights kept.
+    Minibatches of ``batch_size`` cells drawn without replacement. ``cfg``: the keys of
+    :mod:`reprozoo.blocks.fitting` plus ``batch_size``. Returns ``(model, hist)``; ``hist``: epoch (step /
+    batches per epoch), loss (mean training loss since the previous evaluation), val_fnorm, lr,
+    best_epoch, stopped_epoch, train_seconds, lr_chosen, plateau, pilot_best."""
+    from ...blocks.fitting import fit_to_plateau
 
-    gen = np.random.default_rng(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    dev = torch.device(cfg.device)
-    model.to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    missing = [k for k in FIT_KEYS + ("batch_size",) if k not in cfg]
+    if missing:
+        raise ValueError(f"ceitnet fit: missing key(s) {missing}")
+    dev = torch.device(device)
     train_idx = np.asarray(train_idx)
-    n_batches = int(np.ceil(len(train_idx) / cfg.batch_size))
-    total = max(1, cfg.epochs * n_batches)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, total, cfg.lr_floor))
-    # evaluation steps: evals_per_epoch per epoch, spread evenly over its batches, and the last step
-    per = max(1, min(int(cfg.evals_per_epoch), n_batches))
-    eval_at = {int(round(e * n_batches + (j + 1) * n_batches / per)) for e in range(cfg.epochs) for j in range(per)}
-    eval_at = {k for k in eval_at if 1 <= k <= total} | {total}
-    scale = float(model.out_scale)
+    bs = min(int(cfg["batch_size"]), len(train_idx))
+    n_batches = int(np.ceil(len(train_idx) / bs))
     y_all = torch.as_tensor(voigt(targets), dtype=torch.float32, device=dev)
-    y_val = voigt(targets[val_idx]) if len(val_idx) else None
-    hist = {"epoch": [], "loss": [], "val_fnorm": [], "lr": []}
-    best = (np.inf, copy.deepcopy(model.state_dict()), 0.0)
+    y_val = voigt(targets[val_idx])
+
+    def make(gen):
+        torch.manual_seed(seed)  # the same initial weights for every rate
+        return build().to(dev)
+
+    def train_loss(model, gen):
+        idx = train_idx[torch.randperm(len(train_idx), generator=gen)[:bs].numpy()]
+        b = data.collate(idx, dtype=torch.float32).to(device=dev)
+        pred = to_voigt(model(*model_args(b)))
+        return ((pred - y_all[idx]) ** 2).mean() / float(model.out_scale) ** 2
+
+    def val_loss(model):
+        return fnorm(voigt(predict(model, data, val_idx, device=dev)), y_val)
+
+    fp = {k: v for k, v in cfg.items() if k != "batch_size"}
     t0 = time.perf_counter()
-    step, losses = 0, []
-    for ep in range(1, cfg.epochs + 1):
-        order = gen.permutation(train_idx)
-        for s in range(0, len(order), cfg.batch_size):
-            model.train()
-            idx = order[s:s + cfg.batch_size]
-            b = data.collate(idx, dtype=torch.float32).to(device=dev)
-            pred = to_voigt(model(*model_args(b)))
-            loss = ((pred - y_all[idx]) ** 2).mean() / scale**2
-            opt.zero_grad()
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            lr_now = opt.param_groups[0]["lr"]
-            sched.step()
-            step += 1
-            losses.append(loss.item())
-            if step not in eval_at:
-                continue
-            val = fnorm(voigt(predict(model, data, val_idx, device=dev)), y_val) if len(val_idx) else np.nan
-            x = step / n_batches
-            hist["epoch"].append(x)
-            hist["loss"].append(float(np.mean(losses)))
-            hist["val_fnorm"].append(float(val))
-            hist["lr"].append(float(lr_now))
-            if not np.isfinite(best[0]) or (np.isfinite(val) and val < best[0]):
-                best = (val, copy.deepcopy(model.state_dict()), x)
-            if progress and (step % n_batches == 0 or step == total):
-                progress(f"epoch {x:.2f}/{cfg.epochs} loss {np.mean(losses):.4f} val Fnorm {val:.4g} lr {lr_now:.2e} "
-                         f"({time.perf_counter() - t0:.1f} s)")
-            losses = []
-            if (cfg.stop_tol is not None and x >= cfg.min_epochs_frac * cfg.epochs and step < total
-                    and plateau(hist["epoch"], hist["val_fnorm"], tol=cfg.stop_tol, min_points=cfg.stop_min_points)):
-                if progress:
-                    progress(f"validation Fnorm flat at epoch {x:.2f} (gate's test, tolerance {cfg.stop_tol:g}): stop")
-                break
-        else:
-            continue
-        break
-    if np.isfinite(best[0]):
-        model.load_state_dict(best[1])
-    hist["best_epoch"] = best[2]
-    hist["stopped_epoch"] = hist["epoch"][-1] if hist["epoch"] else 0.0
-    hist["train_seconds"] = time.perf_counter() - t0
-    return hist
+    model, rec = fit_to_plateau(make, train_loss, val_loss, fp, seed, label="fit",
+                                progress=progress or (lambda *_: None))
+    steps = np.asarray(rec["steps"], float)
+    losses = np.asarray(rec["losses"], float)
+    # mean training loss over the steps since the previous evaluation (nan at step 0)
+    loss = [float(np.mean(losses[int(a):int(b)])) if b > a else float("nan") for a, b in zip([0, *steps[:-1]], steps)]
+    vals = np.asarray(rec["vals"], float)
+    best = int(np.argmin(vals))
+    hist = {"epoch": list(steps / n_batches), "loss": loss, "val_fnorm": list(vals), "lr": list(rec["lrs"]),
+            "best_epoch": float(steps[best] / n_batches), "stopped_epoch": float(rec["stop"] / n_batches),
+            "train_seconds": time.perf_counter() - t0, "lr_chosen": float(rec["lr"]),
+            "plateau": bool(rec["plateau"]), "pilot_best": rec["pilot_best"]}
+    return model, hist
 
 
 def tensor_metrics(pred: np.ndarray, true: np.ndarray, zero_tol: float = 1e-8) -> dict:
