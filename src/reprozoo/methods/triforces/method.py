@@ -15,10 +15,10 @@ pre-training history (held-out curve) to shared_dir; the pre-trained variants' c
 curve into their own metrics so the gate checks the pre-training they start from.
 train (per variant x seed): for each N in ``n_train`` a labelled set of N structures (nested,
 drawn from the reserve with the seed), a fresh model (pre-trained encoder loaded where the variant
-says so), ``fit_energy_scale`` + ``fit`` (energy + force loss, same budget for every variant; the
-peak learning rate chosen from ``finetune.lr_grid`` by short pilots on the development set, the
-same grid for every variant, :func:`choose_lr`; cosine decay over the first 70 % of the steps,
-then held at its floor, :func:`fit_hold`; validated every ``val_every_steps`` steps),
+says so) fine-tuned by :func:`finetune`: the platform's shared rule
+(``blocks.fitting.fit_to_plateau``, energy + force loss; one learning-rate grid piloted from the same
+initial weights, the best rate continued at a constant rate until the gate's own plateau test holds
+on the development loss; the same grid, stop and step cap for every variant and N),
 test energy MAE (meV/atom, per test cell: the units of the energy claims) and force MAE (meV/A);
 retrieval precision@k of the test structures' prototype (per query cell) from the latent
 (mean-pooled fused features) before fine-tuning and after the largest N.
@@ -168,74 +168,45 @@ def record_pretraining(ctx, streams: bool) -> None:
 
 # --- per variant ---------------------------------------------------------------------------------------
 
-def finetune_config(p: dict, n: int, seed: int, lr: float | None = None) -> dict:
-    """fit's options for a fine-tune on ``n`` structures: ``epochs`` passes clipped to
-    [min_steps, max_steps_cap] steps, validated every ``val_every_steps`` steps (the same spacing for
-    every N), at learning rate ``lr`` (default: the config's ``lr``). The grid and hold options
-    (read by :func:`choose_lr` and :func:`fit_hold`) are dropped."""
-    ft = dict(p["finetune"])
-    for key in ("lr_grid", "lr_pilot_frac", "lr_pilot_min_steps", "hold_frac"):
-        ft.pop(key, None)
-    bs = int(ft.get("batch_size", 8))
-    per_epoch = int(np.ceil(n / bs))
-    steps = int(np.clip(int(ft.pop("epochs", 50)) * per_epoch, int(ft.pop("min_steps", 0)),
-                        int(ft.pop("max_steps_cap", 10**9))))
-    every = int(ft.pop("val_every_steps", max(1, steps // 20)))
-    ft.update(batch_size=bs, epochs=int(np.ceil(steps / per_epoch)), max_steps=steps, seed=seed,
-              val_every_steps=every)
-    if lr is not None:
-        ft["lr"] = float(lr)
-    return ft
+FIT_KEYS = ("energy_weight", "force_weight", "batch_size")
 
 
-def fit_hold(model, tr, val, ft: dict, hold_frac: float = 0.0) -> dict:
-    """``fit`` with the cosine decay (peak to ``lr_final_factor`` x peak) over the first
-    ``1 - hold_frac`` of the steps and the rate then HELD at ``lr_final_factor`` x peak for the rest
-    (a second ``fit`` continuing from the weights, fresh Adam moments): the gate's window then sees
-    the curve at a constant rate above its floor, not the annealing. History merged (steps, lr)."""
-    from ...blocks.atomistic import fit
+def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str = "finetune", progress=print):
+    """One fine-tune by the platform's shared training rule (:func:`reprozoo.blocks.fitting.fit_to_plateau`)
+    with the ``finetune`` keys of the config, the same for every variant and N: each rate of
+    ``lr_grid`` trains a pilot of ``pilot_steps`` from the same initial weights (the variant's model,
+    pre-trained encoder loaded where it says so, energy scale fitted on ``tr``) on the same batches; the
+    best continues at a constant rate until the plateau test (the gate's own, ``flat_tol`` = half its
+    tolerance) holds on the development-set loss, validated every ``eval_every`` steps, at or after
+    ``min_steps`` (one ``lr_drop`` if that comes in the first half), or ``max_steps``; best-validation
+    weights kept. Loss: ``energy_weight`` x (energy error per atom)^2 + ``force_weight`` x mean
+    (force error)^2 on a batch of ``batch_size`` cells drawn (with replacement) from the rule's
+    generator. Returns (model, record, atomref scale)."""
+    import torch
 
-    total = int(ft["max_steps"])
-    n_hold = int(round(float(hold_frac) * total))
-    if n_hold <= 0 or n_hold >= total:
-        return fit(model, tr, val, ft)
-    n1 = total - n_hold
-    h1 = fit(model, tr, val, {**ft, "max_steps": n1, "epochs": n1})
-    h2 = fit(model, tr, val, {**ft, "max_steps": n_hold, "epochs": n_hold, "lr_final_factor": 1.0,
-                              "lr": float(ft["lr"]) * float(ft.get("lr_final_factor", 0.1)), "seed": int(ft["seed"]) + 1})
-    out = dict(h1)
-    for key in ("val_loss", "val_energy_mae_per_atom", "val_force_mae", "lr", "step_loss", "train_loss"):
-        out[key] = list(h1[key]) + list(h2[key])
-    out["val_steps"] = list(h1["val_steps"]) + [n1 + s for s in h2["val_steps"]]
-    out.update(steps=h1["steps"] + h2["steps"], seconds=h1["seconds"] + h2["seconds"], hold_steps=h2["steps"])
-    return out
+    from ...blocks.atomistic import evaluate, fit_energy_scale, loss_terms
+    from ...blocks.fitting import fit_to_plateau
 
+    fcfg = p["finetune"]
+    ew, fw = float(fcfg.get("energy_weight", 1.0)), float(fcfg.get("force_weight", 10.0))
+    bs = int(fcfg.get("batch_size", 8))
+    rule = {k: v for k, v in fcfg.items() if k not in FIT_KEYS}
+    scale = {}
 
-def pilot_config(ft: dict, frac: float, min_steps: int) -> dict:
-    """A short run of the same recipe (its own cosine over the shorter length), validated at its end."""
-    steps = int(min(ft["max_steps"], max(int(min_steps), int(np.ceil(frac * ft["max_steps"])))))
-    return {**ft, "max_steps": steps, "epochs": steps, "val_every_steps": steps}  # max_steps ends it
+    def build(gen):
+        m = make_model(p, variant, shared_dir, seed)
+        scale.update(fit_energy_scale(m, tr))
+        return m
 
+    def train_loss(model, gen):
+        idx = torch.randint(len(tr), (bs,), generator=gen).tolist()
+        return loss_terms(model, tr.collate(idx, dtype=torch.float32), ew, fw)[0]
 
-def choose_lr(new_model, tr, val, p: dict, n: int, seed: int) -> tuple[float, dict]:
-    """The fine-tuning learning rate from ``finetune.lr_grid`` (the same grid for every variant): each
-    rate trains a short pilot (``lr_pilot_frac`` of the run, at least ``lr_pilot_min_steps`` steps)
-    from the same initial weights on the same batches; the lowest validation loss at the pilot's end
-    wins. ``new_model()`` returns the variant's freshly initialised model (energy scale fitted).
-    Without a grid (or a validation set) the config's ``lr``."""
-    ftc = p["finetune"]
-    grid = [float(x) for x in ftc.get("lr_grid") or []]
-    if len(grid) < 2 or val is None:
-        return float(ftc["lr"]), {}
-    from ...blocks.atomistic import fit
+    def val_loss(model):
+        return evaluate(model, val, 32, ew, fw, dtype=torch.float32)["loss"]
 
-    scores = {}
-    for lr in grid:
-        pc = pilot_config(finetune_config(p, n, seed, lr), float(ftc.get("lr_pilot_frac", 0.1)),
-                          int(ftc.get("lr_pilot_min_steps", 30)))
-        h = fit(new_model(), tr, val, pc)
-        scores[lr] = float(h["val_loss"][-1]) if np.isfinite(h["val_loss"][-1]) else np.inf
-    return min(grid, key=lambda lr: (scores[lr], lr)), scores
+    model, rec = fit_to_plateau(build, train_loss, val_loss, rule, seed, label=label, progress=progress)
+    return model, rec, scale
 
 
 def per_cell_errors(model, data, batch_size: int = 32) -> tuple[np.ndarray, float]:
@@ -288,7 +259,6 @@ def latents(model, data, batch_size: int = 32) -> np.ndarray:
 
 
 def train(ctx) -> None:
-    from ...blocks.atomistic import fit_energy_scale
     from ...blocks.atomistic.descriptors import precision_at_k
     from ...data.md import load
 
@@ -317,24 +287,18 @@ def train(ctx) -> None:
     for j, n in enumerate(ns):
         tr = reserve.subset(order[:n])
 
-        def new_model():
-            m = make_model(p, v, ctx.shared_dir, ctx.seed * 1000 + n)
-            fit_energy_scale(m, tr)
-            return m
-
-        lr, scores = choose_lr(new_model, tr, val, p, n, ctx.seed * 1000 + n)
-        if scores:
-            ctx.metrics.curve(f"lr_pilot_val_n{n}", sorted(scores), [scores[x] for x in sorted(scores)])
-        ctx.metrics.scalar(f"lr_chosen_n{n}", lr)
-        model = make_model(p, v, ctx.shared_dir, ctx.seed * 1000 + n)
-        scale = fit_energy_scale(model, tr)
-        ft = finetune_config(p, n, ctx.seed * 1000 + n, lr)
         t0 = time.perf_counter()
-        hist = fit_hold(model, tr, val, ft, float(p["finetune"].get("hold_frac", 0.0)))
+        model, rec, scale = finetune(p, v, ctx.shared_dir, tr, val, ctx.seed * 1000 + n, label=f"{v} N={n}",
+                                     progress=ctx.progress)
         secs.append(time.perf_counter() - t0)
-        if hist["val_steps"]:
-            ctx.metrics.curve(f"val_loss_n{n}", hist["val_steps"], hist["val_loss"])
-            ctx.metrics.curve(f"lr_n{n}", hist["val_steps"], hist["lr"])
+        # what the gate reads: the development-set loss with the (constant, or dropped) rate at each step
+        ctx.metrics.curve(f"val_loss_n{n}", rec["steps"], rec["vals"])
+        ctx.metrics.curve(f"lr_n{n}", rec["steps"], rec["lrs"])
+        grid = sorted(rec["pilot_best"])
+        ctx.metrics.curve(f"lr_pilot_val_n{n}", grid, [rec["pilot_best"][x] for x in grid])
+        ctx.metrics.scalar(f"lr_chosen_n{n}", float(rec["lr"]))
+        ctx.metrics.scalar(f"steps_n{n}", float(rec["stop"]))
+        ctx.metrics.scalar(f"plateau_n{n}", float(rec["plateau"]))
         e_cell, f = per_cell_errors(model, test)
         e_cell, ref_cell = 1e3 * e_cell, 1e3 * atomref_errors(scale, test)
         e_mae.append(float(e_cell.mean()))
@@ -344,9 +308,9 @@ def train(ctx) -> None:
             tag = "nmin" if j == 0 else "nmax"
             ctx.metrics.units(f"energy_mae_{tag}", e_cell)
             ctx.metrics.units(f"energy_mae_atomref_{tag}", ref_cell)
-        ctx.progress(f"N={n} (lr {lr:g} of {sorted(scores) or [lr]}): energy MAE {e_mae[-1]:.2f} meV/atom (composition-only {ref_mae[-1]:.1f}), "
-                     f"force MAE {f_mae[-1]:.1f} meV/A ({secs[-1]:.1f} s, {hist['steps']} steps, "
-                     f"{len(hist['val_steps'])} validations)")
+        ctx.progress(f"N={n} (lr {rec['lr']:g} of {grid}): energy MAE {e_mae[-1]:.2f} meV/atom (composition-only {ref_mae[-1]:.1f}), "
+                     f"force MAE {f_mae[-1]:.1f} meV/A ({secs[-1]:.1f} s, {rec['stop']} steps, "
+                     f"{'plateau' if rec['plateau'] else 'max steps'})")
     ctx.metrics.curve("energy_mae", ns, e_mae)
     ctx.metrics.curve("energy_mae_atomref", ns, ref_mae)
     ctx.metrics.curve("force_mae", ns, f_mae)
