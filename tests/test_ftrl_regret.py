@@ -235,32 +235,47 @@ def test_unit_jumps_make_norm_and_squared_norm_paths_equal():
         assert steps.sum() == pytest.approx(6 * jump)
 
 
-def test_fixed_discount_is_tuned_once_at_the_smallest_T_over_P():
-    """dftrl_fixed: the theory's discount at the sweep's point with the smallest T / P_T (smallest T
-    of the T sweep, largest P_T of the P sweep), the same for every point of the sweep; at that
-    point it is exactly dftrl_tuned."""
-    from reprozoo.methods.ftrl_regret.method import fixed_tuning_point, predictions_batch
+def test_fixed_discounts_are_tuned_once_at_every_sweep_point():
+    """dftrl_fixed: one column per sweep point, column k the theory's discount tuned at the sweep's
+    k-th point and kept over the whole sweep; at its own point a column is exactly dftrl_tuned, at
+    a 4x longer horizon it keeps the short window (never retuned)."""
+    from reprozoo.methods.ftrl_regret.method import fixed_tuning_points, predictions_batch
 
     p = {"d": 3, "ridge": 1.0, "T_sweep": [200, 400, 800], "P_fix": 2, "T_fix": 400, "P_sweep": [1, 2, 4],
          "linear": {**LIN, "bound": 1.0, "kappa": 1.0, "grad_bound": 3.0, "meta_lr": 0.1},
          "logistic": {**LOGIT, "bound": 2.0, "kappa": 0.105, "grad_bound": 1.0, "meta_lr": 1.0,
                       "P_sweep": [2, 4, 8], "T_fix": 600}}
-    assert fixed_tuning_point(p, "linear", "T") == (200, 2.0)
-    assert fixed_tuning_point(p, "linear", "P") == (400, 4.0)
-    assert fixed_tuning_point(p, "logistic", "P") == (600, 8.0)
+    assert fixed_tuning_points(p, "linear", "T") == [(200, 2.0), (400, 2.0), (800, 2.0)]
+    assert fixed_tuning_points(p, "linear", "P") == [(400, 1.0), (400, 2.0), (400, 4.0)]
+    assert fixed_tuning_points(p, "logistic", "P") == [(600, 2.0), (600, 4.0), (600, 8.0)]
     rng = np.random.default_rng(4)
-    for T, P in ((200, 2.0), (800, 2.0)):
+    for k, (T, P) in enumerate(((200, 2.0), (800, 2.0))):
         s = make_stream("linear", T, 3, P, LIN, rng)
-        st = {k: s[k][None] for k in ("x", "y", "u")}
+        st = {kk: s[kk][None] for kk in ("x", "y", "u")}
         fixed, cf = predictions_batch("dftrl_fixed", "linear", st, p, sweep="T")
         tuned, ct = predictions_batch("dftrl_tuned", "linear", st, p)
-        assert cf["one_minus_beta"] == pytest.approx(np.sqrt(2.0 / (3 * 200)))
-        if T == 200:
-            np.testing.assert_allclose(fixed, tuned, rtol=1e-12)
-        else:  # never retuned: a longer horizon keeps the short window
-            assert ct["one_minus_beta"] == pytest.approx(cf["one_minus_beta"] / 2)
+        assert fixed.shape == (1, T, 3)
+        np.testing.assert_allclose(cf["one_minus_beta"], np.sqrt(2.0 / (3 * np.array([200, 400, 800]))))
+        own = 0 if T == 200 else 2
+        np.testing.assert_allclose(fixed[..., own], tuned, rtol=1e-12)
+        if T == 800:  # the column tuned at T = 200 keeps its window: twice the tuned 1 - beta
+            assert cf["one_minus_beta"][0] == pytest.approx(2 * ct["one_minus_beta"])
     with pytest.raises(ValueError):
         predictions_batch("dftrl_fixed", "linear", st, p)
+
+
+def test_best_fixed_control_reads_the_best_column():
+    """The rate claims' control holds if ANY fixed discount passes: best_fixed returns the smallest
+    half-range deviation over the columns. A column with a clean x^(1/2) law (deviation 0) must win
+    over a + b x columns, whatever its position."""
+    from reprozoo.methods.ftrl_regret.method import best_fixed, half_dev, half_slopes
+
+    xs = np.array([1000, 2000, 4000, 8000, 16000], float)
+    cols = [xs + 4000.0, 3 * xs**0.5, xs + 64000.0]
+    b = best_fixed(xs, np.stack(cols, axis=1))
+    assert b["k"] == 1 and b["dev"] == pytest.approx(0.0, abs=1e-9)
+    assert b["devs"][0] == pytest.approx(half_dev(*half_slopes(xs, cols[0])))
+    assert min(b["devs"][0], b["devs"][2]) > 0.15
 
 
 def test_half_slopes_separate_a_fixed_discount_from_a_power_law():

@@ -3,9 +3,10 @@
 The comparator u_t is piecewise constant on a sphere of radius ``radius`` in R^d: S switches at
 evenly spaced rounds, each a rotation of u by the angle whose chord is ``jump`` (so every switch
 adds exactly ``jump`` to the path length P_T = sum_t ||u_t - u_{t-1}||, and P_T = S * jump).
-Switching comparators are the worst case of the dynamic-regret lower bounds: a learner with one
-fixed discount pays ~ 1/(1-beta) after each switch and ~ (1-beta) per round for forgetting, which
-is exactly the trade-off the discounted-to-dynamic reduction balances.
+Switching comparators are the construction of the general-convex sqrt(T (1 + P_T)) lower bound;
+for the curved (exp-concave) losses here they are a convenient drift model, not a proven worst
+case. A learner with one fixed discount pays ~ 1/(1-beta) after each switch and ~ (1-beta) per
+round for forgetting, which is the trade-off the discounted-to-dynamic reduction balances.
 
 Features x_t are uniform on the unit sphere (||x_t|| = 1, E[x x^T] = I/d).
 linear:   y_t = <u_t, x_t> + sigma * eps_t,              loss 1/2 (y - <w, x>)^2
