@@ -226,3 +226,53 @@ def test_pipeline_runs_with_the_same_init_constant_rates_and_a_weakened_control(
     assert all(np.isfinite(early)) and early != final
     assert len(out["joint"].unit_values["cc_early_bqa"]) == n_test
     assert "cc_early_bqa" not in out["joint_unrelated"].scalars
+
+
+def test_bqa_evaluation_sets_ask_every_question_of_every_image():
+    """Validation and test BQA rows: each image once per question, image-major, with that question's answer
+    as the one target (one question per validation image was a stopping curve too noisy to tell the answer
+    prior from a model that reads the brain)."""
+    from reprozoo.methods.mind_omni import method as M
+
+    rng = np.random.default_rng(0)
+    n, nq = 12, len(D.QUESTIONS)
+    caption = np.stack([np.arange(n) % 10, 10 + np.arange(n) % 2, 12 + np.arange(n) % 3], 1)
+    d = {"brain_tok": rng.integers(0, 8, (n, 16)), "image_tok": rng.integers(0, 8, (n, 4)),
+         "caption": caption, "answers": D.bqa_answers(caption), "val": np.arange(6), "test": np.arange(6, 12),
+         "brain_centroids": np.zeros((8, 4)), "image_centroids": np.zeros((8, 16))}
+    lay = M._layout(d)
+    for split in ("val", "test"):
+        x, t = M._eval_sets(d, lay, split, ["bqa"])["bqa"]
+        idx = d[split]
+        assert len(x) == nq * len(idx)
+        assert t.sum(1).tolist() == [1] * len(x) and t[:, lay.span["answer"]].all()
+        q = x[:, lay.span["question"]][:, 0] - lay.offset["question"]
+        np.testing.assert_array_equal(q, np.tile(np.arange(nq), len(idx)))
+        a = x[:, lay.span["answer"]][:, 0] - lay.offset["answer"]
+        np.testing.assert_array_equal(a, d["answers"][np.repeat(idx, nq), q])
+
+
+def test_task_balanced_loss_is_the_mean_of_per_task_masked_losses():
+    """One task: exactly the shared masked_token_loss (same forward process, same draws). Several
+    tasks: the mean over task blocks of each block's masked-token CE, whatever the blocks' token counts."""
+    import torch
+
+    from reprozoo.blocks.masked_token_transformer import MaskedTokenTransformer, mask_targets, masked_token_loss
+    from reprozoo.methods.mind_omni import method as M
+
+    torch.manual_seed(0)
+    model = MaskedTokenTransformer(20, 6, 16, 1, 2, 2.0)
+    x = torch.randint(0, 20, (8, 6))
+    t = torch.zeros(8, 6, dtype=torch.bool)
+    t[:4, :5] = True                     # task 0: five targets per row
+    t[4:, 5] = True                      # task 1: one target per row
+    one = M.task_balanced_loss(model, x, t, 1, None, torch.Generator().manual_seed(3))
+    ref = masked_token_loss(model, x, t, None, torch.Generator().manual_seed(3))
+    assert float(one) == pytest.approx(float(ref), rel=1e-6)
+    two = M.task_balanced_loss(model, x, t, 2, None, torch.Generator().manual_seed(3))
+    noised, masked, _ = mask_targets(x, t, model.mask_id, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ce = torch.nn.functional.cross_entropy(model(noised).transpose(1, 2), x, reduction="none")
+    want = 0.5 * (ce[:4][masked[:4]].mean() + ce[4:][masked[4:]].mean())
+    assert float(two) == pytest.approx(float(want), rel=1e-5)
+    assert float(two) != pytest.approx(float(ref), rel=1e-3)     # not the token mean

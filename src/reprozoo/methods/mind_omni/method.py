@@ -9,7 +9,7 @@ Stages and units:
 * ``train`` (per variant x seed): masked-token transformers (``blocks/masked_token_transformer``)
   trained with the masked diffusion loss (nats per masked token) on the joint token sequences of
   ``tasks.py``, each by the shared rule ``blocks.fitting.fit_to_plateau`` (AdamW at every rate of one
-  grid for a pilot, ranked by the tail of the pilot's validation curve; the best continued at that
+  grid for a pilot, ranked on validation (the config's ``pilot_score``); the best continued at that
   constant rate until the plateau test holds on every curve: for a model of several tasks the mean
   validation CE AND each task's CE, ``stop_on``; best weights by the mean, ``select``). Encoding tasks
   are scored from the expected brain map (code probabilities x centroids), decoding tasks by greedy
@@ -127,15 +127,14 @@ def task_batch(d, lay: T.Layout, task: str, idx: np.ndarray, question: np.ndarra
 
 
 def _eval_sets(d, lay, split, tasks, relabels=None):
-    """Per task: (tokens, target) of a split; test BQA rows repeat each image once per question (image-major),
-    validation BQA asks each image one question (the four in rotation), a quarter of the cost."""
+    """Per task: (tokens, target) of a split; BQA rows repeat each image once per question (image-major),
+    on validation too: one answer token per image was a stopping curve too noisy to tell the answer
+    prior from a model that reads the brain."""
     idx = d[split]
     nq = len(D.QUESTIONS)
     out = {}
     for task in tasks:
-        if task == "bqa" and split == "val":     # validation: one question per image, in rotation
-            ii, qq = idx, np.arange(len(idx)) % nq
-        elif task == "bqa":
+        if task == "bqa":
             ii, qq = np.repeat(idx, nq), np.tile(np.arange(nq), len(idx))
         else:
             ii, qq = idx, np.zeros(len(idx), dtype=np.int64)
@@ -170,6 +169,29 @@ def relabellings(lay: T.Layout, tasks: list[str], seed: int) -> dict:
     return {t: lay.relabelling(rng) for t in tasks}
 
 
+def task_balanced_loss(model, tokens, target, n_tasks: int, bias=None, gen=None):
+    """The masked-diffusion loss (``blocks.masked_token_transformer.masked_token_loss``: the same
+    forward process and cross-entropy over the masked targets) averaged per TASK: ``tokens`` holds
+    ``n_tasks`` equal blocks of rows, one per task; each task's mean CE over its masked tokens counts
+    1 / n_tasks. With one task it is ``masked_token_loss``. Why: a token-mean over the joint batch gives
+    the one-token answer of brain QA 8 of the ~200 masked tokens of a step, and the joint model's QA
+    curve was still falling at the step cap (README)."""
+    import torch
+
+    from ...blocks.masked_token_transformer import mask_targets
+
+    noised, masked, _ = mask_targets(tokens, target, model.mask_id, gen)
+    logits = model(noised)
+    if bias is not None:
+        logits = logits + bias
+    ce = torch.nn.functional.cross_entropy(logits[masked], tokens[masked], reduction="none")
+    task = torch.arange(len(tokens)) // (len(tokens) // n_tasks)          # (B,) the row's task block
+    t_of = task[:, None].expand_as(masked)[masked]
+    sums = torch.zeros(n_tasks).index_add(0, t_of, ce)
+    counts = torch.zeros(n_tasks).index_add(0, t_of, torch.ones_like(ce))
+    return (sums / counts).mean()
+
+
 def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: int, label: str,
                 snap_step: int | None = None, relabels: dict | None = None, progress=print):
     """One masked-token transformer on ``tasks`` (``per_task`` examples of each per step), trained by
@@ -181,7 +203,7 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
     import torch
 
     from ...blocks.fitting import fit_to_plateau
-    from ...blocks.masked_token_transformer import MaskedTokenTransformer, masked_token_loss
+    from ...blocks.masked_token_transformer import MaskedTokenTransformer
 
     lay = _layout(d)
     bias = torch.tensor(lay.logit_bias())
@@ -203,8 +225,8 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
             x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), per_task), relabels.get(task))
             xs.append(x)
             ts.append(t)
-        return masked_token_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
-                                 bias, gen)
+        return task_balanced_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
+                                  len(tasks), bias, gen)
 
     def after_step(model, step):
         if snap_step is not None and step + 1 == snap_step:
