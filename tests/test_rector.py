@@ -1,6 +1,9 @@
 """RECTOR numerics: DE features, attention structure, missing-channel exclusion, equivariance, losses."""
+from pathlib import Path
+
 import numpy as np
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 
@@ -142,14 +145,18 @@ def test_splits_label_sets_and_drop_sets():
     assert all(sorted(r.values()).count("val") == 1 for r in rot)
     two = method.subject_split(["A", "B"], rng)  # one subject tests, one trains (and validates)
     assert sorted(two.values()) == ["test", "train"]
-    # smoke: 18 subjects, 6 tested per seed with step 6 (each subject tested once over 3 seeds), 6
-    # unlabelled pre-training subjects that are never tested, validated or labelled
-    many = [f"S{i:02d}" for i in range(18)]
-    rot = [method.subject_split(many, rng, 6, 1, seed=k, n_pretrain=6, step=6) for k in range(3)]
+    # smoke (read from its config): 30 subjects, 10 tested per seed with step 10 (each subject tested
+    # once over 3 seeds), 14 unlabelled pre-training subjects that are never tested, validated or labelled
+    cfg = yaml.safe_load((Path(method.__file__).parent / "configs" / "smoke.yaml").read_text())
+    n, sp = int(cfg["simulation"]["subjects"]), cfg["split"]
+    assert (n, sp["n_test"], sp["step"], sp["n_pretrain"], len(cfg["seeds"])) == (30, 10, 10, 14, 3)
+    many = [f"S{i:02d}" for i in range(n)]
+    rot = [method.subject_split(many, rng, sp["n_test"], sp["n_val"], seed=k, n_pretrain=sp["n_pretrain"],
+                                step=sp["step"]) for k in cfg["seeds"]]
     for r in rot:
-        assert [sorted(r.values()).count(k) for k in ("pretrain", "test", "train", "val")] == [6, 6, 5, 1]
+        assert [sorted(r.values()).count(k) for k in ("pretrain", "test", "train", "val")] == [14, 10, 5, 1]
     tested = [{s for s, v in r.items() if v == "test"} for r in rot]
-    assert set().union(*tested) == set(many) and sum(len(t) for t in tested) == 18
+    assert set().union(*tested) == set(many) and sum(len(t) for t in tested) == n
     four = method.subject_split(["A", "B", "C", "D"], rng, 1, 1, n_pretrain=1)  # ci
     assert sorted(four.values()) == ["pretrain", "test", "train", "val"]
     y = np.array([0, 1, 2] * 20)

@@ -24,8 +24,8 @@ cross-entropy is the stopping curve), ``pilot_score: tail`` and ``min_progress``
 
 Stages. train_shared (per seed): the simulated recordings and their DE tokens and alpha-band
 correlations (features.py, mne filters; computed once per process), a subject-wise split by
-rotation (smoke: 6 test, 1 validation, 6 unlabelled pre-training, 5 labelled training subjects of
-18), per-subject standardisation (each subject's own mean and sd, no labels; transductive for the
+rotation (smoke: 10 test, 1 validation, 14 unlabelled pre-training, 5 labelled training subjects of
+30), per-subject standardisation (each subject's own mean and sd, no labels; transductive for the
 test subjects), nested labelled subsets (k per class, and "all"), and the channel-drop sets of the
 robustness test (each test epoch its own channels, ``drop_reps`` repetitions), all shared by the
 variants. train (per variant x seed): fit at each of the variant's label counts; record per test
@@ -55,7 +55,7 @@ def subject_split(subjects: list[str], rng: np.random.Generator, n_test: int = 4
     subjects; with few subjects the counts shrink so that at least one subject trains. Without
     ``seed`` the order is a permutation drawn from ``rng``. With ``seed``, a rotation: one fixed
     permutation, read from position seed x ``step`` (default n_test - 1), so that consecutive seeds
-    test different subjects (smoke: 18 subjects, 6 tested per seed, step 6: three seeds test every
+    test different subjects (smoke: 30 subjects, 10 tested per seed, step 10: three seeds test every
     subject once)."""
     uniq = sorted(set(subjects))
     n = len(uniq)
@@ -113,7 +113,7 @@ _DATA_CACHE: dict = {}
 
 def simulated_features(sim: dict, segment_s: float):
     """The folder's simulator (simulate.py) and its DE features, computed once per process: the data
-    depend on the dataset seed only, so the three seeds of one batch job share them (about 15 CPU-s).
+    depend on the dataset seed only, so the three seeds of one batch job share them (about 26 CPU-s for 30 subjects).
     The raw epochs (EEGNet's input) are band-passed 1-40 Hz as the platform's EEG readers do
     (mne FIR): the simulated pink background would otherwise put most of their variance below 1 Hz."""
     from . import simulate

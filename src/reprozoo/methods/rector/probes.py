@@ -3,6 +3,7 @@ seed 0, from the project root):
 
     python -m reprozoo.methods.rector.probes eegnet 16 1e-3 3e-3 1e-2   # EEGNet on 48 labels
     python -m reprozoo.methods.rector.probes eegnet all 1e-3 3e-3       # ... on every training epoch
+    python -m reprozoo.methods.rector.probes pilot 40 1e-3 3e-3 1e-2 3e-2   # EEGNet's rate pilot (round 4)
 
 Why they exist: EEGNet sits at chance at 16 labels per class, and the probe shows it lacks labels,
 not steps.
@@ -52,8 +53,39 @@ def eegnet(labels: str, rates: list[float], steps: int = 300) -> None:
         print(f"lr {lr:g}: (step, val CE, test wF1) {out}; {time.process_time() - t:.1f} CPU-s")
 
 
+def pilot(pilot_steps: int, rates: list[float]) -> None:
+    """EEGNet on every training label through the pipeline's own fine-tune (method.finetune, the smoke
+    config's fit options) with the given grid and pilot length: each rate's pilot score, the chosen
+    rate, the stop, the convergence gate on the stopping curve and the test weighted-F1 per subject."""
+    import copy
+    from pathlib import Path
+
+    import torch
+    import yaml
+
+    from reprozoo.claims import plateau
+
+    from . import method
+
+    torch.set_num_threads(1)
+    p = yaml.safe_load((Path(__file__).parent / "configs" / "smoke.yaml").read_text())
+    p["fit"] = {**p["fit"], "lr_grid": rates, "pilot_steps": int(pilot_steps)}
+    f = dict(np.load(FEATURES))
+    idx, X, y, va, te = f["labels_all"], f["raw"], f["y"], f["val"], f["test"]
+    torch.manual_seed(0)
+    net0 = method.build_net("eegnet", f, p)
+    t = time.process_time()
+    net, rec = method.finetune(lambda: copy.deepcopy(net0), X[idx], y[idx], X[va], y[va], p, 0, "eegnet", print)
+    f1 = method.per_subject_f1(y[te], method.predict(net, X[te], np.ones((len(te), X.shape[1]), bool)), f["subj"][te])
+    print(f"pilot scores {({k: round(v, 3) for k, v in rec['pilot_best'].items()})}; lr {rec['lr']:g}, "
+          f"{rec['stop']} steps, gate {plateau(rec['steps'], rec['curves']['ce'], 0.02)}; test wF1 per subject "
+          f"{np.round(f1, 3).tolist()} (mean {f1.mean():.3f}); {time.process_time() - t:.1f} CPU-s")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["eegnet"]:
         eegnet(sys.argv[2], [float(a) for a in sys.argv[3:]])
+    elif sys.argv[1:2] == ["pilot"]:
+        pilot(int(sys.argv[2]), [float(a) for a in sys.argv[3:]])
     else:
         raise SystemExit(__doc__)

@@ -23,7 +23,7 @@ the template montage, mne forward model per subject with jittered dipoles, pink 
 the grid covariance, white sensor noise); signals are drawn directly at ``sfreq`` as continuous
 recordings of back-to-back 4-s cues and cut into epochs (no EDF round trip).
 
-Subjects: ``n_subjects`` (18 at smoke); the method's split (method.subject_split) sets some aside as
+Subjects: ``n_subjects`` (30 at smoke); the method's split (method.subject_split) sets some aside as
 unlabelled pre-training subjects, separate from the labelled training, validation and test subjects.
 The data depend on ``seed`` only (a fixed dataset seed), not on the run's seed.
 """
