@@ -4,7 +4,8 @@ Variants (same data, same optimiser, learning-rate grid, schedule, steps and bat
 parameter counts):
   arbg  - discretised coordinates, causal transformer, uniform dequantisation (the paper's method)
   flow  - neural spline flow over all coordinates (discrete-time BG baseline)
-  cnf   - flow-matching continuous normalizing flow, exact-divergence likelihood (continuous-time BG)
+  cnf   - E(n)-equivariant flow-matching CNF (EGNN field, mean-free base), exact-divergence likelihood
+          (continuous-time BG, the paper's equivariant baseline family)
 
 Stages.
   train_shared (per seed): for every target in ``targets`` (dw4 at smoke; dw4 and lj13 at paper),

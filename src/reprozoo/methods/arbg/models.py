@@ -29,7 +29,10 @@ z_t = (1 - t) z_0 + t z_1, z_0 ~ N(0, I), z_1 = y / scale, regressing an MLP v(z
 Samples solve dz/dt = v from t = 0 to 1 (RK4, ``blocks/flows.ode_sample``); the density follows
 the instantaneous change of variables d log q_t(z_t)/dt = -div v(z_t, t), integrated alongside with
 the EXACT divergence (trace of the D x D Jacobian, propagated through the MLP in closed form), so its importance weights
-are exact up to the ODE discretisation error.
+are exact up to the ODE discretisation error. :class:`EquivariantCNF` (config ``cnf: {kind: egnn}``,
+the smoke and paper setting) replaces the MLP by an E(n)-equivariant EGNN field on the full
+centre-of-mass-free configuration and the base by the mean-free Gaussian, as in the paper's
+equivariant continuous-time baselines; its divergence is the exact trace by reverse mode.
 """
 from __future__ import annotations
 
@@ -259,6 +262,125 @@ class CNF(nn.Module):
         return z1 * self.scale, self._base_log_prob(z0) - c - self.dim * torch.log(self.scale)
 
 
+# particles (n, spatial dim d) of the targets by their number of free coordinates (n - 1) d
+PARTICLES = {6: (4, 2), 36: (13, 3)}
+
+
+class EGNNField(nn.Module):
+    """E(n)-equivariant vector field on n identical particles (Satorras et al.'s EGNN, the vector
+    field of the equivariant CNFs the paper compares with on DW4 / LJ13).
+
+    Node features start from the time alone (the particles are identical), h_i = MLP(t). Each
+    layer, for every ordered pair i != j,
+        m_ij = phi_e(h_i, h_j, |x_i - x_j|^2),
+        x_i <- x_i + sum_{j != i} (x_i - x_j) / (|x_i - x_j| + 1) * phi_x(m_ij) / (n - 1),
+        h_i <- h_i + phi_h(h_i, sum_{j != i} m_ij).
+    The field is x_L - x_0 with its mean over particles removed, so it is equivariant to
+    rotations, reflections and translations of x and to permutations of the particles, and it
+    keeps a centre-of-mass-free configuration centre-of-mass free. Shapes are (..., n, d)."""
+
+    def __init__(self, n: int, d: int, hidden: int = 32, layers: int = 3):
+        super().__init__()
+        self.n, self.d = n, d
+        self.embed = nn.Sequential(nn.Linear(1, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+        self.edge = nn.ModuleList(nn.Sequential(nn.Linear(2 * hidden + 1, hidden), nn.SiLU(),
+                                                nn.Linear(hidden, hidden), nn.SiLU()) for _ in range(layers))
+        self.coord = nn.ModuleList(nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, 1))
+                                   for _ in range(layers))
+        self.node = nn.ModuleList(nn.Sequential(nn.Linear(2 * hidden, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+                                  for _ in range(layers))
+        self.register_buffer("off", 1.0 - torch.eye(n))   # pairs i != j (the diagonal masked)
+        for seq in self.coord:                    # start near the zero field (stable early training)
+            nn.init.zeros_(seq[-1].weight)
+            nn.init.zeros_(seq[-1].bias)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        n, lead = self.n, x.shape[:-2]
+        h = self.embed(t.unsqueeze(-1).unsqueeze(-1).expand(*lead, n, 1))
+        off = self.off.unsqueeze(-1)
+        x0, xs = x, x
+        for edge, coord, node in zip(self.edge, self.coord, self.node):
+            diff = xs.unsqueeze(-2) - xs.unsqueeze(-3)                           # (..., n, n, d): x_i - x_j
+            r2 = (diff * diff).sum(-1, keepdim=True)
+            hh = h.shape[-1]
+            m = edge(torch.cat([h.unsqueeze(-2).expand(*lead, n, n, hh), h.unsqueeze(-3).expand(*lead, n, n, hh),
+                                r2], dim=-1)) * off
+            xs = xs + (diff / (torch.sqrt(r2 + 1e-8) + 1.0) * coord(m) * off).sum(-2) / (n - 1)
+            h = h + node(torch.cat([h, m.sum(-2)], dim=-1))
+        v = xs - x0
+        return v - v.mean(-2, keepdim=True)
+
+
+class EquivariantCNF(CNF):
+    """Equivariant flow-matching CNF (the paper's continuous-time baseline family, e.g. equivariant
+    flow matching with an EGNN field): mean-free Gaussian base, EGNN velocity, exact divergence.
+
+    The model lives on the free coordinates y (first n - 1 particles, in units of ``scale``) like
+    every variant. Base: the isotropic Gaussian on the centre-of-mass-free subspace, whose law in y
+    is N(0, S), S = (I - 11^T / n) (x) I_d, with log density
+        -D/2 log 2 pi + (d/2) log n - |x(y)|^2 / 2       (x(y) the full COM-free configuration),
+    invariant to rotations and particle permutations. Flow matching: z_0 from that base, z_1 = y /
+    scale, z_t = (1 - t) z_0 + t z_1, the EGNN field on the full configuration x(z_t) regressed on
+    x(z_1) - x(z_0) (mean over the n d coordinates). The field in y is the first n - 1 particles'
+    rows (the last follows, the field being COM-free). Likelihoods: the same exact-divergence ODE as
+    :class:`CNF` (Jacobian trace in y by forward-mode differentiation)."""
+
+    def __init__(self, dim: int, scale: float, hidden: int = 32, layers: int = 3, ode_steps: int = 5,
+                 scheme: str = "rk4", particles=None):
+        nn.Module.__init__(self)
+        n, d = tuple(particles) if particles is not None else PARTICLES[dim]
+        if (n - 1) * d != dim:
+            raise ValueError(f"{n} particles in {d}-D have {(n - 1) * d} free coordinates, not {dim}")
+        self.dim, self.ode_steps, self.scheme, self.n, self.d = dim, ode_steps, scheme, n, d
+        self.register_buffer("scale", torch.tensor(float(scale)))
+        self.net = EGNNField(n, d, hidden, layers)
+
+    def _full(self, z: torch.Tensor) -> torch.Tensor:
+        zs = z.reshape(*z.shape[:-1], self.n - 1, self.d)
+        return torch.cat([zs, -zs.sum(-2, keepdim=True)], dim=-2)
+
+    def velocity(self, z: torch.Tensor, t) -> torch.Tensor:
+        tt = torch.as_tensor(t, dtype=z.dtype, device=z.device).expand(z.shape[:-1])
+        v = self.net(self._full(z), tt)
+        return v[..., : self.n - 1, :].reshape(z.shape)
+
+    def base_sample(self, n: int, generator=None, device=None) -> torch.Tensor:
+        x = torch.randn(n, self.n, self.d, generator=generator, device=device)
+        x = x - x.mean(-2, keepdim=True)
+        return x[:, : self.n - 1].reshape(n, self.dim)
+
+    def loss(self, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        z1 = y / self.scale
+        z0 = self.base_sample(len(z1), generator, z1.device).to(z1.dtype)
+        t = torch.rand(len(z1), 1, generator=generator, dtype=z1.dtype, device=z1.device)
+        zt = (1 - t) * z0 + t * z1
+        v = self.net(self._full(zt), t.squeeze(-1))
+        return (v - (self._full(z1) - self._full(z0))).pow(2).mean()
+
+    def _augmented(self, state: torch.Tensor, t: float) -> torch.Tensor:
+        """d/dt [z, c] = [v(z, t), tr dv/dz], the trace exactly, as D reverse-mode passes
+        (row i of the Jacobian from the gradient of sum_b v_i; 2.5x cheaper on this CPU than
+        ``jacfwd`` under ``vmap`` for the EGNN at D = 6, 2000 x 20 evaluations: 2.6 vs 6.3 CPU-s)."""
+        z = state[:, : self.dim].detach().requires_grad_(True)
+        with torch.enable_grad():
+            v = self.velocity(z, t)
+            div = torch.zeros(len(z), dtype=z.dtype, device=z.device)
+            for i in range(self.dim):
+                div = div + torch.autograd.grad(v[:, i].sum(), z, retain_graph=i < self.dim - 1)[0][:, i]
+        return torch.cat([v.detach(), div.detach().unsqueeze(-1)], dim=-1)
+
+    def _base_log_prob(self, z0: torch.Tensor) -> torch.Tensor:
+        x = self._full(z0)
+        return (-0.5 * self.dim * math.log(2 * math.pi) + 0.5 * self.d * math.log(self.n)
+                - 0.5 * x.pow(2).sum((-2, -1)))
+
+    @torch.no_grad()
+    def sample_and_log_prob(self, n: int, generator: torch.Generator | None = None):
+        z0 = self.base_sample(n, generator, self.scale.device)
+        z1, c = self._integrate(z0, 0.0, 1.0)
+        return z1 * self.scale, self._base_log_prob(z0) - c - self.dim * torch.log(self.scale)
+
+
 def _is_silu_mlp(net: nn.Module) -> bool:
     """Whether ``net`` is Linear (SiLU Linear)* SiLU Linear, the form of :class:`CNF`'s velocity."""
     if not isinstance(net, nn.Sequential) or len(net) < 1:
@@ -274,5 +396,8 @@ def build(variant: str, dim: int, scale: float, params: dict) -> nn.Module:
     if variant == "flow":
         return Flow(dim, scale, **params["flow"])
     if variant == "cnf":
-        return CNF(dim, scale, **params["cnf"])
+        kw = dict(params["cnf"])
+        if kw.pop("kind", "mlp") == "egnn":
+            return EquivariantCNF(dim, scale, **kw)
+        return CNF(dim, scale, **kw)
     raise ValueError(f"unknown variant {variant!r}; one of arbg, flow, cnf")
