@@ -44,8 +44,8 @@ Metrics per problem tag, S and simulator calls n (``<m>_<tag>_S<S>_c<n>``):
 * ``val_loss_post`` / ``lr_post`` curves of every posterior fit, ``val_loss_lik`` / ``lr_lik`` of
   TFMPE's likelihood fits (per tag and budget), with ``stop_step``, ``best_step`` and ``lr_chosen``.
   ``val_loss_*`` is the posterior-quality curve that stops the fit and selects its weights (the
-  moment discrepancy from the exact law on the conjugate problem, the energy score on SIR;
-  tokenised_fm.fit_cfm); ``val_fm_*`` the flow-matching validation loss (diagnosis only);
+  energy score of the flow's draws on the fit's own held-out simulations, every fit of every
+  variant on both problems; tokenised_fm.fit_cfm); ``val_fm_*`` the flow-matching validation loss (diagnosis only);
 * ``log10_calls_upper_to_c2st_<tag>_S<S>`` (tfmpe): the read-off with censored observations at the
   top of TFMPE's own grid, the other bound of the censored read-off (README).
 Evaluation data (observations, SBC sets) depend on (seed, problem, S) only: every variant and every
@@ -259,8 +259,8 @@ def _training_curves(table, plots_dir: Path, p, seed0) -> None:
                         label=f"{v}, {calls} calls")
         ax.set_title(group.replace("val_loss_", "").replace("_", ", "), fontsize=9)
         ax.set_xlabel("training step (constant lr; stops when flat)")
-        ax.set_ylabel("validation score (moment discrepancy; SIR: energy score)")
-        ax.set_yscale("log")  # the untrained flow starts orders of magnitude above the plateau
+        ax.set_ylabel("validation energy score (held-out simulations)")
+        ax.set_yscale("log")  # the untrained flow starts well above the plateau
         ax.grid(alpha=0.3)
         ax.legend(fontsize=5)
     fig.suptitle(f"Did every fit train to a plateau? Validation curves, seed {seed0}", fontsize=10)

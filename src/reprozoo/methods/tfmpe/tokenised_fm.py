@@ -168,7 +168,7 @@ def _ema_after_step(pair: "_EMAPair", _step: int) -> None:
 def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tensor, *, lr_grid, max_steps: int,
             pilot_steps: int, min_steps: int, batch: int, val_frac: float, eval_every: int, flat_tol: float,
             ema_decay: float, generator: torch.Generator, ode_steps: int = 4,
-            val_items: int = 384, val_draws: int = 128, oracle=None, **rule_options) -> tuple[TokenVelocityField, dict]:
+            val_items: int = 384, es_draws: int = 8, **rule_options) -> tuple[TokenVelocityField, dict]:
     """CFM training of ``make_net()`` with the platform's one training rule,
     :func:`reprozoo.blocks.fitting.fit_to_plateau` (every rate of ``lr_grid`` piloted for
     ``pilot_steps`` from the same initial weights on the same batches, the best on validation
@@ -181,15 +181,17 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
     item (no cap) and with fixed noise (common random numbers between evaluations and rates):
 
     * ``score`` (selects the weights, picks the rate and decides the stop: ``select`` / ``stop_on``):
-      ``oracle(net)`` when given (a discrepancy of the flow's samples from a known exact law, the
-      conjugate problem's: pipelines.posterior_oracle), else
       the energy score of the flow's SAMPLES against the held-out truth,
       ES = E||Y - y|| - 1/2 E||Y - Y'|| over the generated entries (standardised units), Y, Y' draws
       of the ODE sampler that the estimator uses (``ode_steps`` RK4 steps) given the item's
-      conditioning entries, y the item's own generated entries; ``max(4, val_draws // n_val)``
-      draws per item. The energy score is strictly proper: its expectation is smallest for the
-      exact conditional law (posterior, or site likelihood), so the curve measures posterior
-      quality, not the flow-matching regression noise (review of 03d8f8e, item 1).
+      conditioning entries, y the item's own generated entries; ``es_draws`` draws per item, the
+      same for every fit whatever its number of held-out items. The energy score is strictly
+      proper: its expectation is smallest for the exact conditional law (posterior, or site
+      likelihood), so the curve measures posterior quality, not the flow-matching regression
+      noise. It reads only the fit's own held-out simulations, i.e. what a practitioner has inside
+      the simulator-call budget: no fit reads an exact posterior or an exact site law (review of
+      a3fe88d, item 1: the earlier moment-discrepancy oracle on the conjugate problem compared the
+      same moments the C2ST scores and came from outside the budget).
     * ``fm``: the flow-matching loss at fixed (z, t), ``max(2, val_items // n_val)`` per item
       (recorded for diagnosis only).
 
@@ -210,7 +212,8 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
     val = val_set.repeat(reps, 1, 1)
     zv = torch.randn(val.shape, generator=generator)
     tv = torch.rand(len(val), generator=generator)
-    m_draws = max(4, val_draws // n_val)         # sampler draws per held-out item for the energy score
+    m_draws = int(es_draws)                      # sampler draws per held-out item (fixed: same for every fit)
+    assert m_draws >= 2, "the energy score's pair term needs at least 2 draws per item"
     es_ctx = val_set.repeat_interleave(m_draws, dim=0)
     es_z0 = torch.where(gen.bool(), torch.randn(es_ctx.shape, generator=generator), es_ctx)
     gen_idx = gen.bool().reshape(-1)
@@ -229,8 +232,6 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
 
     def val_loss(pair):
         with torch.no_grad():
-            if oracle is not None:  # a known law: the discrepancy of the flow's samples from it
-                return {"score": float(oracle(pair.ema)), "fm": float(cfm_loss(pair.ema, val, present, gen, zv, tv))}
             draws = _flow_map(pair.ema, es_z0, present, gen, ode_steps)
             y = draws.reshape(n_val, m_draws, -1)[:, :, gen_idx]
             return {"score": energy_score(y, truth), "fm": float(cfm_loss(pair.ema, val, present, gen, zv, tv))}
