@@ -258,13 +258,20 @@ def test_block_speed_reports_the_ratios_and_an_aa_control(padding):
         assert sp[f"speedup_{m}_aa"] > 0
 
 
-def test_placebo_context_is_another_starts_context():
-    """placebo_shift s: forecast b attends to the earlier steps of forecast b - s; shift 0 (or the batch
-    size) is the true context."""
-    torch.manual_seed(1)
+
+def _small_net(seed):
+    """A one-block double-precision EMFormer whose zero-initialised output head is made nonzero, so
+    that a forecast depends on its inputs and context (the tests compare forecasts)."""
+    torch.manual_seed(seed)
     net = EMFormerNet(dim=8, depth=1, heads=2).double()
     for p in net.head.parameters():
         torch.nn.init.normal_(p, std=0.1)
+    return net
+
+def test_placebo_context_is_another_starts_context():
+    """placebo_shift s: forecast b attends to the earlier steps of forecast b - s; shift 0 (or the batch
+    size) is the true context."""
+    net = _small_net(1)
     x = torch.randn(3, 2, 32, 64, dtype=torch.float64)
     with torch.no_grad():
         true = rollout(net, x, 2, 1)
@@ -361,10 +368,7 @@ def test_lookback_gain_sees_a_second_lag_and_not_a_markov_process(coef, markov):
 
 
 def test_observed_history_opens_the_context_and_is_ignored_without_one():
-    torch.manual_seed(2)
-    net = EMFormerNet(dim=8, depth=1, heads=2).double()
-    for p in net.head.parameters():
-        torch.nn.init.normal_(p, std=0.1)
+    net = _small_net(2)
     x, h = torch.randn(2, 2, 32, 64, dtype=torch.float64), torch.randn(2, 2, 2, 32, 64, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(rollout(net, x, 2, 0, history=h), rollout(net, x, 2, 0))
@@ -382,10 +386,7 @@ def test_context_age_embedding_leaves_markov_steps_alone_and_reweights_past_agai
     the softmax ignores, so the pretrained (Markov) forecaster does not depend on it; with a context of
     another step, a nonzero embedding shifts each query's attention between past and present (a head
     can attend to the previous step apart from the current one), so the forecast changes."""
-    torch.manual_seed(3)
-    net = EMFormerNet(dim=8, depth=1, heads=2).double()
-    for p in net.head.parameters():
-        torch.nn.init.normal_(p, std=0.1)
+    net = _small_net(3)
     x = torch.randn(2, 2, 32, 64, dtype=torch.float64)
     with torch.no_grad():
         y0, _ = net(x)

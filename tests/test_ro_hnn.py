@@ -190,19 +190,24 @@ def test_latent_hnn_force_is_the_gradient_of_its_potential():
     torch.testing.assert_close(hnn.grad_potential(q.detach()), auto)
 
 
+def _assert_vector_field_is_j_grad_h(hnn, q, p, eps=1e-6):
+    """dQ = dH/dP and dP = -dH/dQ, by central finite differences of the model's own H."""
+    with torch.no_grad():
+        dq, dp = hnn.vector_field(q, p)
+        for i in range(q.shape[1]):
+            e = torch.zeros(q.shape[1], dtype=torch.float64)
+            e[i] = eps
+            dh_dq = (hnn.hamiltonian(q + e, p) - hnn.hamiltonian(q - e, p)) / (2 * eps)
+            dh_dp = (hnn.hamiltonian(q, p + e) - hnn.hamiltonian(q, p - e)) / (2 * eps)
+            torch.testing.assert_close(dq[:, i], dh_dp, rtol=1e-6, atol=1e-8)
+            torch.testing.assert_close(dp[:, i], -dh_dq, rtol=1e-6, atol=1e-8)
+    return dq
+
+
 def test_hnn_vector_field_is_j_grad_h_by_finite_differences():
     hnn = LatentHNN(3, 16, np.ones(3), torch.Generator().manual_seed(0)).eval()
     qz, pz = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
-    dq, dp = hnn.vector_field(qz, pz)
-    eps = 1e-6
-    with torch.no_grad():
-        for i in range(3):
-            e = torch.zeros(3, dtype=torch.float64)
-            e[i] = eps
-            dh_dq = (hnn.hamiltonian(qz + e, pz) - hnn.hamiltonian(qz - e, pz)) / (2 * eps)
-            dh_dp = (hnn.hamiltonian(qz, pz + e) - hnn.hamiltonian(qz, pz - e)) / (2 * eps)
-            torch.testing.assert_close(dq[:, i], dh_dp, rtol=1e-6, atol=1e-8)
-            torch.testing.assert_close(dp[:, i], -dh_dq, rtol=1e-6, atol=1e-8)
+    _assert_vector_field_is_j_grad_h(hnn, qz, pz)
 
 
 def test_fused_rollout_equals_repeated_leapfrog_steps():
@@ -287,16 +292,8 @@ def test_general_hnn_vector_field_is_j_grad_h_by_finite_differences():
     hnn = GeneralHNN(2, 16, np.array([0.7, 1.3, 0.5, 2.0]), torch.Generator().manual_seed(1),
                      np.array([0.1, -0.2, 0.3, 0.0])).eval()
     q, p = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
-    eps = 1e-6
+    dq = _assert_vector_field_is_j_grad_h(hnn, q, p)
     with torch.no_grad():
-        dq, dp = hnn.vector_field(q, p)
-        for i in range(2):
-            e = torch.zeros(2, dtype=torch.float64)
-            e[i] = eps
-            dh_dq = (hnn.hamiltonian(q + e, p) - hnn.hamiltonian(q - e, p)) / (2 * eps)
-            dh_dp = (hnn.hamiltonian(q, p + e) - hnn.hamiltonian(q, p - e)) / (2 * eps)
-            torch.testing.assert_close(dq[:, i], dh_dp, rtol=1e-6, atol=1e-8)
-            torch.testing.assert_close(dp[:, i], -dh_dq, rtol=1e-6, atol=1e-8)
         shifted, _ = hnn.vector_field(q + 0.3, p)
     assert (shifted - dq).abs().max() > 1e-3  # dH/dP depends on Q: not separable
 
