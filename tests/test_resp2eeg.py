@@ -137,8 +137,9 @@ def test_transformer_learns_planted_patch_mapping():
 
 
 def test_lr_grid_chosen_on_validation_constant_rate_best_weights_kept():
-    """Of a useless rate (1e-6) and a working one, the pilot keeps the working one; the rate stays
-    constant (the convergence gate's lr floor); the returned weights score the curve's best value."""
+    """Of a useless rate (1e-6) and a working one, the pilot keeps the working one; the rate is constant
+    but for the shared rule's one drop to the convergence gate's floor; the returned weights score the
+    curve's best value."""
     pytest.importorskip("torch")
     import torch
 
@@ -150,7 +151,7 @@ def test_lr_grid_chosen_on_validation_constant_rate_best_weights_kept():
     assert hist["lr_chosen"] == 3e-3
     assert hist["lr_pilot_val"]["1e-06"] > hist["lr_pilot_val"]["0.003"]
     steps, lr = hist["curves"]["lr"]
-    assert set(lr) == {3e-3} and steps == hist["curves"]["val_loss"][0]
+    assert set(lr) <= {3e-3, 3e-3 * 0.1} and steps == hist["curves"]["val_loss"][0]  # one drop, to the floor
     x = torch.tensor(windows(patch_inputs(patches[-4:]), 36))
     y = torch.tensor(windows(target[-4:], 36))
     with torch.no_grad():
@@ -161,7 +162,7 @@ def test_lr_grid_chosen_on_validation_constant_rate_best_weights_kept():
 def test_stop_at_plateau_passes_the_convergence_gate():
     """The shared rule stops the encoder where the gate's own plateau test holds: a fit that reports
     ``plateau`` passes ``reprozoo.claims.plateau`` at the gate's 2 % on its recorded curve, at a
-    learning rate that never decayed."""
+    learning rate that dropped at most once, to the gate's floor."""
     pytest.importorskip("torch")
     from reprozoo.claims import plateau
     from reprozoo.methods.resp2eeg.model import train_encoder
@@ -173,7 +174,7 @@ def test_stop_at_plateau_passes_the_convergence_gate():
     assert hist["plateau"] and hist["stop_step"] < 1500
     assert plateau(steps, val, 0.02) and plateau(steps, val, p["flat_tol"])
     assert not plateau(steps[: len(steps) // 3], val[: len(val) // 3], 0.02)  # early on it was still falling
-    assert set(hist["curves"]["lr"][1]) == {3e-3}
+    assert set(hist["curves"]["lr"][1]) <= {3e-3, 3e-3 * 0.1}
 
 
 def test_subject_folds_never_split_a_subject():

@@ -306,7 +306,8 @@ def test_learned_site_likelihood_recovers_the_gaussian_site_model():
 def test_stopping_rule_keeps_a_constant_lr_and_stops_on_a_curve_the_gate_accepts():
     """The stopping rule is the convergence gate's own measure with a stricter tolerance: a fit that
     stops before max_steps must pass the platform's gate (Theil-Sen over the last 30 %, lr floor);
-    the learning rate is the grid value with the best pilot validation loss and never decays."""
+    the learning rate is the grid value with the best pilot validation loss and drops at most once, to
+    the gate's floor (the shared rule's noise-floor drop)."""
     from reprozoo.claims import _tail_check
     from reprozoo.registry import Convergence
 
@@ -315,7 +316,7 @@ def test_stopping_rule_keeps_a_constant_lr_and_stops_on_a_curve_the_gate_accepts
     assert calls == 1000
     assert hist["lr_chosen"] in FIT["lr_grid"]
     assert hist["lr_chosen"] == min(hist["lr_pilot_vals"], key=hist["lr_pilot_vals"].get)
-    assert len(set(hist["lr"])) == 1
+    assert set(hist["lr"]) <= {hist["lr_chosen"], hist["lr_chosen"] * 0.1}
     assert FIT["min_steps"] <= hist["stop_step"] <= FIT["max_steps"]
     rec = _tail_check(np.array(hist["step"], float), np.array(hist["val"], float), Convergence(curve="v", lr="lr"),
                       (np.array(hist["step"], float), np.array(hist["lr"], float)))

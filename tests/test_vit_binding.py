@@ -171,14 +171,14 @@ def test_straddle_scenes_cross_patch_borders_without_overlap():
 
 def test_probe_fit_stops_where_the_convergence_gate_agrees():
     """The probe's fit (shared rule) ends on a curve that the platform's plateau test accepts, at a
-    constant learning rate, and its best-validation weights score what its curve says."""
+    rate that drops at most once to the gate's floor, and its best-validation weights score what its curve says."""
     from reprozoo.claims import plateau
 
     rng = np.random.default_rng(6)
     z, Y, F = _planted(1500, rng, bound=False)  # CE(Y) ~ H(Y|F) > 2 bits: a level the relative test can read
     probe, rec = P.fit_probe("quadratic", z[:1000], Y[:1000], z[1000:1300], Y[1000:1300], CFG, 0)
     assert rec["plateau"] and plateau(rec["steps"], rec["vals"], 0.02)
-    assert len(set(rec["lrs"])) == 1 and rec["lr"] in CFG["fit"]["lr_grid"]
+    assert set(rec["lrs"]) <= {rec["lr"], rec["lr"] * 0.1} and rec["lr"] in CFG["fit"]["lr_grid"]
     best = P.cross_entropy_bits(probe, z[1000:1300], Y[1000:1300]).mean()
     assert best == pytest.approx(min(rec["vals"]), rel=1e-5)
 
