@@ -370,9 +370,11 @@ def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
         return ReversibleHeun(denoise)
     if variant in ("bdia", "bdia_lawson"):
         return BDIA(denoise, params["bdia_gamma"], lawson=variant == "bdia_lawson")
+    if variant == "bdia_g096":  # the reference code's BDIA setting (gamma = 0.96), in the Lawson variables
+        return BDIA(denoise, params["bdia_gamma_paper"], lawson=True)
     raise ValueError(f"unknown Rex variant '{variant}'")
 
 
 def ode_order(variant: str) -> int | None:
     return {"rex_euler": 1, "rex_midpoint": 2, "rex_rk4": 4, "ddim": 1, "reversible_heun": 2, "bdia": 2,
-            "bdia_lawson": 2}.get(variant)
+            "bdia_lawson": 2, "bdia_g096": 1}.get(variant)
