@@ -236,46 +236,105 @@ def test_unit_jumps_make_norm_and_squared_norm_paths_equal():
 
 
 def test_fixed_discounts_are_tuned_once_at_every_sweep_point():
-    """dftrl_fixed: one column per sweep point, column k the theory's discount tuned at the sweep's
-    k-th point and kept over the whole sweep; at its own point a column is exactly dftrl_tuned, at
-    a 4x longer horizon it keeps the short window (never retuned)."""
+    """dftrl_fixed: 2n + 3 columns on an n-point sweep (extended one sweep step beyond each end),
+    column 2k + 2 the theory's discount tuned at the sweep's k-th point, odd columns at the geometric
+    midpoints, each kept over the whole sweep; at its own point column 2k + 2 is exactly
+    dftrl_tuned, at a 4x longer horizon it keeps the short window (never retuned)."""
     from reprozoo.methods.ftrl_regret.method import fixed_tuning_points, predictions_batch
 
-    p = {"d": 3, "ridge": 1.0, "T_sweep": [200, 400, 800], "P_fix": 2, "T_fix": 400, "P_sweep": [1, 2, 4],
+    p = {"d": 3, "ridge": 1.0, "T_sweep": [200, 800, 3200], "P_fix": 2, "T_fix": 400, "P_sweep": [1, 4, 16],
          "linear": {**LIN, "bound": 1.0, "kappa": 1.0, "grad_bound": 3.0, "meta_lr": 0.1},
          "logistic": {**LOGIT, "bound": 2.0, "kappa": 0.105, "grad_bound": 1.0, "meta_lr": 1.0,
-                      "P_sweep": [2, 4, 8], "T_fix": 600}}
-    assert fixed_tuning_points(p, "linear", "T") == [(200, 2.0), (400, 2.0), (800, 2.0)]
-    assert fixed_tuning_points(p, "linear", "P") == [(400, 1.0), (400, 2.0), (400, 4.0)]
-    assert fixed_tuning_points(p, "logistic", "P") == [(600, 2.0), (600, 4.0), (600, 8.0)]
+                      "P_sweep": [2, 8, 32], "T_fix": 600}}
+    pts = lambda task, sw: np.array(fixed_tuning_points(p, task, sw))  # noqa: E731
+    Ts = [50, 100, 200, 400, 800, 1600, 3200, 6400, 12800]
+    np.testing.assert_allclose(pts("linear", "T"), [(T, 2.0) for T in Ts])
+    np.testing.assert_allclose(pts("linear", "P"), [(400, x) for x in (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)])
+    np.testing.assert_allclose(pts("logistic", "P"), [(600, x) for x in (0.5, 1, 2, 4, 8, 16, 32, 64, 128)])
     rng = np.random.default_rng(4)
-    for k, (T, P) in enumerate(((200, 2.0), (800, 2.0))):
+    for T, P in ((200, 2.0), (800, 2.0)):
         s = make_stream("linear", T, 3, P, LIN, rng)
         st = {kk: s[kk][None] for kk in ("x", "y", "u")}
         fixed, cf = predictions_batch("dftrl_fixed", "linear", st, p, sweep="T")
         tuned, ct = predictions_batch("dftrl_tuned", "linear", st, p)
-        assert fixed.shape == (1, T, 3)
-        np.testing.assert_allclose(cf["one_minus_beta"], np.sqrt(2.0 / (3 * np.array([200, 400, 800]))))
-        own = 0 if T == 200 else 2
+        assert fixed.shape == (1, T, 9)
+        np.testing.assert_allclose(cf["one_minus_beta"], np.sqrt(2.0 / (3 * np.array(Ts))))
+        own = 2 if T == 200 else 4
         np.testing.assert_allclose(fixed[..., own], tuned, rtol=1e-12)
         if T == 800:  # the column tuned at T = 200 keeps its window: twice the tuned 1 - beta
-            assert cf["one_minus_beta"][0] == pytest.approx(2 * ct["one_minus_beta"])
+            assert cf["one_minus_beta"][2] == pytest.approx(2 * ct["one_minus_beta"])
     with pytest.raises(ValueError):
         predictions_batch("dftrl_fixed", "linear", st, p)
 
 
-def test_best_fixed_control_reads_the_best_column():
-    """The rate claims' control holds if ANY fixed discount passes: best_fixed returns the smallest
-    half-range deviation over the columns. A column with a clean x^(1/2) law (deviation 0) must win
-    over a + b x columns, whatever its position."""
-    from reprozoo.methods.ftrl_regret.method import best_fixed, half_dev, half_slopes
+def test_best_fixed_reads_the_hindsight_best_and_the_best_kept_column():
+    """The level claims divide by the best fixed discount at each sweep point (``oracle``); their
+    control is the single column whose worst-case ratio to it is smallest (``level``). Columns of the
+    reduction's bound A/W + B W with W fixed at a factor-2 grid: the oracle is the column tuned at
+    each point, and the middle column's worst case is (r + 1/r)/2 = 2.125 at r = 4."""
+    from reprozoo.methods.ftrl_regret.method import best_fixed
 
-    xs = np.array([1000, 2000, 4000, 8000, 16000], float)
-    cols = [xs + 4000.0, 3 * xs**0.5, xs + 64000.0]
-    b = best_fixed(xs, np.stack(cols, axis=1))
-    assert b["k"] == 1 and b["dev"] == pytest.approx(0.0, abs=1e-9)
-    assert b["devs"][0] == pytest.approx(half_dev(*half_slopes(xs, cols[0])))
-    assert min(b["devs"][0], b["devs"][2]) > 0.15
+    xs = np.array([1.0, 4.0, 16.0, 64.0, 256.0])        # P_T: the optimal window W* ~ x^(-1/2)
+    W = 1.0 / np.sqrt(xs)                               # column k: the window tuned at xs[k]
+    bound = lambda x, w: 1.0 / w + x * w                # forgetting ~ 1/W, tracking ~ P_T W  # noqa: E731
+    ys = np.array([[bound(x, w) for w in W] for x in xs])
+    b = best_fixed(xs, ys)
+    np.testing.assert_allclose(b["oracle"], np.diag(ys))
+    assert b["k"] == 2 and b["level"] == pytest.approx(2.125)
+    assert b["levels"][0] == pytest.approx((16 + 1 / 16) / 2)
+    # the retuned discount (the diagonal) is the oracle itself: ratio 1, far inside c = 1.5
+    assert np.max(np.diag(ys) / b["oracle"]) == pytest.approx(1.0)
+
+
+def test_vertex_min_is_the_continuum_minimum_of_a_log_parabola():
+    """The level claims' hindsight best over the window continuum: exact for a log-parabola on the
+    grid, never above the best column, the end value at an edge."""
+    from reprozoo.methods.ftrl_regret.method import vertex_min
+
+    k = np.arange(9, dtype=float)
+    for k0, y0 in ((3.3, 2.0), (5.0, 7.0), (6.6, 0.5)):
+        ys = y0 * np.exp(0.3 * (k - k0) ** 2)
+        assert vertex_min(ys) == pytest.approx(y0)
+        assert vertex_min(ys) <= ys.min()
+    assert vertex_min(np.exp(k)) == pytest.approx(1.0)
+    assert vertex_min([2.0, 2.0, 2.0]) == pytest.approx(2.0)
+
+
+def test_batches_concatenate_a_p_sweep_in_order():
+    """_batches learns a P sweep's points (one horizon) in one batch, replicates per point in sweep
+    order, the same streams as _streams; per_point averages them back."""
+    from reprozoo.methods.ftrl_regret.method import _batches, _streams, per_point
+
+    p = {"d": 3, "T_sweep": [50, 100], "P_fix": 2, "T_fix": 80, "P_sweep": [1, 2], "replicates": 3,
+         "static_tasks": ["linear"], "linear": LIN, "logistic": {**LOGIT, "P_sweep": [2, 4], "T_fix": 120}}
+    one = list(_streams(p, np.random.default_rng(0)))
+    bat = list(_batches(p, np.random.default_rng(0)))
+    assert [(t, s, v) for t, s, v, _ in bat] == [
+        ("linear", "T", [50]), ("linear", "T", [100]), ("linear", "P", [1, 2]),
+        ("logistic", "T", [50]), ("logistic", "T", [100]), ("logistic", "P", [2, 4]), ("linear", "T0", [100])]
+    lin_P = bat[2][3]
+    assert lin_P["x"].shape == (6, 80, 3)
+    np.testing.assert_array_equal(lin_P["y"][3:], [s for t, sw, v, s in one if (t, sw, v) == ("linear", "P", 2)][0]["y"])
+    assert [path_length(u) for u in lin_P["u"]] == pytest.approx([1.0] * 3 + [2.0] * 3)
+    np.testing.assert_allclose(per_point(np.arange(6.0), 2), [1.0, 4.0])
+    np.testing.assert_allclose(per_point(np.arange(12.0).reshape(2, 6), 2), [[1.0, 4.0], [7.0, 10.0]])
+
+
+def test_retuned_discount_beats_a_discount_fixed_far_from_its_point():
+    """What the level claims need from the miniature: on a 256x P_T sweep (1 vs 256 switches at one
+    horizon), the discount tuned for P_T = 1 kept at P_T = 256 pays far more than the retuned one
+    (its window is 16x too long), and vice versa; one stream per point, 3 seeds summed."""
+    T, d = 4000, 3
+    tot = np.zeros((2, 2))                           # rows: P_T = 1, 256; columns: W tuned at 1, 256
+    for seed in range(3):
+        rng = np.random.default_rng(20 + seed)
+        for i, P in enumerate((1.0, 256.0)):
+            s = make_stream("linear", T, d, P, LIN, rng)
+            betas = [L.tuned_discount(T, d, 1.0), L.tuned_discount(T, d, 256.0)]
+            pr = L.run_discounted_ftrl("linear", s, betas, 1.0, 1.0)
+            tot[i] += [dynamic_regret("linear", pr[:, k], s)[-1] for k in range(2)]
+    assert tot[0, 0] < tot[0, 1] and tot[1, 1] < tot[1, 0], tot
+    assert tot[1, 0] > 1.5 * tot[1, 1] and tot[0, 1] > 1.5 * tot[0, 0], tot
 
 
 def test_half_slopes_separate_a_fixed_discount_from_a_power_law():

@@ -1,38 +1,42 @@
-"""Discounted FTRL vs undiscounted FTRL vs OGD: dynamic regret against drifting comparators.
+"""Discounted FTRL vs fixed discounts, an ensemble over discounts and OGD: dynamic regret against
+drifting comparators.
 
 Variants (one training cell per variant x seed; every variant sees the same streams of its seed):
-  dftrl_tuned     discounted FTRL with the theory's discount 1 - beta = sqrt(kappa P_T / (d T))
-                  (P_T known, as the theorem's tuning assumes)
-  dftrl_fixed     control of the rate claims: the same discounted FTRL with the theory's discount
-                  tuned once at ONE point of the sweep and never retuned, run for every point of the
-                  sweep (K columns); the control reads the best of them (it holds if any fixed
-                  discount passes the claim). A fixed discount's regret is (forgetting)
-                  ~ (1-beta) d T + (tracking) ~ P_T / (1-beta): a x + b in x = T or P_T
+  dftrl_tuned     discounted FTRL with the theory's discount 1 - beta = sqrt(kappa P_T / (d T)),
+                  retuned at every sweep point (P_T known, as the theorem's tuning assumes)
+  dftrl_fixed     control of the level claims: the same discounted FTRL with the theory's discount
+                  tuned once at ONE point (a sweep point, a geometric midpoint of two, or one sweep
+                  step beyond either end) and never retuned: K = 13 columns on a 5-point sweep,
+                  a factor-sqrt(2) grid of windows. It records, per sweep point, the regret of the best of these columns
+                  (``regret_<sweep>_<task>``: the best fixed discount in hindsight, what the level
+                  claims divide by) and ``fixlvl_<sweep>_<task>``: the worst-case ratio to that best of
+                  the single column that does best over the whole sweep (the control: it holds if ANY
+                  discount fixed once stays within the claims' factor at every sweep point)
   dftrl_ensemble  discounted FTRL on a factor-2 grid of discounts, aggregated by fixed-share
-                  exponential weights: no knowledge of P_T
-  ftrl            undiscounted FTRL (beta = 1): the VAW forecaster / Newton-FTRL that never forgets
-  ogd_tuned       projected OGD with Zinkevich's dynamic-regret step (P_T known)
-  ogd_ensemble    OGD on a factor-2 step grid, the same meta-learner (Ader-style): no knowledge of P_T
-                  (not in the spec since the d8e03bc smoke: no claim read it; kept callable for probes)
+                  exponential weights (one layer): no knowledge of P_T
+  ftrl            undiscounted FTRL (beta = 1): not in the spec since this round (the claims that read
+                  it held by construction and are tests now); kept callable
+  ogd_tuned       projected OGD with Zinkevich's step (P_T known): runs the static sweep only
+  ogd_ensemble    OGD on a factor-2 step grid, the same meta-learner (Ader-style); not in the spec
   adam_two_discount  the Adam toy: a (beta1, beta2) sweep, clipped and clip-free (adam_toy.py)
   adam_aa         its A/A control: the same sweep (clipped) with both drift slots at the slow rate
 
 Stages:
   train (per variant): draw every stream of the sweeps from the seed's generator (streams.py; the same
   streams for every variant of a seed), ``replicates`` independent streams per sweep point, learnt
-  together (batched) and their final regrets averaged; for task in (linear, logistic), run the learner on
+  together (batched; the points of a P_T sweep share one horizon and are learnt in one batch) and
+  their final regrets averaged; for task in (linear, logistic), run the learner on
     * the T sweep at fixed path length P_fix -> curve regret_T_<task> (x = T, rounds)
     * the P sweep at fixed horizon T_fix     -> curve regret_P_<task> (x = P_T, path length)
       (a task may override P_sweep and T_fix: logistic's tuned window is longer)
-    and fit log-log slopes (slope_T_<task>, slope_P_<task>), also over each half of the sweep
-    (slope_<T|P>_lo_<task>, slope_<T|P>_hi_<task>, the middle point in both: the local rates the
-    rate claims read). The theorem's rate for the tuned discount is R_T = O~(sqrt(d T P_T)): slope
-    1/2 in T and 1/2 in P_T, on both halves.
-    The tuned variants (STATIC_VARIANTS) also run the static sweep on the tasks ``static_tasks``,
-    P_T = 0 over the same horizons (-> curve regret_T0_<task>, slope slope_T0_<task>): the curved-loss
-    point of the paper, where FTRL's regret is O(d log T) (log-log slope ~ 1/ln T) and OGD at
-    Zinkevich's step ~ 1/sqrt(T) pays ~ sqrt(T) (slope 1/2). Its streams are prefixes of the
-    static streams of (seed, task): common random numbers across T.
+    Each sweep spans 256x, so the theory's window sqrt(d T / (kappa P_T)) moves 16x across it. The
+    level claims divide a variant's regret by dftrl_fixed's best-fixed-discount regret point by point.
+    Log-log slopes (full range and halves) are still recorded (slope_*), unclaimed.
+    The variants in STATIC_VARIANTS also run the static sweep on the tasks ``static_tasks``,
+    P_T = 0 over the horizons ``static_T_sweep`` (-> curve regret_T0_<task>, slope slope_T0_<task>):
+    the curved-loss point of the paper, where FTRL's regret is O(d log T) (log-log slope ~ 1/ln T)
+    and OGD at Zinkevich's step ~ 1/sqrt(T) pays ~ sqrt(T) (slope 1/2). Its streams are prefixes of
+    the static streams of (seed, task): common random numbers across T.
 Dynamic regret R_T = sum_t l_t(w_t) - l_t(u_t), in nats (logistic) or squared-loss units (linear),
 u_t the planted comparator of the stream.
 """
@@ -48,18 +52,27 @@ from reprozoo.figures import save_figure
 
 TASKS = ("linear", "logistic")
 SHORT = {"linear": "lin", "logistic": "logit"}
-# the variants that also run the static (P_T = 0) sweep: the claim's learner and its OGD control
+# the variants that run the static (P_T = 0) sweep: the claim's learner and its OGD control
 STATIC_VARIANTS = ("dftrl_tuned", "ogd_tuned")
+# the drifting sweeps each variant runs (ogd_tuned: the static sweep only, read by the static claim;
+# dftrl_ensemble: the T sweeps only, what its claims read; its P sweeps would cost ~9 CPU-s a seed,
+# an estimate from the per-round cost of its learners, not a measurement of them)
+DRIFT_SWEEPS = {"dftrl_tuned": "TP", "dftrl_fixed": "TP", "dftrl_ensemble": "T", "ftrl": "TP", "ogd_ensemble": "TP"}
 
 
 def _sweep(p: dict, task: str, sweep: str) -> tuple[list, float | None, int | None]:
     """(values, P_fix, T_fix) of one sweep; a task may override P_sweep / T_fix / P_jump (logistic:
-    its tuned window is longer, so its P sweep runs at a longer horizon to keep the switch spacing
-    >= 2x it)."""
+    its tuned window is longer, so its P sweep runs at its own path lengths to keep the switch
+    spacing above the window)."""
     cfg = p[task]
     if sweep == "T":
         return list(p["T_sweep"]), p["P_fix"], None
     return list(cfg.get("P_sweep", p["P_sweep"])), None, int(cfg.get("T_fix", p["T_fix"]))
+
+
+def _static_sweep(p: dict) -> list:
+    """The static (P_T = 0) sweep's horizons: ``static_T_sweep`` (default: the T sweep)."""
+    return list(p.get("static_T_sweep", p["T_sweep"]))
 
 
 def _stack(streams: list[dict]) -> dict:
@@ -79,32 +92,61 @@ def _streams(p: dict, rng: np.random.Generator):
             vals, P_fix, T_fix = _sweep(p, task, sweep)
             for val in vals:
                 T, P = (val, P_fix) if sweep == "T" else (T_fix, val)
-                # the P sweep may use its own switch size (logistic: P_jump = 2, a 60-degree turn on
-                # its radius-2 sphere, as jump 1 is on linear's radius-1 sphere)
+                # the P sweep may use its own switch size (P_jump)
                 c = cfg if sweep == "T" else {**cfg, "jump": cfg.get("P_jump", cfg["jump"])}
                 yield task, sweep, val, _stack([make_stream(task, T, d, P, c, rng) for _ in range(R)])
     for task in p.get("static_tasks", ()):
-        top = max(p["T_sweep"])
+        top = max(_static_sweep(p))
         yield task, "T0", top, _stack([make_stream(task, top, d, 0.0, p[task], rng) for _ in range(R)])
 
 
+def _batches(p: dict, rng: np.random.Generator):
+    """The points of ``_streams`` as learning batches (task, sweep, values, streams): a T-sweep or
+    static point alone; the points of a P sweep (one horizon) concatenated along the stream axis,
+    ``replicates`` streams per point in sweep order. The same streams as ``_streams``."""
+    buf: list = []
+
+    def flush():
+        task, sweep = buf[0][:2]
+        return task, sweep, [b[2] for b in buf], {k: np.concatenate([b[3][k] for b in buf]) for k in ("x", "y", "u")}
+
+    for task, sweep, val, st in _streams(p, rng):
+        if buf and (buf[0][0], buf[0][1]) != (task, sweep):
+            yield flush()
+            buf = []
+        if sweep == "P":
+            buf.append((task, sweep, val, st))
+        else:
+            yield task, sweep, [val], st
+    if buf:
+        yield flush()
+
+
 def _static_prefixes(p: dict, full: dict):
-    """The static sweep's horizons: the first T rounds of the static streams, T in T_sweep."""
-    for T in p["T_sweep"]:
+    """The static sweep's horizons: the first T rounds of the static streams, T in static_T_sweep."""
+    for T in _static_sweep(p):
         yield T, {k: a[:, :T] for k, a in full.items()}
 
 
-def fixed_tuning_points(p: dict, task: str, sweep: str) -> list[tuple[int, float]]:
-    """The (T, P_T) points at which ``dftrl_fixed`` tunes its discounts, one per point of the sweep:
-    each column of ``dftrl_fixed`` is the theory's discount 1-beta = sqrt(kappa P_T / (d T)) tuned
-    once at one sweep point and then kept over the whole sweep (never retuned). The rate claims'
-    control reads the best of them (a claim's control holds if ANY fixed discount passes it)."""
+def fixed_tuning_points(p: dict, task: str, sweep: str) -> list[tuple[float, float]]:
+    """The (T, P_T) points at which ``dftrl_fixed`` tunes its discounts: the sweep extended by one
+    sweep step beyond each end (x_0^2 / x_1 and x_{n-1}^2 / x_{n-2}), and the geometric midpoint
+    between neighbours: 2n + 3 points for an n-point sweep, column 2k + 2 the discount tuned at the
+    sweep's k-th point (dftrl_tuned's there). Each column is the theory's discount
+    1-beta = sqrt(kappa P_T / (d T)) tuned once at its point and kept over the whole sweep (never
+    retuned): on a geometric sweep of factor 4 the windows form a factor-sqrt(2) grid that brackets
+    every retuned window by 2x on both sides, so the best fixed discount in hindsight can beat the
+    retuned one at the sweep's ends too, and between grid points."""
     vals, P_fix, T_fix = _sweep(p, task, sweep)
-    return [(int(v), float(P_fix)) for v in vals] if sweep == "T" else [(int(T_fix), float(v)) for v in vals]
+    v = np.asarray(vals, float)
+    v = np.concatenate([[v[0] ** 2 / v[1]], v, [v[-1] ** 2 / v[-2]]])
+    pts = np.empty(2 * len(v) - 1)
+    pts[0::2], pts[1::2] = v, np.sqrt(v[:-1] * v[1:])
+    return [(float(x), float(P_fix)) for x in pts] if sweep == "T" else [(float(T_fix), float(x)) for x in pts]
 
 
 def half_dev(lo: float, hi: float) -> float:
-    """What the rate claims read: the larger distance of the two half-range slopes from 1/2."""
+    """The larger distance of the two half-range slopes from 1/2 (recorded, unclaimed)."""
     return float(max(abs(lo - 0.5), abs(hi - 0.5)))
 
 
@@ -173,41 +215,50 @@ def half_slopes(xs, ys) -> tuple[float, float]:
     return loglog_slope(xs[: mid + 1], ys[: mid + 1]), loglog_slope(xs[mid:], ys[mid:])
 
 
+def per_point(final: np.ndarray, n_points: int) -> np.ndarray:
+    """Mean final regret per sweep point: ``final`` (..., N) with N = n_points x replicates streams in
+    sweep order -> (..., n_points)."""
+    return final.reshape(*final.shape[:-1], n_points, -1).mean(axis=-1)
+
+
 def train(ctx) -> None:
     p, v = ctx.params, ctx.variant
     if v.startswith("adam_"):
         return train_adam(ctx)
-    static = v in STATIC_VARIANTS
-    results = {(t, s): [] for t in TASKS for s in "TP"}
+    results: dict = {}
     # the streams are drawn here from the seed's generator ctx.rng(1) (seed-only: every variant of a
-    # seed sees the same streams, common random numbers) instead of being stored: with replicates
-    # they would take ~80 MB a seed
-    for task, sweep, val, streams in _streams(p, ctx.rng(1)):
+    # seed sees the same streams, common random numbers) instead of being stored
+    for task, sweep, vals, streams in _batches(p, ctx.rng(1)):
         if sweep == "T0":
-            if not static:
+            if v not in STATIC_VARIANTS:
                 continue
-            points = list(_static_prefixes(p, streams))
-            results.setdefault((task, "T0"), [])
+            points = [([T], st) for T, st in _static_prefixes(p, streams)]
+        elif sweep not in DRIFT_SWEEPS.get(v, ""):
+            continue
         else:
-            points = [(val, streams)]
-        for val, st in points:
+            points = [(vals, streams)]
+        for pts, st in points:
             pred, chosen = predictions_batch(v, task, st, p, sweep=sweep)
             if v == "dftrl_fixed":
-                # one regret per fixed discount (column k: tuned at the sweep's k-th point)
-                cum = np.stack([dynamic_regret(task, pred[..., k], st) for k in range(pred.shape[-1])])
-                results[(task, sweep)].append((val, cum[:, :, -1].mean(axis=1)))   # (K,)
-                ctx.progress(f"{task} {sweep}={val:g}: dynamic regret of the {cum.shape[0]} fixed discounts "
-                             + " ".join(f"{r:.1f}" for r in cum[:, :, -1].mean(axis=1)))
+                # one regret per fixed discount (column k: tuned at fixed_tuning_points' k-th point)
+                final = np.stack([dynamic_regret(task, pred[..., k], st)[:, -1] for k in range(pred.shape[-1])])
+                reg = per_point(final, len(pts))                               # (K, n_points)
+                for j, val in enumerate(pts):
+                    results.setdefault((task, sweep), []).append((val, reg[:, j]))
+                    ctx.progress(f"{task} {sweep}={val:g}: dynamic regret of the {reg.shape[0]} fixed discounts "
+                                 + " ".join(f"{r:.1f}" for r in reg[:, j]))
                 continue
-            cum = dynamic_regret(task, pred, st)                    # (R, T)
-            results[(task, sweep)].append((val, float(cum[:, -1].mean())))
-            if sweep == "T" and val == max(p["T_sweep"]):
+            cum = dynamic_regret(task, pred, st)                    # (N, T)
+            reg = per_point(cum[:, -1], len(pts))
+            for j, val in enumerate(pts):
+                results.setdefault((task, sweep), []).append((val, float(reg[j])))
+                ctx.progress(f"{task} {sweep}={val:g}: dynamic regret {reg[j]:.1f} "
+                             f"(mean of {cum.shape[0] // len(pts)} streams)")
+            if sweep == "T" and pts[0] == max(p["T_sweep"]):
                 idx = np.unique(np.geomspace(1, cum.shape[1], 40).astype(int)) - 1
                 ctx.metrics.curve(f"cumregret_{SHORT[task]}", idx + 1, cum[:, idx].mean(axis=0))
                 for k, c in chosen.items():
                     ctx.metrics.scalar(f"{k}_{SHORT[task]}", c)
-            ctx.progress(f"{task} {sweep}={val:g}: dynamic regret {cum[:, -1].mean():.1f} "
-                         f"(mean of {cum.shape[0]} streams)")
     for (task, sweep), rows in results.items():
         xs, ys = zip(*rows)
         if v == "dftrl_fixed":
@@ -216,46 +267,64 @@ def train(ctx) -> None:
         ctx.metrics.curve(f"regret_{sweep}_{SHORT[task]}", xs, ys)
         ctx.metrics.scalar(f"slope_{sweep}_{SHORT[task]}", loglog_slope(xs, ys))
         if sweep in ("T", "P"):
-            # local rates: the slope over the lower and the upper half of the sweep (sharing the middle
-            # point). The theorem's rate holds at every horizon, so a retuned discount keeps slope 1/2 on
-            # both; a discount fixed once has regret ~ a x + b (x = T or P_T), whose local slope
-            # x / (x + b/a) runs from ~0 to ~1 across its tuning point, so at least one half leaves 1/2
             lo, hi = half_slopes(xs, ys)
             ctx.metrics.scalar(f"slope_{sweep}_lo_{SHORT[task]}", lo)
             ctx.metrics.scalar(f"slope_{sweep}_hi_{SHORT[task]}", hi)
 
 
+def vertex_min(ys) -> float:
+    """The minimum of ``ys`` over a continuum of the grid's coordinate, by the parabola through the
+    log values at the discrete argmin and its two neighbours (the grid is uniform in log window); at
+    an end of the grid, or without curvature, the discrete minimum itself. Never above the discrete
+    minimum."""
+    y = np.log(np.asarray(ys, float))
+    k = int(np.argmin(y))
+    if k == 0 or k == len(y) - 1:
+        return float(np.exp(y[k]))
+    a, b, c = y[k - 1], y[k], y[k + 1]
+    curv = a - 2.0 * b + c
+    return float(np.exp(b - (a - c) ** 2 / (8.0 * curv))) if curv > 0 else float(np.exp(b))
+
+
 def best_fixed(xs, ys: np.ndarray) -> dict:
-    """The best of the fixed discounts on one sweep: ``ys`` (n_points, K), column k the regret of the
-    discount tuned at the sweep's k-th point. Returns the smallest half-range deviation
-    max(|lo - 1/2|, |hi - 1/2|) over k (``dev``), the smallest full-range |slope - 1/2| over k
-    (``fulldev``) and the column k that gives ``dev`` (``k``)."""
-    devs = [half_dev(*half_slopes(xs, ys[:, k])) for k in range(ys.shape[1])]
-    full = [abs(loglog_slope(xs, ys[:, k]) - 0.5) for k in range(ys.shape[1])]
-    k = int(np.nanargmin(devs))
-    return {"dev": float(np.nanmin(devs)), "fulldev": float(np.nanmin(full)), "k": k, "devs": devs}
+    """The fixed discounts on one sweep: ``ys`` (n_points, K), column k the regret of the discount
+    tuned at ``fixed_tuning_points``' k-th point and kept over the whole sweep (a factor-sqrt(2) grid
+    of windows). Returns
+      ``oracle`` (n_points,): the best fixed discount in hindsight at each point, over the continuum
+        of windows the grid spans (``vertex_min`` of the row: at most the best column; without it the
+        retuned discount, itself a column, would read a ratio of exactly 1 wherever it is the best
+        column, no spread over seeds),
+      ``grid`` (n_points,): the best column at each point,
+      ``levels`` (K,): each column's worst-case ratio to the oracle over the sweep points,
+      ``level``: the smallest of them (the best single discount fixed once: the control),
+      ``k``: the column that gives it, and the smallest half-range slope deviation (``dev``)."""
+    ys = np.asarray(ys, float)
+    oracle = np.array([vertex_min(row) for row in ys])
+    levels = (ys / oracle[:, None]).max(axis=0)
+    k = int(np.argmin(levels))
+    devs = [half_dev(*half_slopes(xs, ys[:, j])) for j in range(ys.shape[1])]
+    return {"oracle": oracle, "grid": ys.min(axis=1), "levels": levels, "level": float(levels[k]), "k": k,
+            "dev": float(np.nanmin(devs)), "devs": devs}
 
 
 def _record_fixed(ctx, task: str, sweep: str, xs, ys: np.ndarray) -> None:
-    """dftrl_fixed's metrics on one sweep: per fixed discount k its half-range deviation
-    (fixdev_<sweep>_<task>_k<k>), the best of them (fixdev_<sweep>_<task>: what the rate claims'
-    control reads; the control holds if ANY fixed discount passes) and the curve and slopes of that
-    best column (regret_/slope_ metrics, for the plots)."""
+    """dftrl_fixed's metrics on one sweep: the best fixed discount's regret at each point
+    (curve regret_<sweep>_<task>, interpolated over the window continuum: what the level claims
+    divide by; fixgridbest_<sweep>_<task> the best column itself), each column's worst-case ratio
+    to it (fixlvl_<sweep>_<task>_k<k>), the smallest of these (fixlvl_<sweep>_<task>: the control of
+    the level claims, which holds if ANY discount fixed once stays within the factor everywhere),
+    each column's regret curve (fixregret_<sweep>_<task>_k<k>) and the recorded slope deviations."""
     t = SHORT[task]
-    if sweep == "T0":
-        return
     b = best_fixed(xs, ys)
-    for k, dv in enumerate(b["devs"]):
-        ctx.metrics.scalar(f"fixdev_{sweep}_{t}_k{k}", dv)
-    ctx.metrics.scalar(f"fixdev_{sweep}_{t}", b["dev"])
-    ctx.metrics.scalar(f"fixfulldev_{sweep}_{t}", b["fulldev"])
+    ctx.metrics.curve(f"regret_{sweep}_{t}", xs, b["oracle"])
+    ctx.metrics.curve(f"fixgridbest_{sweep}_{t}", xs, b["grid"])
+    for k in range(ys.shape[1]):
+        ctx.metrics.curve(f"fixregret_{sweep}_{t}_k{k}", xs, ys[:, k])
+        ctx.metrics.scalar(f"fixlvl_{sweep}_{t}_k{k}", float(b["levels"][k]))
+    ctx.metrics.scalar(f"fixlvl_{sweep}_{t}", b["level"])
     ctx.metrics.scalar(f"fixbest_k_{sweep}_{t}", float(b["k"]))
-    col = ys[:, b["k"]]
-    ctx.metrics.curve(f"regret_{sweep}_{t}", xs, col)
-    ctx.metrics.scalar(f"slope_{sweep}_{t}", loglog_slope(xs, col))
-    lo, hi = half_slopes(xs, col)
-    ctx.metrics.scalar(f"slope_{sweep}_lo_{t}", lo)
-    ctx.metrics.scalar(f"slope_{sweep}_hi_{t}", hi)
+    ctx.metrics.scalar(f"fixdev_{sweep}_{t}", b["dev"])
+    ctx.metrics.scalar(f"slope_{sweep}_{t}", loglog_slope(xs, b["oracle"]))
 
 
 # --- the Adam toy ----------------------------------------------------------------------------------
@@ -322,6 +391,7 @@ def train_adam(ctx) -> None:
 
 # --- plots ---------------------------------------------------------------------------------------
 
+LABELS = {"dftrl_fixed": "dftrl_fixed: best fixed discount at each point (hindsight)"}
 VARIANT_ORDER = ["dftrl_tuned", "dftrl_fixed", "dftrl_ensemble", "ftrl", "ogd_tuned", "ogd_ensemble"]  # absent ones are skipped
 
 
@@ -330,7 +400,7 @@ def _band(ax, sub, v, **kw):
     mean, std = g.mean(), g.std().fillna(0.0)
     if mean.empty:
         return None
-    line, = ax.plot(mean.index, mean.values, marker="o", ms=3, label=v, **kw)
+    line, = ax.plot(mean.index, mean.values, marker="o", ms=3, label=LABELS.get(v, v), **kw)
     ax.fill_between(mean.index, np.maximum(mean - std, mean * 1e-2), mean + std, alpha=0.15,
                     color=line.get_color())
     return mean
