@@ -47,12 +47,21 @@ def test_fractional_area_latency_of_symmetric_component_is_its_centre():
 
 
 def test_ground_truth_electrodes():
-    d_truth = {"n400": "Cz", "p600": "Pz"}
-    rng = np.random.default_rng(0)
-    head = head_model(list(TEN_TWENTY), study.PLANTED, 3, rng)
-    for k, ch in d_truth.items():
-        t = np.mean([tp[k] for tp in head.topographies], axis=0)
-        assert TEN_TWENTY[int(np.argmax(t - t.mean()))] == ch
+    """The N400 generator under Cz peaks at Cz; the P600 generator under CPz (centro-parietal, where the
+    paper's central ROI sees it) peaks at Cz or Pz, its two 10-20 neighbours, and the central ROI
+    (C3/Cz/C4) carries at least a quarter of its peak (under Pz it carried far less: cold review)."""
+    d_truth = {"n400": ("Cz",), "p600": ("Cz", "Pz")}
+    central = [TEN_TWENTY.index(c) for c in ("C3", "Cz", "C4")]
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        head = head_model(list(TEN_TWENTY), study.PLANTED, 5, rng)
+        for k, chs in d_truth.items():
+            t = np.mean([tp[k] for tp in head.topographies], axis=0)
+            t = t - t.mean()
+            assert TEN_TWENTY[int(np.argmax(t))] in chs
+        t = np.mean([tp["p600"] for tp in head.topographies], axis=0)
+        t = t - t.mean()
+        assert t[central].mean() > 0.25 * t.max()
 
 
 def test_preprocessing_rejects_blinks_and_corrects_baseline(studies):
@@ -66,10 +75,10 @@ def test_cluster_test_recovers_planted_latency_and_electrode(studies):
     diff, tp = _diff(studies["planted"], "detected", "correct")
     adj = erp_stats.adjacency(TEN_TWENTY)
     cl = erp_stats.cluster_test(diff, adj, 200, 0.05, 0)
-    for k, sign, ch in (("n400", -1.0, "Cz"), ("p600", 1.0, "Pz")):
+    for k, sign, chs in (("n400", -1.0, ("Cz",)), ("p600", 1.0, ("Cz", "Pz"))):
         r = erp_stats.recover(cl, diff.mean(0), tp, TEN_TWENTY, sign, 0.05, window_ms=WIN[k])
         assert r["p"] < 0.05, k
-        assert r["peak_ch"] == ch, k
+        assert r["peak_ch"] in chs, k
         assert abs(r["area_latency_ms"] - P[f"{k}_ms"]) <= 10.0, (k, r["area_latency_ms"])
         assert abs(r["latency_ms"] - P[f"{k}_ms"]) <= 20.0, (k, r["latency_ms"])
 
@@ -131,6 +140,7 @@ def test_real_data_loader_reads_bids_like_folder(tmp_path):
     for s in range(2):
         x, ev, _ = study.simulate_subject(head, s, {**p, "sfreq": 200.0}, rng, True, study.blink_topography(TEN_TWENTY))
         raw = mne.io.RawArray(x, info, verbose="ERROR")
+        raw.rename_channels({c: c.upper() for c in raw.ch_names})  # the release spells FP1, CZ, PZ
         raw.set_annotations(mne.annotations_from_events(ev, 200.0, {1: "S 1", 2: "S 2", 3: "S 3"}))
         (tmp_path / f"sub-0{s}" / "eeg").mkdir(parents=True)
         raw.save(tmp_path / f"sub-0{s}" / "eeg" / f"sub-0{s}_task-verify_eeg.fif", verbose="ERROR")
@@ -277,25 +287,89 @@ def test_window_means_average_roi_channels_and_inclusive_window():
 
 
 def test_paper_anova_finds_the_planted_central_effects_with_the_paper_signs(studies):
-    """The planted study: detected - correct is FDR-significant in the central ROI at 280-550 ms
-    (negative, the N400-like cell of the paper's Table 1) and in the parietal ROI at 550-750 ms
-    (positive, where the P600 is planted); the null study
-    gives no FDR-significant cell; gated follow-up q never falls below its cell's omnibus q."""
+    """The authors' analysis (one ANOVA per cell, BH-FDR over the cell's three post-hoc pairs) on the
+    planted study: detected - correct is significant in both central cells of the paper's Table 1 with
+    its signs (280-550 ms negative, 550-750 ms positive); the null study gives no significant
+    detected - correct follow-up in those cells; gated q never falls below its cell's omnibus p."""
     out = {}
     for name in ("planted", "null"):
         d = studies[name]
-        res = erp_stats.paper_anova(d["evoked"], d["times"], TEN_TWENTY, ROIS, WINDOWS)
+        res = erp_stats.paper_anova(d["evoked"], d["times"], TEN_TWENTY, ROIS, WINDOWS, fdr="cell")
         for pair in erp_stats.ANOVA_PAIRS:
-            assert np.all(res["q"][pair] >= res["q_omni"] - 1e-15)
+            assert np.all(res["q"][pair] >= res["p_omni"] - 1e-15)
+        np.testing.assert_array_equal(res["q_omni"], res["p_omni"])  # no correction over cells
         out[name] = res
     pair = ("detected", "correct")
     assert erp_stats.anova_cell_q(out["planted"], pair, "central", (280, 550), -1.0) < 0.05
-    # the planted P600 generator sits under Pz: its cell is the parietal one (the paper reports its
-    # 550-750 ms effect centrally; claim anova_p600 asks for the central cell as the paper states it)
-    assert erp_stats.anova_cell_q(out["planted"], pair, "parietal", (550, 750), +1.0) < 0.05
+    assert erp_stats.anova_cell_q(out["planted"], pair, "central", (550, 750), +1.0) < 0.05
     # the wrong direction reads q = 1
     assert erp_stats.anova_cell_q(out["planted"], pair, "central", (280, 550), +1.0) == 1.0
-    assert (out["null"]["q_omni"] < 0.05).sum() == 0
+    sig = [("central", (280, 550), -1.0), ("central", (550, 750), +1.0)]
+    assert erp_stats.anova_signature_q(out["null"], pair, sig) > 0.05
+
+
+def test_paper_anova_within_cell_fdr_is_bh_over_the_three_pairs():
+    """fdr="cell": each follow-up q is the Benjamini-Hochberg q of the cell's three paired t-tests
+    (computed here by hand), gated by the cell's omnibus p; fdr="pooled" corrects over all cells."""
+    from scipy import stats
+
+    rng = np.random.default_rng(5)
+    t = np.round(np.arange(-20, 81) * 0.01, 10)
+    ev = {c: rng.standard_normal((15, len(TEN_TWENTY), len(t))) * 1e-6 for c in ("correct", "detected", "missed")}
+    ev["detected"][:, :, (t >= 0.28) & (t <= 0.55)] -= 1.5e-6  # a real effect in the 280-550 ms cells
+    res = erp_stats.paper_anova(ev, t, TEN_TWENTY, ROIS, WINDOWS, fdr="cell")
+    pooled = erp_stats.paper_anova(ev, t, TEN_TWENTY, ROIS, WINDOWS, fdr="pooled")
+    y, cells = erp_stats.window_means(ev, t, TEN_TWENTY, ROIS, WINDOWS)
+    conds = ("correct", "detected", "missed")
+    for j in range(len(cells)):
+        p = np.array([stats.ttest_rel(y[j][:, conds.index(a)], y[j][:, conds.index(b)]).pvalue
+                      for a, b in erp_stats.ANOVA_PAIRS])
+        order = np.argsort(p)
+        q = np.minimum.accumulate((p[order] * 3 / np.arange(1, 4))[::-1])[::-1]
+        bh = np.empty(3)
+        bh[order] = np.minimum(q, 1.0)
+        for i, pair in enumerate(erp_stats.ANOVA_PAIRS):
+            assert res["q"][pair][j] == pytest.approx(max(bh[i], res["p_omni"][j]), rel=1e-10)
+    # pooled: the omnibus tests are FDR-corrected over the 28 cells, so never below the per-cell p
+    assert np.all(pooled["q_omni"] >= res["p_omni"] - 1e-15)
+    assert erp_stats.anova_cell_q(res, ("detected", "correct"), "central", (280, 550), -1.0) < 0.05
+
+
+def test_tost_power_matches_simulation():
+    """The TOST power formula against Monte Carlo: samples of n = 27 with true mean 0, s.d. 1, bound
+    0.4 (power about one half): the share of samples whose TOST p < 0.05 agrees within 0.05."""
+    rng = np.random.default_rng(11)
+    n, bound, reps = 27, 0.4, 2000
+    hits = np.mean([erp_stats.tost_p(rng.standard_normal(n), -bound, bound) < 0.05 for _ in range(reps)])
+    power = erp_stats.tost_power(1.0, n, bound)
+    assert 0.2 < power < 0.8
+    assert abs(hits - power) < 0.05, (hits, power)
+    assert erp_stats.tost_power(1.0, n, 0.1) == 0.0  # bound inside the critical margin: no power
+    assert erp_stats.tost_power(0.5, n, 1.0) > 0.99
+
+
+def test_variable_missed_counts_follow_the_miss_rate():
+    """n_trials = {correct, hallucinated} with miss_rate [lo, hi]: every subject has all 72
+    hallucinated words split into detected and missed, missed counts vary between subjects, and the
+    mean missed share is the middle of the range."""
+    rng = np.random.default_rng(2)
+    p = {"n_trials": {"correct": 120, "hallucinated": 72}, "miss_rate": [0.2, 0.6]}
+    c = [study.trial_counts(p, rng) for _ in range(400)]
+    assert all(x["detected"] + x["missed"] == 72 and x["correct"] == 120 and x["missed"] >= 1 for x in c)
+    m = np.array([x["missed"] for x in c])
+    assert m.std() > 5
+    assert abs(m.mean() / 72 - 0.4) < 0.02
+    assert study.trial_counts({"n_trials": {"correct": 3, "detected": 2, "missed": 1}}, rng) == \
+        {"correct": 3, "detected": 2, "missed": 1}
+
+
+def test_detected_vs_missed_differ_by_construction(studies):
+    """The abstract's "misjudged vs correctly judged hallucinations differ": in the simulation missed
+    trials are drawn like correct ones, so detected - missed re-tests the planted detected effect
+    with fewer trials; it must be found (a test of the construction, not a claim)."""
+    diff, tp = _diff(studies["planted"], "detected", "missed")
+    cl = erp_stats.cluster_test(diff, erp_stats.adjacency(TEN_TWENTY), 200, 0.05, 2)
+    assert min(c["p"] for c in cl) < 0.05
 
 
 def test_shifted_components_are_flagged_by_the_latency_error(studies):

@@ -132,14 +132,15 @@ def plot_fpr(table, plots_dir: Path, params) -> None:
     labels = []
     for i, (v, lab) in enumerate((("null_study", "cluster perm."), ("uncorrected", "uncorrected"))):
         for j, (metric, hatch, what) in enumerate((("fwer_detection", "..", "detections"),
+                                                   ("fwer_detection_a10", "xx", "detections\nat 0.10"),
                                                    ("fpr_at_latency", "", "at latency"), ("fpr_any", "//", "anywhere"))):
             t = table[(table.variant == v) & (table.metric == metric)]
             if t.empty:
                 continue
-            ax.bar(i * 4 + j, t.value.mean(), color="tab:blue" if i == 0 else "tab:gray", hatch=hatch,
+            ax.bar(i * 5 + j, t.value.mean(), color="tab:blue" if i == 0 else "tab:gray", hatch=hatch,
                    yerr=t.value.std(ddof=1) if len(t) > 1 else 0, capsize=3)
-            ax.plot(np.full(len(t), i * 4 + j), t.value, "k.", ms=4)
-            labels.append((i * 4 + j, f"{lab}\n{what}"))
+            ax.plot(np.full(len(t), i * 5 + j), t.value, "k.", ms=4)
+            labels.append((i * 5 + j, f"{lab}\n{what}"))
     ax.axhline(params["alpha"], color="r", ls=":", label=f"alpha = {params['alpha']}")
     ax.set_xticks([x for x, _ in labels], [s for _, s in labels], fontsize=7)
     ax.set(ylabel="fraction of null contrasts with a finding", ylim=(0, 1.05),

@@ -23,6 +23,15 @@ def _subject(path: Path) -> str:
     return m.group(1) if m else path.stem.split("_")[0]
 
 
+def canonical_names(ch_names) -> dict[str, str]:
+    """Map the recording's channel names onto the 10-20 spelling, ignoring case ("FP1" -> "Fp1",
+    "CZ" -> "Cz": the authors' montage is upper-case); names that are not 10-20 channels stay."""
+    from reprozoo.data.eeg.simulate import TEN_TWENTY
+
+    canon = {c.lower(): c for c in TEN_TWENTY}
+    return {c: canon[c.lower()] for c in ch_names if c.lower() in canon and c != canon[c.lower()]}
+
+
 def load_study(data_path: str, p: dict) -> dict:
     import mne
 
@@ -43,6 +52,7 @@ def load_study(data_path: str, p: dict) -> dict:
     by_subj: dict[str, list] = {}
     for f in files:
         raw = mne.io.read_raw(f, preload=True, verbose="ERROR")
+        raw.rename_channels(canonical_names(raw.ch_names))  # the release spells them FP1, CZ, PZ, ...
         ch = [c for c in TEN_TWENTY if c in raw.ch_names]
         raw.pick(ch).set_montage(mne.channels.make_standard_montage(MONTAGE), on_missing="ignore")
         ev, ids = mne.events_from_annotations(raw, verbose="ERROR")
