@@ -420,7 +420,7 @@ def test_shared_fit_rule():
         return m
 
     cfg = {"lr_grid": [3e-3, 1e-2], "pilot_steps": 2, "eval_every": 1, "min_steps": 4, "max_steps": 6,
-           "flat_tol": 0.01, "clip": 10.0, "batch_size": 2}
+           "flat_tol": 0.01, "clip": 10.0, "batch_size": 2, "lr_drop": 0}
     model, hist = fit(make, d, np.arange(4), np.arange(4, 6), y, cfg, seed=0)
     assert len(built) == 2 and all(torch.equal(a, b) for a, b in zip(*built))  # same initial weights per rate
     assert set(hist["pilot_best"]) == {3e-3, 1e-2} and hist["lr_chosen"] in (3e-3, 1e-2)
@@ -431,8 +431,113 @@ def test_shared_fit_rule():
     best = fnorm(voigt(predict(model, d, np.arange(4, 6))), voigt(y[4:6]))
     assert best == pytest.approx(min(hist["val_fnorm"]), rel=1e-5)
     assert hist["best_epoch"] == pytest.approx(hist["epoch"][int(np.argmin(hist["val_fnorm"]))])
+    assert hist["drop_gain"] is None and hist["lr_edge"] in ("top", "bottom")
     with pytest.raises(ValueError, match="missing"):
         fit(make, d, np.arange(4), np.arange(4, 6), y, {"lr_grid": [1e-2]}, seed=0)
+    # the rule's default: one 10x drop after the first plateau (flat_tol 1: the first plateau test that has enough
+    # points passes), and
+    # a second plateau whose window lies after the drop; the record says where and how much it gained
+    cfg = {**cfg, "flat_tol": 1.0, "max_steps": 40}
+    cfg.pop("lr_drop")
+    _, hist = fit(make, d, np.arange(4), np.arange(4, 6), y, cfg, seed=0)
+    lrs = np.asarray(hist["lr"])
+    assert hist["drop_epoch"] >= 2.0 and hist["drop_gain"] is not None and hist["drop_gain"] >= 0  # >= min_steps
+    assert set(np.round(lrs / hist["lr_chosen"], 12)) == {1.0, 0.1}
+    after = np.asarray(hist["epoch"]) > hist["drop_epoch"]
+    assert np.allclose(lrs[after], 0.1 * hist["lr_chosen"]) and np.allclose(lrs[~after], hist["lr_chosen"])
+    assert hist["epoch"][-1] >= hist["drop_epoch"] / 0.7 - 1e-9  # the gate's window (last 30 %) after the drop
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_isotropic_part_is_the_rotation_average(order):
+    """The control's planted handicap: the isotropic part of a tensor is its average over O(3) (checked against
+    a Monte-Carlo average over random rotations and reflections), is rotation invariant and idempotent, and
+    removes every anisotropic component (zero for odd order)."""
+    from reprozoo.methods.ceitnet.training import isotropic_part
+
+    g = torch.Generator().manual_seed(order)
+    t = torch.randn((2,) + (3,) * order, generator=g, dtype=torch.float64)
+    for perm in PERMS[order]:  # the target's index symmetries
+        t = 0.5 * (t + t.permute(0, *[1 + q for q in perm]))
+    iso = isotropic_part(t.numpy(), order)
+    rot = random_rotations(20000, reflections=True, generator=g)
+    avg = rotate(t.repeat_interleave(10000, 0), rot).view((2, 10000) + (3,) * order).mean(1).numpy()
+    assert np.abs(avg - iso).max() < 0.05 * np.abs(t.numpy()).max()
+    assert np.allclose(isotropic_part(iso, order), iso, atol=1e-12)
+    r = random_rotations(2, reflections=True, generator=g)
+    assert np.allclose(rotate(torch.as_tensor(iso), r).numpy(), iso, atol=1e-12)
+    if order == 3:
+        assert np.abs(iso).max() == 0.0
+    if order == 4:  # an isotropic elastic tensor is its own part; a cubic one is not
+        lam, mu = 50.0, 30.0
+        e = np.eye(3)
+        c_iso = lam * np.einsum("ij,kl->ijkl", e, e) + mu * (np.einsum("ik,jl->ijkl", e, e)
+                                                             + np.einsum("il,jk->ijkl", e, e))
+        assert np.allclose(isotropic_part(c_iso[None], 4)[0], c_iso, atol=1e-12)
+        cubic = c_iso.copy()
+        for i in range(3):
+            cubic[i, i, i, i] += 40.0
+        assert np.abs(isotropic_part(cubic[None], 4)[0] - cubic).max() > 10.0
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_output_bases_span_the_symmetric_tensors(order):
+    """The Cartesian output basis of the head spans the whole space of tensors with the target's index
+    symmetries (6 / 18 / 21 dimensions for ij=ji / ijk=ikj / the elastic symmetries): over random generic
+    structures and random head coefficients, the Voigt outputs have full rank, so no component of the target
+    is out of the network's reach. The e3nn baseline's irreps cover the same dimension."""
+    from reprozoo.methods.ceitnet.e3nn_net import FORMULAS, cartesian_basis
+
+    dim = {2: 6, 3: 18, 4: 21}[order]
+    d = AtomsData(atoms_frames(_structures(12, seed=7)), CUTOFF)
+    b = d.collate(range(len(d)), dtype=torch.float64)
+    rows = []
+    for k in range(4):
+        m = _ceitnet(order)
+        with torch.no_grad():
+            m.head.coef.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(k))
+            y = m(*model_args(b))
+        rows.append(to_voigt(y).reshape(len(d), -1).numpy())
+    a = np.concatenate(rows)                      # Voigt forms: 3x3 / 3x6 / 6x6 (symmetric)
+    sv = np.linalg.svd(a / np.abs(a).max(), compute_uv=False)
+    assert sv[dim - 1] > 1e-6 * sv[0], sv             # rank dim: the whole symmetric space
+    assert len(sv) == dim or sv[dim] < 1e-12 * sv[0]   # and no more (the index symmetries are exact)
+    irreps, q = cartesian_basis(FORMULAS[order])
+    assert q.shape[0] == dim
+
+
+def test_eval_cells_leave_out_the_distorted_pool():
+    """The test sets' evaluation-only cells: the random supercells, without the distorted variants of main cells
+    (near-duplicates of training cells); order 4: those with an elastic tensor."""
+    import pandas as pd
+
+    from reprozoo.methods.ceitnet.method import eval_cells
+
+    class DS:
+        table = pd.DataFrame({"split": ["train", "eval", "eval", "eval", "eval", "test"],
+                              "prototype": ["fcc", "random", "L12-distorted", "random", "random-distorted", "B2"]})
+        C_voigt = np.stack([np.eye(6), np.eye(6), np.eye(6), np.full((6, 6), np.nan), np.eye(6), np.eye(6)])
+
+        def split_index(self, s):
+            return np.flatnonzero(self.table["split"].to_numpy() == s)
+
+    ev, ev4, n_dist = eval_cells(DS())
+    assert ev.tolist() == [1, 3] and ev4.tolist() == [1] and n_dist == 2
+
+
+def test_smoke_models_are_parameter_matched():
+    """The smoke config's networks have parameter counts within 10 % of each other at every order they train."""
+    pytest.importorskip("e3nn")
+    from pathlib import Path
+
+    import yaml
+
+    from reprozoo.methods.ceitnet.method import build
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/ceitnet/configs/smoke.yaml").read_text())
+    for order in p["orders"]:
+        n = {v: build(v, order, p).param_count() for v in ("ceitnet", "e3nn_baseline")}
+        assert 0.9 <= n["ceitnet"] / n["e3nn_baseline"] <= 1.1, (order, n)
 
 
 def test_unrotated_control_is_flagged(data):

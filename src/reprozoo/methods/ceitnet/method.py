@@ -1,25 +1,30 @@
 """CEITNet in miniature: order-2/3/4 crystal tensors of EMT metal and alloy cells.
 
 Per variant x seed, one model per target order (``orders``; order 4 = relaxed-ion EMT elastic
-tensor in GPa, order 2 = eps_like, order 3 = piezo_like; see reprozoo.data.crystals.common),
-trained on the dataset's train split (odd orders: without the centrosymmetric cells, whose target
-and equivariant prediction are both exactly zero), model selection on val, metrics on test plus the
-dataset's evaluation-only cells (split "eval") that carry the order's target (orders 2/3: all of
-them, synthetic targets; order 4: those with an EMT elastic tensor); ``n_test_o{k}`` counts them,
-``fnorm_test_split_o{k}`` is the Fnorm on the test split alone, and the per-cell Frobenius errors are
-the units of ``fnorm_o{k}``:
+tensor in GPa, order 2 = eps_like, order 3 = piezo_like, synthetic sanity checks; see
+reprozoo.data.crystals.common), trained on the dataset's train split (odd orders: without the
+centrosymmetric cells, whose target and equivariant prediction are both exactly zero), model
+selection on val, metrics on test plus the dataset's evaluation-only random-supercell cells
+(``eval_cells``: the distorted evaluation cells, near-duplicates of main cells, are left out) that
+carry the order's target (order 4: those with an EMT elastic tensor; odd orders: without the
+centrosymmetric cells); ``n_test_o{k}`` counts them, ``fnorm_test_split_o{k}`` is the Fnorm on the
+test split alone, and the per-cell Frobenius errors are the units of ``fnorm_o{k}``:
 
 * ``fnorm_o{k}`` mean Frobenius error of the Voigt form (3x3, 3x6, 6x6; GPa for k = 4),
   ``ewt25_o{k}``, ``ewt10_o{k}``, ``ewt5_o{k}`` share of test structures with relative Frobenius
-  error below 25/10/5 % (over the ``n_nonzero_o{k}`` structures whose target is not zero: piezo_like
-  vanishes for centrosymmetric cells, where any O(3)-equivariant model predicts exactly zero);
+  error below 25/10/5 % (over the ``n_nonzero_o{k}`` structures whose target is not zero);
+* ``fnorm_iso_o{k}`` (units too): the same predictions reduced to their rotation-invariant part
+  (``training.isotropic_part``), the planted handicap of the accuracy claim's control;
 * ``equiv_err_f64_o{k}`` / ``equiv_err_f32_o{k}``: max |f(Rx) - R.f(x)| / max |f(x)| over rattled
   copies of test structures (generic, no symmetry) and random rotations (half of them improper),
   in float64 (a float64 copy of the trained model) and float32 (the trained model);
 * ``params_o{k}``, ``train_seconds_o{k}``, ``ms_per_structure_o{k}`` (forward, float32, no grad, median
-  over repeats, one fixed batch); the e3nn job also times an (untrained, same-size) CEITNet on the
-  same batch, interleaved with its own model, giving ``time_ratio_ceitnet_vs_e3nn_o{k}`` (the
-  same-run comparison the timing claim uses).
+  over repeats, one fixed batch); the e3nn job also builds an (untrained, same-size) CEITNet, records
+  ``params_ratio_ceitnet_vs_e3nn_o{k}`` and times it on the same batch, interleaved with its own model,
+  giving ``time_ratio_ceitnet_vs_e3nn_o{k}`` (the same-run comparison the timing claim uses);
+* the fit's record: ``lr_chosen_o{k}``, ``lr_edge_o{k}``, ``drop_gain_o{k}``, ``drop_epoch_o{k}``,
+  ``best_epoch_o{k}``, ``stopped_epoch_o{k}``, ``plateau_reached_o{k}``, curves ``val_fnorm_o{k}``,
+  ``lr_o{k}``, ``train_loss_o{k}``.
 """
 from __future__ import annotations
 
@@ -94,12 +99,28 @@ def load_data(ctx):
     return ds, AtomsData(crystal_frames(ds.structures), float(ctx.params["cutoff"]))
 
 
+def eval_cells(ds):
+    """The dataset's evaluation-only cells that the test sets use: (all orders' cells, those with an EMT
+    elastic tensor, how many were left out). The distorted evaluation cells are left out: each is a 2 %
+    strain (and a 0.01 A rattle) of a main relaxed cell, about 80 % of them training cells, so they are
+    near-duplicates of what the models trained on; the random fcc supercells are new configurations (the
+    generator drops any equal to a main cell)."""
+    ev = ds.split_index("eval")
+    if not len(ev):
+        return ev, ev, 0
+    proto = ds.table["prototype"].to_numpy().astype(str)[ev]
+    dist = np.char.endswith(proto, "-distorted")
+    ev = ev[~dist]
+    ev4 = ev[np.isfinite(ds.C_voigt[ev]).reshape(len(ev), -1).all(axis=1)]
+    return ev, ev4, int(dist.sum())
+
+
 def train(ctx) -> None:
     import torch
 
     from ...blocks.cartesian import frobenius_errors
-    from .training import (equivariance_error, fit, inversion_zero, mean_degree, predict, rattled, target_scale,
-                           tensor_metrics, time_forward, voigt)
+    from .training import (equivariance_error, fit, inversion_zero, isotropic_part, mean_degree, predict, rattled,
+                           target_scale, tensor_metrics, time_forward, voigt)
 
     p, v = ctx.params, ctx.variant
     device = p.get("device", "cpu")
@@ -108,18 +129,14 @@ def train(ctx) -> None:
         device = "cpu"
     ds, data = load_data(ctx)
     tr, va, te = (ds.split_index(s) for s in ("train", "val", "test"))
-    # every order is scored on the test split plus the dataset's evaluation-only cells that have its target
-    # (orders 2/3: all of them, synthetic targets; order 4: those with an EMT elastic tensor)
-    ev = ds.split_index("eval")
-    ev4 = ev[np.isfinite(ds.C_voigt[ev]).reshape(len(ev), -1).all(axis=1)] if len(ev) else ev
+    ev, ev4, n_dist = eval_cells(ds)
     avg_deg = mean_degree(data, tr)
-    ctx.progress(f"{len(ds)} structures (train {len(tr)}, val {len(va)}, test {len(te)}, eval-only {len(ev)}), "
-                 f"cutoff {p['cutoff']} A, mean degree {avg_deg:.1f}")
+    ctx.progress(f"{len(ds)} structures (train {len(tr)}, val {len(va)}, test {len(te)}, eval-only {len(ev)}; "
+                 f"{n_dist} distorted evaluation cells left out), cutoff {p['cutoff']} A, mean degree {avg_deg:.1f}")
     n_time = int(p["timing"]["n_structures"])
     time_idx = np.concatenate([te, va, tr])[:n_time]
     eq = p["equivariance"]
     eq_data = rattled(data, te[: int(eq["n_structures"])], float(eq.get("rattle", 0.05)), seed=ctx.seed)
-    ms_all = []
     orders = list(p.get("variant_orders", {}).get(v, p["orders"]))
     for order in orders:
         targets = ds.targets(order)
@@ -141,15 +158,29 @@ def train(ctx) -> None:
         model, hist = fit(make, data, tr_used, va, targets, fit_config(p["fit"], order, v), ctx.seed * 100 + order,
                           ctx.progress, device)
         te_k = np.concatenate([te, ev4 if order == 4 else ev])
+        # odd orders: centrosymmetric cells (zero target, and zero output of both equivariant models) score
+        # nothing but a shared zero; they are left out of the test cells too
+        n_split = len(te)
+        if order % 2:
+            zero = inversion_zero([ds.structures[k] for k in te_k], targets[te_k], order)
+            n_split = int((~zero[: len(te)]).sum())
+            te_k = te_k[~zero]
+            ctx.metrics.scalar(f"n_test_centrosymmetric_o{order}", int(zero.sum()))
         pred = predict(model, data, te_k, device=device)
         met = tensor_metrics(pred, targets[te_k])
         for k, val in met.items():
             ctx.metrics.scalar(f"{k}_o{order}", val)
         # per-cell Frobenius errors (same cells, same order for every variant): the Fnorm claims' units
         ctx.metrics.units(f"fnorm_o{order}", frobenius_errors(voigt(pred), voigt(targets[te_k]))[0])
+        # the planted handicap (the claim's control): the same predictions reduced to their rotation-invariant
+        # part, i.e. what a model without any directional tensor path could output at best from them
+        iso = isotropic_part(pred, order)
+        ctx.metrics.units(f"fnorm_iso_o{order}", frobenius_errors(voigt(iso), voigt(targets[te_k]))[0])
+        ctx.metrics.scalar(f"fnorm_iso_o{order}", tensor_metrics(iso, targets[te_k])["fnorm"])
         ctx.metrics.scalar(f"n_test_o{order}", len(te_k))
-        if len(te_k) > len(te):  # the 20-cell test split alone, for comparison
-            ctx.metrics.scalar(f"fnorm_test_split_o{order}", tensor_metrics(pred[: len(te)], targets[te])["fnorm"])
+        if len(te_k) > n_split:  # the test split alone, for comparison
+            ctx.metrics.scalar(f"fnorm_test_split_o{order}",
+                               tensor_metrics(pred[:n_split], targets[te_k[:n_split]])["fnorm"])
         ctx.metrics.curve(f"val_fnorm_o{order}", hist["epoch"], hist["val_fnorm"])
         ctx.metrics.curve(f"train_loss_o{order}", hist["epoch"][1:], hist["loss"][1:])  # none at step 0
         ctx.metrics.curve(f"lr_o{order}", hist["epoch"], hist["lr"])
@@ -158,6 +189,11 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"train_seconds_o{order}", hist["train_seconds"])
         ctx.metrics.scalar(f"lr_chosen_o{order}", hist["lr_chosen"])
         ctx.metrics.scalar(f"plateau_reached_o{order}", float(hist["plateau"]))
+        if hist["drop_gain"] is not None:  # how much the 10x rate drop lowered the best validation Fnorm
+            ctx.metrics.scalar(f"drop_gain_o{order}", hist["drop_gain"])
+            ctx.metrics.scalar(f"drop_epoch_o{order}", hist["drop_epoch"])
+        # +1: the chosen rate is the grid's top, -1: its bottom (the grid does not bracket it), 0: inside
+        ctx.metrics.scalar(f"lr_edge_o{order}", {"top": 1.0, "bottom": -1.0}.get(hist["lr_edge"], 0.0))
         for i, (lr_k, score) in enumerate(hist["pilot_best"].items()):  # grid point i: its pilot's score
             ctx.metrics.scalar(f"pilot_val_fnorm_o{order}_grid{i}", score)
         ctx.metrics.scalar(f"params_o{order}", model.param_count())
@@ -179,9 +215,11 @@ def train(ctx) -> None:
         models = {v: model}
         if v == "e3nn_baseline":  # the same-run comparison: a CEITNet of the configured size, same batch
             models["ceitnet"] = build("ceitnet", order, p, avg_deg, target_scale(targets[tr]))
+            n_c = models["ceitnet"].param_count()
+            ctx.metrics.scalar(f"params_ceitnet_same_run_o{order}", n_c)
+            ctx.metrics.scalar(f"params_ratio_ceitnet_vs_e3nn_o{order}", n_c / model.param_count())
         ms = time_forward(models, data, time_idx, repeats=int(p["timing"]["repeats"]), device=device)
         ctx.metrics.scalar(f"ms_per_structure_o{order}", ms[v])
-        ms_all.append(ms[v])
         if "ceitnet" in ms and v != "ceitnet":
             ctx.metrics.scalar(f"ms_per_structure_ceitnet_same_run_o{order}", ms["ceitnet"])
             ctx.metrics.scalar(f"time_ratio_ceitnet_vs_e3nn_o{order}", ms["ceitnet"] / ms[v])
@@ -253,10 +291,13 @@ def plot(table, plots_dir: Path, params: dict) -> None:
                 ax.plot(xs, ys, color=f"C{vi}", lw=1, alpha=0.8, label=var if si == 0 else None)
                 start = xs[0] + 0.7 * (xs[-1] - xs[0])
                 ax.plot(xs[xs >= start], ys[xs >= start], color=f"C{vi}", lw=2.5)
+                drop = sc[(sc.variant == var) & (sc.seed == seed) & (sc.metric == f"drop_epoch_o{o}")].value
+                if len(drop):  # the fit's 10x rate drop
+                    ax.axvline(float(drop.iloc[0]), color=f"C{vi}", ls=":", lw=0.8)
         ax.set_yscale("log")
         ax.set_xlabel("epoch")
         ax.set_ylabel("validation Fnorm")
-        ax.set_title(f"order {o}: validation curves (thick: the gate's last 30 %)", fontsize=9)
+        ax.set_title(f"order {o}: validation (thick: gate window; dotted: rate x0.1)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=7)
     save_figure(fig, plots_dir / "val_curves.png", dpi=110)

@@ -175,13 +175,13 @@ class CartesianHead(nn.Module):
     N_TERMS = {2: lambda m: 1 + 3 * m, 3: lambda m: 5 * m, 4: lambda m: 2 + 5 * m}
 
     def __init__(self, order: int, n_features: int, n_channels: int, n_out: int, n_rbf: int, lmax: int,
-                 atom_mixing: bool = True, with_features: bool = True):
+                 atom_mixing: bool = True, with_features: bool = True, radial_hidden: int = 32):
         super().__init__()
         if order not in self.N_TERMS:
             raise ValueError(f"CEITNet outputs orders 2, 3, 4; got {order}")
         self.order, self.m = order, n_out
         self.c = c = n_channels * (2 if with_features else 1)  # pool: head environment (+ block features)
-        self.env = EnvironmentTensors(n_features, n_channels, n_rbf, lmax)
+        self.env = EnvironmentTensors(n_features, n_channels, n_rbf, lmax, radial_hidden)
         self.inv_mixes = nn.ParameterList(_init_mix(n_channels, n_channels) for _ in range(lmax + 1))
         self.mix_v = _init_mix(n_out, c)
         self.mix_a = _init_mix(n_out, 2 * c)   # pool: order-2 tensors and v_c (x) v_c
@@ -272,7 +272,7 @@ class CEITNet(nn.Module):
     def __init__(self, order: int, n_features: int = 64, n_channels: int = 16, n_out: int = 8,
                  n_interactions: int = 2, n_rbf: int = 8, cutoff: float = 4.5, max_z: int = 100,
                  rbf: str = "bessel", avg_neighbors: float = 1.0, out_scale: float = 1.0, atom_mixing: bool = True,
-                 tensor_messages: bool = True, irreducible: bool = True):
+                 tensor_messages: bool = True, irreducible: bool = True, radial_hidden: int = 32):
         super().__init__()
         self.order = int(order)
         self.lmax = max(self.order, 2)
@@ -280,14 +280,14 @@ class CEITNet(nn.Module):
         self.hparams = dict(order=order, n_features=n_features, n_channels=n_channels, n_out=n_out,
                             n_interactions=n_interactions, n_rbf=n_rbf, cutoff=cutoff, max_z=max_z, rbf=rbf,
                             atom_mixing=atom_mixing, tensor_messages=tensor_messages,
-                            irreducible=irreducible)
+                            irreducible=irreducible, radial_hidden=radial_hidden)
         self.embedding = nn.Embedding(max_z + 1, n_features)
         self.rbf = make_rbf(rbf, n_rbf, cutoff)
         self.envelope = CosineCutoff(cutoff)
-        self.interactions = nn.ModuleList(ChannelInteraction(n_features, n_channels, n_rbf, self.lmax, tensor_messages)
-                                          for _ in range(n_interactions))
+        self.interactions = nn.ModuleList(ChannelInteraction(n_features, n_channels, n_rbf, self.lmax, tensor_messages,
+                                                             radial_hidden) for _ in range(n_interactions))
         self.head = CartesianHead(self.order, n_features, n_channels, n_out, n_rbf, self.lmax, atom_mixing,
-                                  with_features=n_interactions > 0)
+                                  with_features=n_interactions > 0, radial_hidden=radial_hidden)
         self.register_buffer("avg_neighbors", torch.tensor(float(avg_neighbors)))
         self.register_buffer("out_scale", torch.tensor(float(out_scale)))
 

@@ -93,12 +93,15 @@ def fit(build, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: di
     """The platform's shared training rule (:func:`reprozoo.blocks.fitting.fit_to_plateau`) on the MSE of
     the Voigt components / out_scale^2: every rate of ``cfg["lr_grid"]`` piloted for ``pilot_steps`` from
     the same initial weights (``build()`` under ``torch.manual_seed(seed)``), the rate with the lowest
-    validation Fnorm continued at that constant rate until the validation Fnorm passes the gate's plateau
-    test (``flat_tol``; not before ``min_steps``, at most ``max_steps``), best-validation weights kept.
+    pilot score (by default the mean of the second half of its validation Fnorms) continued at that rate
+    until the validation Fnorm passes the gate's plateau test (``flat_tol``; not before ``min_steps``), then
+    (by default) the rate dropped once by ``lr_drop`` and trained to a second plateau (at most ``max_steps``
+    in all), best-validation weights kept.
     Minibatches of ``batch_size`` cells drawn without replacement. ``cfg``: the keys of
     :mod:`reprozoo.blocks.fitting` plus ``batch_size``. Returns ``(model, hist)``; ``hist``: epoch (step /
     batches per epoch), loss (mean training loss since the previous evaluation), val_fnorm, lr,
-    best_epoch, stopped_epoch, train_seconds, lr_chosen, plateau, pilot_best."""
+    best_epoch, stopped_epoch, train_seconds, lr_chosen, plateau, pilot_best, drop_epoch, drop_gain (None
+    without a drop), lr_edge ("top" / "bottom" / None)."""
     from ...blocks.fitting import fit_to_plateau
 
     missing = [k for k in FIT_KEYS + ("batch_size",) if k not in cfg]
@@ -137,8 +140,32 @@ def fit(build, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: di
     hist = {"epoch": list(steps / n_batches), "loss": loss, "val_fnorm": list(vals), "lr": list(rec["lrs"]),
             "best_epoch": float(steps[best] / n_batches), "stopped_epoch": float(rec["stop"] / n_batches),
             "train_seconds": time.perf_counter() - t0, "lr_chosen": float(rec["lr"]),
-            "plateau": bool(rec["plateau"]), "pilot_best": rec["pilot_best"]}
+            "plateau": bool(rec["plateau"]), "pilot_best": rec["pilot_best"],
+            "drop_epoch": None if rec.get("drop_step") is None else float(rec["drop_step"] / n_batches),
+            "drop_gain": rec.get("drop_gain"), "lr_edge": rec.get("lr_edge")}
     return model, hist
+
+
+def isotropic_part(t: np.ndarray, order: int) -> np.ndarray:
+    """The rotation-invariant part of Cartesian tensors ``t (B, 3, ..., 3)``: their average over all of O(3)
+    (the orthogonal projection onto the isotropic tensors of the order, in the full tensor's Frobenius norm).
+    Order 2: tr(t)/3 I; order 3: zero (no isotropic ijk=ikj tensor is invariant under reflections); order 4
+    with the minor symmetries ij = ji, kl = lk: lam d_ij d_kl + mu (d_ik d_jl + d_il d_jk). What a predictor
+    without any directional (tensor) path can output: the planted handicap of the accuracy claim's control."""
+    t = np.asarray(t, dtype=float)
+    eye = np.eye(3)
+    if order == 2:
+        return np.trace(t, axis1=1, axis2=2)[:, None, None] / 3.0 * eye
+    if order == 3:
+        return np.zeros_like(t)
+    if order != 4:
+        raise ValueError(f"isotropic_part: order {order}")
+    e1 = np.einsum("ij,kl->ijkl", eye, eye)
+    e2 = np.einsum("ik,jl->ijkl", eye, eye) + np.einsum("il,jk->ijkl", eye, eye)
+    basis = np.stack([e1, e2]).reshape(2, -1)
+    gram = basis @ basis.T                                         # [[9, 6], [6, 24]]
+    coef = np.linalg.solve(gram, basis @ t.reshape(len(t), -1).T)  # (2, B)
+    return (coef.T @ basis).reshape(t.shape)
 
 
 def tensor_metrics(pred: np.ndarray, true: np.ndarray, zero_tol: float = 1e-8) -> dict:
