@@ -1,7 +1,8 @@
 """RO-HNN numerics: the kink-chain reference (forces, energy, topological charge, kink kinematics),
 the reductions' symplectic structure, the latent HNN (closed-form force, J grad H, leapfrog),
 the bounded energy of a decoded 1-dof Hamiltonian rollout, the intrusive PSD-Galerkin baseline,
-and the error metrics (state error, valid-prediction time)."""
+the controls' integrator swaps (explicit Euler, RK4), the full HNN's identity reduction, and the
+error metrics (state error, valid-prediction time, energy drift against the decoded reference)."""
 from pathlib import Path
 
 import numpy as np
@@ -9,10 +10,11 @@ import pytest
 import torch
 import yaml
 
-from reprozoo.methods.ro_hnn.latent_dynamics import ExplicitEuler, GeneralHNN, LatentHNN, rollout
-from reprozoo.methods.ro_hnn.method import PSDGalerkin, relative_state_error, valid_prediction_time
-from reprozoo.methods.ro_hnn.reductions import (LinearPSD, SymplecticAE, poisson_matrix, psd_cotangent_lift,
-                                                symplectic_lift_matrix)
+from reprozoo.methods.ro_hnn.latent_dynamics import ExplicitEuler, GeneralHNN, LatentHNN, RK4Stepper, rollout
+from reprozoo.methods.ro_hnn.method import (PSDGalerkin, energy_drift, long_horizon_metrics, relative_state_error,
+                                            valid_prediction_time)
+from reprozoo.methods.ro_hnn.reductions import (FullState, LinearPSD, SymplecticAE, poisson_matrix,
+                                                psd_cotangent_lift, symplectic_lift_matrix)
 from reprozoo.methods.ro_hnn.sine_gordon import KinkChain
 
 CONFIGS = Path(__file__).resolve().parents[1] / "src/reprozoo/methods/ro_hnn/configs"
@@ -337,7 +339,7 @@ def test_general_hnn_rollout_keeps_its_hamiltonian_bounded():
 
 
 def test_euler_control_uses_the_same_field_and_drifts_where_leapfrog_does_not():
-    """ro_hnn_euler: the same latent HNN's vector field stepped by explicit Euler. One step is
+    """The controls' ``*_euler`` evaluations: the same latent HNN's vector field stepped by explicit Euler. One step is
     z + h J grad H(z); on a confined HNN its learned energy grows secularly (Euler is not
     symplectic), while leapfrog's stays bounded: the control differs from RO-HNN in exactly that."""
     hnn = _confined_hnn(1, seed=4)
@@ -390,3 +392,85 @@ def test_valid_prediction_time():
                     [0.1, 0.1, 0.1, 0.1, 0.1],     # never: the rollout's length
                     [0.7, 0.1, 0.1, 0.1, 0.1]])    # at t = 0
     np.testing.assert_allclose(valid_prediction_time(err, 0.5, 2.0, 4.0), [1.0, 2.0, 0.0])
+
+
+def test_rk4_evaluation_uses_the_same_field_at_fourth_order():
+    """ro_hnn's ``*_rk4`` metrics: the trained HNN's own field J grad H stepped by classical RK4;
+    one step's error against a fine leapfrog solution falls ~16x when h halves (fourth order)."""
+    hnn = _confined_hnn(2, seed=5)
+    rk = RK4Stepper(hnn)
+    q0, p0 = torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+    with torch.no_grad():
+        errs = []
+        for h in (0.2, 0.1):
+            qr, pr = q0, p0
+            for _ in range(int(round(1.0 / h))):
+                qr, pr = rk.step(qr, pr, h)
+            qf, pf = q0, p0
+            for _ in range(4000):
+                qf, pf = hnn.step(qf, pf, 1.0 / 4000)
+            errs.append(float(torch.cat([qr - qf, pr - pf], -1).abs().max()))
+    assert 10.0 < errs[0] / errs[1] < 40.0  # 2^4 = 16, pre-asymptotic spread
+
+
+def test_energy_drift_sees_drift_not_phase_or_decoder_offset():
+    """The energy drift is measured against the decoded reference's mean energy, window by window:
+    (a) the reference itself scores ~0 (leapfrog's O(dt^2) oscillation), (b) so does a dephased copy
+    (the same orbits, shifted in time: conserving, out of phase), (c) a decoder with a constant energy
+    offset (momenta scaled: both the prediction and the decoded reference) scores well below the same
+    prediction's error against H(x0) (what is left: the window mean of the offset's oscillation along
+    the orbit), and (d) a
+    prediction whose energy grows scores more in the last window than in the first."""
+    chain = _chain(32, 0.7, 6.0)
+    q, p = _traj(chain, 0.1, 400.0, 20, count=4, x0=2.0)   # 201 points, windows of 20 (k = 20)
+    e0 = chain.energy(q[:, 0], p[:, 0])
+    e_rest = float(chain.energy(*chain.kink(0.0, 0.0)))
+    k = 20
+    base = energy_drift(chain, e0, e_rest, q, p, q, p, k)["windows"]
+    assert base.shape == (4, 10) and base.max() < 2e-3
+    shifted = energy_drift(chain, e0, e_rest, np.roll(q, 37, 1), np.roll(p, 37, 1), q, p, k)["windows"]
+    assert shifted.max() < 2e-3
+    offset = energy_drift(chain, e0, e_rest, q, 1.3 * p, q, 1.3 * p, k)["windows"]
+    naive = np.abs(chain.energy(q, 1.3 * p) - e0[:, None]) / (e0 - e_rest)[:, None]  # against H(x0)
+    assert offset.mean() < 0.25 * naive.mean()  # the offset is gone; the oscillation's window residual stays
+    grow = (1 + 0.3 * np.linspace(0, 1, q.shape[1]))[None, :, None]
+    up = energy_drift(chain, e0, e_rest, q, grow * p, q, p, k)["windows"]
+    assert (up[:, -1] > 2 * up[:, 0]).all()
+    m = long_horizon_metrics(chain, q, p, q, grow * p, e_rest, k, 0.5, 20.0)
+    np.testing.assert_allclose(m["energy_err_last"], up[:, -1])
+    np.testing.assert_allclose(m["energy_err_long"], up.mean(1))
+
+
+def test_full_state_reduction_is_the_identity_up_to_the_reference():
+    q_ref = np.linspace(0, 1, 5)
+    red = FullState(q_ref)
+    q, p = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    qz, pz = red.encode(q, p)
+    torch.testing.assert_close(qz, q - torch.as_tensor(q_ref))
+    qh, ph = red.decode(qz, pz)
+    torch.testing.assert_close(qh, q)
+    torch.testing.assert_close(ph, p)
+
+
+def test_shared_reductions_load_the_weights_a_per_variant_fit_gives(tmp_path):
+    """The learned reductions are fitted once per seed in train_shared and loaded by the variants that
+    use them: the loaded model equals a fit of its own (same data, seed and rule), and its record is
+    the fit's (what the convergence gate reads as val_ae)."""
+    from reprozoo.methods.ro_hnn.method import fit_reduction, fit_shared_reductions, load_reduction
+
+    ci = yaml.safe_load((CONFIGS / "ci.yaml").read_text())
+    chain = _chain(16, 0.7, 4.0)
+    q, p = _traj(chain, 0.1, 16.0, 20, count=3, x0=1.0)
+    d = {"q_train": q[:2], "p_train": p[:2], "q_val": q[2:], "p_val": p[2:]}
+    cfg = dict(ci["model"], ae_width=8)
+    fit_shared_reductions(d, cfg, ci["fit"], 0, tmp_path, progress=lambda *a: None)
+    x = (torch.as_tensor(q[2]), torch.as_tensor(p[2]))
+    for variant in ("ro_hnn", "sae_ghnn", "ae_node", "ae_hnn"):
+        own, rec = fit_reduction(variant, d, cfg, ci["fit"], 0, progress=lambda *a: None)
+        loaded, shared_rec = load_reduction(variant, d, cfg, 0, tmp_path)
+        with torch.no_grad():
+            for a, b in zip(own.encode(*x), loaded.encode(*x)):
+                torch.testing.assert_close(a, b)
+        assert shared_rec["vals"] == rec["vals"] and shared_rec["steps"] == rec["steps"]
+    red, none = load_reduction("full_hnn", d, cfg, 0, tmp_path)
+    assert none is None and isinstance(red, FullState)

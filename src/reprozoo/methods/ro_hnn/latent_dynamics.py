@@ -5,7 +5,8 @@
   (velocity Verlet), so the learned latent flow is symplectic and conserves a
   modified H_theta for exponentially long times. Unit latent mass: the reductions keep the
   latent kinetic energy |P|^2 / 2 (orthonormal PSD basis; isometry penalty of the symplectic AE).
-* Control ``ro_hnn_euler``: RO-HNN's trained latent HNN integrated by explicit Euler (``ExplicitEuler``).
+* Controls (evaluation only, the trained weights of RO-HNN or of its general-HNN ablation): the same
+  vector field integrated by explicit Euler (``ExplicitEuler``) or classical RK4 (``RK4Stepper``).
 * Neural ODE (plain AE baseline): dz/dt = f_theta(z), an MLP, integrated by classical RK4
   (``blocks.ode.rk_increment``): no conserved quantity is built in.
 * Plain autoencoder + general HNN (baseline): the plain autoencoder's latent halves are not
@@ -165,8 +166,9 @@ class LatentNODE(nn.Module):
 
 
 class ExplicitEuler:
-    """A trained latent HNN integrated by explicit (forward) Euler instead of leapfrog: the same
-    vector field, a non-symplectic integrator (the control ``ro_hnn_euler``)."""
+    """A trained latent HNN integrated by explicit (forward) Euler instead of leapfrog or the implicit
+    midpoint rule: the same vector field, a non-symplectic first-order integrator (the controls'
+    ``*_euler`` metrics)."""
 
     def __init__(self, model: LatentHNN):
         self.model = model
@@ -174,6 +176,25 @@ class ExplicitEuler:
     def step(self, qz, pz, h: float):
         dq, dp = self.model.vector_field(qz, pz)
         return qz + h * dq, pz + h * dp
+
+
+class RK4Stepper:
+    """A trained latent HNN's vector field J grad H integrated by classical RK4 (``blocks.ode``):
+    fourth order but not symplectic (evaluation only: RO-HNN's weights, the integrator swapped)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def _field(self, z, t=0.0):
+        n = z.shape[-1] // 2
+        dq, dp = self.model.vector_field(z[..., :n], z[..., n:])
+        return torch.cat([dq, dp], -1)
+
+    def step(self, qz, pz, h: float):
+        z = torch.cat([qz, pz], -1)
+        z = z + rk_increment(self._field, z, 0.0, h, RK4)
+        n = qz.shape[-1]
+        return z[..., :n], z[..., n:]
 
 
 def rollout(model, qz, pz, h: float, steps: int):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ORDER = ["ro_hnn", "psd_hnn", "psd8_galerkin", "ae_hnn", "ae_node", "ro_hnn_euler"]
-COLORS = {"ro_hnn": "tab:red", "psd_hnn": "tab:blue", "ae_node": "tab:green", "psd8_galerkin": "tab:purple", "ae_hnn": "tab:orange",
-          "ro_hnn_euler": "tab:gray"}
+ORDER = ["ro_hnn", "sae_ghnn", "psd_hnn", "psd8_galerkin", "ae_hnn", "ae_node", "full_hnn"]
+COLORS = {"ro_hnn": "tab:red", "sae_ghnn": "tab:brown", "psd_hnn": "tab:blue", "ae_node": "tab:green",
+          "psd8_galerkin": "tab:purple", "ae_hnn": "tab:orange", "full_hnn": "tab:gray"}
 
 
 def _variants(table):
@@ -70,7 +70,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
                 title=f"one held-out trajectory (seed {seed}; y clipped to [0, 3])", ylim=(0.0, 3.0))
     for v in variants:
         _band(axes[1], table, "energy_err", v, t_train)
-    axes[1].set(xlabel="time / training horizon T", ylabel="drift |H(x_hat(t)) - H(x_hat(0))| / (H0 - E_rest)",
+    axes[1].set(xlabel="time / training horizon T", ylabel="|H(x_hat(t)) - <H(D(E(x)))>| / (H0 - E_rest)",
                 yscale="log",
                 title="mean over held-out trajectories (band: seed min-max)")
     for ax in axes:

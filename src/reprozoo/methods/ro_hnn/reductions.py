@@ -68,6 +68,23 @@ class LinearPSD:
         return self.q_ref + qz @ self.phi.T, pz @ self.phi.T
 
 
+class FullState:
+    """No reduction (the full-dimensional HNN): z = (q - q_ref, p), the identity up to a translation
+    of q (symplectic)."""
+
+    def __init__(self, q_ref: np.ndarray):
+        self.q_ref = torch.as_tensor(q_ref)
+
+    def parameters(self):
+        return []
+
+    def encode(self, q, p):
+        return q - self.q_ref, p.clone()
+
+    def decode(self, qz, pz):
+        return self.q_ref + qz, pz.clone()
+
+
 class SymplecticAE(nn.Module):
     def __init__(self, phi: np.ndarray, q_ref: np.ndarray, width: int, s_q: float, s_latent: np.ndarray,
                  gen: torch.Generator):
