@@ -277,8 +277,10 @@ def test_spec_loads_through_the_platform_loader_and_duplicate_keys_are_refused(t
         # brief's inexact-inversion baseline, recorded for the page (its inexactness is a test)
         assert f"@{v}" in read or v == "ddim", v
     assert {"roundtrip_learned", "vs_ddim_inversion"}.isdisjoint(claims)  # by construction: tests
-    for cid in ("vs_bdia_rk4", "vs_bdia_midpoint"):  # the asymptotic range, checked by preconditions
-        assert "sample_err_nfe_asym@" in claims[cid].expr and len(claims[cid].requires) == 3
+    for cid in ("vs_bdia_rk4", "vs_bdia_midpoint"):  # the asymptotic range (the rule's), checked by preconditions
+        assert "sample_err_nfe_asym@" in claims[cid].expr and len(claims[cid].requires) == 4
+        assert any("nfe_asym_drift@" in r.expr and r.threshold == 0.2 for r in claims[cid].requires)
+    assert "sample_err_nfe_paper@" in claims["vs_bdia_paper_budgets"].expr  # the paper's 16-128 budgets
     assert "coupling_plateau" not in claims  # true by construction: a test above
     copy = tmp_path / "rex"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -347,7 +349,7 @@ def test_round_trip_is_exact_with_a_trained_and_an_untrained_network(gmm):
 
 def test_equal_cost_comparison_with_bdia_in_both_sets_of_variables(gmm):
     """At equal denoiser evaluations, the equal-cost claims' comparisons (their declared control,
-    Rex-Euler at zeta = 0.9, is checked below): Rex-midpoint and Rex-RK4 beat BDIA in the published
+    Rex-Euler at the paper's zeta = 0.999, the PARAMS here, is checked below): Rex-midpoint and Rex-RK4 beat BDIA in the published
     variables y at every budget, but the same BDIA in Rex's own Lawson variables is as accurate as
     reversible Heun, ahead of Rex-midpoint at every budget and of Rex-RK4 at low cost; order 4
     wins at the largest budgets. Budgets from the paper's range (32, 128) to the asymptotic one."""
@@ -488,3 +490,86 @@ def test_mmd_test_flags_the_planted_noise_error_and_passes_the_correct_sampler(g
     s = make_sampler("rex_sde", gmm.denoise, PARAMS)
     good, planted = mmd_test(s, gmm, q, np.random.default_rng(2), q95, dw_scales=(1.0, 0.85))
     assert good.mean() < 1.0 < planted.mean(), (good, planted)
+
+
+def test_contracting_dynamics_amplify_perturbations_of_the_symmetric_baselines_not_of_rex():
+    """The paper's stability argument against reversible Heun and BDIA (gamma = 1), in a contracting
+    formulation (added since the second review): on y' = -y over t in [0, 10] (the solution decays by
+    e^-10), a perturbation of the coupled state (round-off, or a learned denoiser's error) relative
+    to the solution is amplified by at most ~20x by Rex when h|lambda| = 5e-4 lies inside its
+    stability interval (1 - zeta = 1e-3 for Euler), but by ~e^20 = 4.9e8 by reversible Heun and by
+    the leapfrog (BDIA at gamma = 1): their parasitic eigenvalue is 1 + h|lambda| > 1. Outside the
+    interval (h|lambda| = 0.01, the step sizes the miniature samples with) Rex at zeta = 0.999 is no
+    better (1.8e8): its advantage needs h|lambda| < 1 - zeta. BDIA at gamma = 0.96 is damped."""
+    from reprozoo.blocks.ode import linear_step_matrix
+
+    def amplification(v, r, n):
+        s = make_sampler(v, lambda y, rho: y, PARAMS)
+        m = linear_step_matrix(s.linear_step, s.state_dim, -r).real
+        return np.linalg.norm(np.linalg.matrix_power(m, n), 2) * np.exp(r * n)  # relative to the solution
+
+    for v in ("rex_euler", "rex_midpoint", "rex_rk4"):
+        assert amplification(v, 5e-4, 20_000) <= 100.0, v
+        assert amplification(v, 1e-2, 1_000) >= 1e7, v
+    for v in ("reversible_heun", "bdia", "bdia_lawson"):
+        assert amplification(v, 5e-4, 20_000) >= 1e8, v
+    assert amplification("bdia_g096", 5e-4, 20_000) <= 10.0
+
+
+def test_asymptotic_range_rule_finds_where_local_slopes_settle():
+    """The equal-cost claims' range rule (spec: the first budget from which every local log-log
+    slope agrees within 0.1, errors above 10x the floor): on e = 1/N + 40/N^2 (first order once
+    N >> 40) the range starts where the local slopes have settled; on a pure power law it is the
+    whole curve; budgets at the floor are dropped; a curve that never settles returns its last
+    three budgets and the spread of all its local slopes (the claims' precondition then fails)."""
+    from reprozoo.methods.rex.method import asymptotic_range
+
+    b = np.array([16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], dtype=float)
+    e = 1.0 / b + 40.0 / b**2
+    idx, spread = asymptotic_range(b, e, 1e-10, 0.1)
+    local = -np.diff(np.log(e)) / np.diff(np.log(b))
+    assert spread <= 0.1 and np.ptp(local[idx[0]:]) <= 0.1 and np.ptp(local[idx[0] - 1:]) > 0.1
+    assert 128 <= b[idx[0]] <= 1024 and idx[-1] == len(b) - 1
+    idx, spread = asymptotic_range(b, 3.0 * b**-2.0, 1e-10, 0.1)
+    assert idx[0] == 0 and spread == pytest.approx(0.0, abs=1e-12)
+    idx, _ = asymptotic_range(b, np.maximum(b**-4.0, 1e-12), 1e-10, 0.1)
+    assert b[idx[-1]] < 1e-9 ** -0.25  # the budgets at or below 10x the floor are not read
+    wobbly = b**-2.0 * np.where(np.arange(len(b)) % 2, 1.0, 1.3)
+    idx, spread = asymptotic_range(b, wobbly, 1e-10, 0.1)
+    local = -np.diff(np.log(wobbly)) / np.diff(np.log(b))
+    assert len(idx) == 3 and spread == pytest.approx(np.ptp(local)) and spread > 0.2
+
+
+def test_paper_backend_records_the_claims_metrics(gmm, tmp_path, monkeypatch):
+    """The `paper` path (diffusers, GPU) with the mixture's denoiser in the UNet's place: it records
+    the metrics the round-trip, order and equal-cost claims read (flattened 'images')."""
+    from types import SimpleNamespace
+
+    from reprozoo.methods.rex import diffusers_backend as db
+
+    monkeypatch.setattr(db, "load_denoiser", lambda p: (gmm.denoise, (2,), 0.002, 80.0))
+
+    class Rec(dict):
+        def curve(self, name, x, y):
+            self[name] = (list(x), list(y))
+
+        def scalar(self, name, value):
+            self[name] = value
+
+        def units(self, name, values):
+            self[name] = values
+
+    p = {**PARAMS, "n_test": 8, "n_conv": 4, "steps_roundtrip": [10, 30], "steps_conv": [64, 128, 256],
+         "nfe_budgets": [16, 64, 256, 1024], "nfe_paper_max": 128, "asym_slope_tol": 0.1, "error_floor": 1e-10}
+    rng = lambda k: np.random.default_rng(k)  # noqa: E731
+    db.train_shared_diffusers(SimpleNamespace(params=p, outdir=tmp_path, rng=rng, progress=lambda *a: None))
+    out = {}
+    for v in ("rex_rk4", "bdia_lawson", "rex_sde"):
+        out[v] = Rec()
+        db.train_diffusers(SimpleNamespace(params=p, shared_dir=tmp_path, rng=rng, progress=lambda *a: None,
+                                           variant=v, metrics=out[v]))
+    assert max(out["rex_rk4"]["roundtrip_err"][1]) <= 1e-10 and max(out["rex_sde"]["roundtrip_err_from_data"][1]) < 1
+    for key in ("sample_err_nfe_paper", "sample_err_nfe_asym", "nfe_asym_drift", "nfe_asym_slope",
+                "roundtrip_err_nfe", "order_paper_zeta"):
+        assert key in out["rex_rk4"] and key in out["bdia_lawson"], key
+    assert abs(out["bdia_lawson"]["nfe_asym_slope"] - 2) < 0.3
