@@ -5,23 +5,33 @@ held-out test set (energy/force MAEs and retrieval); the other structures are sh
 ``split_seed``; the first ``n_label_pool`` form the labelled reserve, the next ``n_val`` a
 development set (used to choose hyper-parameters while building the method, never in the
 metrics), the rest the unlabelled pre-training pool (energies and forces dropped before
-pre-training). The development set is also every training run's validation set: unlabelled for
-pre-training (its held-out self-supervised loss, ``pretrain_val_loss``), labelled for fine-tuning
-(``val_loss_n<N>``); the convergence gate reads both curves with the learning rate at the same steps.
+pre-training). The pre-training cells (pool and its held-out part) are EMT-relaxed at fixed cell
+before use (:func:`relaxed`): a database of relaxed structures, as the paper's LeMat-Bulk, in which an
+atom's neighbour distances carry its size, so that masked-element prediction has something beyond
+composition to learn and the denoising target is a physical minimum, not a random rattle; the
+labelled reserve, development and test cells stay the dataset's rattled, strained ones (the
+non-equilibrium frames of OMat24-like fine-tuning). The development set is also every training
+run's validation set: unlabelled and relaxed for pre-training (its held-out self-supervised loss,
+``pretrain_val_loss``), labelled for fine-tuning (``val_loss_n<N>``); the convergence gate reads both
+curves with the learning rate at the same steps.
 
-train_shared (per seed): self-supervised pre-training (pretrain.py) of the three-stream model and,
-for the ablation, of the backbone alone, on the unlabelled pool; encoder weights and the
-pre-training history (held-out curve) to shared_dir; the pre-trained variants' cells copy that
+train_shared (per seed): self-supervised pre-training (pretrain.py, the shared rule
+``blocks.fitting.fit_to_plateau``, the same grid and stop for both models) of the three-stream model
+and, for the ablation, of the backbone alone, on the unlabelled pool; encoder weights, the
+projection head and the pre-training history (held-out curve) to shared_dir; the pre-trained variants' cells copy that
 curve into their own metrics so the gate checks the pre-training they start from.
 train (per variant x seed): for each N in ``n_train`` a labelled set of N structures (nested,
 drawn from the reserve with the seed), a fresh model (pre-trained encoder loaded where the variant
 says so) fine-tuned by :func:`finetune`: the platform's shared rule
 (``blocks.fitting.fit_to_plateau``, energy + force loss; one learning-rate grid piloted from the same
-initial weights, the best rate continued at a constant rate until the gate's own plateau test holds
-on the development loss; the same grid, stop and step cap for every variant and N),
-test energy MAE (meV/atom, per test cell: the units of the energy claims) and force MAE (meV/A);
-retrieval precision@k of the test structures' prototype (per query cell) from the latent
-(mean-pooled fused features) before fine-tuning and after the largest N.
+initial weights, the best rate continued at a constant rate to the gate's own plateau test on the
+development loss, one drop of the rate by the rule's default ``lr_drop`` and on to a second plateau;
+the same grid, stop and step cap for every variant and N), test energy MAE (meV/atom, per test cell:
+the units of the energy claims) and force MAE (meV/A, mean absolute error over every Cartesian force
+component of the test cells, pooled); retrieval precision@k of the test structures' prototype (per
+query cell) from the latent: the pre-training projection head's output on the mean-pooled fused
+features (the space the two-view objective shapes, as published), before fine-tuning (the untrained
+model: its initial projection) and after the largest N.
 """
 from __future__ import annotations
 
@@ -77,6 +87,50 @@ def atoms_data(d, idx, cutoff: float, labels: bool = True):
     return AtomsData(frames, cutoff).precompute()
 
 
+_RELAXED: dict = {}
+
+
+def relaxed(d, idx, fmax: float, steps: int) -> dict[int, np.ndarray]:
+    """EMT-relaxed positions (FIRE at fixed cell, to ``fmax`` eV/A or ``steps`` steps) of the frames
+    ``idx``; the same for every seed, so each cell is relaxed once per process (keyed by its content;
+    one batch job runs every seed at ci / smoke)."""
+    import hashlib
+
+    from ase import Atoms
+    from ase.optimize import FIRE
+
+    from ...data.md.potentials import FastEMT
+
+    out = {}
+    for i in (int(k) for k in idx):
+        f = d.frame(i)
+        h = hashlib.sha1()
+        for a in (f["positions"], f["numbers"], f["cell"], f["pbc"]):
+            h.update(np.ascontiguousarray(a).tobytes())
+        key = (h.hexdigest(), float(fmax), int(steps))
+        if key not in _RELAXED:
+            at = Atoms(numbers=f["numbers"], positions=f["positions"], cell=f["cell"], pbc=f["pbc"])
+            at.calc = FastEMT()
+            FIRE(at, logfile=None).run(fmax=float(fmax), steps=int(steps))
+            _RELAXED[key] = at.get_positions()
+        out[i] = _RELAXED[key]
+    return out
+
+
+def pretrain_data(d, idx, p: dict):
+    """The unlabelled pre-training cells ``idx``: relaxed (``pretrain_relax: {fmax, steps}``; absent:
+    as stored), labels dropped."""
+    from ...blocks.atomistic.data import AtomsData
+
+    fr = [d.frame(int(i)) for i in idx]
+    rx = p.get("pretrain_relax")
+    pos = relaxed(d, idx, rx["fmax"], rx["steps"]) if rx else {int(i): f["positions"] for i, f in zip(idx, fr)}
+    frames = {"positions": [pos[int(i)] for i in idx], "numbers": [np.asarray(f["numbers"], np.int64) for f in fr],
+              "cells": [f["cell"] for f in fr], "pbc": [np.asarray(f["pbc"], bool) for f in fr],
+              "energy": None, "forces": None}
+    return AtomsData(frames, _cutoff(p["model"])).precompute()
+
+
 def _cutoff(mcfg: dict) -> float:
     return max(float(mcfg["backbone"]["cutoff"]), float((mcfg.get("structural") or {}).get("cutoff", 0.0)))
 
@@ -97,40 +151,29 @@ def train_shared(ctx) -> None:
     p = ctx.params
     d = load(ctx.data[DATASET])
     parts = split_pool(d, p)
-    pool = atoms_data(d, parts["unlabelled"], _cutoff(p["model"]), labels=False)
-    val = (atoms_data(d, parts["val"][: int(p.get("n_val_pretrain", len(parts["val"])))], _cutoff(p["model"]),
-                      labels=False) if len(parts["val"]) else None)
+    t0 = time.process_time()
+    pool = pretrain_data(d, parts["unlabelled"], p)
+    val = pretrain_data(d, parts["val"][: int(p.get("n_val_pretrain", len(parts["val"])))], p)
+    ctx.metrics.scalar("pretrain_relax_cpu_seconds", time.process_time() - t0)
     check_pretrain_ratio(len(pool), p)
     ctx.metrics.scalar("n_pretrain_structures", len(pool))
-    ctx.progress(f"unlabelled pool {len(pool)} structures ({len(pool) / max(p['n_train']):.1f} x the largest N), "
-                 f"labelled reserve {len(parts['labelled'])}, validation {len(val) if val else 0}, test {len(parts['test'])}")
+    ctx.progress(f"unlabelled pool {len(pool)} structures ({len(pool) / max(p['n_train']):.1f} x the largest N, "
+                 f"{'EMT-relaxed' if p.get('pretrain_relax') else 'as stored'}), labelled reserve "
+                 f"{len(parts['labelled'])}, validation {len(val)}, test {len(parts['test'])}")
     for kind in pretrained_kinds(p):
-        torch.manual_seed(ctx.seed)
-        model = build(p["model"], streams=(kind == "three_stream")).to(torch.float32)
-        heads, hist = pretrain(model, pool, pretrain_config(p, kind), seed=ctx.seed, progress=ctx.progress, val=val)
+        model, heads, hist = pretrain(lambda: build(p["model"], streams=(kind == "three_stream")).to(torch.float32),
+                                      pool, val, p["pretrain"], seed=ctx.seed, progress=ctx.progress,
+                                      label=f"pretrain {kind}")
         torch.save(model.encoder_state(), Path(ctx.outdir) / f"{kind}.pt")
-        keep = [k for k in hist if k.startswith("val_") or k in ("lr", "steps", "seconds", "epochs")]
+        torch.save(heads.proj.state_dict(), Path(ctx.outdir) / f"{kind}_proj.pt")
         (Path(ctx.outdir) / f"{kind}_history.json").write_text(json.dumps(
-            {**{k: hist[k] for k in keep}, "n_pool": len(pool), "n_val": len(val) if val else 0,
-             "mask_majority": _majority(val) if val else float("nan")}))
-        ep = list(range(1, len(hist["loss"]) + 1))
-        ctx.metrics.curve(f"pretrain_loss_{kind}", ep, hist["loss"])
-        ctx.metrics.curve(f"pretrain_denoise_{kind}", ep, hist["denoise"])
-        ctx.metrics.curve(f"pretrain_mask_ce_{kind}", ep, hist["mask"])
+            {**{k: v for k, v in hist.items() if k != "loss"}, "n_pool": len(pool), "n_val": len(val),
+             "mask_majority": hist["val_mask_visible_majority"][-1]}))
+        ctx.metrics.curve(f"pretrain_step_loss_{kind}", list(range(1, len(hist["loss"]) + 1)), hist["loss"])
         ctx.metrics.scalar(f"pretrain_seconds_{kind}", hist["seconds"])
-        ctx.metrics.scalar(f"pretrain_denoise_r2_{kind}", 1 - hist["denoise"][-1] / hist["denoise_baseline"][-1])
-        ctx.metrics.scalar(f"pretrain_mask_acc_{kind}", hist["mask_acc"][-1])
-
-
-def pretrain_config(p: dict, kind: str) -> dict:
-    """The pre-training options of one model kind: ``pretrain`` with ``epochs`` replaced by
-    ``pretrain.epochs_by_model[kind]`` where given (the backbone alone learns its masking task more
-    slowly than the three-stream model and gets more passes over the same pool)."""
-    cfg = {k: v for k, v in p["pretrain"].items() if k != "epochs_by_model"}
-    epochs = (p["pretrain"].get("epochs_by_model") or {}).get(kind)
-    if epochs is not None:
-        cfg["epochs"] = int(epochs)
-    return cfg
+        ctx.metrics.scalar(f"pretrain_steps_{kind}", hist["steps"])
+        ctx.metrics.scalar(f"pretrain_lr_chosen_{kind}", hist["lr_chosen"])
+        ctx.metrics.scalar(f"pretrain_mask_acc_{kind}", hist["val_mask_acc"][-1])
 
 
 def check_pretrain_ratio(n_pool: int, p: dict) -> float:
@@ -144,24 +187,20 @@ def check_pretrain_ratio(n_pool: int, p: dict) -> float:
     return ratio
 
 
-def _majority(data) -> float:
-    """Frequency of the most common element among the atoms (accuracy of always guessing it)."""
-    z = np.concatenate([np.asarray(n) for n in data.frames["numbers"]])
-    return float(np.bincount(z).max() / len(z))
-
-
 def record_pretraining(ctx, streams: bool) -> None:
     """Copy the pre-training's held-out curves (from train_shared) into this variant's metrics."""
     h = json.loads((Path(ctx.shared_dir) / f"{PRETRAINED[streams]}_history.json").read_text())
     ctx.metrics.scalar("pretrain_ratio", h["n_pool"] / max(int(n) for n in ctx.params["n_train"]))
     ctx.metrics.scalar("pretrain_steps", h["steps"])
-    if not h.get("val_step"):
-        return
+    ctx.metrics.scalar("pretrain_lr_chosen", h["lr_chosen"])
+    if h.get("drop_gain") is not None:
+        ctx.metrics.scalar("pretrain_drop_gain", h["drop_gain"])
     x = h["val_step"]
     for name in ("loss", "denoise", "mask", "mask_acc", "jepa_pred", "sigreg"):
         ctx.metrics.curve(f"pretrain_val_{name}", x, h[f"val_{name}"])
     ctx.metrics.curve("pretrain_lr", x, h["lr"])
     ctx.metrics.scalar("pretrain_mask_acc", h["val_mask_acc"][-1])
+    # what composition alone gives: the visible atoms' majority element, on the same masks
     ctx.metrics.scalar("pretrain_mask_majority", h["mask_majority"])
     ctx.metrics.scalar("pretrain_denoise_r2", 1 - h["val_denoise"][-1] / h["val_denoise_baseline"][-1])
 
@@ -178,7 +217,8 @@ def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str =
     pre-trained encoder loaded where it says so, energy scale fitted on ``tr``) on the same batches; the
     best continues at a constant rate until the plateau test (the gate's own, ``flat_tol`` = half its
     tolerance) holds on the development-set loss, validated every ``eval_every`` steps, at or after
-    ``min_steps`` (one ``lr_drop`` if that comes in the first half), or ``max_steps``; best-validation
+    ``min_steps``; then the rate drops once (the rule's default ``lr_drop`` = 0.1) and training goes
+    on to a second plateau whose window lies after the drop, or ``max_steps``; best-validation
     weights kept. Loss: ``energy_weight`` x (energy error per atom)^2 + ``force_weight`` x mean
     (force error)^2 on a batch of ``batch_size`` cells drawn (with replacement) from the rule's
     generator. Returns (model, record, atomref scale)."""
@@ -250,12 +290,35 @@ def make_model(p: dict, variant: str, shared_dir, seed: int):
     return model
 
 
-def latents(model, data, batch_size: int = 32) -> np.ndarray:
+def projection(p: dict, variant: str, shared_dir, seed: int):
+    """The pre-training projection head of ``variant``: the pre-trained one, or (not pre-trained) the
+    one the pre-training starts from (the same seed, drawn right after the model, as ``pretrain``)."""
+    import torch
+
+    from .model import PretrainHeads, build
+
+    streams, pretrained = VARIANTS[variant]
+    torch.manual_seed(seed)
+    model = build(p["model"], streams=streams)
+    pc = p["pretrain"]
+    heads = PretrainHeads(model.fused_dim, int(pc.get("head_hidden", 32)), int(pc.get("proj_dim", 16)))
+    if pretrained:
+        heads.proj.load_state_dict(torch.load(Path(shared_dir) / f"{PRETRAINED[streams]}_proj.pt", weights_only=True))
+    return heads.proj.eval()
+
+
+def latents(model, data, proj=None, batch_size: int = 32) -> np.ndarray:
+    """Per-structure latent: ``proj`` (the pre-training projection head) of the mean-pooled fused
+    per-atom features; without ``proj`` the pooled features themselves."""
     import torch
 
     model.eval()
-    out = [model.latent(b) for b in data.batches(batch_size, dtype=torch.float32)]
-    return torch.cat(out).double().numpy()
+    with torch.no_grad():
+        out = [model.latent(b) for b in data.batches(batch_size, dtype=torch.float32)]
+        z = torch.cat(out)
+        if proj is not None:
+            z = proj(z)
+    return z.double().numpy()
 
 
 def train(ctx) -> None:
@@ -270,7 +333,7 @@ def train(ctx) -> None:
     cutoff = _cutoff(p["model"])
     test = atoms_data(d, parts["test"], cutoff)
     reserve = atoms_data(d, parts["labelled"], cutoff)
-    val_idx = parts["val"][: int(p.get("n_val_finetune", len(parts["val"])))]
+    val_idx = parts["val"][: int(p["n_val_finetune"])] if p.get("n_val_finetune") else parts["val"]
     val = atoms_data(d, val_idx, cutoff) if len(val_idx) else None
     proto = d.extras["prototype"][parts["test"]]
     k = int(p.get("retrieval_k", 5))
@@ -279,11 +342,15 @@ def train(ctx) -> None:
         record_pretraining(ctx, streams)
 
     model = make_model(p, v, ctx.shared_dir, ctx.seed)
+    proj = projection(p, v, ctx.shared_dir, ctx.seed)
     ctx.metrics.scalar("n_parameters", sum(q.numel() for q in model.parameters()))
-    ctx.metrics.units("retrieval_p5", precision_at_k(latents(model, test), proto, k, per_query=True))
+    ctx.metrics.units("retrieval_p5", precision_at_k(latents(model, test, proj), proto, k, per_query=True))
+    ctx.metrics.scalar("retrieval_p5_pooled", precision_at_k(latents(model, test), proto, k))
     order = ctx.rng(7).permutation(len(reserve))
     e_mae, f_mae, secs, ref_mae = [], [], [], []
-    ns = [int(n) for n in p["n_train"]]
+    # a variant may fine-tune at fewer N than n_train (n_train_by_variant): the architecture ablation
+    # is read at the smallest N only, so its larger-N fine-tunes would cost budget no claim reads
+    ns = [int(n) for n in (p.get("n_train_by_variant") or {}).get(v, p["n_train"])]
     for j, n in enumerate(ns):
         tr = reserve.subset(order[:n])
 
@@ -291,7 +358,7 @@ def train(ctx) -> None:
         model, rec, scale = finetune(p, v, ctx.shared_dir, tr, val, ctx.seed * 1000 + n, label=f"{v} N={n}",
                                      progress=ctx.progress)
         secs.append(time.perf_counter() - t0)
-        # what the gate reads: the development-set loss with the (constant, or dropped) rate at each step
+        # what the gate reads: the development-set loss with the rate (constant, then dropped) at each step
         ctx.metrics.curve(f"val_loss_n{n}", rec["steps"], rec["vals"])
         ctx.metrics.curve(f"lr_n{n}", rec["steps"], rec["lrs"])
         grid = sorted(rec["pilot_best"])
@@ -299,6 +366,9 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"lr_chosen_n{n}", float(rec["lr"]))
         ctx.metrics.scalar(f"steps_n{n}", float(rec["stop"]))
         ctx.metrics.scalar(f"plateau_n{n}", float(rec["plateau"]))
+        if rec.get("drop_gain") is not None:
+            ctx.metrics.scalar(f"drop_gain_n{n}", float(rec["drop_gain"]))
+        ctx.metrics.scalar(f"lr_edge_n{n}", {"top": 1.0, "bottom": -1.0}.get(rec.get("lr_edge"), 0.0))
         e_cell, f = per_cell_errors(model, test)
         e_cell, ref_cell = 1e3 * e_cell, 1e3 * atomref_errors(scale, test)
         e_mae.append(float(e_cell.mean()))
@@ -317,7 +387,7 @@ def train(ctx) -> None:
     ctx.metrics.curve("finetune_seconds", ns, secs)
     ctx.metrics.scalar("force_mae_nmin", f_mae[0])
     ctx.metrics.scalar("force_mae_nmax", f_mae[-1])
-    ctx.metrics.scalar("retrieval_p5_finetuned", precision_at_k(latents(model, test), proto, k))
+    ctx.metrics.scalar("retrieval_p5_finetuned", precision_at_k(latents(model, test, proj), proto, k))
     ctx.metrics.scalar("retrieval_chance", _chance(proto))
 
 

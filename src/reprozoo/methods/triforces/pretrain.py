@@ -13,27 +13,49 @@ Objectives (weights ``weights.{denoise, mask, jepa}``):
   the two views plus SIGReg (sliced Epps-Pulley test of the projections against N(0, I)), which
   keeps the latent from collapsing without negatives.
 
-Validation (``val``, unlabelled held-out structures): every ``val_every`` steps (and before the first
-step) the same terms on the held-out structures with a FIXED corruption (noise, masks and SIGReg
-slices drawn from the same generator seed each time), so the curve moves only with the weights; the
-convergence gate reads this curve (``val_loss``) and the learning rate at the same steps (``lr``).
+Training: the platform's shared rule (:func:`reprozoo.blocks.fitting.fit_to_plateau`), as for the
+fine-tunes: the rates of ``lr_grid`` piloted ``pilot_steps`` from the same initial weights on the
+same batches (B cells drawn with replacement from the pool), the best continued at a constant rate
+until the plateau test holds on the held-out loss AND the held-out masked-element accuracy, then one
+drop of the rate (``lr_drop``, the rule's default 0.1) and on to a second plateau after the drop;
+the best held-out-loss weights are kept. No cosine: the gate sees the plateau while the rate is up.
+
+Validation (``val``, unlabelled held-out structures): every ``eval_every`` steps (and before the
+first step) the same terms on the held-out structures with a FIXED corruption (noise, masks and
+SIGReg slices drawn from the same generator seed each time), so the curve moves only with the
+weights. The same fixed masks give the masking task's reference: ``mask_visible_majority``, the
+accuracy of guessing, for each masked atom, the most common element among the VISIBLE atoms of its
+own structure (what composition alone gives; a pre-training that does not beat it has learned
+nothing about where an element sits).
 """
 from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from ...blocks.atomistic import AtomsData, Batch
 from ...blocks.atomistic.descriptors import mean_pool, sigreg_epps_pulley
 from .model import MASK_Z, PretrainHeads, TriForces
 
-DEFAULTS = dict(epochs=4, batch_size=8, lr=2e-3, lr_final_factor=0.1, noise=[0.03, 0.2], noise_unit=0.1,
-                mask_prob=0.15, weights={"denoise": 1.0, "mask": 1.0, "jepa": 0.1}, sigreg_slices=64,
-                proj_dim=16, head_hidden=32, grad_clip=10.0, max_steps=None, time_budget_s=None,
-                val_every=None, val_points=20)
+# the shared rule's keys (blocks.fitting.fit_to_plateau); the rest of the config is the objective's
+RULE_KEYS = ("lr_grid", "pilot_steps", "eval_every", "min_steps", "max_steps", "flat_tol", "clip", "lr_drop",
+             "patience", "ema_decay", "pilot_score")
+DEFAULTS = dict(batch_size=8, lr_grid=[3e-3], pilot_steps=10, eval_every=5, min_steps=20, max_steps=100,
+                flat_tol=0.01, clip=10.0, noise=[0.03, 0.2], noise_unit=0.1, mask_prob=0.15,
+                weights={"denoise": 1.0, "mask": 1.0, "jepa": 0.1}, sigreg_slices=64, proj_dim=16,
+                head_hidden=32, val_batch=32)
+KEYS = ("loss", "denoise", "denoise_baseline", "mask", "mask_acc", "mask_visible_majority", "jepa_pred", "sigreg")
+
+
+class Pretrainer(nn.Module):
+    """The encoder and its self-supervised heads, trained together (one module for the shared rule)."""
+
+    def __init__(self, model: TriForces, heads: PretrainHeads):
+        super().__init__()
+        self.model, self.heads = model, heads
 
 
 def two_views(b: Batch) -> Batch:
@@ -43,6 +65,16 @@ def two_views(b: Batch) -> Batch:
                  batch=torch.cat([b.batch, b.batch + B]),
                  edge_index=torch.cat([b.edge_index, b.edge_index + n], dim=1),
                  shifts=b.shifts.repeat(2, 1), n_atoms=b.n_atoms.repeat(2), cells=b.cells.repeat(2, 1, 1))
+
+
+def visible_majority(numbers: torch.Tensor, masked: torch.Tensor, batch: torch.Tensor, n_struct: int) -> torch.Tensor:
+    """For each masked atom, the most common element among the unmasked atoms of its structure
+    (ties: the smallest Z; a structure with every atom masked: the mask token, never right)."""
+    counts = torch.zeros(n_struct, int(numbers.max()) + 1, dtype=torch.long)
+    vis = ~masked
+    counts.index_put_((batch[vis], numbers[vis]), torch.ones(int(vis.sum()), dtype=torch.long), accumulate=True)
+    guess = counts.argmax(1)  # first maximum: the smallest Z; all-zero rows give 0 = MASK_Z
+    return guess[batch[masked]]
 
 
 def pretrain_loss(model: TriForces, heads: PretrainHeads, b: Batch, cfg: dict, gen: torch.Generator,
@@ -62,9 +94,14 @@ def pretrain_loss(model: TriForces, heads: PretrainHeads, b: Batch, cfg: dict, g
     target = -delta / cfg["noise_unit"]
     l_dn = ((-grad - target) ** 2).sum(-1).mean()
     baseline = (target ** 2).sum(-1).mean().detach()
-    l_mask = F.cross_entropy(heads.unmask(x[masked]), b.numbers[masked]) if bool(masked.any()) else x.new_zeros(())
-    acc = ((heads.unmask(x[masked]).argmax(-1) == b.numbers[masked]).to(dtype).mean().detach()
-           if bool(masked.any()) else x.new_zeros(()))
+    zero = x.new_zeros(())
+    if bool(masked.any()):
+        logits = heads.unmask(x[masked])
+        l_mask = F.cross_entropy(logits, b.numbers[masked])
+        acc = (logits.argmax(-1) == b.numbers[masked]).to(dtype).mean().detach()
+        maj = (visible_majority(b.numbers, masked, b.batch, n_struct) == b.numbers[masked]).to(dtype).mean()
+    else:
+        l_mask, acc, maj = zero, zero, zero
     z = heads.proj(mean_pool(x, b.batch, n_struct))
     half = n_struct // 2
     l_pred = ((z[:half] - z[half:]) ** 2).sum(-1).mean()
@@ -73,100 +110,71 @@ def pretrain_loss(model: TriForces, heads: PretrainHeads, b: Batch, cfg: dict, g
     w = cfg["weights"]
     total = w["denoise"] * l_dn + w["mask"] * l_mask + w["jepa"] * l_jepa
     return {"loss": total, "denoise": l_dn, "denoise_baseline": baseline, "mask": l_mask, "mask_acc": acc,
-            "jepa_pred": l_pred, "sigreg": l_sig}
-
-
-KEYS = ("loss", "denoise", "denoise_baseline", "mask", "mask_acc", "jepa_pred", "sigreg")
+            "mask_visible_majority": maj, "jepa_pred": l_pred, "sigreg": l_sig, "n_masked": int(masked.sum())}
 
 
 def validate(model: TriForces, heads: PretrainHeads, val: AtomsData, cfg: dict, seed: int = 12345) -> dict:
-    """Every term on the held-out structures, averaged over structures, with the same corruption at
-    every call (generator reseeded): a curve that changes only with the weights."""
+    """Every term on the held-out structures with the same corruption at every call (generator
+    reseeded): a curve that changes only with the weights. Losses are averaged over structures, the
+    masked-element accuracies over masked atoms."""
     was = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     dtype = next(model.parameters()).dtype
-    acc, weights = {k: 0.0 for k in KEYS}, 0
-    for b in val.batches(cfg["batch_size"], dtype=dtype):
+    acc, weights, n_masked = {k: 0.0 for k in KEYS}, 0, 0
+    for b in val.batches(int(cfg.get("val_batch") or cfg["batch_size"]), dtype=dtype):
         b.energy, b.forces = None, None
         terms = pretrain_loss(model, heads, two_views(b), cfg, gen, create_graph=False)
         for k in KEYS:
-            acc[k] += float(terms[k].detach()) * b.n_structures
+            w = terms["n_masked"] if k in ("mask_acc", "mask_visible_majority") else b.n_structures
+            acc[k] += float(terms[k].detach()) * w
         weights += b.n_structures
+        n_masked += terms["n_masked"]
     model.train(was)
-    return {k: v / max(weights, 1) for k, v in acc.items()}
+    return {k: v / max(n_masked if k in ("mask_acc", "mask_visible_majority") else weights, 1) for k, v in acc.items()}
 
 
-def pretrain(model: TriForces, data: AtomsData, cfg: dict | None = None, seed: int = 0, progress=None,
-             val: AtomsData | None = None):
-    """Pre-train ``model`` (in place) on ``data`` (labels, if any, are never read).
+def pretrain(make_model, data: AtomsData, val: AtomsData, cfg: dict | None = None, seed: int = 0, progress=None,
+             label: str = "pretrain"):
+    """Pre-train a fresh ``make_model()`` on ``data`` (labels, if any, are never read) by the shared
+    rule, validated on ``val``. Returns ``(model, heads, history)``: the best held-out-loss weights;
+    history holds the held-out curve (``val_step``, ``val_<term>``, ``lr`` at those steps), ``steps``,
+    ``lr_chosen``, ``pilot`` (each rate's pilot score), ``drop_step``, ``drop_gain``, ``lr_edge``,
+    ``plateau``, ``loss`` (every training step's loss) and ``seconds``."""
+    from ...blocks.fitting import fit_to_plateau
 
-    Returns ``(heads, history)``; history holds per-epoch means of every loss term and, with
-    ``val``, the held-out curve: ``val_step``, ``val_<term>`` and ``lr`` at those steps.
-    """
     cfg = {**DEFAULTS, **(cfg or {})}
     cfg["weights"] = {**DEFAULTS["weights"], **(cfg.get("weights") or {})}
-    torch.manual_seed(seed)
-    dtype = next(model.parameters()).dtype
-    heads = PretrainHeads(model.fused_dim, int(cfg["head_hidden"]), int(cfg["proj_dim"])).to(dtype)
-    params = list(model.parameters()) + list(heads.parameters())
-    opt = torch.optim.Adam(params, lr=cfg["lr"])
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    steps_per_epoch = int(np.ceil(len(data) / cfg["batch_size"]))
-    total = cfg["epochs"] * steps_per_epoch
-    if cfg["max_steps"]:
-        total = min(total, int(cfg["max_steps"]))
-    fin = cfg["lr_final_factor"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: fin + (1 - fin) * 0.5 * (1 + np.cos(np.pi * min(s, total) / max(total, 1))))
-    keys = KEYS
-    hist = {k: [] for k in keys}
-    hist["step_loss"] = []
-    val_every = int(cfg["val_every"] or max(1, total // max(1, int(cfg["val_points"]))))
-    hist.update(val_step=[], lr=[], val_seconds=0.0, **{f"val_{k}": [] for k in keys})
+    bs = int(cfg["batch_size"])
+    rule = {k: cfg[k] for k in RULE_KEYS if k in cfg}
+    rule.update(select="loss", stop_on=["loss", "neg_mask_acc"])
 
-    def record_val() -> None:
-        t = time.perf_counter()
-        terms = validate(model, heads, val, cfg)
-        hist["val_step"].append(step)
-        hist["lr"].append(float(opt.param_groups[0]["lr"]))
-        for k in keys:
-            hist[f"val_{k}"].append(terms[k])
-        hist["val_seconds"] += time.perf_counter() - t
+    def build(gen):
+        torch.manual_seed(seed)
+        model = make_model()
+        dtype = next(model.parameters()).dtype
+        return Pretrainer(model, PretrainHeads(model.fused_dim, int(cfg["head_hidden"]), int(cfg["proj_dim"])).to(dtype))
 
-    t0, step, stop = time.perf_counter(), 0, False
-    model.train()
-    if val is not None:
-        record_val()
-    for epoch in range(cfg["epochs"]):
-        acc = {k: [] for k in keys}
-        for b in data.batches(cfg["batch_size"], rng, dtype=dtype):
-            b.energy, b.forces = None, None   # unlabelled by construction
-            terms = pretrain_loss(model, heads, two_views(b), cfg, gen)
-            opt.zero_grad()
-            terms["loss"].backward()
-            if cfg["grad_clip"]:
-                torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
-            opt.step()
-            sched.step()
-            step += 1
-            for k in keys:
-                acc[k].append(float(terms[k].detach()))
-            hist["step_loss"].append(acc["loss"][-1])
-            stop = step >= total or bool(cfg["time_budget_s"] and time.perf_counter() - t0 > cfg["time_budget_s"])
-            if val is not None and (step % val_every == 0 or stop):
-                record_val()
-            if stop:
-                break
-        for k in keys:
-            hist[k].append(float(np.mean(acc[k])))
-        if progress:
-            progress(f"pretrain epoch {epoch}: loss {hist['loss'][-1]:.4f} denoise {hist['denoise'][-1]:.3f}"
-                     f"/{hist['denoise_baseline'][-1]:.3f} mask CE {hist['mask'][-1]:.3f} acc {hist['mask_acc'][-1]:.2f}"
-                     f" jepa {hist['jepa_pred'][-1]:.3f} sigreg {hist['sigreg'][-1]:.3f}")
-        if stop:
-            break
-    model.eval()
-    hist.update(epochs=epoch + 1, steps=step, seconds=time.perf_counter() - t0)
-    return heads, hist
+    def train_loss(m: Pretrainer, gen):
+        idx = torch.randint(len(data), (bs,), generator=gen).tolist()
+        b = data.collate(idx, dtype=next(m.parameters()).dtype)
+        b.energy, b.forces = None, None   # unlabelled by construction
+        return pretrain_loss(m.model, m.heads, two_views(b), cfg, gen)["loss"]
+
+    def val_loss(m: Pretrainer):
+        t = validate(m.model, m.heads, val, cfg)
+        # the plateau must hold on the loss and on the masked-element accuracy (as -accuracy, a
+        # minimised curve whose relative test is the gate's mode: max on the accuracy)
+        return {"loss": t["loss"], "neg_mask_acc": -t["mask_acc"], **{k: t[k] for k in KEYS if k != "loss"}}
+
+    t0 = time.perf_counter()
+    m, rec = fit_to_plateau(build, train_loss, val_loss, rule, seed, label=label,
+                            progress=progress or (lambda *_: None))
+    m.eval()
+    cur = rec["curves"]
+    hist = {"val_step": list(rec["steps"]), "lr": list(rec["lrs"]), "steps": int(rec["stop"]),
+            "lr_chosen": float(rec["lr"]), "pilot": {str(k): v for k, v in rec["pilot_best"].items()},
+            "drop_step": rec["drop_step"], "drop_gain": rec["drop_gain"], "lr_edge": rec["lr_edge"],
+            "plateau": bool(rec["plateau"]), "loss": list(rec["losses"]), "seconds": time.perf_counter() - t0,
+            **{f"val_{k}": list(cur[k]) for k in KEYS}}
+    return m.model, m.heads, hist
