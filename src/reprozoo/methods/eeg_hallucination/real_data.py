@@ -1,12 +1,15 @@
 """The released study (paper scale): EEG recordings of the participants from a user folder.
 
 ``data_path`` (config) points at a BIDS tree or a folder of recordings; every file mne can read
-(``.edf .bdf .vhdr .set .fif``) is one subject's session, grouped by subject via the BIDS
+(``.cdt .edf .bdf .vhdr .set .fif``; ``.cdt`` is the release's Curry format) is one subject's session, grouped by subject via the BIDS
 ``sub-<label>`` folder or file-name prefix. Trials come from the recording's annotations:
 ``event_map`` maps annotation descriptions to the three conditions (``correct``, ``detected``,
 ``missed``) - the released data's codes are not known offline, so the map must be given.
-Each subject then runs through the same mne pipeline as the simulation
-(:func:`.study.preprocess_raw`), on the 10-20 channels it has.
+The authors instead relabel the word events from the behavioural records (``load_record``: which
+descriptions were judged correctly, which words are hallucinated); that step is not reproduced
+here: export the relabelled events as annotations first. ``notch_hz`` (paper config: 50 Hz, as the
+authors' ``src/load_raw_data.py``) adds their line-noise notch. Each subject then runs through the
+same mne pipeline as the simulation (:func:`.study.preprocess_raw`), on the 10-20 channels it has.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-EXTS = (".edf", ".bdf", ".vhdr", ".set", ".fif")
+EXTS = (".cdt", ".edf", ".bdf", ".vhdr", ".set", ".fif")
 
 
 def _subject(path: Path) -> str:
@@ -55,6 +58,8 @@ def load_study(data_path: str, p: dict) -> dict:
         raw.rename_channels(canonical_names(raw.ch_names))  # the release spells them FP1, CZ, PZ, ...
         ch = [c for c in TEN_TWENTY if c in raw.ch_names]
         raw.pick(ch).set_montage(mne.channels.make_standard_montage(MONTAGE), on_missing="ignore")
+        if p.get("notch_hz"):  # the authors' 50 Hz line-noise notch (linear: commutes with the reference)
+            raw.notch_filter(float(p["notch_hz"]), verbose="ERROR")
         ev, ids = mne.events_from_annotations(raw, verbose="ERROR")
         keep = {ids[a]: code[c] for a, c in emap.items() if a in ids}
         ev = ev[np.isin(ev[:, 2], list(keep))]

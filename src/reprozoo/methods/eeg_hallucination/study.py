@@ -6,8 +6,9 @@ description word that is correct or hallucinated):
 * shared components, equal in every condition: a visual P1/N1 at occipital dipoles (O1, O2;
   +2 uV at 100 ms, -3 uV at 170 ms) and a parietal P3 (Pz, +3 uV at 300 ms);
 * an N400-like negativity from a central dipole under Cz, peaking at ``n400_ms`` (Gaussian
-  s.d. 45 ms), and a P600-like positivity from a centro-parietal dipole under CPz at ``p600_ms``
-  (s.d. 55 ms; the paper reports its 550-750 ms effect in the central ROI). Their amplitudes depend on the condition:
+  s.d. 45 ms), and a late positivity from a fronto-central dipole under FCz at ``p600_ms``
+  (s.d. 55 ms; the paper's Table 1 reports its 550-750 ms effect in the central ROI, ** there, and
+  in pre-frontal / frontal / temporal ROIs, * there, never in the parietal ROI). Their amplitudes depend on the condition:
     - ``correct`` (non-hallucinated content, accepted): baseline N400 -1 uV, P600 +0.5 uV;
     - ``detected`` (hallucination, judged wrong): N400 and P600 larger by ``effect_uv`` (per
       subject N(effect_uv, effect_sd_uv)) - the "verification pathway" of the paper;
@@ -34,11 +35,12 @@ import numpy as np
 from reprozoo.data.eeg.simulate import TEN_TWENTY, Planted, head_model, head_positions, sensors
 
 CONDITIONS = ("correct", "detected", "missed")
-# The P600-like generator sits under CPz (centro-parietal): the paper's Table 1 and Figure 2A report
-# its 550-750 ms effect in the central ROI (cold review; under Pz the central cell held 0.07-0.29 uV).
+# The late positivity's generator sits under FCz (fronto-central): the paper's Table 1 reports its 550-750 ms
+# effect in the central ROI (**) and frontal / pre-frontal / temporal ROIs (*), not in the parietal one (cold
+# review 4, D2: under CPz the parietal cell was significant on every seed and larger than the central one).
 PLANTED = [Planted("p1n1_left", "O1", depth=0.7), Planted("p1n1_right", "O2", depth=0.7),
-           Planted("p3", "Pz", depth=0.6), Planted("n400", "Cz", depth=0.6), Planted("p600", "CPz", depth=0.6)]
-EFFECTS = {"n400": {"anchor": "Cz", "sign": -1.0}, "p600": {"anchor": "CPz", "sign": +1.0}}
+           Planted("p3", "Pz", depth=0.6), Planted("n400", "Cz", depth=0.6), Planted("p600", "FCz", depth=0.6)]
+EFFECTS = {"n400": {"anchor": "Cz", "sign": -1.0}, "p600": {"anchor": "FCz", "sign": +1.0}}
 N400_SD_S, P600_SD_S = 0.045, 0.055
 
 
