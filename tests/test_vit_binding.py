@@ -198,3 +198,62 @@ def test_untrained_control_is_the_seeded_initialisation():
     p = patchify(x, 8)
     assert p.shape == (2, 9, 192)
     torch.testing.assert_close(p[1, 4].reshape(3, 8, 8), x[1, :, 8:16, 8:16])  # centre patch, row-major
+
+
+def test_per_scene_binding_ratios_average_to_the_ratio():
+    """The per-test-scene binding ratios (recorded as units for the seed x scene bootstrap) have the
+    binding ratio of the mean cross-entropies as their mean; a features-only code gives ~0 per scene."""
+    rng = np.random.default_rng(7)
+    ce_y, ce_f = rng.gamma(2.0, 1.0, 500), rng.gamma(2.0, 0.5, 500)
+    h = S.conditional_entropy_bits("distinct")
+    per_scene = P.binding_ratio(h, ce_y, ce_f)[1]
+    assert per_scene.shape == (500,)
+    assert per_scene.mean() == pytest.approx(P.binding_ratio(h, ce_y.mean(), ce_f.mean())[1], rel=1e-12)
+    # CE(Y) = CE(F) + H(Y|F) on every scene (the code knows the features only): ratio 0 per scene
+    np.testing.assert_allclose(P.binding_ratio(h, ce_f + h, ce_f)[1], 0.0, atol=1e-12)
+
+
+CONVEX = {"l2_grid": [1e-6, 1e-4, 1e-2], "grad_tol": 1e-8, "min_iter": 20, "max_iter": 100}
+
+
+def test_linear_probe_is_fitted_to_its_convex_optimum():
+    """Newton on the penalised logistic loss: the gradient vanishes (to grad_tol) within max_iter, the
+    curve is one the gate accepts, the returned float32 probe (standardisation folded into its weights)
+    scores what the record says, no minibatch Adam fit of the same probe reaches a lower training loss,
+    and the chosen L2 is the grid's best on validation."""
+    from reprozoo.claims import plateau
+
+    rng = np.random.default_rng(8)
+    z, Y, _ = _planted(1500, rng, bound=True)
+    z = 3.0 * z + 1.0  # off-centre, badly scaled inputs: the standardisation must be folded back exactly
+    tr, va = slice(0, 1000), slice(1000, 1300)
+    probe, rec = P.fit_linear_convex(z[tr], Y[tr], z[va], Y[va], CONVEX, 0)
+    assert rec["plateau"] and rec["grad_norm"] <= CONVEX["grad_tol"] and rec["stop"] < CONVEX["max_iter"]
+    assert plateau(rec["steps"], rec["vals"], 0.02) and set(rec["lrs"]) == {1.0}
+    assert P.cross_entropy_bits(probe, z[va], Y[va]).mean() == pytest.approx(rec["vals"][-1], rel=1e-4)
+    assert rec["l2"] == min(rec["l2_vals"], key=rec["l2_vals"].get)
+
+    def train_bce(pr):
+        with torch.no_grad():
+            return float(torch.nn.functional.binary_cross_entropy_with_logits(pr(z[tr], Y[tr]), Y[tr]))
+
+    one = {**CONVEX, "l2_grid": [1e-6]}  # nearly unpenalised: the optimum of the training loss itself
+    opt, _ = P.fit_linear_convex(z[tr], Y[tr], z[va], Y[va], one, 0)
+    adam, _ = P.fit_probe("linear", z[tr], Y[tr], z[va], Y[va], CFG, 0)
+    assert train_bce(opt) <= train_bce(adam) + 1e-4
+
+
+def test_linear_probe_binding_ratio_on_planted_codes():
+    """The convex linear probe reads binding from a code of the conjunctions (ratio ~ 1) and none
+    from a code of the features alone (ratio ~ 0)."""
+    rng = np.random.default_rng(9)
+    out = {}
+    for bound in (True, False):
+        z, Y, F = _planted(2000, rng, bound=bound)
+        tr, va, te = slice(0, 1200), slice(1200, 1500), slice(1500, None)
+        ce = {}
+        for name, lab in (("Y", Y), ("F", F)):
+            probe, _ = P.fit_linear_convex(z[tr], lab[tr], z[va], lab[va], CONVEX, 0)
+            ce[name] = P.cross_entropy_bits(probe, z[te], lab[te]).mean()
+        out[bound] = P.binding_ratio(S.conditional_entropy_bits("distinct"), ce["Y"], ce["F"])[1]
+    assert out[True] > 0.85 and -0.3 < out[False] < 0.15, out

@@ -13,8 +13,11 @@ Stages and units:
   ``untrained_vit`` control) and the raw pixel patches (``_R``, the ``raw_patches`` control) ->
   ``tokens.npz``. At ``paper`` scale the backbone is a pretrained ViT loaded through
   ``transformers`` instead (``pretrained.py``; its random-init twin for ``_U``).
-* ``train`` (per probe variant x seed): for every condition, fit the variant's probe family twice
-  (each by ``fit_to_plateau``; curves ``probe_val_ce_{y,f}_<cond>`` and ``probe_lr_{y,f}_<cond>``),
+* ``train`` (per probe variant x seed): for every condition (``variant_conditions`` may restrict a
+  control to the conditions its claim reads), fit the variant's probe family twice
+  (each by ``fit_to_plateau``, except the convex linear probe, fitted to its optimum by Newton with an
+  L2 chosen on validation, ``probes.fit_linear_convex``; curves ``probe_val_ce_{y,f}_<cond>`` and
+  ``probe_lr_{y,f}_<cond>``),
   for Y (conjunctions, 16 heads) and for F (features, 8 heads), on the same frozen tokens; test
   cross-entropies CE(Y), CE(F) in bits per scene; binding information H(Y|F) - (CE(Y) - CE(F))
   in bits and binding ratio (``probes.py``); binding accuracy (is the true pairing the most
@@ -28,7 +31,8 @@ Variants (probe families; identical data and the same fitting rule and rate grid
 * ``cls_quadratic`` (baseline): the attention probe's quadratic readout applied to [CLS]: separates
   "which tokens are read" from "how nonlinear the readout is";
 * ``untrained_vit`` (control): the attention probe on the untrained ViT's spatial tokens;
-* ``raw_patches`` (control): the attention probe on the raw pixel patches (locality alone).
+* ``raw_patches`` (control): the attention probe on the raw pixel patches (locality alone), on the
+  ``straddle`` scenes its claim reads.
 """
 from __future__ import annotations
 
@@ -191,8 +195,15 @@ def probe_condition(kind: str, tokens_of: str, data, cond: str, cfg: dict, seed:
     lab = {(s, n): torch.from_numpy(data[f"{cond}_{s}_{n}"].astype(np.float32)) for s in SPLITS for n in "YF"}
     out, t0 = {}, time.process_time()
     for name in "YF":
-        probe, fit = P.fit_probe(kind, z("train"), lab["train", name], z("val"), lab["val", name], cfg, seed)
+        if kind == "linear" and "convex" in cfg:  # convex: fitted to its optimum (L-BFGS, L2 on validation)
+            probe, fit = P.fit_linear_convex(z("train"), lab["train", name], z("val"), lab["val", name],
+                                             cfg["convex"], seed)
+            out[f"l2_chosen_{name.lower()}"] = fit["l2"]
+            out[f"grad_norm_{name.lower()}"] = fit["grad_norm"]
+        else:
+            probe, fit = P.fit_probe(kind, z("train"), lab["train", name], z("val"), lab["val", name], cfg, seed)
         ce = P.cross_entropy_bits(probe, z("test"), lab["test", name])
+        out[f"ce_{name.lower()}_units"] = ce
         out[f"ce_{name.lower()}"] = float(ce.mean())
         out[f"ce_{name.lower()}_sem"] = float(ce.std(ddof=1) / np.sqrt(len(ce)))
         out[f"steps_{name.lower()}"] = float(fit["stop"])
@@ -210,6 +221,9 @@ def probe_condition(kind: str, tokens_of: str, data, cond: str, cfg: dict, seed:
     h = S.conditional_entropy_bits(cond)
     out["h_y_given_f"] = h
     out["binding_info"], out["binding_ratio"] = P.binding_ratio(h, out["ce_y"], out["ce_f"])
+    # per test scene (the same scenes, in the same order, for every variant of a seed): their mean is
+    # the binding ratio above, so the claims get the seed x scene bootstrap interval
+    out["binding_ratio_units"] = P.binding_ratio(h, out["ce_y_units"], out["ce_f_units"])[1]
     out["probe_cpu_seconds"] = time.process_time() - t0
     return out
 
@@ -223,12 +237,17 @@ def train(ctx) -> None:
     kind, tokens_of, token_set = VARIANT_PROBES[ctx.variant]
     data = dict(np.load(ctx.shared_dir / "tokens.npz"))
     cap_hits = 0.0
-    for cond in p["conditions"]:
+    # a control read only where a claim reads it (raw_patches: the straddle claim's control)
+    conditions = p.get("variant_conditions", {}).get(ctx.variant, p["conditions"])
+    for cond in conditions:
         r = probe_condition(kind, tokens_of, data, cond, p["probe"], ctx.seed, token_set)
-        for key in ("binding_ratio", "binding_info", "ce_y", "ce_f", "ce_y_sem", "ce_f_sem", "acc_y", "acc_f",
+        ctx.metrics.units(f"binding_ratio_{cond}", r["binding_ratio_units"])
+        for key in ("binding_info", "ce_y", "ce_f", "ce_y_sem", "ce_f_sem", "acc_y", "acc_f",
                     "binding_acc", "binding_chance", "h_y_given_f", "steps_y", "steps_f", "cap_hit_y", "cap_hit_f",
-                    "lr_chosen_y", "lr_chosen_f", "probe_cpu_seconds"):
-            ctx.metrics.scalar(f"{key}_{cond}", r[key])
+                    "lr_chosen_y", "lr_chosen_f", "probe_cpu_seconds",
+                    "l2_chosen_y", "l2_chosen_f", "grad_norm_y", "grad_norm_f"):
+            if key in r:
+                ctx.metrics.scalar(f"{key}_{cond}", r[key])
         cap_hits += r["cap_hit_y"] + r["cap_hit_f"]
         for name in "yf":
             fit = r[f"fit_{name}"]
