@@ -6,11 +6,12 @@ training rule, :func:`fit`):
     sh2rf           the method: heterogeneous ω_c, b_c per channel, IMEX-discretised kernel, FFT path
     sh2rf_implicit  the paper's other discretisation: fully implicit (backward) Euler, all else the same
     hrf_homog       homogeneous RF: one ω, b shared by all channels (IMEX kernel)
-    cdiag_ssm       first-order complex-diagonal spiking SSM (S4D / LRU style): one complex state per
-                    channel, poles drawn as sh2rf's, learned output phase (the fair first-order rival)
-    (lif_ssm, the first-order real LIF kernel β_c^k, was dropped for the CPU budget: ``kernel="lif"``
-    remains an option of the layer)
-    transformer    small non-spiking transformer over patches of 16 steps (short L only: attention is O(L²))
+    lif_ssm         the brief's first-order spiking SSM: real leaky kernel β_c^k (the rival of beats_first_order)
+    (cdiag_ssm, a first-order complex-diagonal spiking SSM with learned output phase, whose kernel family
+    contains the resonator's, is an ablation kept as ``kernel="cdiag"`` of the layer (``options``); not
+    run at smoke for the CPU budget: see README)
+    transformer     small non-spiking transformer over patches of 16 steps, its width chosen per task so
+                    its parameter count is nearest sh2rf's (``model.matched_dim``)
 
 Tasks (``data.py``): freq (frequency discrimination, 4 classes; built for resonators), adding (the
 adding problem, regression) and digits (sequential 8 x 8 digits, 10 classes); the last two have
@@ -24,20 +25,27 @@ mean skill over the (task, L) a variant trains (its units: those items, task aft
 one task's lengths (the preconditions read them).
 
 Training rule, the same for every model (:func:`fit`): the platform's shared rule
-:func:`reprozoo.blocks.fitting.fit_to_plateau` with the ``train`` keys of the config: fused Adam at a
-constant learning rate chosen on validation from one grid (each rate trains ``pilot_steps`` from
-the same initial weights on the same batches; the lowest validation loss continues), then until the platform's plateau test holds (Theil-Sen
-improvement over the last 30 % of the evaluations at most ``flat_tol`` of the tail's level, at or
-after ``min_steps``) or ``max_steps``. Every model starts at the chance loss (zero output layer;
-the adding target is trained standardised, ``ADD_MEAN``, ``ADD_SD``), and ``min_progress`` refuses a
-plateau stop until the best validation loss is 5 % below it (a fit sitting on the chance plateau
-trains on). The curve ``val_<task>_L<L>`` and the
-(constant) rate ``lr_<task>_L<L>`` go to the platform's convergence gate; the test set is scored with
-the weights of the best validation loss.
+:func:`reprozoo.blocks.fitting.fit_to_plateau` with the ``train`` keys of the config: fused Adam, one
+learning-rate grid piloted from the same initial weights on the same batches (ranked by the mean of
+each pilot's second half), the chosen rate constant until the platform's plateau test holds at or after
+``min_steps`` with the best point ``patience`` evaluations old, then one drop of the rate to a tenth and
+on to a second plateau after the drop (or ``max_steps``). Every model starts near the chance loss (small
+output layer; the adding target is trained standardised, ``ADD_MEAN``, ``ADD_SD``), and ``min_progress``
+refuses a plateau stop until the best validation loss is that fraction below it (0.2 at smoke). The curve ``val_<task>_L<L>`` and
+the rate ``lr_<task>_L<L>`` go to the platform's convergence gate; the test set is scored with the
+weights of the best validation loss.
 
-The sh2rf cell also runs its adding model trained at the longest L on ``long_eval.length`` (50k)
-steps (the claim; the same network untrained is the negative control); the first seed's sh2rf cell times one layer's FFT path against the
-sequential IMEX recurrence over ``timing.lengths`` (a runtime, the same in every seed, so measured once).
+Spike operations: per test sequence, layer-1 spikes x C (the mixing synapses they reach) + layer-2
+spikes x 1 (one accumulation into the read-out feature); the head's C x n_out multiply-adds act once
+per sequence and are recorded apart (``dense_ops_per_step_*``). At matched accuracy
+(``sops_at_skill``): along the chosen training run, the SOPs per step of the first evaluation whose
+validation skill reaches each level of ``SKILL_LEVELS`` (the claim compares two variants on the levels
+both reach).
+
+Where the config has ``long_eval`` (ci for plumbing, paper), the sh2rf cell also runs its adding model
+trained at the longest L on ``long_eval.length`` steps (recorded, no claim at smoke: see spec.yaml);
+the first seed's sh2rf cell times one layer's FFT path against the sequential IMEX recurrence over
+``timing.lengths`` (a runtime, the same in every seed, so measured once).
 """
 from __future__ import annotations
 
@@ -52,7 +60,7 @@ VARIANTS = {
     "sh2rf": dict(family="ssm", kernel="imex", shared=False),
     "sh2rf_implicit": dict(family="ssm", kernel="implicit", shared=False),
     "hrf_homog": dict(family="ssm", kernel="imex", shared=True),
-    "cdiag_ssm": dict(family="ssm", kernel="cdiag", shared=False),
+    "lif_ssm": dict(family="ssm", kernel="lif", shared=False),
     "transformer": dict(family="transformer"),
 }
 # the adding target (sum of two U(0, 1)) is trained standardised: mean 1, variance 1/6 (exact), so a
@@ -62,6 +70,11 @@ TASK_OFFSET = {"freq": 1, "adding": 2, "digits": 3}
 # run at long_eval.length by the sh2rf cell: the adding problem (the claim); "freq" may be added
 # (acc_freq_long, recorded only: a tone is visible in any window; left out at smoke to save CPU)
 LONG_TASKS = ("adding",)
+
+# validation skill levels at which SOPs are compared (fewer_sops_with_heterogeneity): every model is
+# read at the first evaluation of its training run whose validation skill reaches the level, so two
+# variants are compared at the same accuracy, not at their own stop points
+SKILL_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 GENERIC_CURVES: dict = {}  # plot() draws the loss curves itself (one panel per task and L)
 
@@ -162,17 +175,26 @@ def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, prog
     k = n_classes(task, p)
     eval_batch, bs = int(tr["eval_batch"]), int(tr["batch"])
 
+    built = []
+
     def make_model(gen):
         torch.manual_seed(int(torch.randint(0, 2 ** 62, (1,), generator=gen)))
-        return build(options["family"], d_in, n_out, length, options, p["arch"])
+        model = build(options["family"], d_in, n_out, length, options, p["arch"])
+        model.fit_key = len(built)  # kept by the rule's weight-average copy (deepcopy), which validation reads
+        built.append(model)
+        return model
 
     def train_loss(model, gen):
         xb, yb = data.batch(bs, gen)
         out, _ = model(xb)
         return _loss(out, yb, task)
 
+    history: dict[int, list] = {}  # fit_key -> [(validation skill, SOPs per step)] at every evaluation
+
     def val_loss(model):
-        return _evaluate(model, task, *data.val, eval_batch, k)[0]
+        loss, _, vskill, vsops, _ = _evaluate(model, task, *data.val, eval_batch, k)
+        history.setdefault(model.fit_key, []).append((float(np.mean(vskill)), vsops / length))
+        return loss
 
     t0 = time.process_time()
     model, rec = fit_to_plateau(make_model, train_loss, val_loss, tr, data.base, label=f"{task}_L{length}",
@@ -180,6 +202,10 @@ def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, prog
     model.eval()
     tag = f"{task}_L{length}"
     log_fit(metrics, tag, rec)
+    matched = ([], [])
+    if options["family"] == "ssm":
+        matched = sops_at_skill(history[model.fit_key], p.get("sops_levels", SKILL_LEVELS))
+        metrics.curve(f"sops_at_skill_{tag}", *matched)
     metrics.scalar(f"plateau_{tag}", float(rec["plateau"]))
     _, metric, skill, sops, raster = _evaluate(model, task, *data.test, eval_batch, k)
     metrics.scalar(f"{'r2' if task == 'adding' else 'acc'}_{tag}", metric)
@@ -187,8 +213,22 @@ def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, prog
     metrics.scalar(f"train_cpu_s_{tag}", time.process_time() - t0)
     if options["family"] == "ssm":
         metrics.scalar(f"sops_per_step_{tag}", sops / length)
+        # the dense part every spiking variant shares: the head's C x n_out multiply-adds once per sequence
+        metrics.scalar(f"dense_ops_per_step_{tag}", model.dense_ops / length)
     progress(f"{tag}: {'R2' if task == 'adding' else 'acc'} {metric:.3f}")
-    return model, skill, metric, sops / length, raster
+    return model, skill, metric, sops / length, raster, matched
+
+
+def sops_at_skill(history, levels=SKILL_LEVELS) -> tuple[list[float], list[float]]:
+    """(levels reached, SOPs per step at each): along one training run's evaluations [(validation
+    skill, SOPs per step)], the SOPs of the first evaluation whose skill reaches each level."""
+    out_l, out_s = [], []
+    for lev in levels:
+        hit = next((sp for sk, sp in history if sk >= lev), None)
+        if hit is not None:
+            out_l.append(float(lev))
+            out_s.append(float(hit))
+    return out_l, out_s
 
 
 def long_sequence_eval(models, options, p, seed, metrics):
@@ -279,16 +319,21 @@ def train(ctx) -> None:
     options = VARIANTS[ctx.variant]
     spiking = options["family"] == "ssm"
     units, short_units, sops, long_models = [], [], [], {}
+    matched_x, matched_s = [], []  # sops_at_skill over the tasks (each task's shortest L): x = 100 k + 100 level
     for task in p["tasks"]:
         lengths = _lengths(task, p, spiking)
         task_units = []
         for L in lengths:
-            model, skill, metric, s, raster = fit(task, L, options, p, ctx.seed, ctx.metrics, ctx.progress)
+            model, skill, metric, s, raster, (levels, s_at) = fit(task, L, options, p, ctx.seed, ctx.metrics,
+                                                                  ctx.progress)
             task_units.extend(skill)
             if L in _short(task, p):
                 short_units.extend(skill)
             if spiking:
                 sops.append(s)
+                if L == min(lengths):
+                    matched_x.extend(100 * TASK_OFFSET[task] + round(100 * lev) for lev in levels)
+                    matched_s.extend(s_at)
                 if task == "freq" and L == min(lengths):  # raster of one channel, first test sequence
                     ch = int(np.argmax(raster.sum(1)))
                     t_sp = np.flatnonzero(raster[ch])
@@ -303,6 +348,7 @@ def train(ctx) -> None:
     ctx.metrics.units("score_short", short_units)
     if spiking:
         ctx.metrics.scalar("sops_per_step", float(np.mean(sops)))
+        ctx.metrics.curve("sops_at_skill", matched_x, matched_s)
     # the layer's runtime does not depend on the seed's training: timed once, in the first seed's cell
     if ctx.variant == "sh2rf" and p.get("timing") and ctx.seed == min(int(s) for s in p.get("seeds", [ctx.seed])):
         timing(p, ctx.metrics)

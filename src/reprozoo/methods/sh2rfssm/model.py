@@ -8,6 +8,9 @@ spiking s_t = H(u_t - θ) on the velocity, as the paper's HRF neuron z = Θ(u - 
 spikes on the membrane instead), surrogate gradient backward. Heterogeneous: each channel c has its
 own ω_c, b_c (a bank of band-pass filters), drawn at random (ω ~ U(omega_range), b/ω log-uniform in
 zeta_range; ``init="logspaced"`` lays them on a grid instead); homogeneous: one ω, b for all channels.
+Training keeps every channel in the box ω ∈ [OMEGA_MIN, 1.9/Δt], ζ = b/ω < ZETA_MAX = 0.5, where both
+schemes have a complex pole pair (|cos ϑ| < 1 - 1e-5, tested), so the closed forms below hold exactly;
+a real (overdamped) pair is refused rather than clamped onto a wrong kernel.
 
 Discretisation (IMEX: damping implicit, restoring force explicit, step Δt):
 
@@ -53,6 +56,21 @@ from torch import nn
 from ...blocks.spiking import SURROGATES, causal_fft_conv, harmonic_rf_kernel, spike
 
 
+# the layer's parameter box: ω in [OMEGA_MIN, OMEGA_MAX_DT / Δt] (below the IMEX stability edge ω Δt < 2),
+# damping ratio ζ = b/ω in (0, ZETA_MAX): inside it both schemes are underdamped with |cos ϑ| < 1 - 1e-5
+# (implicit: iff ζ < 1; IMEX: checked over the box in tests/test_sh2rfssm.py)
+OMEGA_MIN, OMEGA_MAX_DT, ZETA_MAX = 0.01, 1.9, 0.5
+
+
+def _underdamped_cos(cos_t: torch.Tensor) -> torch.Tensor:
+    """cos ϑ of a complex pole pair; refuses a real (overdamped or critical) pair instead of clamping
+    it onto an underdamped kernel it is not (the closed forms here are for complex pairs only).
+    Float rounding within 1e-6 of ±1 is clipped."""
+    if bool((cos_t.detach().abs() >= 1.0 + 1e-6).any()):
+        raise ValueError("overdamped pole pair (|tr| >= 2 sqrt(det)): outside the layer's parameter box")
+    return cos_t.clamp(-1 + 1e-7, 1 - 1e-7)
+
+
 def imex_kernel(omega: torch.Tensor, damping: torch.Tensor, length: int, dt: float = 1.0) -> torch.Tensor:
     """Membrane impulse response h_k (channels, L) of the IMEX-discretised harmonic oscillator."""
     omega = torch.as_tensor(omega, dtype=torch.float32).reshape(-1)
@@ -60,8 +78,10 @@ def imex_kernel(omega: torch.Tensor, damping: torch.Tensor, length: int, dt: flo
     a = 1.0 / (1.0 + 2.0 * b * dt)
     tr = 1.0 + a - a * (dt * omega) ** 2
     r = torch.sqrt(a)
-    # underdamped (complex pair) when tr² < 4a; clamping sin ϑ keeps the critically damped limit
-    cos_t = (tr / (2 * r)).clamp(-1 + 1e-6, 1 - 1e-6)
+    # underdamped (complex pair) when tr² < 4a: the layer's parametrisation (ω in [OMEGA_MIN, 1.9/Δt],
+    # ζ = b/ω ≤ ZETA_MAX) keeps |cos ϑ| ≤ 1 - 1e-5 (tests/test_sh2rfssm.py, over the whole box);
+    # an overdamped pair is refused, not clamped onto a wrong kernel
+    cos_t = _underdamped_cos(tr / (2 * r))
     theta = torch.acos(cos_t)
     # Im λ^{k+1} = r^{k+1} sin((k+1)ϑ), k = 0..L-1, in real arithmetic (the complex power
     # ``blocks.spiking.rf_kernel`` gives the same numbers; real autograd is cheaper per step)
@@ -76,7 +96,7 @@ def second_order_kernel(tr: torch.Tensor, det: torch.Tensor, h0: torch.Tensor, h
     complex pair λ, λ̄ = r e^{±iϑ} (r = √det, cos ϑ = tr / 2r):
     h_k = r^k (h_0 cos kϑ + (h_1 / r - h_0 cos ϑ) sin kϑ / sin ϑ)  (Cayley-Hamilton, any 2 x 2 system)."""
     r = torch.sqrt(det)
-    cos_t = (tr / (2 * r)).clamp(-1 + 1e-6, 1 - 1e-6)
+    cos_t = _underdamped_cos(tr / (2 * r))
     theta = torch.acos(cos_t)
     k = torch.arange(length, dtype=torch.float32)
     rk = torch.exp(k * torch.log(r).unsqueeze(-1))
@@ -152,7 +172,7 @@ KERNELS = ("imex", "implicit", "sampled", "lif", "cdiag")
 
 
 class SpikingSSMLayer(nn.Module):
-    """y = h * I + D I (FFT), s = H(y - θ). ``kernel``: imex | sampled | lif; ``shared``: one ω, b;
+    """y = h * I + D I (FFT), s = H(y - θ). ``kernel``: imex | implicit | sampled | lif | cdiag; ``shared``: one ω, b;
     ``spike_on``: the state that crosses the threshold, ``u`` (the velocity, as in the paper's HRF
     neuron z = Θ(u - θ)) or ``v`` (the membrane); the first-order kernel has one state only."""
 
@@ -198,13 +218,14 @@ class SpikingSSMLayer(nn.Module):
                 self.phase = nn.Parameter(torch.zeros(n))
             else:
                 self.log_omega = nn.Parameter(torch.log(omega))
-                self.logit_zeta = nn.Parameter(torch.log(zeta / (1 - zeta)))
+                # ζ = ZETA_MAX σ(logit): bounded inside the underdamped box whatever training does
+                self.logit_zeta = nn.Parameter(torch.log(zeta / (ZETA_MAX - zeta)))
         self.skip = nn.Parameter(torch.zeros(channels))
         self.channels = channels
 
     def omega_damping(self) -> tuple[torch.Tensor, torch.Tensor]:
-        omega = self.log_omega.exp().clamp(max=1.9 / self.dt)  # below the IMEX stability edge ω Δt < 2
-        return omega, omega * torch.sigmoid(self.logit_zeta)
+        omega = self.log_omega.exp().clamp(min=OMEGA_MIN / self.dt, max=OMEGA_MAX_DT / self.dt)
+        return omega, omega * ZETA_MAX * torch.sigmoid(self.logit_zeta)
 
     def impulse_response(self, length: int) -> torch.Tensor:
         """The layer's kernel over ``length`` steps, scaled to unit ℓ2 norm over the first
@@ -257,7 +278,12 @@ class SpikingSSM(nn.Module):
         self.log_tau = nn.Parameter(torch.zeros(channels))  # read-out decay in units of L
         self.head = nn.Linear(channels, n_out)
         _zero(self.head)
-        self.fan_outs = (channels, n_out)  # synapses a spike of layer 1 / layer 2 reaches
+        # operations one spike costs: a layer-1 spike reaches the C mixing synapses (C additions); a
+        # layer-2 spike is one accumulation into its channel's read-out feature (adding the stored kernel
+        # value ρ_c(k)). The head's C x n_out multiply-adds act once per sequence on the features, not
+        # per spike (``dense_ops_per_step``), and are the same for every spiking variant
+        self.fan_outs = (channels, 1)
+        self.dense_ops = channels * n_out
 
     def readout_kernel(self, length: int) -> torch.Tensor:
         k = torch.arange(length, dtype=torch.float32).flip(0)  # lag L-1-t of step t
@@ -292,14 +318,17 @@ class TransformerNet(nn.Module):
     then learned positions. L must be a multiple of ``patch``."""
 
     def __init__(self, d_in: int, n_out: int, length: int, dim: int = 32, depth: int = 2, heads: int = 4,
-                 patch: int = 1):
+                 patch: int = 1, depthwise: bool = False):
         super().__init__()
         self.patch = int(patch)
         if self.patch == 1:
             self.embed = nn.Conv1d(d_in, dim, 1)
         else:
+            # depthwise: each embedding channel sums its own patch (dim x patch weights instead of
+            # dim² x patch), so a parameter-matched transformer keeps its budget for attention
             self.embed = nn.Sequential(nn.Conv1d(d_in, dim, 1), nn.GELU(),
-                                       nn.Conv1d(dim, dim, self.patch, stride=self.patch))
+                                       nn.Conv1d(dim, dim, self.patch, stride=self.patch,
+                                                 groups=dim if depthwise else 1))
         self.pos = nn.Parameter(0.02 * torch.randn(1, -(-length // self.patch), dim))
         layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, 0.0, activation="gelu", batch_first=True,
                                            norm_first=True)
@@ -315,7 +344,27 @@ class TransformerNet(nn.Module):
         return self.head(h.mean(1)), []
 
 
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def matched_dim(d_in: int, n_out: int, length: int, arch: dict, target: int) -> int:
+    """The transformer width (1 head, depth ``arch.depth``, depthwise patches) whose parameter count is
+    nearest ``target`` (the heterogeneous spiking network's on the same task)."""
+    counts = {d: n_params(TransformerNet(d_in, n_out, length, dim=d, depth=int(arch["depth"]), heads=1,
+                                         patch=int(arch.get("patch", 1)), depthwise=True))
+              for d in range(2, 65)}
+    return min(counts, key=lambda d: (abs(counts[d] - target), d))
+
+
 def build(family: str, d_in: int, n_out: int, length: int, options: dict, arch: dict) -> nn.Module:
+    if family == "transformer" and arch.get("dim") == "match":
+        # parameter-matched: the width whose count is nearest the method's (sh2rf, heterogeneous IMEX)
+        with torch.random.fork_rng(devices=[]):  # counting draws no numbers from the caller's stream
+            ref = n_params(build("ssm", d_in, n_out, length, {"kernel": "imex", "shared": False}, arch))
+            dim = matched_dim(d_in, n_out, length, arch, ref)
+        return TransformerNet(d_in, n_out, length, dim=dim, depth=int(arch["depth"]), heads=1,
+                              patch=int(arch.get("patch", 1)), depthwise=True)
     if family == "ssm":
         return SpikingSSM(d_in, n_out, channels=int(arch["channels"]), kernel=options["kernel"],
                           shared=bool(options.get("shared", False)),

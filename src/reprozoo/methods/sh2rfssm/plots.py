@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-ORDER = ["sh2rf", "sh2rf_implicit", "hrf_homog", "cdiag_ssm", "transformer"]
+ORDER = ["sh2rf", "sh2rf_implicit", "hrf_homog", "lif_ssm", "cdiag_ssm", "transformer"]
 
 
 def _plt():
@@ -102,6 +102,28 @@ def spike_raster(table, plots_dir: Path) -> None:
     _save(fig, plots_dir / "spike_raster.png")
 
 
+def sops_vs_skill(table, plots_dir: Path) -> None:
+    """SOPs per step at matched validation skill (the fewer_sops claim's curve), one panel per task."""
+    plt = _plt()
+    d = table[table.metric == "sops_at_skill"]
+    if d.empty:
+        return
+    tasks = {1: "freq", 2: "adding", 3: "digits"}
+    fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.2), squeeze=False)
+    for ax, (k, name) in zip(axes[0], tasks.items()):
+        dk = d[(d.x // 100) == k]
+        for i, v in enumerate(v for v in ORDER if v in set(dk.variant)):
+            g = dk[dk.variant == v].groupby("x")["value"]
+            lev = (g.mean().index - 100 * k) / 100
+            ax.plot(lev, g.mean().values, "o-", ms=3, color=f"C{i}", label=v)
+        ax.set_yscale("log")
+        ax.set_xlabel("validation skill reached"), ax.set_ylabel("SOPs per step")
+        ax.set_title(name, fontsize=9)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("How many spike operations does each accuracy cost? (mean over seeds)", fontsize=9)
+    _save(fig, plots_dir / "sops_vs_skill.png")
+
+
 def make_all(table, plots_dir, params) -> None:
     plots_dir = Path(plots_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
@@ -109,3 +131,4 @@ def make_all(table, plots_dir, params) -> None:
     accuracy_per_variant(table, plots_dir)
     loss_curves(table, plots_dir)
     spike_raster(table, plots_dir)
+    sops_vs_skill(table, plots_dir)
