@@ -173,25 +173,33 @@ def test_the_default_rate_drop_leaves_a_constant_rates_noise_floor_and_the_gate_
         fit_to_plateau(build, tl, vl, {**NOISY, "lr_drop": 0.05}, seed=0, progress=lambda s: None)
 
 
-def test_weight_averaging_also_leaves_the_floor_and_the_kept_weights_are_the_average():
+def _fit_noisy(**extra):
     build, tl, vl = _noisy_problem()
-    model, rec = fit_to_plateau(build, tl, vl, {**NOISY, "lr_drop": 0, "ema_decay": 0.95}, seed=0,
-                                progress=lambda s: None)
+    model, rec = fit_to_plateau(build, tl, vl, {**NOISY, **extra}, seed=0, progress=lambda s: None)
+    return model, rec, vl
+
+
+def test_weight_averaging_also_leaves_the_floor_and_the_kept_weights_are_the_average():
+    model, rec, vl = _fit_noisy(lr_drop=0, ema_decay=0.95)
     assert rec["plateau"] and vl(model) < 1.15
     assert vl(model) == pytest.approx(min(rec["vals"]))  # validation read the average, and it is what is kept
     with pytest.raises(ValueError, match="ema_decay"):
-        fit_to_plateau(build, tl, vl, {**NOISY, "ema_decay": 1.0}, seed=0, progress=lambda s: None)
+        _fit_noisy(ema_decay=1.0)
 
 
 def test_patience_waits_for_an_old_best_and_the_record_flags_a_rate_at_the_grid_edge():
-    build, tl, vl = _noisy_problem()
-    _, rec = fit_to_plateau(build, tl, vl, {**NOISY, "lr_drop": 0, "patience": 6}, seed=0,
-                            progress=lambda s: None)
+    _, rec, _ = _fit_noisy(lr_drop=0, patience=6)
     vals = rec["vals"]
     assert rec["plateau"] and len(vals) - 1 - vals.index(min(vals[1:])) >= 6
-    _, rec = fit_to_plateau(build, tl, vl, {**NOISY, "lr_grid": [1e-3, 3e-3, 0.1]}, seed=0, progress=lambda s: None)
+    _, rec, _ = _fit_noisy(lr_grid=[1e-3, 3e-3, 0.1])
     assert rec["lr"] == 0.1 and rec["lr_edge"] == "top"
-    # pilots are ranked by the mean of their second half by default
-    _, rec = fit_to_plateau(build, tl, vl, {**NOISY, "lr_grid": [0.1, 0.3], "max_steps": 60, "min_steps": 60},
-                            seed=0, progress=lambda s: None)
-    assert rec["lr_edge"] in ("top", "bottom")
+
+
+def test_pilots_are_ranked_by_the_mean_of_their_second_half_by_default():
+    import numpy as np
+
+    _, rec, _ = _fit_noisy(lr_grid=[0.03, 0.1, 0.3])
+    pilot = [v for s, v in zip(rec["steps"], rec["vals"]) if s <= NOISY["pilot_steps"]]
+    assert rec["pilot_best"][rec["lr"]] == pytest.approx(np.mean(pilot[len(pilot) // 2:]))
+    assert rec["pilot_best"][rec["lr"]] == min(rec["pilot_best"].values())
+    assert rec["lr_edge"] is None or rec["lr"] in (0.03, 0.3)
