@@ -465,7 +465,7 @@ def test_shared_reductions_load_the_weights_a_per_variant_fit_gives(tmp_path):
     cfg = dict(ci["model"], ae_width=8)
     fit_shared_reductions(d, cfg, ci["fit"], 0, tmp_path, progress=lambda *a: None)
     x = (torch.as_tensor(q[2]), torch.as_tensor(p[2]))
-    for variant in ("ro_hnn", "sae_ghnn", "ae_node", "ae_hnn"):
+    for variant in ("ro_hnn", "sae_ghnn", "sae_node", "ae_node", "ae_hnn"):
         own, rec = fit_reduction(variant, d, cfg, ci["fit"], 0, progress=lambda *a: None)
         loaded, shared_rec = load_reduction(variant, d, cfg, 0, tmp_path)
         with torch.no_grad():
@@ -474,3 +474,46 @@ def test_shared_reductions_load_the_weights_a_per_variant_fit_gives(tmp_path):
         assert shared_rec["vals"] == rec["vals"] and shared_rec["steps"] == rec["steps"]
     red, none = load_reduction("full_hnn", d, cfg, 0, tmp_path)
     assert none is None and isinstance(red, FullState)
+
+
+def test_sae_node_control_is_ro_hnns_reduction_with_the_neural_ode_of_ae_node(tmp_path):
+    """sae_node (the control of beats_node and energy_below_node) loads RO-HNN's symplectic autoencoder
+    (the same weights) and fits ae_node's latent neural ODE, stepped by RK4: only the latent model differs
+    from ro_hnn, only the reduction from ae_node."""
+    from reprozoo.methods.ro_hnn.latent_dynamics import LatentNODE
+    from reprozoo.methods.ro_hnn.method import fit_dynamics, fit_shared_reductions, load_reduction
+
+    ci = yaml.safe_load((CONFIGS / "ci.yaml").read_text())
+    chain = _chain(16, 0.7, 4.0)
+    q, p = _traj(chain, 0.1, 16.0, 20, count=3, x0=1.0)
+    d = {"q_train": q[:2], "p_train": p[:2], "q_val": q[2:], "p_val": p[2:]}
+    cfg = dict(ci["model"], ae_width=8)
+    fit_shared_reductions(d, cfg, ci["fit"], 0, tmp_path, progress=lambda *a: None)
+    sae, _ = load_reduction("sae_node", d, cfg, 0, tmp_path)
+    ro, _ = load_reduction("ro_hnn", d, cfg, 0, tmp_path)
+    assert isinstance(sae, SymplecticAE)
+    for a, b in zip(sae.state_dict().values(), ro.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        z = [a.detach().numpy() for a in sae.encode(torch.as_tensor(q[:2]), torch.as_tensor(p[:2]))]
+        zv = [a.detach().numpy() for a in sae.encode(torch.as_tensor(q[2:]), torch.as_tensor(p[2:]))]
+    f = dict(ci["fit"], max_steps=10, min_steps=5, pilot_steps=2)
+    dyn, _ = fit_dynamics("sae_node", z, zv, cfg, f, 2.0, 0, progress=lambda *a: None)
+    node, _ = fit_dynamics("ae_node", z, zv, cfg, f, 2.0, 0, progress=lambda *a: None)
+    assert isinstance(dyn, LatentNODE) and type(dyn) is type(node)
+    # one step is classical RK4 of the learned field (fourth order: halving h cuts the one-step error ~32x)
+    z0 = torch.as_tensor(np.concatenate(z, -1)[0, :1])
+    n = z0.shape[-1] // 2
+
+    def step_err(h):
+        with torch.no_grad():
+            qs, ps = dyn.step(z0[:, :n], z0[:, n:], h)
+            # reference: RK4 with 64 sub-steps (accurate to far below the one-step error at h)
+            ref = z0.clone()
+            for _ in range(64):
+                qr, pr = dyn.step(ref[:, :n], ref[:, n:], h / 64)
+                ref = torch.cat([qr, pr], -1)
+        return float((torch.cat([qs, ps], -1) - ref).abs().max())
+
+    e1, e2 = step_err(1.0), step_err(0.5)
+    assert e2 < e1 / 12 or e1 < 1e-10

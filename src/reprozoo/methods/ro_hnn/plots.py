@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ORDER = ["ro_hnn", "sae_ghnn", "psd_hnn", "psd8_galerkin", "ae_hnn", "ae_node", "full_hnn"]
-COLORS = {"ro_hnn": "tab:red", "sae_ghnn": "tab:brown", "psd_hnn": "tab:blue", "ae_node": "tab:green",
+ORDER = ["ro_hnn", "sae_ghnn", "sae_node", "psd_hnn", "psd8_galerkin", "ae_hnn", "ae_node", "full_hnn"]
+COLORS = {"ro_hnn": "tab:red", "sae_ghnn": "tab:brown", "sae_node": "tab:olive", "psd_hnn": "tab:blue", "ae_node": "tab:green",
           "psd8_galerkin": "tab:purple", "ae_hnn": "tab:orange", "full_hnn": "tab:gray"}
 
 
