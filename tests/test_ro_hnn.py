@@ -452,11 +452,9 @@ def test_full_state_reduction_is_the_identity_up_to_the_reference():
     torch.testing.assert_close(ph, p)
 
 
-def test_shared_reductions_load_the_weights_a_per_variant_fit_gives(tmp_path):
-    """The learned reductions are fitted once per seed in train_shared and loaded by the variants that
-    use them: the loaded model equals a fit of its own (same data, seed and rule), and its record is
-    the fit's (what the convergence gate reads as val_ae)."""
-    from reprozoo.methods.ro_hnn.method import fit_reduction, fit_shared_reductions, load_reduction
+def _shared_reductions(tmp_path):
+    """A small chain's data, the ci model config, and its reductions fitted once into ``tmp_path``."""
+    from reprozoo.methods.ro_hnn.method import fit_shared_reductions
 
     ci = yaml.safe_load((CONFIGS / "ci.yaml").read_text())
     chain = _chain(16, 0.7, 4.0)
@@ -464,6 +462,16 @@ def test_shared_reductions_load_the_weights_a_per_variant_fit_gives(tmp_path):
     d = {"q_train": q[:2], "p_train": p[:2], "q_val": q[2:], "p_val": p[2:]}
     cfg = dict(ci["model"], ae_width=8)
     fit_shared_reductions(d, cfg, ci["fit"], 0, tmp_path, progress=lambda *a: None)
+    return ci, q, p, d, cfg
+
+
+def test_shared_reductions_load_the_weights_a_per_variant_fit_gives(tmp_path):
+    """The learned reductions are fitted once per seed in train_shared and loaded by the variants that
+    use them: the loaded model equals a fit of its own (same data, seed and rule), and its record is
+    the fit's (what the convergence gate reads as val_ae)."""
+    from reprozoo.methods.ro_hnn.method import fit_reduction, load_reduction
+
+    ci, q, p, d, cfg = _shared_reductions(tmp_path)
     x = (torch.as_tensor(q[2]), torch.as_tensor(p[2]))
     for variant in ("ro_hnn", "sae_ghnn", "sae_node", "ae_node", "ae_hnn"):
         own, rec = fit_reduction(variant, d, cfg, ci["fit"], 0, progress=lambda *a: None)
@@ -481,14 +489,9 @@ def test_sae_node_control_is_ro_hnns_reduction_with_the_neural_ode_of_ae_node(tm
     (the same weights) and fits ae_node's latent neural ODE, stepped by RK4: only the latent model differs
     from ro_hnn, only the reduction from ae_node."""
     from reprozoo.methods.ro_hnn.latent_dynamics import LatentNODE
-    from reprozoo.methods.ro_hnn.method import fit_dynamics, fit_shared_reductions, load_reduction
+    from reprozoo.methods.ro_hnn.method import fit_dynamics, load_reduction
 
-    ci = yaml.safe_load((CONFIGS / "ci.yaml").read_text())
-    chain = _chain(16, 0.7, 4.0)
-    q, p = _traj(chain, 0.1, 16.0, 20, count=3, x0=1.0)
-    d = {"q_train": q[:2], "p_train": p[:2], "q_val": q[2:], "p_val": p[2:]}
-    cfg = dict(ci["model"], ae_width=8)
-    fit_shared_reductions(d, cfg, ci["fit"], 0, tmp_path, progress=lambda *a: None)
+    ci, q, p, d, cfg = _shared_reductions(tmp_path)
     sae, _ = load_reduction("sae_node", d, cfg, 0, tmp_path)
     ro, _ = load_reduction("ro_hnn", d, cfg, 0, tmp_path)
     assert isinstance(sae, SymplecticAE)
