@@ -1,7 +1,7 @@
 """Integration: Snakemake killed with SIGKILL during a ci run, then resumed.
 
 The first run of ``ftrl_regret`` (deferred tracking into sqlite:///results/mlflow.db) is held
-inside one cell (``ftrl``), some cells finished before it, and its Snakemake process is killed
+inside one cell (``ogd_tuned``), some cells finished before it, and its Snakemake process is killed
 with SIGKILL, as an operator's ``kill -9`` would. Its job runs on (an orphan): ``reprozoo run``
 must refuse to resume under it. Once the job is killed too, ``reprozoo run`` removes the stale
 lock, says so in one line, and resumes; the dead invocation's parent run ends KILLED, its
@@ -22,8 +22,8 @@ from workcopy import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
-METHOD, HELD = "ftrl_regret", "ftrl"
-RUN_BEFORE = "dftrl_ensemble"  # a cell the scheduler runs before `ftrl` (the spec's order)
+METHOD, HELD = "ftrl_regret", "ogd_tuned"
+RUN_BEFORE = "dftrl_ensemble"  # a cell the scheduler runs before HELD (the spec's order)
 HOLD = f'''
 
 # test_reaping: hold the cell named by REPROZOO_TEST_HOLD (bounded) so that a kill lands inside it
@@ -85,9 +85,21 @@ def work(tmp_path):
     return tmp_path
 
 
+def test_the_held_cells_are_variants_in_the_order_the_test_needs():
+    """A renamed or dropped variant must fail here, in a second, not as a 10-minute wait below."""
+    from reprozoo import registry
+
+    ids = [v.id for v in registry.get(METHOD).variants]
+    assert RUN_BEFORE in ids and HELD in ids, ids
+    assert ids.index(RUN_BEFORE) < ids.index(HELD), ids
+
+
 def test_a_sigkilled_ci_run_is_reaped_in_mlflow_and_resumed(work):
     from mlflow.tracking import MlflowClient
 
+    from reprozoo import registry
+
+    variants = [v.id for v in registry.get(METHOD).variants]
     t0 = time.monotonic()
     res = work / "results"
     cells = res / "ci" / METHOD
@@ -104,7 +116,7 @@ def test_a_sigkilled_ci_run_is_reaped_in_mlflow_and_resumed(work):
             time.sleep(0.2)
         assert _status(cells / RUN_BEFORE / "seed0" / "tracking_pending.json") == "FINISHED"
         (dead_id,) = [p.stem for p in (res / ".tracking" / "invocations").glob("*.json")]
-        os.kill(first.pid, signal.SIGKILL)  # Snakemake only: its job runs on, held in `ftrl`
+        os.kill(first.pid, signal.SIGKILL)  # Snakemake only: its job runs on, held in HELD
         first.wait(30)
         t_kill = time.monotonic() - t0
 
@@ -152,7 +164,8 @@ def test_a_sigkilled_ci_run_is_reaped_in_mlflow_and_resumed(work):
         assert all(kids[c].info.status == "FAILED" and "killed" in kids[c].data.tags["error"] for c in cut)
         new_parent, new_kids = _runs(client, new_id)
         assert new_parent.info.status == "FINISHED"
-        assert len(new_kids) == 7 and {r.info.status for r in new_kids.values()} == {"FINISHED"}
+        assert set(new_kids) == set(variants), set(new_kids)  # the batch job reran every cell
+        assert {r.info.status for r in new_kids.values()} == {"FINISHED"}
         exp = client.get_experiment_by_name(METHOD).experiment_id
         assert not client.search_runs([exp], "attributes.status = 'RUNNING'")
         return parent, kids
