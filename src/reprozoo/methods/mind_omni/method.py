@@ -11,7 +11,8 @@ Stages and units:
   ``tasks.py``, each by the shared rule ``blocks.fitting.fit_to_plateau`` (AdamW at every rate of one
   grid for a pilot, ranked on validation (the config's ``pilot_score``); the best continued at that
   constant rate until the plateau test holds on every curve: for a model of several tasks the mean
-  validation CE AND each task's CE, ``stop_on``; best weights by the mean, ``select``). Encoding tasks
+  validation CE AND each task's CE, ``stop_on``; then once at ``lr_drop`` x the rate until flat again;
+  best weights by the mean, ``select``). Encoding tasks
   are scored from the expected brain map (code probabilities x centroids), decoding tasks by greedy
   reverse decoding; every score is recorded per test image and chance-corrected
   (``tasks.chance_corrected``).
@@ -20,11 +21,7 @@ Variants (identical architecture, optimiser, learning-rate grid, stopping rule, 
 
 * ``joint`` (method, Mind-Omni): ONE model; every step draws ``batch_per_task`` = b examples of EACH
   of the seven tasks (batch 7 b). Its weights after ``control_step`` updates are scored too
-  (``cc_early_*``): the weakened control of the claims that the other variants cannot serve;
-* ``joint_unrelated`` (control): the same one model, batch, b per task and stopping rule, but each
-  task's tokens renamed by its own random permutation (``Layout.relabelling``): seven tasks that share
-  the network and the batch but no token meaning, so any gain it shows over the single-task models is
-  multi-task training itself (regularisation, steps), not synergy between related tasks;
+  (``cc_early_*``): the weakened control of the claims;
 * ``single_task_joint_batch`` (baseline, the claims' comparison): SEVEN models of the same size, one
   per task, each 7 b examples of its own task per step, the joint model's batch size.
 """
@@ -117,16 +114,14 @@ def _layout(d) -> T.Layout:
                     len(d["image_centroids"]))
 
 
-def task_batch(d, lay: T.Layout, task: str, idx: np.ndarray, question: np.ndarray, relabel=None):
-    """(tokens, target mask) of ``task`` for images ``idx``; ``relabel`` (a ``Layout.relabelling``)
-    renames every token (the ``joint_unrelated`` control), the mask is unchanged."""
+def task_batch(d, lay: T.Layout, task: str, idx: np.ndarray, question: np.ndarray):
+    """(tokens, target mask) of ``task`` for images ``idx``."""
     clean = lay.clean_tokens(d["brain_tok"][idx], d["image_tok"][idx], d["caption"][idx], question,
                              d["answers"][idx])
-    x, t = lay.for_task(clean, task)
-    return (x, t) if relabel is None else (relabel[x], t)
+    return lay.for_task(clean, task)
 
 
-def _eval_sets(d, lay, split, tasks, relabels=None):
+def _eval_sets(d, lay, split, tasks):
     """Per task: (tokens, target) of a split; BQA rows repeat each image once per question (image-major),
     on validation too: one answer token per image was a stopping curve too noisy to tell the answer
     prior from a model that reads the brain."""
@@ -138,35 +133,25 @@ def _eval_sets(d, lay, split, tasks, relabels=None):
             ii, qq = np.repeat(idx, nq), np.tile(np.arange(nq), len(idx))
         else:
             ii, qq = idx, np.zeros(len(idx), dtype=np.int64)
-        out[task] = task_batch(d, lay, task, ii, qq, (relabels or {}).get(task))
+        out[task] = task_batch(d, lay, task, ii, qq)
     return out
 
 
-VARIANTS = ("joint", "joint_unrelated", "single_task_joint_batch")
+VARIANTS = ("joint", "single_task_joint_batch")
 
 
-def variant_plan(variant: str, b: int) -> tuple[list[list[str]], int, bool]:
-    """(task groups, one model per group; examples of EACH task of a group per step; relabelled tasks).
+def variant_plan(variant: str, b: int) -> tuple[list[list[str]], int]:
+    """(task groups, one model per group; examples of EACH task of a group per step).
 
-    joint: one group of all seven tasks, ``b`` of each per step (batch 7 b); joint_unrelated: the same
-    model, batch and steps, but every task's tokens renamed by its own permutation (the tasks share no
-    token meaning: joint training with unrelated tasks, which must not help); single_task_joint_batch:
+    joint: one group of all seven tasks, ``b`` of each per step (batch 7 b); single_task_joint_batch:
     seven groups, ``7 b`` of the group's one task per step (the joint model's batch: the control for the
     batch-size confound)."""
     tasks = list(T.TASKS)
     if variant == "joint":
-        return [tasks], b, False
-    if variant == "joint_unrelated":
-        return [tasks], b, True
+        return [tasks], b
     if variant == "single_task_joint_batch":
-        return [[t] for t in tasks], b * len(tasks), False
+        return [[t] for t in tasks], b * len(tasks)
     raise ValueError(f"variant '{variant}' unknown ({', '.join(VARIANTS)})")
-
-
-def relabellings(lay: T.Layout, tasks: list[str], seed: int) -> dict:
-    """One token renaming per task (``joint_unrelated``), fixed by the seed."""
-    rng = np.random.default_rng([seed, 4242])
-    return {t: lay.relabelling(rng) for t in tasks}
 
 
 def task_balanced_loss(model, tokens, target, n_tasks: int, bias=None, gen=None):
@@ -193,7 +178,7 @@ def task_balanced_loss(model, tokens, target, n_tasks: int, bias=None, gen=None)
 
 
 def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: int, label: str,
-                snap_step: int | None = None, relabels: dict | None = None, progress=print):
+                snap_step: int | None = None, progress=print):
     """One masked-token transformer on ``tasks`` (``per_task`` examples of each per step), trained by
     the shared rule ``blocks.fitting.fit_to_plateau``. A model of several tasks returns its validation
     CE as a dict (``mean`` over tasks, the selection curve, then one curve per task), and stops only
@@ -208,9 +193,8 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
     lay = _layout(d)
     bias = torch.tensor(lay.logit_bias())
     train = d["train"]
-    val = {k: (torch.tensor(x), torch.tensor(t)) for k, (x, t) in _eval_sets(d, lay, "val", tasks, relabels).items()}
+    val = {k: (torch.tensor(x), torch.tensor(t)) for k, (x, t) in _eval_sets(d, lay, "val", tasks).items()}
     rngs, snaps = {}, {}
-    relabels = relabels or {}
 
     def build(gen):
         torch.manual_seed(seed)     # the same initial weights for every rate of the grid
@@ -222,7 +206,7 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
         xs, ts = [], []
         for task in tasks:
             idx = rng.choice(train, per_task)
-            x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), per_task), relabels.get(task))
+            x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), per_task))
             xs.append(x)
             ts.append(t)
         return task_balanced_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
@@ -254,7 +238,7 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
 
 # --- evaluation -------------------------------------------------------------------------------------
 
-def expected_brain_map(model, x, t, bias, d, lay: T.Layout, relabel=None) -> np.ndarray:
+def expected_brain_map(model, x, t, bias, d, lay: T.Layout) -> np.ndarray:
     """(N, G, G) the encoding prediction: every brain position's code distribution with ALL brain
     tokens masked, times the code centroids (the posterior-mean map, not the argmax code's)."""
     import torch
@@ -262,13 +246,12 @@ def expected_brain_map(model, x, t, bias, d, lay: T.Layout, relabel=None) -> np.
     with torch.no_grad():
         logits = model(torch.where(t, torch.full_like(x, model.mask_id), x)) + bias
         sl, o, k = lay.span["brain"], lay.offset["brain"], lay.k_brain
-        ids = o + np.arange(k) if relabel is None else relabel[o + np.arange(k)]
-        prob = logits[:, sl][:, :, torch.tensor(ids)].softmax(-1).numpy()          # (N, T_b, K) original codes
+        prob = logits[:, sl, o:o + k].softmax(-1).numpy()                            # (N, T_b, K)
     patches = prob @ d["brain_centroids"]                                            # (N, T_b, p*p)
     return D.from_patches(patches, int(d["brain_patch"]), d["fmri"].shape[-1])
 
 
-def evaluate(model, d, tasks: list[str], steps: int, relabels: dict | None = None) -> tuple[dict, dict, dict]:
+def evaluate(model, d, tasks: list[str], steps: int) -> tuple[dict, dict, dict]:
     """Every task on the test split -> (scalars, per-test-image units, generated tokens). Encoding:
     the expected brain map; decoding: greedy reverse decoding. Units (one per test image, in test
     order, for every variant): ``cc_<task>``, the chance-corrected per-image score."""
@@ -282,19 +265,15 @@ def evaluate(model, d, tasks: list[str], steps: int, relabels: dict | None = Non
     te = d["test"]
     n = len(te)
     nq = len(D.QUESTIONS)
-    relabels = relabels or {}
     out, units, gen, per = {}, {}, {}, {}
-    for task, (x, t) in _eval_sets(d, lay, "test", tasks, relabels).items():
-        rl = relabels.get(task)
+    for task, (x, t) in _eval_sets(d, lay, "test", tasks).items():
         x_t, t_t = torch.tensor(x), torch.tensor(t)
         if task.endswith("2brain"):
-            pred = expected_brain_map(model, x_t, t_t, bias, d, lay, rl)
+            pred = expected_brain_map(model, x_t, t_t, bias, d, lay)
             per[task] = T.pattern_correlation(pred, d["fmri"][te])
             out[f"voxel_r_{task}"] = T.voxel_correlation(pred.reshape(n, -1), d["fmri"][te].reshape(n, -1))
             continue
         y = decode_greedy(model, x_t, t_t, steps, bias).numpy()
-        if rl is not None:
-            y = np.argsort(rl)[y]                       # back to the shared token names
         gen[task] = y
         if task in ("brain2img", "brain2imgtxt"):
             rec = it(y[:, lay.span["image"]] - lay.offset["image"])
@@ -323,19 +302,26 @@ def evaluate(model, d, tasks: list[str], steps: int, relabels: dict | None = Non
 
 def train(ctx) -> None:
     import torch
-
-    from ...blocks.fitting import log_fit
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.set_num_threads(max(1, ctx.threads))
+    # torch's plain (math) attention kernel: at 25 tokens and 4 heads it is cheaper on CPU than the
+    # flash kernel torch picks by default (the same attention up to float rounding; README, budget)
+    with sdpa_kernel(SDPBackend.MATH):
+        _train(ctx)
+
+
+def _train(ctx) -> None:
+    from ...blocks.fitting import log_fit
+
     p, d = ctx.params, load_shared(ctx.shared_dir)
     cfg, fit = p["model"], p["fit"]
-    groups, per_task, unrelated = variant_plan(ctx.variant, cfg["batch_per_task"])
-    relabels = relabellings(_layout(d), list(T.TASKS), ctx.seed) if unrelated else None
+    groups, per_task = variant_plan(ctx.variant, cfg["batch_per_task"])
     scalars, units, gens = {}, {}, {}
     for g in groups:
         label = "joint" if len(g) > 1 else g[0]
         snap_step = p["control_step"] if ctx.variant == "joint" else None
-        model, rec, snap = train_model(d, g, per_task, cfg, fit, ctx.seed, label, snap_step, relabels, ctx.progress)
+        model, rec, snap = train_model(d, g, per_task, cfg, fit, ctx.seed, label, snap_step, ctx.progress)
         # the gate's curves: val_<label> (mean CE over the model's tasks), val_<label>_<task>, lr_<label>
         log_fit(ctx.metrics, label, rec)
         ctx.metrics.scalar(f"examples_per_task_{label}", rec["stop"] * per_task)
@@ -345,7 +331,7 @@ def train(ctx) -> None:
         # training loss: the chosen run's mean over each evaluation interval
         every = int(fit["eval_every"])
         ctx.metrics.curve(f"train_{label}", steps[1:], [float(np.mean(rec["losses"][a - every:a])) for a in steps[1:]])
-        s, u, gen = evaluate(model, d, g, p["decode_steps"], relabels)
+        s, u, gen = evaluate(model, d, g, p["decode_steps"])
         scalars.update(s)
         units.update(u)
         gens.update(gen)

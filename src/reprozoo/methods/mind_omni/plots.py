@@ -3,8 +3,7 @@
 * ``reconstructions.png``: a few test digits: the image, its 'fMRI' map, brain -> image from every
   variant, and the brain -> caption each produced (seed 0);
 * ``score_per_task.png``: each task's chance-corrected score (what the claims compare), joint, the
-  unrelated-task joint control, the single-task baseline and the weakened joint control, mean +- std
-  over seeds;
+  single-task baseline and the weakened joint control, mean +- std over seeds;
 * ``curve_val_loss.png``: per-task validation loss (nats per masked token) against steps, every
   variant, mean with a +- std band over seeds; the last panel is the joint model's training loss.
 """
@@ -18,8 +17,8 @@ from . import data as D
 from .tasks import TASKS
 from reprozoo.figures import save_figure
 
-VARIANTS = ("joint", "joint_unrelated", "single_task_joint_batch")
-COLORS = {"joint": "C0", "single_task_joint_batch": "C1", "joint_unrelated": "C2", "joint_early": "C7"}
+VARIANTS = ("joint", "single_task_joint_batch")
+COLORS = {"joint": "C0", "single_task_joint_batch": "C1", "joint_early": "C7"}
 SCORE_LABEL = {"img2brain": "image->brain\npattern r", "txt2brain": "caption->brain\npattern r",
                "imgtxt2brain": "image+caption\n->brain pattern r", "brain2img": "brain->image\nident. acc",
                "brain2txt": "brain->caption\nword acc", "brain2imgtxt": "brain->image+caption\nmean",

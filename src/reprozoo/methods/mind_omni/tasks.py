@@ -93,18 +93,6 @@ class Layout:
                 x[:, self.span[s]] = self.none_id
         return x, target
 
-    def relabelling(self, rng: np.random.Generator) -> np.ndarray:
-        """(vocab,) a random permutation of token ids that keeps every id inside its own segment (and
-        every caption word inside its own slot's word list), NONE fixed: the ``joint_unrelated``
-        control draws one per task, so the seven tasks share the model, the batch and the sequence
-        format but no token meaning (what one task learns about a code says nothing about another's)."""
-        perm = np.arange(self.vocab)
-        spans = [(self.offset[s], self.offset[s] + self.sizes[s]) for s in SEGMENTS if s != "text"]
-        spans += [(self.offset["text"] + lo, self.offset["text"] + hi) for lo, hi in D.CAPTION_SLOTS]
-        for lo, hi in spans:
-            perm[lo:hi] = lo + rng.permutation(hi - lo)
-        return perm
-
 
 def voxel_correlation(pred: np.ndarray, true: np.ndarray) -> float:
     """Mean over voxels of the Pearson r across samples; (N, V) each. A constant voxel counts as r = 0."""
