@@ -36,6 +36,18 @@ def test_arbg_density_integrates_to_one_and_is_zero_outside_the_box():
     assert abs(float(a - b)) < 1e-6
 
 
+def test_arbg_training_loss_is_the_mean_negative_log_density_with_the_same_gradient():
+    # the fused cross-entropy of `loss` is -mean log q of `log_prob` (bins plus the volume term), gradient too
+    m = _arbg(dim=3, bins=16, scale=1.2).train()
+    y = torch.randn(64, 3, generator=torch.Generator().manual_seed(4))
+    loss = m.loss(y)
+    (g_loss,) = torch.autograd.grad(loss, m.net.head.weight)
+    ref = -m.log_prob(y).mean()
+    (g_ref,) = torch.autograd.grad(ref, m.net.head.weight)
+    assert abs(float(loss - ref)) < 1e-5
+    torch.testing.assert_close(g_loss, g_ref, atol=1e-6, rtol=1e-5)
+
+
 def test_arbg_sampled_log_q_is_the_density_of_the_samples_and_fills_bins_uniformly():
     m = _arbg(dim=2, bins=4)
     y, lq = m.sample_and_log_prob(40000, torch.Generator().manual_seed(1))
@@ -384,8 +396,9 @@ def test_every_smoke_variant_trains_with_the_shared_plateau_rule_and_one_grid():
     for scale in ("ci", "smoke"):
         cfg = yaml.safe_load((folder / f"configs/{scale}.yaml").read_text())
         assert "train" not in cfg and len(cfg["fit"]["lr_grid"]) >= 2     # one grid, no per-variant rate
-        # one constant rate (no drop) stopped at a quarter of the gate's 0.02 on the gate's own scale
-        assert cfg["fit"]["flat_tol"] <= 0.005 and not cfg["fit"].get("lr_drop")
+        # a plateau at a quarter of the gate's 0.02 on the gate's own scale, then the shared rule's one drop to
+        # the gate's floor of a tenth (written out, not switched off) and a second plateau after it
+        assert cfg["fit"]["flat_tol"] <= 0.005 and cfg["fit"]["lr_drop"] == 0.1
         assert cfg["fit"]["scale"] == "value"      # the stop reads the scale the spec's gate reads
         assert cfg["fit"]["keep_from"] == cfg["fit"]["pilot_steps"]   # no best weights from the pilot
         assert cfg["eval"]["early_step"] < cfg["fit"]["min_steps"]          # the control is an early model

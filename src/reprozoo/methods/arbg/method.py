@@ -15,8 +15,8 @@ Stages.
   train (per variant x seed): maximum likelihood (flow matching for the CNF) with Adam under the
     platform's shared rule (:func:`fit_shared`, blocks/fitting.fit_to_plateau, config ``fit``): one
     learning-rate grid piloted on the validation split for every variant, the best rate continued
-    at one constant rate until the plateau test (on the gate's ``value`` scale) holds, the best
-    validation checkpoint kept; validation and learning-rate curves every ``eval_every`` steps (the
+    at its constant rate until the plateau test (on the gate's ``value`` scale) holds, then one drop
+    to a tenth and on to a second plateau after it, the best validation checkpoint kept; validation and learning-rate curves every ``eval_every`` steps (the
     convergence gate reads both). Then ``n_samples`` proposal samples with their exact log q, log
     importance weights log w = -E(x)/T - log q(y), and the metrics:
       ess_clip_<t> the authors' ESS: normalised Kish ESS of the weights left after AutoBG's
@@ -202,7 +202,7 @@ def sample_proposal(model, n_samples: int, generator, chunk: int = 5000):
 
 def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop: float = 1000.0,
              trim: float = 0.002, chunk: int = 5000, ref_half=None, ref_crop_margin: float = 10.0,
-             with_nll: bool = True):
+             with_nll: bool = True, n_nll: int | None = None):
     """Sample the proposal (in chunks), weight it against the exact Boltzmann density, compute
     the metrics (energies and weights in float64 on the CPU). ``ref_half`` (0 / 1 per reference
     sample, disjoint chains) gives the reference's own E-W2 noise floor."""
@@ -239,6 +239,9 @@ def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop:
         "ew2": M.energy_w2(e_model, e_ref),                   # proposal, no crop (tail-dominated)
         "ew2_crop": cropped_energy_w2(e_model, e_ref, crop),  # proposal, energies clipped (authors, +-1000)
         "ew2_crop_ref": cropped_energy_w2(e_model, e_ref, crop, cap=cap),  # clipped at max E_ref + margin
+        # the same on each half of the n samples: how much of the seed-to-seed spread is sample noise
+        "ew2_crop_ref_a": cropped_energy_w2(e_model[:half], e_ref, crop, cap=cap),
+        "ew2_crop_ref_b": cropped_energy_w2(e_model[half:], e_ref, crop, cap=cap),
         "ew2_bulk": ew2_bulk,                                 # proposal samples below max E_ref
         "ew2_rw": M.energy_w2(e_model, e_ref, weights=w),     # reweighted (top log weights trimmed)
         "mean_energy": float(e_model[torch.isfinite(e_model)].mean()),
@@ -258,9 +261,12 @@ def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop:
         out["ref_short_pair_b"] = short_pair_share(x_ref[h], target)
     out["ref_short_pair"] = short_pair_share(x_ref, target)
     if with_nll:
+        # test NLL on every k-th held-out sample (``n_nll`` of them, spread over every test chain; all
+        # when None): the CNF's likelihood is an ODE solve per sample
+        y_nll = y_test if not n_nll or n_nll >= len(y_test) else y_test[:: len(y_test) // int(n_nll)][: int(n_nll)]
         with torch.no_grad():
-            lq_test = torch.cat([model.log_prob(y_test[i:i + chunk].float()).double().cpu()
-                                 for i in range(0, len(y_test), chunk)])
+            lq_test = torch.cat([model.log_prob(y_nll[i:i + chunk].float()).double().cpu()
+                                 for i in range(0, len(y_nll), chunk)])
         out["nll"] = M.nll(lq_test)
         out["test_outside_support"] = float((~torch.isfinite(lq_test)).double().mean())
     lo, hi, nb = hist_range
@@ -372,7 +378,8 @@ def fit_shared(variant: str, y_train, y_val, scale: float, p: dict, seed: int, e
     return model, {"train": tr, "val": vals, "lr": list(zip(rec["steps"], rec["lrs"])), "lr_peak": rec["lr"],
                    "pilot_val": sorted(rec["pilot_best"].items()), "best_step": rec["steps"][i_best],
                    "val_rise": float(rec["vals"][-1] - rec["vals"][i_best]), "snapshot": snaps.get(id(model)),
-                   "init": init.get("state"), "stop": rec["stop"], "plateau": rec["plateau"]}
+                   "init": init.get("state"), "stop": rec["stop"], "plateau": rec["plateau"],
+                   "drop_step": rec.get("drop_step"), "drop_gain": rec.get("drop_gain"), "lr_edge": rec.get("lr_edge")}
 
 
 def train(ctx) -> None:
@@ -397,7 +404,7 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"n_params_{name}", n_params(model))
         t0 = time.process_time()
         # the platform's shared rule (blocks.fitting.fit_to_plateau): one grid piloted on validation,
-        # the best rate continued at a constant rate until the plateau test holds
+        # the best rate continued until the plateau test holds, one drop to a tenth, a second plateau
         early = int(ep["early_step"]) if v == "arbg" else None
         model, rec = fit_shared(v, y_tr, y_va, float(data["scale"]), p, ctx.seed * 7919 + k, early,
                                 progress=lambda m: ctx.progress(f"{name} {m}"))
@@ -416,11 +423,17 @@ def train(ctx) -> None:
         if "stop" in rec:
             ctx.metrics.scalar(f"steps_{name}", float(rec["stop"]))
             ctx.metrics.scalar(f"plateau_{name}", float(rec["plateau"]))
+        # the shared rule's drop (relative gain of the best validation value; step) and whether the chosen
+        # rate sat at the grid's edge (1 = top or bottom: the grid would not bracket it)
+        if rec.get("drop_gain") is not None:
+            ctx.metrics.scalar(f"drop_gain_{name}", float(rec["drop_gain"]))
+            ctx.metrics.scalar(f"drop_step_{name}", float(rec["drop_step"]))
+        ctx.metrics.scalar(f"lr_edge_{name}", float(rec.get("lr_edge") is not None))
         eval_kw = dict(crop=float(ep.get("energy_crop", 1000.0)), trim=float(ep.get("trim_log_weights", 0.002)),
                        ref_crop_margin=float(ep.get("ref_crop_margin", 10.0)))
         out, hists = evaluate(model, tgt, y_te, ep["n_samples"],
                               torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + 202 + k),
-                              p["energy_hist"][name], ref_half=data["test_half"], **eval_kw)
+                              p["energy_hist"][name], ref_half=data["test_half"], n_nll=ep.get("n_nll"), **eval_kw)
         for key, val in out.items():
             ctx.metrics.scalar(f"{key}_{name}", val)
         for key, (xs, ys) in hists.items():

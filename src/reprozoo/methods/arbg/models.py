@@ -70,9 +70,14 @@ class ArBG(nn.Module):
         return self.dim * (math.log(self.delta) + torch.log(self.scale))
 
     def loss(self, y: torch.Tensor) -> torch.Tensor:
-        """Mean negative log density of a batch (bin cross-entropy plus the bin-volume constant)."""
+        """Mean negative log density of a batch (bin cross-entropy plus the bin-volume constant).
+
+        The same number as ``-log_prob(y).mean()`` inside the box (``test_arbg`` checks it), computed
+        with torch's fused cross-entropy over the (B * D, bins) logits instead of a separate log-softmax
+        and gather (7-10 % of a training step on this CPU)."""
         b, _ = self.discretize(y)
-        return -(self.net.log_prob(b) - self._log_volume()).mean()
+        ce = nn.functional.cross_entropy(self.net.logits(b).reshape(-1, self.bins), b.reshape(-1), reduction="sum")
+        return ce / len(b) + self._log_volume()
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         b, inside = self.discretize(y)
@@ -324,6 +329,10 @@ class EquivariantCNF(CNF):
     x(z_1) - x(z_0) (mean over the n d coordinates). The field in y is the first n - 1 particles'
     rows (the last follows, the field being COM-free). Likelihoods: the same exact-divergence ODE as
     :class:`CNF` (Jacobian trace in y by forward-mode differentiation)."""
+
+    # one chunk per 5000 rows: the EGNN's per-row cost fell from 68 to 55 us from 1024 to 5000 rows (probe of
+    # this round); chunking changes nothing else (independent ODEs)
+    ode_chunk = 5000
 
     def __init__(self, dim: int, scale: float, hidden: int = 32, layers: int = 3, ode_steps: int = 5,
                  scheme: str = "rk4", particles=None):
