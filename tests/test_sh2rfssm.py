@@ -285,7 +285,7 @@ def test_skill_is_chance_normalised_per_item():
 
 def test_stopping_rule_agrees_with_the_platform_gate():
     """The fits stop by the shared rule's plateau test (``claims.plateau`` at train.flat_tol, half the
-    gate's tolerance); the gate reads the spec's entries at the same (default) scale. A curve that
+    gate's tolerance) on the scale the spec's entry gates on (``method.STOP_SCALE``). A curve that
     has flattened passes both, one still falling linearly passes neither, and the spec gates every fitted curve."""
     import yaml
 
@@ -304,15 +304,18 @@ def test_stopping_rule_agrees_with_the_platform_gate():
 
     root = Path(M.__file__).parent
     entries = yaml.safe_load((root / "spec.yaml").read_text())["convergence"]
-    # the fits stop on the value scale; the adding task's entries gate on range (its loss falls towards a
-    # floor of 0), which a curve below half its start passes whenever it passes value: the stop is stricter
+    # every fit stops on the scale its entry gates on (method.STOP_SCALE): range for the adding task (its
+    # loss falls towards a floor of 0, where the value test never holds), value for the others
     for c in entries:
-        assert c.get("scale", "value") == ("range" if c["curve"].startswith("val_adding_") else "value")
+        task = c["curve"].split("_")[1]
+        assert c.get("scale", "value") == M.STOP_SCALE.get(task, "value")
+        assert c.get("scale", "value") == ("range" if task == "adding" else "value")
     to_zero = 1.0 * np.exp(-xs / 100) + 1e-3 * np.exp(-xs / 3000)  # a zero-floor loss, still creeping down
     assert not plateau(xs, to_zero, 0.01) and plateau(xs, to_zero, 0.01, scale="range")
-    for ys in (flat, falling, to_zero):
-        if plateau(xs, ys, 0.01) and ys[-1] < ys[0] / 2:
-            assert plateau(xs, ys, 0.01, scale="range")
+    conv_range = Convergence(curve="c", scale="range")
+    for ys in (flat, falling, to_zero):  # a stop on range at half the gate's tolerance passes the range gate
+        if plateau(xs, ys, 0.01, scale="range"):
+            assert _tail_check(xs, ys, conv_range, None)["converged"]
     gated = {c["curve"] for c in entries}
     smoke = yaml.safe_load((root / "configs" / "smoke.yaml").read_text())
     for task in smoke["tasks"]:
@@ -351,7 +354,8 @@ def test_fit_chooses_lr_on_validation_and_learns_a_planted_task():
     assert rec.s["r2_adding_L16"] > 0.5
     from reprozoo.claims import plateau
 
-    assert rec.s["plateau_adding_L16"] == float(plateau(xs, ys, 0.01))
+    # the adding fit stops on the scale its gate entry reads (range), not on the value scale
+    assert rec.s["plateau_adding_L16"] == float(plateau(xs, ys, 0.01, scale=M.STOP_SCALE["adding"]))
     assert rec.s["steps_adding_L16"] == 600 or rec.s["plateau_adding_L16"] == 1.0
     # constant rate, then (after the first plateau) the shared rule's one drop to a tenth, the gate's floor
     lrs = rec.c["lr_adding_L16"][1]
