@@ -20,7 +20,9 @@ Which label counts each variant is fitted at is the config's ``counts``.
 Training rule: ``reprozoo.blocks.fitting.fit_to_plateau`` for every network and stage. Pre-training
 on the validation subject's masked-modelling loss (fixed masks); fine-tuning with two validation
 curves (``err`` = 1 - weighted F1 selects the kept checkpoint from ``keep_from`` on, ``ce`` the
-cross-entropy is the stopping curve), ``pilot_score: tail`` and ``min_progress`` (config ``fit``).
+cross-entropy is the stopping curve), ``pilot_score: tail`` and ``min_progress`` (config ``fit``);
+the training loss of every fine-tune has the config's ``label_smoothing`` (a memorised few-label fit then
+has a finite optimum, so its validation cross-entropy can reach a plateau).
 
 Stages. train_shared (per seed): the simulated recordings and their DE tokens and alpha-band
 correlations (features.py, mne filters; computed once per process), a subject-wise split by
@@ -295,9 +297,11 @@ def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray,
     X, y, Xv, yv = (torch.as_tensor(a) for a in (X, y, Xv, yv))
     full, fullv = torch.ones(len(X), X.shape[1], dtype=torch.bool), torch.ones(len(Xv), Xv.shape[1], dtype=torch.bool)
 
-    def train_loss(net, gen):
+    smooth = float(q.get("label_smoothing", 0.0))
+
+    def train_loss(net, gen):  # the validation curves read the plain cross-entropy (val_curves)
         b = torch.randperm(len(y), generator=gen)[:bs]
-        return F.cross_entropy(net(X[b], full[b]), y[b])
+        return F.cross_entropy(net(X[b], full[b]), y[b], label_smoothing=smooth)
 
     def val_loss(net):
         with torch.no_grad():
