@@ -512,42 +512,89 @@ def test_stopping_rule_refuses_spikes_and_late_drops():
     assert not stop_here(xs, drop)
 
 
-def test_fixed_budget_scoring_sees_the_model_at_that_step_and_does_not_perturb_training(systems):
-    """The initialisation claims score each fine-tune at a fixed step budget through
-    ``fit_multitask(after_step=...)``: the hook is called once per step, sees the tied models
-    exactly as they are after that step (their predictions at the budget differ from the start
-    and from the end), and scoring there changes nothing in the training itself."""
-    from reprozoo.methods.gffmerge.multitask import evaluate_frames
+RULE = {"lr_grid": [1e-3, 1e-2], "pilot_steps": 2, "eval_every": 1, "min_steps": 3, "max_steps": 6, "flat_tol": 0.01}
 
-    def run(hook):
-        init = _init(3)
-        ms = [copy.deepcopy(init) for _ in systems]
-        for m, d in zip(ms, systems):
-            fit_energy_scale(m, d)
-        tie(ms)
-        start = [evaluate_frames(m, d)["force_mae"] for m, d in zip(ms, systems)]
-        h = fit_multitask(ms, systems, steps=6, lr=1e-2, batch_size=2, seed=5, vals=systems, eval_every=2,
-                          after_step=hook)
-        return ms, h, start
 
-    calls, at_budget = [], {}
+def _tied(systems, seed=3):
+    init = _init(seed)
+    ms = [copy.deepcopy(init) for _ in systems]
+    for m, d in zip(ms, systems):
+        fit_energy_scale(m, d)
+    return tie(ms)
 
-    def hook(step, ms):
-        calls.append(step)
-        assert not any(m.training for m in ms)
-        if step == 3:
-            at_budget["f"] = [evaluate_frames(m, d)["force_mae"] for m, d in zip(ms, systems)]
-            at_budget["state"] = {k: v.clone() for k, v in ms[0].state_dict().items()}
 
-    m1, h1, start = run(hook)
-    m2, h2, _ = run(None)
-    assert calls == list(range(1, 7))
-    assert h1["step_loss"] == h2["step_loss"]
-    assert all(torch.equal(a, b) for a, b in zip(m1[0].state_dict().values(), m2[0].state_dict().values()))
-    end = [evaluate_frames(m, d)["force_mae"] for m, d in zip(m1, systems)]
-    for s, b, e in zip(start, at_budget["f"], end):
-        assert not np.allclose(s, b) and not np.allclose(b, e)
-    assert not all(torch.equal(a, m1[0].state_dict()[k]) for k, a in at_budget["state"].items())
+def test_shared_rule_keeps_the_backbone_tied_and_is_deterministic(systems):
+    """Joint training and fine-tunes run through the platform's rule (``multitask.fit_rule`` ->
+    ``blocks.fitting.fit_to_plateau``): every rate of the grid starts from the same weights, the
+    chosen run's models still share one backbone with a head each, the returned weights are the
+    best-validation ones of the chosen run, and two runs with one seed give the same models."""
+    from reprozoo.methods.gffmerge.multitask import evaluate_systems, fit_rule
+
+    def run():
+        ms = _tied(systems)
+        start = [copy.deepcopy(m) for m in ms]
+        out, rec = fit_rule(ms, systems, systems, RULE, seed=4, batch_size=2)
+        return start, out, rec
+
+    start, out, rec = run()
+    _, out2, rec2 = run()
+    assert out[0].interactions is out[1].interactions and out[0].head is not out[1].head
+    assert out[0].embedding.weight is out[1].embedding.weight
+    assert rec["vals"] == rec2["vals"] and rec["lr"] == rec2["lr"]
+    assert all(torch.equal(a, b) for a, b in zip(out[0].state_dict().values(), out2[0].state_dict().values()))
+    # the grid's runs all started from the start's weights (one stack per rate, in grid order)
+    assert len(rec["runs"]) == len(RULE["lr_grid"]) and RULE["lr_grid"][rec["chosen"]] == rec["lr"]
+    assert rec["runs"][rec["chosen"]].models[0] is out[0]
+    # the kept weights are the best validation point of the chosen run's curve (force MAE, meV/A)
+    ev = evaluate_systems(out, systems)
+    assert 1e3 * np.mean([r["force_mae"] for r in ev]) == pytest.approx(min(rec["vals"]), rel=1e-5)
+    assert min(rec["vals"]) < rec["vals"][0]  # it trained: better than theta_0's start
+    assert not all(torch.equal(a, b) for a, b in zip(start[0].state_dict().values(), out[0].state_dict().values()))
+    assert set(rec["curves"]) == {"force", "energy"} and rec["seconds"] > 0 and rec["cpu_seconds"] > 0
+
+
+def test_fixed_budget_scoring_sees_the_chosen_run_at_that_step_and_does_not_perturb_training(systems):
+    """The initialisation claims score each fine-tune at a fixed step budget through the rule's
+    after-step hook: it is called after every optimiser step of every rate's run with the step
+    count, sees that run's tied models as they are then (their predictions differ from the start
+    and from the end), and scoring there changes nothing in the training."""
+    from reprozoo.methods.gffmerge.multitask import evaluate_frames, fit_rule
+
+    calls, at_budget = {}, {}
+
+    def hook(stack, step):
+        calls.setdefault(id(stack), []).append(step)
+        if step == 4:
+            at_budget[id(stack)] = [evaluate_frames(m, d)["force_mae"] for m, d in zip(stack.models, systems)]
+
+    ms = _tied(systems)
+    start = [evaluate_frames(m, d)["force_mae"] for m, d in zip(ms, systems)]
+    fit = {**RULE, "lr_drop": 0}  # no drop: the chosen run ends at max_steps or its plateau
+    out, rec = fit_rule(ms, systems, systems, fit, seed=4, batch_size=2, after_step=hook)
+    out2, rec2 = fit_rule(_tied(systems), systems, systems, fit, seed=4, batch_size=2)
+    chosen = rec["runs"][rec["chosen"]]
+    assert calls[id(chosen)] == list(range(1, rec["stop"] + 1))
+    assert all(c == [1, 2] for k, c in calls.items() if k != id(chosen))  # the other rates: their pilots
+    assert rec["vals"] == rec2["vals"]
+    assert all(torch.equal(a, b) for a, b in zip(out[0].state_dict().values(), out2[0].state_dict().values()))
+    assert rec["stop"] > 4
+    last = [evaluate_frames(m, d)["force_mae"] for m, d in zip(chosen.models, systems)]  # (best weights loaded)
+    for s, b in zip(start, at_budget[id(chosen)]):
+        assert not np.allclose(s, b)
+    assert any(not np.allclose(b, e) for b, e in zip(at_budget[id(chosen)], last)) or rec["vals"][4] == min(rec["vals"])
+
+
+def test_fit_config_is_the_common_block_with_the_parts_floor_and_cap():
+    from reprozoo.methods.gffmerge.method import fit_config
+
+    p = {"fit": {"lr_grid": [1e-3], "pilot_steps": 5, "eval_every": 2, "flat_tol": 0.01},
+         "train": {"batch_size": 2, "min_steps": 10, "max_steps": 50, "energy_weight": 1.0},
+         "joint": {"min_steps": 20, "max_steps": 90, "flat_tol": 0.005}}
+    assert fit_config(p, "train") == {"lr_grid": [1e-3], "pilot_steps": 5, "eval_every": 2, "flat_tol": 0.01,
+                                      "min_steps": 10, "max_steps": 50}
+    assert fit_config(p, "joint")["flat_tol"] == 0.005 and fit_config(p, "joint")["max_steps"] == 90
+    with pytest.raises(KeyError, match="max_steps"):
+        fit_config({**p, "finetune": {"min_steps": 1}}, "finetune")
 
 
 def test_steps_to_target_is_the_first_validation_at_or_below_it():

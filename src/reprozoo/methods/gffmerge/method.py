@@ -10,8 +10,8 @@ theta_0, the shared starting point, in one or two settings (configs' ``settings`
 
 train_shared (per seed): the foundation (pre-trained once per job, written to the seed's own
 shared folder), then for each setting theta_0 and one specialist per system fine-tuned from
-theta_0 on that system only (Cu bulk, Pt cluster), the two side by side, untied; every variant of
-the seed merges these same models. Validation curves of the pre-training and of the specialists
+theta_0 on that system only (Cu bulk, Pt cluster), each by its own run of the shared rule; every
+variant of the seed merges these same models. Validation curves of the pre-training and of the specialists
 are kept and recorded in every variant that builds on them, for the convergence gate.
 
 train (per variant x seed), for each setting, evaluated on each system's test frames with that
@@ -27,10 +27,13 @@ system's head:
   weight_avg_ft    weight_avg, then the same fine-tune (is the merge a better starting point?)
   joint            one backbone + two heads trained from theta_0 on both systems until flat
                    (the gold standard)
-Every training (pre-training, specialists, joint, fine-tunes) is one loop (``_train_until_flat``:
-Adam, cosine decay over 70 % of a cap then held) that stops at the first validation where its
-curve is flat by the convergence gate's own test (``reprozoo.claims.plateau``); wall times of joint
-training and fine-tunes are times to a plateau. Metrics: energy MAE (meV/atom) and force MAE (meV/A) per system and their
+The specialists, joint training and both fine-tunes train by the platform's one rule
+(``blocks.fitting.fit_to_plateau`` via ``multitask.fit_rule``, configs' ``fit``: a rate grid
+piloted on validation, the chosen rate held to a plateau, one drop, a second plateau), so the
+method and every baseline that trains share the grid, the rule and the caps; wall times of joint
+training and fine-tunes are the whole fits'. The foundation's pre-training (recorded, not gated)
+keeps this folder's loop (``_train_until_flat``: cosine decay over 70 % of a cap then held, stopped
+at the gate's own plateau test). Metrics: energy MAE (meV/atom) and force MAE (meV/A) per system and their
 means, the means also per test frame (``ctx.metrics.units``: the claims' intervals resample
 frames); merge, fine-tune and joint-training wall times; per-layer alignment residuals. The
 fine-tunes are also scored after a fixed budget of ``finetune.budget_steps`` steps (``budget_*``,
@@ -171,7 +174,7 @@ def load_model(p: dict, path: Path):
 
 
 def _stop_rule(p: dict, part: str) -> dict:
-    """The stopping rule of every training here (pre-training, specialists, joint, fine-tunes):
+    """The stopping rule of the foundation's pre-training (the gated trainings use the shared rule):
     the gate's plateau test (tolerance ``stop.tol``, at least ``stop.min_points`` validations in
     the last 30 %) with no new best in that tail, not before the part's ``min_steps``."""
     st = p.get("stop", {})
@@ -183,11 +186,11 @@ def _train_until_flat(ctx, models, trains: list, vals: list, part: str, seed: in
     """Train ``models`` (tied: one backbone with a head per system; untied: independent models
     side by side; one: plain training) with the ``part`` config (lr, lr_final_factor, decay_frac,
     or decay_steps, max_steps, eval_every, min_steps, batch_size) until the mean validation force MAE is flat
-    (``_stop_rule``) or ``max_steps``. Every training of the method goes through this one loop
+    (``_stop_rule``) or ``max_steps``. The foundation's pre-training goes through this loop
     (``multitask.fit_multitask``: Adam, cosine decay to ``lr_final_factor`` x lr over
     ``decay_frac`` x ``max_steps``, then held), so all share the schedule and the stopping rule.
     Returns the history with ``curve`` = {x, force (meV/A, mean of systems), energy (meV/atom),
-    lr}."""
+    lr}. Used by the foundation's pre-training only (every gated training uses :func:`fit_models`)."""
     from .multitask import fit_multitask
 
     p = ctx.params
@@ -206,18 +209,64 @@ def _train_until_flat(ctx, models, trains: list, vals: list, part: str, seed: in
     return hist
 
 
-def _multitask(ctx, models, systems, part: str, seed: int, curve_name: str | None = None, after_step=None) -> dict:
+FIT_KEYS = ("lr_grid", "pilot_steps", "eval_every", "min_steps", "max_steps", "flat_tol", "lr_drop", "pilot_score",
+            "patience", "ema_decay", "clip", "optimizer", "weight_decay")
+
+
+def fit_config(p: dict, part: str) -> dict:
+    """The shared rule's config (``blocks.fitting``) of a training part (``train``: the specialists,
+    ``joint``, ``finetune``): the config's common ``fit`` block (one rate grid and one stopping rule
+    for every training) with the part's own step floor and cap (and any other ``fit`` key the part
+    overrides)."""
+    c = {**p["fit"], **{k: v for k, v in p[part].items() if k in FIT_KEYS}}
+    missing = [k for k in ("lr_grid", "pilot_steps", "eval_every", "min_steps", "max_steps", "flat_tol") if k not in c]
+    if missing:
+        raise KeyError(f"fit config of '{part}': missing {missing} (configs' `fit` block or `{part}`)")
+    return c
+
+
+def fit_models(ctx, models, systems, part: str, seed: int, label: str, after_step=None) -> tuple[list, dict]:
+    """Train ``models`` (one specialist, or tied models with a head per system) on ``systems`` by the
+    platform's shared rule (:func:`multitask.fit_rule`, config :func:`fit_config` of ``part``);
+    returns (models, record). The record's ``curve_dict`` holds the chosen run's validation curves
+    (``x``, ``force`` meV/A and ``energy`` meV/atom, means over the systems, ``lr``)."""
+    from .multitask import fit_rule
+
+    p = ctx.params
+    fit = fit_config(p, part)
+    ctx.progress(f"{label}: rate grid {fit['lr_grid']} piloted {fit['pilot_steps']} steps, then until flat "
+                 f"(at least {fit['min_steps']}, at most {fit['max_steps']} steps)")
+    models, rec = fit_rule(models, [s["train"] for s in systems], [s["val"] for s in systems], fit, seed,
+                           batch_size=int(p["train"]["batch_size"]), energy_weight=p["train"].get("energy_weight", 1.0),
+                           force_weight=p["train"].get("force_weight", 10.0), label=label, progress=ctx.progress,
+                           after_step=after_step)
+    rec["curve_dict"] = {"x": [int(x) for x in rec["steps"]], "force": [float(v) for v in rec["vals"]],
+                         "energy": [float(v) for v in rec["curves"]["energy"]], "lr": [float(v) for v in rec["lrs"]]}
+    return models, rec
+
+
+def _log_rule(ctx, name: str, rec: dict) -> None:
+    """The shared rule's scalars of one fit: chosen rate, steps, the drop's gain, the grid edge flag."""
+    ctx.metrics.scalar(f"lr_chosen_{name}", float(rec["lr"]))
+    ctx.metrics.scalar(f"steps_{name}", float(rec["stop"]))
+    ctx.metrics.scalar(f"plateau_{name}", float(bool(rec["plateau"])))
+    ctx.metrics.scalar(f"lr_edge_{name}", {None: 0.0, "bottom": -1.0, "top": 1.0}[rec["lr_edge"]])
+    if rec.get("drop_gain") is not None:
+        ctx.metrics.scalar(f"drop_gain_{name}", float(rec["drop_gain"]))
+
+
+def _multitask(ctx, models, systems, part: str, seed: int, curve_name: str | None = None, after_step=None):
     """Joint training / fine-tuning of the tied ``models`` on ``systems`` (``part`` = ``joint`` or
-    ``finetune``) until flat; records the validation curves (force and energy MAE, mean of
-    systems) and the learning rate as ``{curve_name}val_force_mae`` etc."""
-    hist = _train_until_flat(ctx, models, [s["train"] for s in systems], [s["val"] for s in systems], part, seed,
-                             after_step=after_step)
+    ``finetune``) by the shared rule; records the chosen run's validation curves (force and energy
+    MAE, mean of systems) and its learning rate as ``{curve_name}val_force_mae`` etc."""
+    models, rec = fit_models(ctx, models, systems, part, seed, label=part, after_step=after_step)
     if curve_name is not None:
-        c = hist["curve_dict"]
+        c = rec["curve_dict"]
         ctx.metrics.curve(f"{curve_name}val_force_mae", c["x"], c["force"])
         ctx.metrics.curve(f"{curve_name}val_energy_mae", c["x"], c["energy"])
         ctx.metrics.curve(f"{curve_name}lr", c["x"], c["lr"])
-    return hist
+        _log_rule(ctx, f"{curve_name}{part}", rec)
+    return models, rec
 
 
 # --- shared per seed: theta_0 of each setting and its two specialists ------------------------------
@@ -338,22 +387,27 @@ def train_shared(ctx) -> None:
         theta0 = _theta0(ctx, setting, systems, init, found)
         for s, m0 in zip(systems, theta0):
             torch.save(m0.state_dict(), ctx.outdir / f"init_{setting}_{s['tag']}.pt")
-        # the two specialists, untied, side by side in one loop (each its own loss, gradient and
-        # clipping, as if trained alone), stopped when their mean validation curve is flat
-        models = [copy.deepcopy(m0) for m0 in theta0]
-        ctx.progress(f"[{setting}] specialists {[s['tag'] for s in systems]}: {len(systems[0]['train'])} frames each, "
-                     f"until flat (at most {p['train']['max_steps']} steps)")
-        hist = _train_until_flat(ctx, models, [s["train"] for s in systems], [s["val"] for s in systems], "train",
-                                 ctx.seed * 100 + 10)
-        info = {"train_seconds": hist["seconds"], "train_cpu_seconds": hist["cpu_seconds"], "steps": hist["steps"],
-                "stopped": bool(hist["stopped"]), "curve": hist["curve_dict"], "systems": {}}
-        for s, m in zip(systems, models):
+        # the two specialists, each fine-tuned from theta_0 on its own system alone by the shared
+        # rule (its own rate from the grid, its own plateau, drop and stop)
+        info = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "steps": 0, "stopped": True, "curves": [],
+                "systems": {}}
+        for k, (s, m0) in enumerate(zip(systems, theta0)):
+            (m,), rec = fit_models(ctx, [copy.deepcopy(m0)], [s], "train", ctx.seed * 100 + 10 + k,
+                                   label=f"[{setting}] specialist {s['tag']}")
             torch.save(m.state_dict(), ctx.outdir / f"specialist_{setting}_{s['tag']}.pt")
             ev = evaluate(m, s["val"])
-            info["systems"][s["tag"]] = {"val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"]}
+            info["systems"][s["tag"]] = {"val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"],
+                                         "lr": float(rec["lr"]), "steps": int(rec["stop"]), "plateau": bool(rec["plateau"]),
+                                         "drop_gain": rec["drop_gain"], "lr_edge": rec["lr_edge"]}
+            info["curves"].append(rec["curve_dict"])
+            info["train_seconds"] += rec["seconds"]
+            info["train_cpu_seconds"] += rec["cpu_seconds"]
+            info["steps"] += int(rec["stop"])
+            info["stopped"] = info["stopped"] and bool(rec["plateau"])
             ctx.metrics.scalar(f"{pre}specialist_val_force_mae_{s['tag']}", 1e3 * ev["force_mae"])
-        ctx.metrics.scalar(f"{pre}specialist_train_seconds", hist["seconds"])
-        ctx.metrics.scalar(f"{pre}specialist_steps", hist["steps"])
+            _log_rule(ctx, f"{pre}specialist{k}", rec)
+        ctx.metrics.scalar(f"{pre}specialist_train_seconds", info["train_seconds"])
+        ctx.metrics.scalar(f"{pre}specialist_steps", info["steps"])
         (ctx.outdir / f"specialists_{setting}.json").write_text(json.dumps(info, indent=1))
 
 
@@ -428,8 +482,9 @@ def _cached_systems(ctx) -> list[dict]:
 
 def _record_shared_curves(ctx, setting: str, with_specialists: bool) -> None:
     """The curves of the shared training this variant builds on, for the convergence gate:
-    the foundation pre-training (``pretrain_val_force_mae``, ``pretrain_lr``) and the two
-    specialists (``{pre}specialist_val_force_mae``, mean over systems, and its lr)."""
+    the foundation pre-training (``pretrain_val_force_mae``, ``pretrain_lr``; recorded, not gated)
+    and each specialist's (``{pre}specialist{k}_val_force_mae`` and ``{pre}specialist{k}_lr``, k the
+    system's index in the config)."""
     sd = Path(ctx.shared_dir)
     pre = SETTINGS[setting]
     if setting == "pretrained" and (sd / "pretrain.json").exists():
@@ -437,9 +492,13 @@ def _record_shared_curves(ctx, setting: str, with_specialists: bool) -> None:
         ctx.metrics.curve("pretrain_val_force_mae", c["x"], c["force"])
         ctx.metrics.curve("pretrain_lr", c["x"], c["lr"])
     if with_specialists:
-        c = json.loads((sd / f"specialists_{setting}.json").read_text())["curve"]
-        ctx.metrics.curve(f"{pre}specialist_val_force_mae", c["x"], c["force"])
-        ctx.metrics.curve(f"{pre}specialist_lr", c["x"], c["lr"])
+        info = json.loads((sd / f"specialists_{setting}.json").read_text())
+        for k, c in enumerate(info["curves"]):
+            ctx.metrics.curve(f"{pre}specialist{k}_val_force_mae", c["x"], c["force"])
+            ctx.metrics.curve(f"{pre}specialist{k}_lr", c["x"], c["lr"])
+        for k, (tag, r) in enumerate(info["systems"].items()):
+            ctx.metrics.scalar(f"{pre}lr_chosen_specialist{k}", r["lr"])
+            ctx.metrics.scalar(f"{pre}steps_specialist{k}", r["steps"])
 
 
 def train(ctx) -> None:
@@ -474,11 +533,11 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
 
     if v == "joint":
         models = tie(theta0)
-        ctx.progress(f"[{setting}] joint training from theta_0 until flat (at most {p['joint']['max_steps']} steps)")
-        hist = _multitask(ctx, models, systems, "joint", ctx.seed * 100 + 90, curve_name=pre)
-        ctx.metrics.scalar(f"{pre}joint_train_seconds", hist["seconds"])
-        ctx.metrics.scalar(f"{pre}joint_train_cpu_seconds", hist["cpu_seconds"])
-        ctx.metrics.scalar(f"{pre}joint_steps", hist["steps"])
+        ctx.progress(f"[{setting}] joint training from theta_0 by the shared rule")
+        models, rec = _multitask(ctx, models, systems, "joint", ctx.seed * 100 + 90, curve_name=pre)
+        ctx.metrics.scalar(f"{pre}joint_train_seconds", rec["seconds"])
+        ctx.metrics.scalar(f"{pre}joint_train_cpu_seconds", rec["cpu_seconds"])
+        ctx.metrics.scalar(f"{pre}joint_steps", rec["stop"])
         _record_errors(ctx, systems, models, prefix=pre)
         return
 
@@ -535,17 +594,20 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         budget = int(p["finetune"]["budget_steps"])
         if not 1 <= budget <= int(p["finetune"]["max_steps"]):
             raise ValueError("finetune.budget_steps must lie in [1, finetune.max_steps]")
-        reached = []
+        seen: dict[int, list] = {}  # per run of the rate grid (by identity): its models at the budget
 
-        def at_budget(step, ms):
+        def at_budget(stack, step):
             if step == budget:
-                reached.append(step)
-                ctx.progress(f"[{setting}] {v} after the fixed budget of {budget} fine-tuning steps")
-                _record_errors(ctx, systems, ms, prefix=f"{pre}budget_")
+                seen[id(stack)] = [copy.deepcopy(m).eval() for m in stack.models]
 
-        hist = _multitask(ctx, models, systems, "finetune", ctx.seed * 100 + 50, curve_name=pre, after_step=at_budget)
-        if not reached:  # the stopping rule cannot stop before finetune.min_steps (>= budget_steps at smoke)
-            raise RuntimeError(f"{v}: the fine-tune stopped at step {hist['steps']}, before its fixed budget of {budget} steps")
+        models, hist = _multitask(ctx, models, systems, "finetune", ctx.seed * 100 + 50, curve_name=pre,
+                                  after_step=at_budget)
+        at = seen.get(id(hist["runs"][hist["chosen"]]))
+        if at is None:  # the chosen run reaches the budget unless it stops before (min_steps >= budget_steps)
+            raise RuntimeError(f"{v}: the chosen fine-tune stopped at step {hist['stop']}, before its fixed budget "
+                               f"of {budget} steps")
+        ctx.progress(f"[{setting}] {v} after the fixed budget of {budget} fine-tuning steps (lr {hist['lr']:g})")
+        _record_errors(ctx, systems, at, prefix=f"{pre}budget_")
         ctx.metrics.scalar(f"{pre}budget_steps", budget)
         # steps to a fixed accuracy: the first validation at which the fine-tune's validation force
         # MAE (mean of systems) is within ``finetune.target_factor`` of the specialists' (each on its
@@ -557,12 +619,12 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         xs, fs = hist["curve_dict"]["x"], hist["curve_dict"]["force"]
         hit = steps_to_target([x for x in xs if x > 0], [f for x, f in zip(xs, fs) if x > 0], target)
         ctx.metrics.scalar(f"{pre}ft_target_force_mae", target)
-        ctx.metrics.scalar(f"{pre}steps_to_target", hit if hit is not None else hist["steps"])
+        ctx.metrics.scalar(f"{pre}steps_to_target", hit if hit is not None else hist["stop"])
         ctx.metrics.scalar(f"{pre}target_reached", float(hit is not None))
         sc = ctx.metrics.scalars
         ctx.metrics.scalar(f"{pre}finetune_seconds", hist["seconds"])
         ctx.metrics.scalar(f"{pre}finetune_cpu_seconds", hist["cpu_seconds"])
-        ctx.metrics.scalar(f"{pre}finetune_steps", hist["steps"])
+        ctx.metrics.scalar(f"{pre}finetune_steps", hist["stop"])
         ctx.metrics.scalar(f"{pre}merge_ft_seconds", sc[f"{pre}merge_seconds"] + hist["seconds"])
         if f"{pre}merge_cpu_seconds" in sc:
             ctx.metrics.scalar(f"{pre}merge_ft_cpu_seconds", sc[f"{pre}merge_cpu_seconds"] + hist["cpu_seconds"])

@@ -11,10 +11,16 @@ first validation where the curve so far is flat by the convergence gate's own te
 (``reprozoo.claims.plateau``) with no new best in the tail, so a run it stops is one the gate
 accepts.
 
+``fit_multitask`` is the foundation's pre-training loop (recorded, not gated). Every gated
+training (the specialists, joint training, both fine-tunes) goes through ``fit_rule``: the same
+per-step loss on the platform's one training rule (``blocks.fitting.fit_to_plateau``: a rate grid
+piloted on validation, a plateau, one drop of the rate, a second plateau).
+
 ``evaluate_frames(model, data)`` -> per-frame errors (the test units of the claims' intervals).
 """
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -193,3 +199,72 @@ def fit_multitask(models: list, trains: list[AtomsData], steps: int, lr: float, 
         m.eval()
     hist.update(seconds=seconds, cpu_seconds=cpu, steps=int(step))
     return hist
+
+
+# --- the shared training rule (blocks.fitting) for the specialists, joint training and fine-tunes ---
+
+class Stack(torch.nn.Module):
+    """Models trained together as one module for :func:`reprozoo.blocks.fitting.fit_to_plateau`:
+    one model (a specialist), or tied models (:func:`tie`: one backbone, a head per system; shared
+    parameters are counted once by ``parameters()`` and stay shared in copies)."""
+
+    def __init__(self, models: list):
+        super().__init__()
+        self.models = torch.nn.ModuleList(models)
+
+
+def fit_rule(models: list, trains: list[AtomsData], vals: list[AtomsData], fit: dict, seed: int, *,
+             batch_size: int, energy_weight: float = 1.0, force_weight: float = 10.0, label: str = "fit",
+             progress=None, after_step=None) -> tuple[list, dict]:
+    """Train ``models`` (one model, or tied models with a head per system) on ``trains`` by the
+    platform's one training rule (``blocks.fitting.fit_to_plateau``, config ``fit``: the rate grid
+    piloted on validation and ranked by the pilots' tails, the chosen rate held until the plateau
+    test holds, one drop of the rate, a second plateau past the drop). Every optimiser step takes
+    ``batch_size`` frames of each system (drawn with the run's generator) and descends the mean of
+    the systems' losses (``blocks.atomistic.loss_terms``). Validation: the force MAE (meV/A, mean
+    over systems) is the selection and stopping curve; the energy MAE (meV/atom) is recorded.
+    Every rate of the grid starts from the same weights (copies of ``models``).
+
+    ``after_step(stack, step)`` (``step``: optimiser steps done) is called after every step of every
+    rate's run, stack in train mode; ``runs`` in the record lists the stacks in grid order, so a
+    caller can pick what the hook saw on the chosen run (``rec['chosen']``).
+    Returns (the models with their best-validation weights, record with ``seconds`` and
+    ``cpu_seconds`` of the whole fit: the pilots and validations included)."""
+    from reprozoo.blocks.fitting import fit_to_plateau
+
+    start = Stack(models)
+    runs: list[Stack] = []
+
+    def build(gen):
+        s = copy.deepcopy(start)
+        for m in s.models:
+            m.train()
+        runs.append(s)
+        return s
+
+    def train_loss(stack, gen):
+        dtype = next(stack.parameters()).dtype
+        loss = 0.0
+        for m, d in zip(stack.models, trains):
+            idx = torch.randperm(len(d), generator=gen)[:batch_size].sort().values
+            li, _, _ = loss_terms(m, d.collate(idx.tolist(), dtype=dtype), energy_weight, force_weight)
+            loss = loss + li / len(trains)
+        return loss
+
+    def val_loss(stack):
+        ev = evaluate_systems(list(stack.models), vals)
+        return {"force": 1e3 * float(np.mean([r["force_mae"] for r in ev])),
+                "energy": 1e3 * float(np.mean([r["energy_mae_per_atom"] for r in ev]))}
+
+    hook = None if after_step is None else (lambda stack, step: after_step(stack, step + 1))
+    cfg = {"clip": 10.0, **fit, "select": "force", "stop_on": ["force"]}
+    t0, c0 = time.perf_counter(), time.process_time()
+    stack, rec = fit_to_plateau(build, train_loss, val_loss, cfg, seed, label=label,
+                                progress=progress or (lambda s: None), after_step=hook)
+    rec.update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
+               chosen=next(i for i, lr in enumerate(fit["lr_grid"]) if float(lr) == float(rec["lr"])),
+               runs=runs)
+    out = list(stack.models)
+    for m in out:
+        m.eval()
+    return out, rec
