@@ -188,6 +188,63 @@ def test_forces_are_minus_grad_energy_of_finetuned_model(data):
     assert torch.allclose(torch.zeros(3, dtype=torch.float64), f[b.batch == 0].sum(0), atol=1e-9)
 
 
+def test_cached_power_spectrum_gives_the_live_energies_forces_and_gradients(data):
+    """Round 6: the fixed cells' power spectra and Jacobians (model.cache_power_spectrum) give the
+    live descriptor's energies, forces and force-loss parameter gradients; a moved cell is not
+    served from the cache."""
+    from reprozoo.blocks.atomistic import loss_terms
+    from reprozoo.methods.triforces import model as tm
+
+    torch.manual_seed(0)
+    model = build(MODEL, streams=True).float()
+    fit_energy_scale(model, data)
+    with torch.no_grad():  # non-trivial weights everywhere
+        for q in model.parameters():
+            q.add_(0.1 * torch.randn_like(q))
+    saved = dict(tm._PS_CACHE)
+    tm._PS_CACHE.clear()
+    try:
+        assert tm.cache_power_spectrum(model.structural.ps, data) == len(data)
+        assert tm.cache_power_spectrum(model.structural.ps, data) == 0  # keyed by content: no recompute
+        b = data.collate([0, 2, 4], dtype=torch.float32)
+        out = {}
+        for use in (False, True):
+            model.structural.use_cache = use
+            model.zero_grad()
+            loss = loss_terms(model, b, 50.0, 1.0)[0]
+            e, f = model.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, 3,
+                                           create_graph=False)
+            loss.backward()
+            grads = torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None])
+            out[use] = (e.detach(), f.detach(), grads, loss.item())
+        (e0, f0, g0, l0), (e1, f1, g1, l1) = out[False], out[True]
+        assert torch.allclose(e0, e1, rtol=1e-6, atol=1e-5)
+        assert torch.allclose(f0, f1, rtol=1e-4, atol=1e-6 * float(f0.abs().max()))
+        assert g0.shape == g1.shape and torch.allclose(g0, g1, rtol=1e-3, atol=1e-5 * float(g0.abs().max()))
+        assert abs(l0 - l1) <= 1e-5 * abs(l0)
+        # the cached path is really taken: the cached descriptor's Jacobian is the live one's
+        x = b.positions.clone().requires_grad_(True)
+        s = model.structural
+        p_live = s.ps(x, b.edge_index, b.shifts, x.shape[0])
+        p_hit = s.descriptors(b.numbers, x, b.batch, b.edge_index, b.shifts)
+        w = torch.randn_like(p_live)
+        g_live, = torch.autograd.grad((p_live * w).sum(), x)
+        g_hit, = torch.autograd.grad((p_hit * w).sum(), x)
+        assert torch.allclose(g_live, g_hit, rtol=1e-4, atol=1e-5 * float(g_live.abs().max()))
+        # a moved cell misses the cache (live path): its descriptor changes with the positions
+        moved = b.positions + 0.05
+        keys = tm._cell_keys(s.ps, b.numbers, moved, b.batch, b.edge_index, b.shifts)
+        assert all(k not in tm._PS_CACHE for k in keys)
+        moved2 = b.positions.clone()
+        moved2[0, 0] += 0.1
+        assert not torch.allclose(s.descriptors(b.numbers, moved2, b.batch, b.edge_index, b.shifts),
+                                  s.descriptors(b.numbers, b.positions, b.batch, b.edge_index, b.shifts))
+    finally:
+        model.structural.use_cache = True
+        tm._PS_CACHE.clear()
+        tm._PS_CACHE.update(saved)
+
+
 def test_small_cell_graphs_match_ase(atoms):
     """The alloy cells (smaller than the cutoff), also with atoms moved out of the cell: ASE's pairs."""
     from ase.neighborlist import neighbor_list as ase_neighbor_list

@@ -207,7 +207,7 @@ def record_pretraining(ctx, streams: bool) -> None:
 
 # --- per variant ---------------------------------------------------------------------------------------
 
-FIT_KEYS = ("energy_weight", "force_weight", "batch_size")
+FIT_KEYS = ("energy_weight", "force_weight", "batch_size", "cache_power_spectrum")
 
 
 def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str = "finetune", progress=print):
@@ -235,6 +235,13 @@ def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str =
 
     def build(gen):
         m = make_model(p, variant, shared_dir, seed)
+        if m.structural is not None and fcfg.get("cache_power_spectrum", True):
+            # the fixed cells' power spectra and their Jacobians, once per process (model.py: the same
+            # energies, forces and loss gradients as the live descriptor; a step differentiates the MLP only)
+            from .model import cache_power_spectrum
+
+            cache_power_spectrum(m.structural.ps, tr)
+            cache_power_spectrum(m.structural.ps, val)
         scale.update(fit_energy_scale(m, tr))
         return m
 
