@@ -288,3 +288,44 @@ def test_math_attention_kernel_is_the_default_attention():
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-5)
     for a, b in zip(out[0][1], out[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_matches_count_is_finite_on_the_margin_and_counts_each_task_once():
+    """matches_or_beats_most_tasks counts tasks within 0.02 (ours) of the single-task model: a difference
+    exactly on the margin counts one half (the old x/|x| form divided by zero there; within 1e-9 of it the count
+    is a linear ramp); above it 1, below 0."""
+    import pandas as pd
+
+    from reprozoo.claims import evaluate_expr
+    from reprozoo.registry import get
+
+    spec = get("mind_omni")
+    claim = next(c for c in spec.claims if c.id == "matches_or_beats_most_tasks")
+    tasks = list(T.TASKS)
+
+    def value(diffs):
+        rows = []
+        for t, dlt in zip(tasks, diffs):
+            rows += [dict(metric=f"cc_{t}", variant="single_task_joint_batch", seed=0, x=np.nan, value=0.3),
+                     dict(metric=f"cc_{t}", variant="joint", seed=0, x=np.nan, value=0.3 + dlt)]
+        return evaluate_expr(claim.expr, pd.DataFrame(rows), 0)
+
+    assert value([0.1] * 7) == 7.0
+    assert value([-0.1] * 7) == 0.0
+    assert value([-0.02] * 7) == pytest.approx(3.5, abs=1e-6)  # on the margin (to rounding): one half each, finite
+    assert value([0.0, 0.0, 0.0, -0.05, -0.05, -0.05, -0.019]) == 4.0
+
+
+def test_one_stopping_rule_for_every_model_at_smoke():
+    """The joint model and the seven single-task models share one fit block (grid, pilot, min_steps,
+    flat_tol, lr_drop): min_steps is at least the 1000 steps at which the cold review's probe found the
+    single-task QA model still improving (the old 300 stopped the single-task models on a noise floor)."""
+    from pathlib import Path
+
+    import yaml
+
+    from reprozoo.methods.mind_omni import method as M
+
+    cfg = yaml.safe_load((Path(M.__file__).parent / "configs" / "smoke.yaml").read_text())
+    assert cfg["fit"]["min_steps"] >= 1000
+    assert "stop_on" not in cfg["fit"]                    # the joint model's stop_on: all is the default
