@@ -210,6 +210,60 @@ def test_fixed_partition_is_not_trained_and_stays_anatomical():
     torch.testing.assert_close(P0, torch.nn.functional.one_hot(torch.tensor([i % 3 for i in range(6)]), 3).float())
 
 
+def test_soft_frozen_partition_is_rectors_start_and_is_not_trained():
+    """rector_softfixed: P frozen at RECTOR's own soft start softmax(anat_logit x one-hot) (not the
+    hard one-hot), not a parameter, unchanged by training; method.build_net gives it to that variant."""
+    torch.manual_seed(0)
+    pos, ids = torch.randn(6, 3), torch.tensor([i % 3 for i in range(6)])
+    kw = dict(dim=16, depth=1, heads=2, anat_logit=2.0, part_lr_mult=10.0)
+    start = models.TokenTransformer("rector", 5, 3, pos, ids, 3, **kw).partition.detach()
+    net = models.TokenTransformer("rector", 5, 3, pos, ids, 3, learn_partition=False, **kw)
+    assert "part_theta" not in dict(net.named_parameters())
+    torch.testing.assert_close(net.partition, start)
+    assert float(start.max()) < 0.9  # soft: not the one-hot
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        net(torch.randn(4, 6, 3, 5), torch.ones(4, 6, dtype=torch.bool)).pow(2).sum().backward()
+        opt.step()
+    torch.testing.assert_close(net.partition, start)
+    cfg = yaml.safe_load((Path(method.__file__).parent / "configs" / "smoke.yaml").read_text())
+    names = cfg["channel_names"]
+    f = {"y": np.array([0, 1, 2]), "tokens": np.zeros((1, len(names), 4, 5), np.float32),
+         "pos": np.random.default_rng(0).normal(size=(len(names), 3)), "region_ids": np.arange(len(names)) % 5,
+         "regions": np.array(cfg["region_names"])}
+    nets = {v: method.build_net(v, f, cfg) for v in ("rector", "rector_softfixed", "rector_fixedp")}
+    torch.testing.assert_close(nets["rector_softfixed"].partition, nets["rector"].partition.detach())
+    assert "part_theta" in dict(nets["rector"].named_parameters())
+    assert "part_theta" not in dict(nets["rector_softfixed"].named_parameters())
+    assert float(nets["rector_fixedp"].partition.max()) == 1.0
+
+
+def test_network_recovery_scores_planted_anatomical_and_random_partitions():
+    """+1 for a partition equal to the planted class networks, -1 for the anatomical one-hot (the
+    networks span four regions, each left-right pair shares one), about 0 for random partitions."""
+    from reprozoo.methods.rector import simulate
+
+    names = simulate.CHANNELS
+    planted = np.zeros((len(names), 3))
+    for c, n in enumerate(names):
+        planted[c, 0 if n in simulate.NETWORKS["left"] else 1 if n in simulate.NETWORKS["right"] else 2] = 1
+    assert method.network_recovery(planted, names) == pytest.approx(1.0)
+    region = sorted(set(simulate.regions(names)))
+    anat = np.eye(len(region))[[region.index(r) for r in simulate.regions(names)]]
+    assert method.network_recovery(anat, names) == pytest.approx(-1.0)
+    soft = np.exp(6 * anat) / np.exp(6 * anat).sum(1, keepdims=True)  # RECTOR's start (logit 6)
+    assert method.network_recovery(soft, names) < -0.9
+    rng = np.random.default_rng(0)
+    hard = [method.network_recovery(np.eye(5)[rng.integers(0, 5, len(names))], names) for _ in range(2000)]
+    smooth = []
+    for _ in range(2000):
+        L = rng.normal(0, 3, (len(names), 5))
+        smooth.append(method.network_recovery(np.exp(L) / np.exp(L).sum(1, keepdims=True), names))
+    assert abs(np.mean(hard)) < 0.03 and abs(np.mean(smooth)) < 0.03
+    assert method.network_recovery(planted[:5], names[:5]) is None  # a montage without the networks
+
+
 def _attention_mass_inside_region(P, ids):
     """Share of each channel's attention weight on channels of its own anatomical region when all
     query-key scores are equal (the weights come from the region bias alone)."""

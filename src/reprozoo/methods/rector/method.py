@@ -7,8 +7,12 @@ Variants (same data, same per-seed subject split, same labelled subsets, same tr
   faster learning rate), pre-trained on the unlabelled windows of the pre-training and training
   subjects with the three objectives (masked predictive modelling, topological structure modelling,
   cross-view consistency), then fine-tuned with k labels per class and with every training label;
+- ``rector_softfixed``: ablation, the same network pre-trained and fine-tuned the same way with the
+  partition frozen at RECTOR's own soft start softmax(logit 6 x anatomical one-hot) (what learning
+  the partition adds, at the same sparsity: the afp_helps claim);
 - ``rector_fixedp``: ablation, the same pre-trained network with the partition the hard anatomical
-  one-hot (exactly block-sparse attention; what adaptive partitioning adds);
+  one-hot (exactly block-sparse attention; the paper's "fixed anatomical prior" row: learning and
+  softness together);
 - ``rector_scratch``: ablation, the RECTOR network fine-tuned from random initialisation (what the
   pre-training adds);
 - ``dense_tf``: a dense transformer of about the same parameter count on the same DE tokens,
@@ -32,7 +36,8 @@ test subjects), nested labelled subsets (k per class, and "all"), and the channe
 robustness test (each test epoch its own channels, ``drop_reps`` repetitions), all shared by the
 variants. train (per variant x seed): fit at each of the variant's label counts; record per test
 subject (units) the weighted-F1 ``wf1`` at the main count, ``wf1_all`` on every label, ``wf1_low``
-(mean over the low counts) and, for the all-label model, ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 %
+(mean over the low counts), for the partitioned variants the partition's ``net_recovery``
+(network_recovery: within-planted-network minus left-right-pair co-membership) and, for the all-label model, ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 %
 of channels removed at test time)) / F1(0 %), the relative fall.
 """
 from __future__ import annotations
@@ -45,7 +50,8 @@ import numpy as np
 from reprozoo.figures import save_figure
 
 DATASET = "eeg_motor_imagery"  # paper scale: real EEG (PhysioNet EEGMMIDB); ci/smoke: the folder's simulator
-PRETRAINED = ("rector", "rector_fixedp", "dense_tf")
+PRETRAINED = ("rector", "rector_softfixed", "rector_fixedp", "dense_tf")
+PARTITIONED = ("rector", "rector_softfixed", "rector_fixedp", "rector_scratch")
 
 
 # --- shared per-seed work ----------------------------------------------------------------------
@@ -213,6 +219,8 @@ def build_net(variant: str, f: dict, p: dict):
     cfg = dict(p["dense"] if kind == "dense" else p["rector"])
     if variant == "rector_fixedp":
         cfg["fixed_partition"] = True
+    if variant == "rector_softfixed":
+        cfg["learn_partition"] = False
     _, C, T, F = f["tokens"].shape
     return TokenTransformer(kind, F, T, torch.as_tensor(f["pos"]), torch.as_tensor(f["region_ids"]),
                             len(f["regions"]), n_classes=n_classes, **cfg)
@@ -333,12 +341,36 @@ def _lr_fit(Xtr, ytr, p):
     return LogisticRegression(C=float(p["de_lr"]["C"]), max_iter=2000).fit(Xtr.reshape(len(Xtr), -1), ytr)
 
 
-def _record_partition(ctx, net, anat: np.ndarray, prefix: str = "") -> None:
-    """The learned channel-to-region assignment and how far it moved from the anatomical start."""
+def network_recovery(P: np.ndarray, ch_names: list[str]) -> float | None:
+    """How far a channel-to-region assignment P (C x R, rows sum to 1) groups the simulator's planted
+    class networks (simulate.NETWORKS: F3-C3-P3-T7 and F4-C4-P4-T8): the mean co-membership
+    S_ij = (P P^T)_ij over the 12 within-network pairs minus its mean over the 4 left-right pairs
+    (F3-F4, C3-C4, P3-P4, T7-T8: the same anatomical region, different networks). 1 for a partition
+    equal to the planted networks, -1 for the anatomical one-hot (each network spans four regions,
+    each left-right pair shares one), 0 in expectation for a random partition (every pair alike).
+    None when the montage lacks a network's channels (real data)."""
+    from . import simulate
+
+    idx = {c: i for i, c in enumerate(ch_names)}
+    nets = [[idx.get(c) for c in nodes] for nodes in simulate.NETWORKS.values()]
+    if any(i is None for n in nets for i in n):
+        return None
+    S = np.asarray(P, float) @ np.asarray(P, float).T
+    within = [S[a, b] for n in nets for k, a in enumerate(n) for b in n[k + 1:]]
+    across = [S[a, b] for a, b in zip(*nets)]
+    return float(np.mean(within) - np.mean(across))
+
+
+def _record_partition(ctx, net, anat: np.ndarray, prefix: str = "", ch_names=None) -> None:
+    """The learned channel-to-region assignment, how far it moved from the anatomical start and how
+    well it recovers the planted class networks (``net_recovery``, network_recovery)."""
     P = net.partition.detach().numpy()
     own = P[np.arange(len(P)), anat]
     ctx.metrics.scalar(prefix + "p_own", float(own.mean()))
     ctx.metrics.scalar(prefix + "p_moved_channels", float((P.argmax(1) != anat).sum()))
+    rec = network_recovery(P, list(ch_names)) if ch_names is not None else None
+    if rec is not None:
+        ctx.metrics.scalar(prefix + "net_recovery", rec)
     if not prefix:
         ctx.metrics.curve("partition", np.arange(P.size), P.ravel())
         ctx.metrics.scalar("n_regions", P.shape[1])
@@ -388,8 +420,8 @@ def train(ctx) -> None:
         anat = f["region_ids"].astype(int)
         if v in PRETRAINED:
             net0 = pretrain(v, f, p, ctx.seed, ctx)
-            if v == "rector":
-                _record_partition(ctx, net0, anat, prefix="pretrained_")
+            if v in ("rector", "rector_softfixed"):
+                _record_partition(ctx, net0, anat, prefix="pretrained_", ch_names=f["ch_names"].tolist())
         else:
             torch.manual_seed(ctx.seed)
             net0 = build_net(v, f, p)
@@ -420,8 +452,9 @@ def train(ctx) -> None:
                         with torch.no_grad():
                             return net.from_stem(h1, torch.as_tensor(m)).argmax(1).numpy()
                 drops[""] = robustness(pred, X[te], y[te], subj, f["present"])
-            if v in ("rector", "rector_fixedp", "rector_scratch") and k in (str(main), "all"):
-                _record_partition(ctx, net, anat, prefix="" if k == str(main) else "all_")
+            if v in PARTITIONED and k in (str(main), "all"):
+                _record_partition(ctx, net, anat, prefix="" if k == str(main) else "all_",
+                                  ch_names=f["ch_names"].tolist())
     if str(main) in f1s:
         ctx.metrics.units("wf1", f1s[str(main)])
     if "all" in f1s:

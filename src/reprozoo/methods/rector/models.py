@@ -20,7 +20,9 @@ own learning rate through the parametrisation L = ``part_lr_mult`` x theta: Adam
 about the learning rate whatever the gradient's size, so L moves ``part_lr_mult`` times faster than
 an ordinary weight (weight decay acts on theta, i.e. on L, at the shared rate). With
 ``fixed_partition`` P is the hard anatomical one-hot, a buffer never learned: exactly block-sparse
-attention inside the anatomical regions (the fixed-P ablation). RECTOR starts near it (``anat_logit``
+attention inside the anatomical regions (the hard fixed-P ablation). With ``learn_partition=False``
+P is frozen at RECTOR's own soft start softmax(``anat_logit`` x one-hot) (the soft-frozen ablation:
+the same sparsity as RECTOR's start, nothing learned). RECTOR starts near it (``anat_logit``
 6 at smoke: about 0.99 own-region probability, >90 % of the attention mass inside the region at
 initialisation) and moves P with its x``part_lr_mult`` rate.
 
@@ -121,7 +123,7 @@ class TokenTransformer(nn.Module):
     def __init__(self, kind: str, n_feat: int, n_times: int, pos: torch.Tensor, region_ids: torch.Tensor,
                  n_regions: int, dim: int, depth: int, heads: int, mlp_ratio: float = 2.0,
                  anat_logit: float = 4.0, n_classes: int = 3, part_lr_mult: float = 1.0,
-                 fixed_partition: bool = False):
+                 fixed_partition: bool = False, learn_partition: bool = True):
         super().__init__()
         self.kind = kind
         self.register_buffer("pos", pos.float())
@@ -132,13 +134,16 @@ class TokenTransformer(nn.Module):
         # adaptive functional partitioning: logits start at the anatomical one-hot
         # (the dense transformer has no regions: its blocks ignore P)
         onehot = F.one_hot(region_ids.long(), n_regions).float()
-        self.part_lr_mult = float(part_lr_mult) if kind == "rector" and not fixed_partition else 1.0
+        learned = kind == "rector" and not fixed_partition and learn_partition
+        self.part_lr_mult = float(part_lr_mult) if learned else 1.0
         self.fixed_partition = bool(fixed_partition) and kind == "rector"
-        if kind == "rector" and not fixed_partition:
+        if learned:
             self.part_theta = nn.Parameter(anat_logit * onehot / self.part_lr_mult)
         else:
-            # the fixed partition is the hard anatomical one-hot (block-sparse attention, the paper's
-            # anatomical start); the logits are kept only for the dense model's unused P
+            # the hard fixed partition is the anatomical one-hot (block-sparse attention, the paper's
+            # anatomical start); learn_partition=False keeps P frozen at RECTOR's soft start
+            # softmax(anat_logit x one-hot) (the soft-frozen ablation); the logits are unused by the
+            # dense model
             self.register_buffer("part_theta", anat_logit * onehot)
         self.register_buffer("part_onehot", onehot)
         block = HierBlock if kind == "rector" else DenseBlock

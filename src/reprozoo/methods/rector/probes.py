@@ -33,7 +33,7 @@ def eegnet(labels: str, rates: list[float], steps: int = 300) -> None:
     full = torch.ones(len(X), X.shape[1], dtype=torch.bool)
     for lr in rates:
         torch.manual_seed(0)
-        net = models.EEGNet(X.shape[1], X.shape[2], 3, F1=8, D=2, F2=16, kern=32, dropout=0.25)
+        net = models.EEGNet(X.shape[1], X.shape[2], 3, F1=8, D=2, F2=16, kern=64, dropout=0.25)  # as the pipeline (smoke.yaml eegnet)
         opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
         g = torch.Generator().manual_seed(0)
         out, t = [], time.process_time()
