@@ -605,3 +605,56 @@ def test_steps_to_target_is_the_first_validation_at_or_below_it():
     assert steps_to_target(xs, f, 8.5) == 40
     assert steps_to_target(xs, f, 60.0) == 0
     assert steps_to_target(xs, f, 7.9) is None
+
+
+def _embedding_specialists(systems, init, scale=0.3, seed=5):
+    """Two nearby specialists with an exact merge: theta_0 with only the element-embedding table
+    perturbed (differently per teacher); the Cu system holds only Cu, the Pt system only Pt, so the
+    merge that takes Cu's row from teacher 0 and Pt's from teacher 1 reproduces both teachers."""
+    out = []
+    g = torch.Generator().manual_seed(seed)
+    for d in systems:
+        m = copy.deepcopy(init)
+        fit_energy_scale(m, d)
+        with torch.no_grad():
+            w = m.embedding.weight
+            w.add_(scale * w.abs().mean() * torch.randn(w.shape, generator=g, dtype=w.dtype))
+        out.append(m.eval())
+    return out
+
+
+def test_ridge_chosen_on_validation_matches_nearby_teachers_and_large_ridge_pulls_to_average(systems):
+    """Planted nearby specialists (an exact merge exists): merged on frames 0-3, the ridge picked
+    by the method's rule (lowest validation loss over a grid) with the teachers' forces on held-out
+    frames 4-5 as the validation labels. At the chosen ridge the merged forces match each teacher's
+    on the held-out frames, far closer than the weight average's; a large ridge pulls the merge
+    onto the weight average, and the selection rejects it."""
+    from reprozoo.methods.gffmerge.merge import gffmerge_select_ridge
+
+    teachers = _embedding_specialists(systems, _init())
+    avg = weight_average([backbone_state(t) for t in teachers])
+
+    def force_dev(state, idx=(4, 5)):  # mean over systems of mean|F_merged - F_teacher| / mean|F_teacher|
+        out = []
+        for t, d in zip(teachers, systems):
+            _, f0 = _energies(t, d, idx)
+            _, f1 = _energies(with_backbone(t, state), d, idx)
+            out.append(float((f1 - f0).abs().mean() / f0.abs().mean()))
+        return float(np.mean(out))
+
+    dev_avg = force_dev(avg)
+    assert dev_avg > 0.05  # the planted teachers differ: averaging them costs force accuracy
+    grid = [1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e2, 1e4]  # the config's grid plus two large ridges
+    state, info, ridge, losses = gffmerge_select_ridge(teachers, _batches(systems), grid, force_dev)
+    assert set(losses) == set(grid) and losses[ridge] == min(losses.values()) and info.cpu_seconds > 0
+    assert ridge <= 1e-3
+    dev = force_dev(state)
+    assert dev < 1e-3 and dev < 0.01 * dev_avg, (dev, dev_avg)
+    # a large ridge pulls every layer onto the weight average (the prior) and its forces with it
+    big, _ = gffmerge(teachers, _batches(systems), ridge=1e6)
+    flt = [k for k in avg if avg[k].is_floating_point()]
+    spread = sum(float(((backbone_state(teachers[0])[k] - avg[k]) ** 2).sum()) for k in flt)
+    gap = sum(float(((big[k] - avg[k]) ** 2).sum()) for k in flt)
+    assert gap < 1e-4 * spread
+    assert abs(force_dev(big) - dev_avg) < 0.05 * dev_avg
+    assert losses[1e4] > 10 * losses[ridge]

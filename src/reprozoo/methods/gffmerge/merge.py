@@ -439,3 +439,24 @@ def gffmerge(teachers: list, batches: list[list], ridge: float = 1e-3, inputs: s
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in backbone_state(merged).items()}
     info.seconds, info.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     return state, info
+
+
+def gffmerge_select_ridge(teachers: list, batches: list[list], ridges, val_loss, **kw) -> tuple[dict, MergeInfo, float, dict]:
+    """``gffmerge`` at every ridge of ``ridges``; keep the one with the lowest ``val_loss(state)``.
+
+    ``val_loss``: the selection criterion on labelled validation frames (in the method: the same
+    frames and loss that pick task arithmetic's lambda). Ties go to the first ridge listed.
+    Returns (state, info of the chosen merge, chosen ridge, {ridge: validation loss}). ``info``'s
+    times are those of the whole selection (every merge and every validation), not of one merge.
+    """
+    t0, c0 = time.perf_counter(), time.process_time()
+    best, losses = None, {}
+    for r in ridges:
+        state, info = gffmerge(teachers, batches, ridge=float(r), **kw)
+        loss = float(val_loss(state))
+        losses[float(r)] = loss
+        if best is None or loss < best[0]:
+            best = (loss, float(r), state, info)
+    _, ridge, state, info = best
+    info.seconds, info.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    return state, info, ridge, losses

@@ -512,7 +512,7 @@ def train(ctx) -> None:
 
 def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
     """One variant in one setting of theta_0; metrics carry the setting's prefix."""
-    from .merge import backbone_state, gffmerge, task_arithmetic, weight_average, with_backbone
+    from .merge import backbone_state, gffmerge_select_ridge, task_arithmetic, weight_average, with_backbone
     from .multitask import evaluate_systems, tie
 
     p = ctx.params
@@ -561,9 +561,23 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
     elif v in VARIANTS_MERGE:
         mode = "teacher" if v == "gffmerge_relaxed" else p["merge"].get("inputs", "sequential")
         der = float(p["merge"].get("force_rows", 1.0)) if v == "gffmerge_force" else 0.0
-        merged, info = gffmerge(teachers, _merge_batches(p, systems), ridge=float(p["merge"]["ridge"]), inputs=mode,
-                                edge_weighting=p["merge"].get("edge_weighting", True), derivatives=der,
-                                seed=ctx.seed, progress=ctx.progress)
+        # the ridge: chosen from merge.ridge_grid (fixed in the config before any measurement) on the
+        # same validation frames and loss that pick task arithmetic's lambda (every closed-form
+        # variant alike); a single `ridge` only where no grid is given
+        grid = [float(r) for r in p["merge"].get("ridge_grid", [p["merge"].get("ridge", 1e-6)])]
+
+        def val_loss(st):
+            res = evaluate_systems([with_backbone(t, st) for t in teachers], [s["val"] for s in systems])
+            return float(np.mean([r["loss"] for r in res]))
+
+        merged, info, ridge, losses = gffmerge_select_ridge(
+            teachers, _merge_batches(p, systems), grid, val_loss, inputs=mode,
+            edge_weighting=p["merge"].get("edge_weighting", True), derivatives=der, seed=ctx.seed)
+        for r in grid:
+            ctx.progress(f"[{setting}] {v} ridge={r:g}: val loss {losses[r]:.4g}")
+        ctx.progress(f"[{setting}] {v}: ridge {ridge:g} chosen on validation")
+        ctx.metrics.scalar(f"{pre}ridge_chosen", ridge)
+        ctx.metrics.scalar(f"{pre}ridge_grid_size", len(grid))
         ctx.metrics.scalar(f"{pre}merge_seconds", info.seconds)
         ctx.metrics.scalar(f"{pre}merge_cpu_seconds", info.cpu_seconds)
         ctx.metrics.scalar(f"{pre}align_residual_merged", float(np.mean(list(info.residual_merged.values()))))
