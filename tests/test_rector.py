@@ -196,15 +196,20 @@ def test_partition_learning_rate_multiplier_scales_the_logit_step_and_not_the_st
     assert float(moved[10.0].max()) == pytest.approx(10 * lr, rel=1e-3)
 
 
-def test_fixed_partition_is_not_trained_and_stays_anatomical():
-    net = _rector(10.0, fixed=True)
-    assert "part_theta" not in dict(net.named_parameters())
-    P0 = net.partition.detach().clone()
+def _train_three_adam_steps(net) -> None:
+    """A few Adam steps on random tokens (6 channels x 3 times x 5 features): enough to move any trained weight."""
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     for _ in range(3):
         opt.zero_grad()
         net(torch.randn(4, 6, 3, 5), torch.ones(4, 6, dtype=torch.bool)).pow(2).sum().backward()
         opt.step()
+
+
+def test_fixed_partition_is_not_trained_and_stays_anatomical():
+    net = _rector(10.0, fixed=True)
+    assert "part_theta" not in dict(net.named_parameters())
+    P0 = net.partition.detach().clone()
+    _train_three_adam_steps(net)
     torch.testing.assert_close(net.partition, P0)
     # the hard anatomical one-hot, whatever anat_logit says
     torch.testing.assert_close(P0, torch.nn.functional.one_hot(torch.tensor([i % 3 for i in range(6)]), 3).float())
@@ -221,11 +226,7 @@ def test_soft_frozen_partition_is_rectors_start_and_is_not_trained():
     assert "part_theta" not in dict(net.named_parameters())
     torch.testing.assert_close(net.partition, start)
     assert float(start.max()) < 0.9  # soft: not the one-hot
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    for _ in range(3):
-        opt.zero_grad()
-        net(torch.randn(4, 6, 3, 5), torch.ones(4, 6, dtype=torch.bool)).pow(2).sum().backward()
-        opt.step()
+    _train_three_adam_steps(net)
     torch.testing.assert_close(net.partition, start)
     cfg = yaml.safe_load((Path(method.__file__).parent / "configs" / "smoke.yaml").read_text())
     names = cfg["channel_names"]
