@@ -134,14 +134,18 @@ def test_the_budget_audit_halves_plateau_tolerances_as_it_doubles_steps():
            "heads": {"a": {"fit": {"flat_tol": 0.004, "max_steps": 100}}}, "solver": {"sw_steps": 40}}
     keys = converge.budget_keys(cfg)
     tols = converge.tolerance_keys(cfg)
-    assert set(keys) == {"fit.max_steps", "heads.a.fit.max_steps"}  # (floors are declared in training_budget)
+    # a cap's floor moves with it (a fit stopping at its floor would rerun unchanged); no floor, no key
+    assert set(keys) == {"fit.max_steps", "heads.a.fit.max_steps", "fit.min_steps"}
     assert tols == ["fit.flat_tol", "heads.a.fit.flat_tol"]
     o = converge.scaled_override(cfg, keys, 2.0, tols)
-    assert o["fit"] == {"max_steps": 6000, "flat_tol": 0.005}
+    assert o["fit"] == {"min_steps": 1000, "max_steps": 6000, "flat_tol": 0.005}
     assert o["heads"]["a"]["fit"] == {"flat_tol": 0.002, "max_steps": 200}
     rows = [{"id": "c", "value_1x": 1.0, "verdict_1x": "holds", "value_fx": 1.0, "verdict_fx": "holds",
              "budget_sensitive": False, "factor": 2.0}]
     text = converge.markdown(rows, 2.0, keys + tols, "abc")
     assert "multiplied by 2 and every plateau tolerance (`fit.flat_tol`, `heads.a.fit.flat_tol`) divided by it" in text
+    # a declared cap without its floor gets the floor too, once, and a declared floor is not repeated
+    assert converge.budget_keys(cfg, ["fit.max_steps"]) == ["fit.max_steps", "fit.min_steps"]
+    assert converge.budget_keys(cfg, ["fit.min_steps", "fit.max_steps"]) == ["fit.min_steps", "fit.max_steps"]
     # the method's own step count list is unchanged when it has no tolerance
     assert "divided" not in converge.markdown(rows, 2.0, keys, "abc")

@@ -14,6 +14,9 @@ e.g. ``[denoiser.steps]``), else every integer under a key named like a training
 (:data:`BUDGET_NAMES`) at any depth. Solver step counts (``steps_conv``, ``sw_steps``) are not
 training and are left alone by that rule.
 
+A cap's floor moves with it: the ``min_steps`` beside a scaled ``max_steps`` is scaled too, declared or
+not (a fit that stops at its floor would otherwise rerun unchanged).
+
 Plateau tolerances: a model that stops on its plateau (the shared rule, ``blocks/fitting.py``) before
 its step floor or cap does not train longer when those are doubled, so the audit would rerun the same
 fit. Every float under a key named like a stopping tolerance (:data:`TOLERANCE_NAMES`, e.g.
@@ -55,12 +58,36 @@ def tolerance_keys(config: dict) -> list[str]:
 
 
 def budget_keys(config: dict, declared: list[str] | None = None) -> list[str]:
-    """Dotted paths of the training step counts in a scale config."""
+    """Dotted paths of the training step counts in a scale config: the declared ones (or those found by
+    name), each cap followed by its floor (:func:`floor_keys`)."""
     if declared:
         for key in declared:
             _get(config, key)  # raises with the key's name when it is not there
-        return list(declared)
-    return _find(config, lambda k, v: k in BUDGET_NAMES and isinstance(v, int) and not isinstance(v, bool) and v > 1)
+        keys = list(declared)
+    else:
+        keys = _find(config, lambda k, v: k in BUDGET_NAMES and isinstance(v, int) and not isinstance(v, bool)
+                     and v > 1)
+    return keys + [k for k in floor_keys(config, keys) if k not in keys]
+
+
+def floor_keys(config: dict, keys: list[str]) -> list[str]:
+    """The ``min_steps`` beside each ``max_steps`` in ``keys``. A fit that stops at its floor (the shared
+    rule's ``min_steps``) trains exactly as long when only its cap is doubled, so an audit that scales
+    the cap alone reruns the same fit and calls an early stop budget-insensitive (mind_omni's spec
+    listed ``fit.max_steps`` without its ``fit.min_steps``): the floor always moves with its cap."""
+    out = []
+    for key in keys:
+        head, _, last = key.rpartition(".")
+        if last != "max_steps":
+            continue
+        floor = f"{head}.min_steps" if head else "min_steps"
+        try:
+            value = _get(config, floor)
+        except KeyError:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            out.append(floor)
+    return out
 
 
 def _get(config: dict, dotted: str):
