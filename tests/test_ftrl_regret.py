@@ -363,3 +363,41 @@ def test_subgrid_argmin_finds_the_vertex():
         assert subgrid_argmin(np.exp(0.2 * (k - k0) ** 2)) == pytest.approx(k0)
     assert subgrid_argmin(np.exp(k)) == 0.0
     assert subgrid_argmin(np.exp(-k)) == 10.0
+
+
+def test_antipodal_switch_flips_the_comparator_with_path_exactly_the_diameter():
+    """jump = 2 radius: one switch at T/2 maps u to -u (a 180-degree turn), P_T = 4 on the radius-2
+    sphere, squared-norm path 16 = 4x the norm path."""
+    us = switching_path(1000, 5, 4.0, 2.0, 4.0, np.random.default_rng(3))
+    steps = np.linalg.norm(np.diff(us, axis=0), axis=1)
+    assert np.count_nonzero(steps > 1e-12) == 1 and np.argmax(steps) + 1 == 500
+    np.testing.assert_allclose(us[500], -us[0], atol=1e-12)
+    assert steps.sum() == pytest.approx(4.0) and (steps**2).sum() == pytest.approx(16.0)
+    np.testing.assert_allclose(np.linalg.norm(us, axis=1), 2.0)
+
+
+def test_smoke_logistic_sweeps_use_one_antipodal_switch_on_T_and_switches_of_2_on_P():
+    """The smoke design of this round: the logistic T sweep's P_T = 4 is one antipodal flip at T/2
+    (the control of the logistic T claims held with 2 switches of 2, README), the logistic P sweep
+    keeps switches of 2 (P_jump), the linear sweeps switches of 1."""
+    from pathlib import Path
+
+    import yaml
+
+    from reprozoo.methods.ftrl_regret.method import _streams
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/ftrl_regret/configs/smoke.yaml").read_text())
+    p = {**cfg, "replicates": 1, "T_sweep": [250, 1000], "T_fix": 600, "static_tasks": [],
+         "logistic": {**cfg["logistic"], "P_sweep": [2, 8]}}
+    for task, sweep, val, st in _streams(p, np.random.default_rng(0)):
+        u = st["u"][0]
+        steps = np.linalg.norm(np.diff(u, axis=0), axis=1)
+        moves = steps[steps > 1e-12]
+        P = p["P_fix"] if sweep == "T" else val
+        assert moves.sum() == pytest.approx(P)
+        if task == "logistic" and sweep == "T":
+            assert len(moves) == 1 and np.argmax(steps) + 1 == val // 2
+            np.testing.assert_allclose(u[-1], -u[0], atol=1e-12)
+        else:
+            jump = 1.0 if task == "linear" else 2.0
+            np.testing.assert_allclose(moves, jump)

@@ -63,7 +63,8 @@ DRIFT_SWEEPS = {"dftrl_tuned": "TP", "dftrl_fixed": "TP", "dftrl_ensemble": "T",
 def _sweep(p: dict, task: str, sweep: str) -> tuple[list, float | None, int | None]:
     """(values, P_fix, T_fix) of one sweep; a task may override P_sweep / T_fix / P_jump (logistic:
     its tuned window is longer, so its P sweep runs at its own path lengths to keep the switch
-    spacing above the window)."""
+    spacing above the window; at smoke its T sweep's ``jump`` is one antipodal flip of 4 and its
+    P sweep's ``P_jump`` switches of 2)."""
     cfg = p[task]
     if sweep == "T":
         return list(p["T_sweep"]), p["P_fix"], None

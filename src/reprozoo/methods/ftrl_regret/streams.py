@@ -2,7 +2,8 @@
 
 The comparator u_t is piecewise constant on a sphere of radius ``radius`` in R^d: S switches at
 evenly spaced rounds, each a rotation of u by the angle whose chord is ``jump`` (so every switch
-adds exactly ``jump`` to the path length P_T = sum_t ||u_t - u_{t-1}||, and P_T = S * jump).
+adds exactly ``jump`` to the path length P_T = sum_t ||u_t - u_{t-1}||, and P_T = S * jump);
+``jump = 2 radius`` is an antipodal flip u -> -u (the smoke logistic T sweep: one flip of 4).
 Switching comparators are the construction of the general-convex sqrt(T (1 + P_T)) lower bound;
 for the curved (exp-concave) losses here they are a convenient drift model, not a proven worst
 case. A learner with one fixed discount pays ~ 1/(1-beta) after each switch and ~ (1-beta) per
