@@ -23,8 +23,13 @@ Inputs x_r (``inputs``):
   the residual connection x <- x + dense(...)) the target is the teacher's block output minus the
   merged block input: y = x_{t+1}^teacher - x_t^merged, i.e. the merged block output is aligned
   with the teacher's embedding.
-* ``"teacher"``: x_r is teacher k's own input to the layer (the "relaxed" layer-wise problem of
-  the public GNNMerge code, every layer solved independently from the teachers' activations).
+* ``"teacher"``: x_r is teacher k's own input to the layer (the layer-wise problem of the
+  published GNNMerge++ rule and its public code, every layer solved independently from the
+  teachers' activations).
+
+Ridge (``ridge_mode``): ``"relative"`` (above; our variant, the ridge chosen on validation) or
+``"absolute"``, the published rule's fixed ``ridge`` x I added to A with no prior
+([W b]^T = (A + ridge I)^{-1} B; the paper's 1e-6).
 
 Row weights: 1 for atoms; for the edge layers (``filter1``, ``filter2``) the squared cutoff
 envelope fcut(d_ij)^2, since a filter enters the convolution as filter(d_ij) * fcut(d_ij).
@@ -116,15 +121,28 @@ def _augment(X: torch.Tensor, bias: bool) -> torch.Tensor:
     return torch.cat([X, torch.ones(X.shape[0], 1, dtype=X.dtype)], dim=1) if bias else X
 
 
-def solve_layer(stats: list[LayerStats], prior: torch.Tensor, ridge: float, n_value: int | None = None) -> torch.Tensor:
+def solve_layer(stats: list[LayerStats], prior: torch.Tensor, ridge: float, n_value: int | None = None,
+                ridge_mode: str = "relative") -> torch.Tensor:
     """Theta = [W b]^T minimising sum_k residual_k / n_k + rho |Theta - prior|^2 (closed form).
 
-    ``prior`` (d', out): the weight average in the same layout. ``ridge`` = 0 gives the minimum-norm
-    least-squares solution (pseudo-inverse of the normal equations). The ridge scale rho uses the
-    first ``n_value`` blocks (the value rows; default all).
+    ``ridge_mode``:
+    * ``"relative"`` (our variant): ``prior`` (d', out) is the weight average in the same layout and
+      rho = ``ridge`` * tr(A) / d'; the scale uses the first ``n_value`` blocks (the value rows;
+      default all).
+    * ``"absolute"`` (the published GNNMerge++ rule): rho = ``ridge`` as given, added to the
+      normalised Gram matrix A = sum_k X_k^T X_k / n_k, and no prior (the solution is pulled
+      towards zero): Theta = (A + ridge I)^-1 B.
+    ``ridge`` = 0 gives the minimum-norm least-squares solution (pseudo-inverse of the normal
+    equations) in either mode.
     """
+    if ridge_mode not in ("relative", "absolute"):
+        raise ValueError(f"ridge_mode must be 'relative' or 'absolute', not '{ridge_mode}'")
     A = sum(s.G / s.n for s in stats)
     B = sum(s.C / s.n for s in stats)
+    if ridge_mode == "absolute":
+        if ridge > 0:
+            return torch.linalg.solve(A + float(ridge) * torch.eye(A.shape[0], dtype=torch.float64), B)
+        return torch.linalg.lstsq(A, B, driver="gelsd").solution
     A_val = sum(s.G / s.n for s in stats[:n_value]) if n_value else A
     prior = prior.double()
     if ridge > 0:
@@ -355,7 +373,7 @@ def _warm_up_forward_ad(model) -> None:
 
 def gffmerge(teachers: list, batches: list[list], ridge: float = 1e-3, inputs: str = "sequential",
              edge_weighting: bool = True, derivatives: float = 0.0, seed: int = 0,
-             progress=None) -> tuple[dict, MergeInfo]:
+             progress=None, ridge_mode: str = "relative") -> tuple[dict, MergeInfo]:
     """Closed-form layer-wise merge of ``teachers`` (SchNet models of one architecture).
 
     ``batches[k]``: batches (``Batch``) of system k's frames for teacher k (only positions and
@@ -368,6 +386,11 @@ def gffmerge(teachers: list, batches: list[list], ridge: float = 1e-3, inputs: s
     linear map without bias (y' = W x'); each system's derivative block is scaled to the size of its
     value block (|Y|^2 / |Y'|^2) times ``derivatives``. Forces are derivatives of the energy, so
     matching layer values alone does not align them.
+
+    ``ridge_mode`` (:func:`solve_layer`): ``"relative"`` pulls towards the weight average with a ridge
+    scaled by the layer's Gram trace (our variant); ``"absolute"`` adds ``ridge`` x I to the
+    normalised Gram matrix with no prior. The published GNNMerge++ rule is
+    ``inputs="teacher", ridge=1e-6, ridge_mode="absolute", edge_weighting=False``.
     """
     if inputs not in ("sequential", "teacher", "sequential_hooks"):
         raise ValueError(f"inputs must be 'sequential' or 'teacher', not '{inputs}'")
@@ -423,7 +446,7 @@ def gffmerge(teachers: list, batches: list[list], ridge: float = 1e-3, inputs: s
                 if sd.n > 0 and sd.yy > 0:
                     scale = derivatives * (st.yy / st.n) / (sd.yy / sd.n)
                     dstats.append(LayerStats(sd.G * scale, sd.C * scale, sd.yy * scale, sd.n))
-            theta = solve_layer(stats + dstats, prior, ridge, n_value=len(stats))
+            theta = solve_layer(stats + dstats, prior, ridge, n_value=len(stats), ridge_mode=ridge_mode)
             info.residual_merged[layer.name] = residual(stats, theta)
             info.residual_average[layer.name] = residual(stats, prior)
             if dstats:

@@ -19,14 +19,18 @@ system's head:
   individual       each specialist on its own system (reference, no sharing)
   weight_avg       backbone = mean of the two specialists' backbones
   task_arithmetic  theta_0 + lambda * sum_k (theta_k - theta_0), lambda picked on validation frames
-  gffmerge         closed-form layer-wise merge, merged-model inputs (merge.py, inputs=sequential)
-  gffmerge_relaxed the same with each teacher's own layer inputs (the public GNNMerge regression)
+  gffmerge         the published GNNMerge++ closed form: layer-wise least squares on each
+                   teacher's own layer inputs, a fixed ridge 1e-6 added to X^T X, no prior
+                   (merge.py, inputs=teacher, ridge_mode=absolute; configs' merge.published)
   gffmerge_ft      gffmerge, then a joint fine-tune until its validation curve is flat
-  gffmerge_force   extension (not in the brief): gffmerge plus force-aware rows, the layers'
+  gffmerge_ours    our variant: merged-model inputs (inputs=sequential), a ridge towards the weight
+                   average chosen on validation from merge.ridge_grid
+  gffmerge_ours_force  extension (not in the paper): gffmerge_ours plus force-aware rows, the layers'
                    directional derivatives along random displacements (merge.py, derivatives=1)
   weight_avg_ft    weight_avg, then the same fine-tune (is the merge a better starting point?)
   joint            one backbone + two heads trained from theta_0 on both systems until flat
-                   (the gold standard)
+                   (the gold standard; trained in train_shared, whose converged validation error
+                   sets the fine-tunes' accuracy target)
 The specialists, joint training and both fine-tunes train by the platform's one rule
 (``blocks.fitting.fit_to_plateau`` via ``multitask.fit_rule``, configs' ``fit``: a rate grid
 piloted on validation, the chosen rate held to a plateau, one drop, a second plateau), so the
@@ -37,8 +41,9 @@ at the gate's own plateau test). Metrics: energy MAE (meV/atom) and force MAE (m
 means, the means also per test frame (``ctx.metrics.units``: the claims' intervals resample
 frames); merge, fine-tune and joint-training wall times; per-layer alignment residuals. The
 fine-tunes are also scored after a fixed budget of ``finetune.budget_steps`` steps (``budget_*``,
-per test frame) and record their steps to a validation force MAE within ``finetune.target_factor``
-of the specialists' (``steps_to_target``).
+per test frame) and record their steps and CPU time to a validation force MAE within
+``finetune.target_factor`` of joint training's converged one (``steps_to_target``, ``time_to_target``;
+joint training's own: ``joint_steps_to_target``, ``joint_time_to_target``).
 """
 from __future__ import annotations
 
@@ -50,7 +55,12 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-VARIANTS_MERGE = ("gffmerge", "gffmerge_relaxed", "gffmerge_ft", "gffmerge_force")
+# the published GNNMerge++ rule (configs' merge.published: each teacher's own layer inputs, a fixed
+# ridge added to X^T X, no prior) and our variant (merged-model inputs, a prior towards the weight
+# average, the ridge chosen on validation; _force adds force-aware rows)
+VARIANTS_PUBLISHED = ("gffmerge", "gffmerge_ft")
+VARIANTS_OURS = ("gffmerge_ours", "gffmerge_ours_force")
+VARIANTS_MERGE = VARIANTS_PUBLISHED + VARIANTS_OURS
 # setting name -> metric prefix; the unprefixed metrics (read by the paper's claims) are the
 # pre-trained setting
 SETTINGS = {"pretrained": "", "random": "rand_"}
@@ -366,11 +376,21 @@ def _theta0(ctx, setting: str, systems: list[dict], init, foundation=None) -> li
     return models
 
 
+def cpu_per_step(rec: dict, fit: dict) -> float:
+    """CPU seconds per optimiser step of a fit by the shared rule: its whole CPU time (the rate
+    grid's pilots and every validation included) over every step it ran (the chosen run's steps
+    and the other rates' pilots)."""
+    n = int(rec["stop"]) + (len(fit["lr_grid"]) - 1) * int(fit["pilot_steps"])
+    return float(rec["cpu_seconds"]) / max(n, 1)
+
+
 def train_shared(ctx) -> None:
     torch = _torch()
     import pickle
 
     from reprozoo.blocks.atomistic import evaluate
+
+    from .multitask import tie
 
     p = ctx.params
     sets = settings(p)
@@ -409,6 +429,23 @@ def train_shared(ctx) -> None:
         ctx.metrics.scalar(f"{pre}specialist_train_seconds", info["train_seconds"])
         ctx.metrics.scalar(f"{pre}specialist_steps", info["steps"])
         (ctx.outdir / f"specialists_{setting}.json").write_text(json.dumps(info, indent=1))
+        # joint training (the gold standard) from theta_0, here so that every variant of the seed
+        # reads its converged validation error: the fine-tunes' accuracy target (time_to_target)
+        models, rec = fit_models(ctx, tie([copy.deepcopy(m0) for m0 in theta0]), systems, "joint",
+                                 ctx.seed * 100 + 90, label=f"[{setting}] joint")
+        for s, m in zip(systems, models):
+            torch.save(m.state_dict(), ctx.outdir / f"joint_{setting}_{s['tag']}.pt")
+        c = rec["curve_dict"]
+        target = float(p["finetune"].get("target_factor", 1.1)) * float(min(c["force"]))
+        hit = steps_to_target([x for x in c["x"] if x > 0], [f for x, f in zip(c["x"], c["force"]) if x > 0], target)
+        hit = int(rec["stop"]) if hit is None else hit  # (only if the best were the start itself)
+        per_step = cpu_per_step(rec, fit_config(p, "joint"))
+        jinfo = {"curve_dict": c, "lr": float(rec["lr"]), "stop": int(rec["stop"]), "plateau": bool(rec["plateau"]),
+                 "lr_edge": rec["lr_edge"], "drop_gain": rec["drop_gain"], "seconds": rec["seconds"],
+                 "cpu_seconds": rec["cpu_seconds"], "cpu_per_step": per_step, "target_force_mae": target,
+                 "steps_to_target": int(hit), "time_to_target": hit * per_step}
+        (ctx.outdir / f"joint_{setting}.json").write_text(json.dumps(jinfo, indent=1))
+        ctx.metrics.scalar(f"{pre}joint_train_seconds", rec["seconds"])
 
 
 # --- per variant ------------------------------------------------------------------------------------
@@ -512,7 +549,7 @@ def train(ctx) -> None:
 
 def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
     """One variant in one setting of theta_0; metrics carry the setting's prefix."""
-    from .merge import backbone_state, gffmerge_select_ridge, task_arithmetic, weight_average, with_backbone
+    from .merge import backbone_state, gffmerge, gffmerge_select_ridge, task_arithmetic, weight_average, with_backbone
     from .multitask import evaluate_systems, tie
 
     p = ctx.params
@@ -531,21 +568,30 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         ctx.metrics.scalar(f"{pre}specialist_steps", info["steps"])
         return
 
-    if v == "joint":
-        models = tie(theta0)
-        ctx.progress(f"[{setting}] joint training from theta_0 by the shared rule")
-        models, rec = _multitask(ctx, models, systems, "joint", ctx.seed * 100 + 90, curve_name=pre)
+    if v == "joint":  # trained in train_shared (its validation error is the fine-tunes' target)
+        rec = json.loads((sd / f"joint_{setting}.json").read_text())
+        models = [load_model(p, sd / f"joint_{setting}_{s['tag']}.pt") for s in systems]
+        c = rec["curve_dict"]
+        ctx.metrics.curve(f"{pre}val_force_mae", c["x"], c["force"])
+        ctx.metrics.curve(f"{pre}val_energy_mae", c["x"], c["energy"])
+        ctx.metrics.curve(f"{pre}lr", c["x"], c["lr"])
+        _log_rule(ctx, f"{pre}joint", rec)
         ctx.metrics.scalar(f"{pre}joint_train_seconds", rec["seconds"])
         ctx.metrics.scalar(f"{pre}joint_train_cpu_seconds", rec["cpu_seconds"])
         ctx.metrics.scalar(f"{pre}joint_steps", rec["stop"])
+        ctx.metrics.scalar(f"{pre}joint_cpu_per_step", rec["cpu_per_step"])
+        ctx.metrics.scalar(f"{pre}joint_target_force_mae", rec["target_force_mae"])
+        ctx.metrics.scalar(f"{pre}joint_steps_to_target", rec["steps_to_target"])
+        ctx.metrics.scalar(f"{pre}joint_time_to_target", rec["time_to_target"])
         _record_errors(ctx, systems, models, prefix=pre)
         return
 
     states = [backbone_state(t) for t in teachers]
+    reps = int(p["merge"].get("timing_repeats", 3))
     if v in ("weight_avg", "weight_avg_ft"):
-        t0 = time.perf_counter()
-        merged = weight_average(states)
-        ctx.metrics.scalar(f"{pre}merge_seconds", time.perf_counter() - t0)
+        merged, secs, cpus = _timed(lambda: weight_average(states), reps)
+        ctx.metrics.scalar(f"{pre}merge_seconds", secs)
+        ctx.metrics.scalar(f"{pre}merge_cpu_seconds", cpus)
     elif v == "task_arithmetic":
         best = None
         init_state = backbone_state(theta0[0])
@@ -558,21 +604,32 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
                 best = (loss, float(lam), st)
         merged = best[2]
         ctx.metrics.scalar(f"{pre}ta_lambda", best[1])
-    elif v in VARIANTS_MERGE:
-        mode = "teacher" if v == "gffmerge_relaxed" else p["merge"].get("inputs", "sequential")
-        der = float(p["merge"].get("force_rows", 1.0)) if v == "gffmerge_force" else 0.0
+    elif v in VARIANTS_PUBLISHED:
+        # the published GNNMerge++ rule, as the paper states it: each teacher's own layer inputs, a
+        # fixed ridge (1e-6) added to the normalised X^T X, no prior, plain rows; no grid, no tuning
+        pub = published_rule(p)
+        batches = _merge_batches(p, systems)
+        (merged, info), secs, cpus = _timed(lambda: gffmerge(teachers, batches, seed=ctx.seed, **pub), reps)
+        ctx.progress(f"[{setting}] {v}: published rule {pub}")
+        ctx.metrics.scalar(f"{pre}ridge_chosen", float(pub["ridge"]))
+        ctx.metrics.scalar(f"{pre}merge_seconds", secs)
+        ctx.metrics.scalar(f"{pre}merge_cpu_seconds", cpus)
+    elif v in VARIANTS_OURS:
+        der = float(p["merge"].get("force_rows", 1.0)) if v == "gffmerge_ours_force" else 0.0
         # the ridge: chosen from merge.ridge_grid (fixed in the config before any measurement) on the
-        # same validation frames and loss that pick task arithmetic's lambda (every closed-form
-        # variant alike); a single `ridge` only where no grid is given
+        # same validation frames and loss that pick task arithmetic's lambda; a single `ridge` only
+        # where no grid is given
         grid = [float(r) for r in p["merge"].get("ridge_grid", [p["merge"].get("ridge", 1e-6)])]
+        batches = _merge_batches(p, systems)
+        kw = dict(inputs=p["merge"].get("inputs", "sequential"), edge_weighting=p["merge"].get("edge_weighting", True),
+                  derivatives=der, seed=ctx.seed)
 
         def val_loss(st):
             res = evaluate_systems([with_backbone(t, st) for t in teachers], [s["val"] for s in systems])
             return float(np.mean([r["loss"] for r in res]))
 
-        merged, info, ridge, losses = gffmerge_select_ridge(
-            teachers, _merge_batches(p, systems), grid, val_loss, inputs=mode,
-            edge_weighting=p["merge"].get("edge_weighting", True), derivatives=der, seed=ctx.seed)
+        gffmerge(teachers, batches, ridge=grid[0], **kw)  # warm-up (untimed): the timing below is one selection
+        merged, info, ridge, losses = gffmerge_select_ridge(teachers, batches, grid, val_loss, **kw)
         for r in grid:
             ctx.progress(f"[{setting}] {v} ridge={r:g}: val loss {losses[r]:.4g}")
         ctx.progress(f"[{setting}] {v}: ridge {ridge:g} chosen on validation")
@@ -580,6 +637,7 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         ctx.metrics.scalar(f"{pre}ridge_grid_size", len(grid))
         ctx.metrics.scalar(f"{pre}merge_seconds", info.seconds)
         ctx.metrics.scalar(f"{pre}merge_cpu_seconds", info.cpu_seconds)
+    if v in VARIANTS_MERGE:
         ctx.metrics.scalar(f"{pre}align_residual_merged", float(np.mean(list(info.residual_merged.values()))))
         ctx.metrics.scalar(f"{pre}align_residual_average", float(np.mean(list(info.residual_average.values()))))
         if info.derivative_residual_merged:
@@ -591,7 +649,7 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         ctx.metrics.curve(f"{pre}layer_residual_merged", range(len(names)), [info.residual_merged[n] for n in names])
         ctx.metrics.curve(f"{pre}layer_residual_average", range(len(names)), [info.residual_average[n] for n in names])
         (ctx.outdir / "layers.json").write_text(json.dumps(names))
-    else:
+    elif v not in ("weight_avg", "weight_avg_ft", "task_arithmetic"):
         raise ValueError(f"unknown variant '{v}'")
 
     models = [with_backbone(t, merged) for t in teachers]
@@ -623,19 +681,24 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         ctx.progress(f"[{setting}] {v} after the fixed budget of {budget} fine-tuning steps (lr {hist['lr']:g})")
         _record_errors(ctx, systems, at, prefix=f"{pre}budget_")
         ctx.metrics.scalar(f"{pre}budget_steps", budget)
-        # steps to a fixed accuracy: the first validation at which the fine-tune's validation force
-        # MAE (mean of systems) is within ``finetune.target_factor`` of the specialists' (each on its
-        # own system, the same validation frames); never reached: the steps run (censored, flagged)
-        spec = json.loads((sd / f"specialists_{setting}.json").read_text())["systems"]
-        target = float(p["finetune"].get("target_factor", 1.25)) * 1e3 * float(
-            np.mean([spec[s["tag"]]["val_force_mae"] for s in systems]))
+        # time to a fixed accuracy (the paper's speed-up): the first validation at which the
+        # fine-tune's validation force MAE (mean of systems) is at or below the seed's joint-training
+        # target (``finetune.target_factor`` x joint training's converged, i.e. best, validation
+        # force MAE on the same frames; train_shared); never reached: the steps run (censored,
+        # flagged). Steps of the chosen rate's run (the rate grid's pilots, the same for joint
+        # training, are left out of both); time = the merge's CPU + steps x CPU per step of this fit
+        target = float(json.loads((sd / f"joint_{setting}.json").read_text())["target_force_mae"])
         # (validations after the first step: a start already at the target counts its first validation)
         xs, fs = hist["curve_dict"]["x"], hist["curve_dict"]["force"]
         hit = steps_to_target([x for x in xs if x > 0], [f for x, f in zip(xs, fs) if x > 0], target)
-        ctx.metrics.scalar(f"{pre}ft_target_force_mae", target)
-        ctx.metrics.scalar(f"{pre}steps_to_target", hit if hit is not None else hist["stop"])
-        ctx.metrics.scalar(f"{pre}target_reached", float(hit is not None))
+        steps = hit if hit is not None else int(hist["stop"])
         sc = ctx.metrics.scalars
+        per_step = cpu_per_step(hist, fit_config(p, "finetune"))
+        ctx.metrics.scalar(f"{pre}ft_target_force_mae", target)
+        ctx.metrics.scalar(f"{pre}steps_to_target", steps)
+        ctx.metrics.scalar(f"{pre}target_reached", float(hit is not None))
+        ctx.metrics.scalar(f"{pre}ft_cpu_per_step", per_step)
+        ctx.metrics.scalar(f"{pre}time_to_target", sc[f"{pre}merge_cpu_seconds"] + steps * per_step)
         ctx.metrics.scalar(f"{pre}finetune_seconds", hist["seconds"])
         ctx.metrics.scalar(f"{pre}finetune_cpu_seconds", hist["cpu_seconds"])
         ctx.metrics.scalar(f"{pre}finetune_steps", hist["stop"])
@@ -643,6 +706,27 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         if f"{pre}merge_cpu_seconds" in sc:
             ctx.metrics.scalar(f"{pre}merge_ft_cpu_seconds", sc[f"{pre}merge_cpu_seconds"] + hist["cpu_seconds"])
     _record_errors(ctx, systems, models, prefix=pre)
+
+
+def published_rule(p: dict) -> dict:
+    """The published GNNMerge++ rule's settings (configs' ``merge.published``; defaults: the paper's)."""
+    pub = {"inputs": "teacher", "ridge": 1e-6, "ridge_mode": "absolute", "edge_weighting": False,
+           **p["merge"].get("published", {})}
+    return {"inputs": str(pub["inputs"]), "ridge": float(pub["ridge"]), "ridge_mode": str(pub["ridge_mode"]),
+            "edge_weighting": bool(pub["edge_weighting"])}
+
+
+def _timed(fn, repeats: int):
+    """``fn()`` once untimed (warm-up: lazy library set-up), then ``repeats`` timed calls; returns
+    (the last call's result, median wall seconds, median CPU seconds)."""
+    out = fn()
+    walls, cpus = [], []
+    for _ in range(max(int(repeats), 1)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return out, float(np.median(walls)), float(np.median(cpus))
 
 
 def steps_to_target(steps, values, target: float):
@@ -656,7 +740,7 @@ def steps_to_target(steps, values, target: float):
 
 # --- plots -----------------------------------------------------------------------------------------
 
-ORDER = ["individual", "joint", "gffmerge_ft", "gffmerge", "gffmerge_force", "gffmerge_relaxed", "weight_avg_ft",
+ORDER = ["individual", "joint", "gffmerge_ft", "gffmerge", "gffmerge_ours", "gffmerge_ours_force", "weight_avg_ft",
          "task_arithmetic", "weight_avg"]
 
 
@@ -693,9 +777,9 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     save_figure(fig, plots_dir / "mae_per_system.png", dpi=110)
 
     # wall time: merge (closed form), merge + fine-tune, joint training
-    bars = [("gffmerge\nclosed form", "merge_seconds", "gffmerge"),
-            ("gffmerge_relaxed", "merge_seconds", "gffmerge_relaxed"),
-            ("gffmerge_force", "merge_seconds", "gffmerge_force"),
+    bars = [("gffmerge\npublished closed form", "merge_seconds", "gffmerge"),
+            ("gffmerge_ours\n(ridge selection)", "merge_seconds", "gffmerge_ours"),
+            ("gffmerge_ours_force", "merge_seconds", "gffmerge_ours_force"),
             ("gffmerge_ft\nmerge + fine-tune", "merge_ft_seconds", "gffmerge_ft"),
             ("joint training", "joint_train_seconds", "joint"),
             ("2 specialists\n(paid once, before)", "specialist_train_seconds", "individual")]
@@ -741,12 +825,12 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     cur = table[table.metric.isin(["layer_residual_merged", "layer_residual_average"]) & table.x.notna()]
     if not cur.empty:
         fig, ax = pl.subplots(figsize=(6.4, 4.4))
-        for v in [v for v in ("gffmerge", "gffmerge_relaxed", "gffmerge_force") if v in set(cur.variant)]:
+        for v in [v for v in ("gffmerge", "gffmerge_ours", "gffmerge_ours_force") if v in set(cur.variant)]:
             g = cur[(cur.variant == v) & (cur.metric == "layer_residual_merged")].groupby("x").value.mean()
             ax.semilogy(g.index, g.values, "-", marker="o", ms=3, label=f"{v}: closed form")
         g = cur[(cur.variant == "gffmerge") & (cur.metric == "layer_residual_average")].groupby("x").value.mean()
         if not g.empty:
-            ax.semilogy(g.index, g.values, "k:", marker="o", ms=3, label="weight average (gffmerge's inputs)")
+            ax.semilogy(g.index, g.values, "k:", marker="o", ms=3, label="weight average (teachers' inputs)")
         n_blocks = int(params.get("model", {}).get("n_interactions", 0))
         parts = ("in2f", "filter1", "filter2", "f2out", "dense")
         names = ["embedding"] + [f"{t}.{n}" for t in range(n_blocks) for n in parts]
