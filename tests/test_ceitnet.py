@@ -315,6 +315,61 @@ def test_variants_build(data):
         build("nope", 4, p)
 
 
+def test_control_e3nn_is_the_baseline_trained_apart():
+    """The accuracy claim's control variant is the e3nn baseline's network (same configuration and size), fitted
+    under another seed (other initial weights and minibatch order), with the same grid and rule."""
+    pytest.importorskip("e3nn")
+    import torch
+
+    from reprozoo.methods.ceitnet.method import SEED_OFFSET, build, fit_config
+
+    p = {"cutoff": CUTOFF, "models": {"e3nn_baseline": dict(n_scalars=8, mul=2, n_layers=1, n_rbf=4, radial_hidden=8)},
+         "fit": {"lr_grid": [1e-2, 3e-2, 1e-1], "max_steps": {"o4": 10}}}
+    torch.manual_seed(0)
+    a = build("e3nn_baseline", 4, p)
+    torch.manual_seed(0 + SEED_OFFSET["e3nn_baseline_b"])
+    b = build("e3nn_baseline_b", 4, p)
+    assert type(a) is type(b) and a.param_count() == b.param_count()
+    assert SEED_OFFSET.get("e3nn_baseline", 0) == 0 and SEED_OFFSET["e3nn_baseline_b"] != 0
+    wa = torch.cat([t.flatten() for t in a.parameters()])
+    wb = torch.cat([t.flatten() for t in b.parameters()])
+    assert not torch.allclose(wa, wb)  # trained apart: other initial weights
+    assert fit_config(p["fit"], 4, "e3nn_baseline") == fit_config(p["fit"], 4, "e3nn_baseline_b")
+
+
+def test_validation_cells_fixed_disjoint_and_sized():
+    """The validation set: the val split plus evaluation-only cells up to n_val, the same cells for every call
+    (variant, seed), none of them left in the test cells; n_val at or below the val split adds none."""
+    from reprozoo.methods.ceitnet.method import validation_cells
+
+    va, ev4 = np.arange(100, 120), np.arange(200, 285)
+    v1, t1 = validation_cells(None, va, ev4, 60)
+    v2, t2 = validation_cells(None, va, ev4, 60)
+    assert np.array_equal(v1, v2) and np.array_equal(t1, t2)
+    assert len(v1) == 60 and len(t1) == 45 and np.array_equal(v1[:20], va)
+    assert not set(v1) & set(t1) and set(v1[20:]) | set(t1) == set(ev4)
+    assert len(set(v1[20:]) & set(range(200, 243))) < 40  # a permutation, not the first 40
+    v0, t0 = validation_cells(None, va, ev4, 0)
+    assert np.array_equal(v0, va) and np.array_equal(t0, ev4)
+
+
+def test_smoke_grid_brackets_the_earlier_choice_and_controls_share_the_rule():
+    """The smoke grid brackets 3e-2 (the rate the old {1e-2, 3e-2} grid chose at its top in 6 of 6 fits) and 1e-1
+    (e3nn's choice at the top of {1e-2, 3e-2, 1e-1} in both fits of the last round's pilot), one fit block for every
+    variant, a validation set of at least 60 cells, and the best-validation weights kept over the whole run (no
+    keep_from: the networks overfit before the rate drop)."""
+    from pathlib import Path
+
+    import yaml
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/ceitnet/configs/smoke.yaml").read_text())
+    grid = sorted(p["fit"]["lr_grid"])
+    assert grid[0] < 3e-2 < grid[-1] and grid[0] < 1e-1 < grid[-1]
+    assert not any(isinstance(v, dict) and ("default" in v or "e3nn_baseline_b" in v) for v in p["fit"].values())
+    assert p["n_val"] >= 60
+    assert int(p["fit"].get("keep_from", 0)) == 0
+
+
 def test_index_symmetry_residual_detects_violations():
     t = torch.randn(2, 3, 3, dtype=torch.float64)
     assert index_symmetry_residual(t, [(1, 0)]) > 1e-3
@@ -439,13 +494,17 @@ def test_shared_fit_rule():
     # a second plateau whose window lies after the drop; the record says where and how much it gained
     cfg = {**cfg, "flat_tol": 1.0, "max_steps": 40}
     cfg.pop("lr_drop")
-    _, hist = fit(make, d, np.arange(4), np.arange(4, 6), y, cfg, seed=0)
+    model, hist = fit(make, d, np.arange(4), np.arange(4, 6), y, cfg, seed=0)
     lrs = np.asarray(hist["lr"])
     assert hist["drop_epoch"] >= 2.0 and hist["drop_gain"] is not None and hist["drop_gain"] >= 0  # >= min_steps
     assert set(np.round(lrs / hist["lr_chosen"], 12)) == {1.0, 0.1}
     after = np.asarray(hist["epoch"]) > hist["drop_epoch"]
     assert np.allclose(lrs[after], 0.1 * hist["lr_chosen"]) and np.allclose(lrs[~after], hist["lr_chosen"])
     assert hist["epoch"][-1] >= hist["drop_epoch"] / 0.7 - 1e-9  # the gate's window (last 30 %) after the drop
+    # without keep_from the kept weights are the best over the whole run, before or after the drop
+    assert hist["best_epoch"] == pytest.approx(hist["epoch"][int(np.argmin(hist["val_fnorm"]))])
+    best = fnorm(voigt(predict(model, d, np.arange(4, 6))), voigt(y[4:6]))
+    assert best == pytest.approx(min(hist["val_fnorm"]), rel=1e-5)
 
 
 @pytest.mark.parametrize("order", [2, 3, 4])
@@ -597,3 +656,17 @@ def _preprocessed(tmp_path, records):
     (raw / "emt_records.json").write_text(json.dumps({"seed": 5, "records": records}))
     emt_elastic.preprocess(raw, tmp_path, {})
     return common.load(tmp_path)
+
+
+def test_time_forward_with_backward_fills_gradients(data):
+    """The training-cost timing runs a backward pass (gradients appear); the forward timing leaves none."""
+    from reprozoo.methods.ceitnet.model import CEITNet
+    from reprozoo.methods.ceitnet.training import time_forward
+
+    m = CEITNet(4, n_features=8, n_channels=2, n_out=2, n_interactions=1, n_rbf=4, radial_hidden=8, cutoff=CUTOFF,
+                avg_neighbors=10.0)
+    idx = np.arange(2)
+    ms = time_forward({"a": m}, data, idx, repeats=1)
+    assert ms["a"] > 0 and all(q.grad is None for q in m.parameters())
+    mb = time_forward({"a": m}, data, idx, repeats=1, backward=True)
+    assert mb["a"] > 0 and any(q.grad is not None and q.grad.abs().sum() > 0 for q in m.parameters())

@@ -136,7 +136,9 @@ def fit(build, data: AtomsData, train_idx, val_idx, targets: np.ndarray, cfg: di
     # mean training loss over the steps since the previous evaluation (nan at step 0)
     loss = [float(np.mean(losses[int(a):int(b)])) if b > a else float("nan") for a, b in zip([0, *steps[:-1]], steps)]
     vals = np.asarray(rec["vals"], float)
-    best = int(np.argmin(vals))
+    # the kept weights' evaluation: the best from ``keep_from`` on (the rule keeps none before it)
+    kept = steps >= int(cfg.get("keep_from", 0))
+    best = int(np.flatnonzero(kept)[np.argmin(vals[kept])]) if kept.any() else int(np.argmin(vals))
     hist = {"epoch": list(steps / n_batches), "loss": loss, "val_fnorm": list(vals), "lr": list(rec["lrs"]),
             "best_epoch": float(steps[best] / n_batches), "stopped_epoch": float(rec["stop"] / n_batches),
             "train_seconds": time.perf_counter() - t0, "lr_chosen": float(rec["lr"]),
@@ -228,9 +230,12 @@ def equivariance_error(model, data: AtomsData, idx=None, dtype=torch.float64, n_
     return err
 
 
-def time_forward(models: dict, data: AtomsData, idx, repeats: int = 5, warmup: int = 1, device=None) -> dict:
+def time_forward(models: dict, data: AtomsData, idx, repeats: int = 5, warmup: int = 1, device=None,
+                 backward: bool = False) -> dict:
     """Median forward time (ms per structure; float32, no grad) of each model on the same batch,
-    the models interleaved in every repeat so that they see the same machine load."""
+    the models interleaved in every repeat so that they see the same machine load. ``backward``: the
+    time of a forward pass with gradients plus the backward pass of the output's sum (a training step's
+    cost without the optimiser)."""
     b = data.collate(idx, dtype=torch.float32).to(device=device)
     cuda = b.positions.is_cuda
 
@@ -241,13 +246,16 @@ def time_forward(models: dict, data: AtomsData, idx, repeats: int = 5, warmup: i
     times = {k: [] for k in models}
     for m in models.values():
         m.eval()
-    with torch.no_grad():
+    with torch.set_grad_enabled(backward):
         for r in range(warmup + repeats):
             for k, m in models.items():
                 m.to(b.positions.device)
+                m.zero_grad(set_to_none=True)
                 sync()
                 t0 = time.perf_counter()
-                m(*model_args(b))
+                out = m(*model_args(b))
+                if backward:
+                    out.sum().backward()
                 sync()
                 dt = time.perf_counter() - t0
                 if r >= warmup:
