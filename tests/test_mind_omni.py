@@ -156,32 +156,62 @@ def test_expected_brain_map_of_a_certain_model_is_the_detokenised_map():
 
 
 def test_variant_plan_batches():
-    """joint: b of each of 7 tasks per step; single_task_joint_batch: 7 b of one (the joint model's
-    batch size, the batch-size control)."""
+    """joint and joint_shuffled: b of each of 7 tasks per step; single_task_joint_batch: 7 b of one task,
+    one model per baseline task (the joint model's batch size, the batch-size control)."""
     from reprozoo.methods.mind_omni import method as M
 
-    groups, per = M.variant_plan("joint", 8)
-    assert groups == [list(T.TASKS)] and per * len(groups[0]) == 56
+    for v in ("joint", "joint_shuffled"):
+        groups, per = M.variant_plan(v, 8)
+        assert groups == [list(T.TASKS)] and per * len(groups[0]) == 56
     groups, per = M.variant_plan("single_task_joint_batch", 8)
     assert len(groups) == 7 and all(len(g) == 1 for g in groups) and per == 56
+    groups, per = M.variant_plan("single_task_joint_batch", 8, ["img2brain", "bqa"])
+    assert groups == [["img2brain"], ["bqa"]] and per == 56
+    with pytest.raises(ValueError):
+        M.variant_plan("single_task_joint_batch", 8, ["brain2eeg"])
     for gone in ("single_task", "joint_unrelated"):
         with pytest.raises(ValueError):
             M.variant_plan(gone, 8)
 
 
-def test_pipeline_runs_with_the_same_init_constant_rates_and_a_weakened_control(tmp_path):
+def test_shuffled_pairing_breaks_brain_stimulus_pairs_in_train_and_val_only():
+    """The control's data: every training / validation image gets the brain tokens of an image of ANOTHER
+    digit from its own split; test pairs, images, captions and answers are untouched; the brain tokens
+    still come from real maps of the split (their marginal is kept)."""
+    from reprozoo.methods.mind_omni import method as M
+
+    rng = np.random.default_rng(0)
+    n = 300
+    labels = rng.integers(0, 10, n)
+    brain = np.stack([np.arange(n)] * 16, 1)                   # row i's tokens name their own image
+    d = {"labels": labels, "brain_tok": brain, "train": np.arange(0, 200), "val": np.arange(200, 250),
+         "test": np.arange(250, 300), "caption": rng.integers(0, 5, (n, 3))}
+    out = M.shuffled_pairing(d, 0)
+    src = out["brain_tok"][:, 0]
+    for split in ("train", "val"):
+        idx = d[split]
+        assert np.isin(src[idx], idx).all()                      # drawn from its own split
+        assert (labels[src[idx]] != labels[idx]).all()          # always another digit
+        assert (out["brain_tok"][idx] == brain[src[idx]]).all()
+    np.testing.assert_array_equal(out["brain_tok"][d["test"]], brain[d["test"]])
+    np.testing.assert_array_equal(out["caption"], d["caption"])
+    np.testing.assert_array_equal(d["brain_tok"], brain)         # the input is not modified
+    np.testing.assert_array_equal(M.shuffled_pairing(d, 0)["brain_tok"], out["brain_tok"])   # seeded
+
+
+def test_pipeline_runs_with_the_same_init_constant_rates_and_the_shuffled_control(tmp_path):
     """ci-size cells of every variant: every task scored per test image and chance-corrected; each
     model's gate curves and constant learning rate recorded; every model starts from the same weights
     (the first per-task validation loss is identical between joint and the single-task models); the
-    joint run's early snapshot (the claims' weakened control) is scored and differs from the trained
-    model."""
+    shuffled-pairing control is trained on other brain tokens (its first validation loss on the brain
+    tasks differs from joint's) and scored on every task."""
     from reprozoo import registry
     from reprozoo.runtime import RunContext
     from reprozoo.methods.mind_omni import method as M
 
     p = registry.get("mind_omni").config("ci")
     p["fit"].update(pilot_steps=2, eval_every=2, min_steps=4, max_steps=6)
-    p["control_step"] = 1
+    base = list(p["baseline_tasks"])
     out = {}
     for v in M.VARIANTS:
         ctx = RunContext(method="mind_omni", variant=v, seed=0, scale="ci", params=p, data={}, outdir=tmp_path,
@@ -192,25 +222,27 @@ def test_pipeline_runs_with_the_same_init_constant_rates_and_a_weakened_control(
         out[v] = ctx.metrics
     n_test = p["split"]["test"]
     for v, m in out.items():
-        labels = ["joint"] if v == "joint" else list(T.TASKS)
+        labels = base if v == "single_task_joint_batch" else ["joint"]
+        tasks = base if v == "single_task_joint_batch" else list(T.TASKS)
         for lab in labels:
             xs, lrs = m.curves[f"lr_{lab}"]
             assert len(set(lrs)) == 1 and lrs[0] > 0                  # a constant rate: the gate's floor holds
             assert m.curves[f"val_{lab}"][0] == xs
-        for t in T.TASKS:
+        for t in tasks:
             assert len(m.unit_values[f"cc_{t}"]) == n_test
             assert np.isfinite(m.scalars[f"cc_{t}"])
             assert m.scalars[f"cc_{t}"] == pytest.approx(T.chance_corrected(t, m.scalars[f"score_{t}"]))
-            if v == "joint":
+            if v != "single_task_joint_batch":
                 assert m.curves[f"val_joint_{t}"][1] == m.curves[f"val_loss_{t}"][1]
             if v == "single_task_joint_batch":
                 assert m.curves[f"val_loss_{t}"][1][0] == pytest.approx(out["joint"].curves[f"val_loss_{t}"][1][0])
-    assert out["joint"].scalars["batch_size"] == out["single_task_joint_batch"].scalars["batch_size"] == 28
-    early = [out["joint"].scalars[f"cc_early_{t}"] for t in T.TASKS]
-    final = [out["joint"].scalars[f"cc_{t}"] for t in T.TASKS]
-    assert all(np.isfinite(early)) and early != final
-    assert len(out["joint"].unit_values["cc_early_bqa"]) == n_test
-    assert "cc_early_bqa" not in out["single_task_joint_batch"].scalars
+        if v == "single_task_joint_batch":
+            assert not any(f"cc_{t}" in m.scalars for t in T.TASKS if t not in base)
+    assert (out["joint"].scalars["batch_size"] == out["joint_shuffled"].scalars["batch_size"]
+            == out["single_task_joint_batch"].scalars["batch_size"] == 28)
+    # same initial weights, other brain tokens: the brain tasks' first validation loss differs
+    assert out["joint_shuffled"].curves["val_loss_brain2img"][1][0] != pytest.approx(
+        out["joint"].curves["val_loss_brain2img"][1][0], rel=1e-9)
 
 
 def test_bqa_evaluation_sets_ask_every_question_of_every_image():
@@ -237,30 +269,39 @@ def test_bqa_evaluation_sets_ask_every_question_of_every_image():
         np.testing.assert_array_equal(a, d["answers"][np.repeat(idx, nq), q])
 
 
-def test_task_balanced_loss_is_the_mean_of_per_task_masked_losses():
-    """One task: exactly the shared masked_token_loss (same forward process, same draws). Several
-    tasks: the mean over task blocks of each block's masked-token CE, whatever the blocks' token counts."""
+def test_paper_loss_is_the_weighted_sum_of_per_task_means_of_per_example_masked_ce():
+    """The authors' loss: per example, the mean CE over its masked targets; per task, the mean over its
+    examples; in total, the weighted sum over tasks (encoding 0.5, the rest 1). One task with weight 1 is the
+    mean over examples (not the shared token mean, which weights examples by their masked count)."""
     import torch
 
     from reprozoo.blocks.masked_token_transformer import MaskedTokenTransformer, mask_targets, masked_token_loss
     from reprozoo.methods.mind_omni import method as M
 
+    assert [M.task_weight(t) for t in T.TASKS] == [0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]
     torch.manual_seed(0)
     model = MaskedTokenTransformer(20, 6, 16, 1, 2, 2.0)
     x = torch.randint(0, 20, (8, 6))
     t = torch.zeros(8, 6, dtype=torch.bool)
     t[:4, :5] = True                     # task 0: five targets per row
     t[4:, 5] = True                      # task 1: one target per row
-    one = M.task_balanced_loss(model, x, t, 1, None, torch.Generator().manual_seed(3))
-    ref = masked_token_loss(model, x, t, None, torch.Generator().manual_seed(3))
-    assert float(one) == pytest.approx(float(ref), rel=1e-6)
-    two = M.task_balanced_loss(model, x, t, 2, None, torch.Generator().manual_seed(3))
     noised, masked, _ = mask_targets(x, t, model.mask_id, torch.Generator().manual_seed(3))
     with torch.no_grad():
         ce = torch.nn.functional.cross_entropy(model(noised).transpose(1, 2), x, reduction="none")
-    want = 0.5 * (ce[:4][masked[:4]].mean() + ce[4:][masked[4:]].mean())
-    assert float(two) == pytest.approx(float(want), rel=1e-5)
-    assert float(two) != pytest.approx(float(ref), rel=1e-3)     # not the token mean
+    per_ex = torch.stack([ce[i][masked[i]].mean() for i in range(8)])
+    torch.set_grad_enabled(False)
+    two = M.paper_loss(model, x, t, [0.5, 1.0], None, torch.Generator().manual_seed(3))
+    assert float(two) == pytest.approx(float(0.5 * per_ex[:4].mean() + per_ex[4:].mean()), rel=1e-5)
+    one = M.paper_loss(model, x, t, [1.0], None, torch.Generator().manual_seed(3))
+    assert float(one) == pytest.approx(float(per_ex.mean()), rel=1e-5)
+    ref = masked_token_loss(model, x, t, None, torch.Generator().manual_seed(3))
+    assert float(one) != pytest.approx(float(ref), rel=1e-3)     # not the pooled token mean
+    # finite under the logit bias that forbids every non-target token (-inf off the masked positions)
+    bias = torch.zeros(6, 20)
+    bias[:, 10:] = -float("inf")
+    xb = x % 10
+    assert torch.isfinite(M.paper_loss(model, xb, t, [0.5, 1.0], bias, torch.Generator().manual_seed(3)))
+    torch.set_grad_enabled(True)
 
 
 def test_math_attention_kernel_is_the_default_attention():
@@ -301,7 +342,8 @@ def test_matches_count_is_finite_on_the_margin_and_counts_each_task_once():
 
     spec = get("mind_omni")
     claim = next(c for c in spec.claims if c.id == "matches_or_beats_most_tasks")
-    tasks = list(T.TASKS)
+    tasks = list(spec.config("smoke")["baseline_tasks"])
+    assert len(tasks) == 5
 
     def value(diffs):
         rows = []
@@ -310,14 +352,28 @@ def test_matches_count_is_finite_on_the_margin_and_counts_each_task_once():
                      dict(metric=f"cc_{t}", variant="joint", seed=0, x=np.nan, value=0.3 + dlt)]
         return evaluate_expr(claim.expr, pd.DataFrame(rows), 0)
 
-    assert value([0.1] * 7) == 7.0
-    assert value([-0.1] * 7) == 0.0
-    assert value([-0.02] * 7) == pytest.approx(3.5, abs=1e-6)  # on the margin (to rounding): one half each, finite
-    assert value([0.0, 0.0, 0.0, -0.05, -0.05, -0.05, -0.019]) == 4.0
+    assert value([0.1] * 5) == 5.0
+    assert value([-0.1] * 5) == 0.0
+    assert value([-0.02] * 5) == pytest.approx(2.5, abs=1e-6)  # on the margin (to rounding): one half each, finite
+    assert value([0.0, 0.0, -0.05, -0.05, -0.019]) == 3.0
+
+
+def test_claims_read_only_tasks_with_a_baseline_and_the_shuffled_control():
+    """Every claim reads cc of the smoke config's baseline tasks only (the composite tasks have no
+    single-task model), and its control replaces joint by the shuffled-pairing joint model."""
+    from reprozoo.claims import tokens
+    from reprozoo.registry import get
+
+    spec = get("mind_omni")
+    base = set(spec.config("smoke")["baseline_tasks"])
+    for c in spec.claims:
+        read = {m for m, _ in tokens(c.expr)}
+        assert read == {f"cc_{t}" for t in base}, c.id
+        assert c.control == {"joint": "joint_shuffled"}
 
 
 def test_one_stopping_rule_for_every_model_at_smoke():
-    """The joint model and the seven single-task models share one fit block (grid, pilot, min_steps,
+    """The joint models and the single-task models share one fit block (grid, pilot, min_steps,
     flat_tol, lr_drop): min_steps is at least the 1000 steps at which the cold review's probe found the
     single-task QA model still improving (the old 300 stopped the single-task models on a noise floor)."""
     from pathlib import Path

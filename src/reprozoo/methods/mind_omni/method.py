@@ -17,17 +17,21 @@ Stages and units:
   reverse decoding; every score is recorded per test image and chance-corrected
   (``tasks.chance_corrected``).
 
-Variants (identical architecture, optimiser, learning-rate grid, stopping rule, data, decoding):
+Variants (identical architecture, optimiser, learning-rate grid, stopping rule, decoding, and loss:
+the paper's, ``paper_loss``):
 
 * ``joint`` (method, Mind-Omni): ONE model; every step draws ``batch_per_task`` = b examples of EACH
-  of the seven tasks (batch 7 b). Its weights after ``control_step`` updates are scored too
-  (``cc_early_*``): the weakened control of the claims;
-* ``single_task_joint_batch`` (baseline, the claims' comparison): SEVEN models of the same size, one
-  per task, each 7 b examples of its own task per step, the joint model's batch size.
+  of the seven tasks (batch 7 b);
+* ``joint_shuffled`` (the claims' control): the same joint model, budget and rule, trained and
+  validated on SHUFFLED brain-stimulus pairs (each training / validation image's brain tokens are
+  those of a random image of ANOTHER digit: ``shuffled_pairing``), scored on the true test pairs: a
+  trained multi-task model that cannot have learned the brain-stimulus relation;
+* ``single_task_joint_batch`` (baseline, the claims' comparison): one model of the same size per task
+  of ``baseline_tasks`` (the config), each 7 b examples of its own task per step, the joint model's
+  batch size.
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -137,54 +141,85 @@ def _eval_sets(d, lay, split, tasks):
     return out
 
 
-VARIANTS = ("joint", "single_task_joint_batch")
+VARIANTS = ("joint", "joint_shuffled", "single_task_joint_batch")
 
 
-def variant_plan(variant: str, b: int) -> tuple[list[list[str]], int]:
+def variant_plan(variant: str, b: int, baseline_tasks=None) -> tuple[list[list[str]], int]:
     """(task groups, one model per group; examples of EACH task of a group per step).
 
-    joint: one group of all seven tasks, ``b`` of each per step (batch 7 b); single_task_joint_batch:
-    seven groups, ``7 b`` of the group's one task per step (the joint model's batch: the control for the
-    batch-size confound)."""
+    joint and joint_shuffled: one group of all seven tasks, ``b`` of each per step (batch 7 b);
+    single_task_joint_batch: one group per task of ``baseline_tasks`` (default: all seven), ``7 b`` of
+    the group's one task per step (the joint model's batch: the control for the batch-size confound)."""
     tasks = list(T.TASKS)
-    if variant == "joint":
+    if variant in ("joint", "joint_shuffled"):
         return [tasks], b
     if variant == "single_task_joint_batch":
-        return [[t] for t in tasks], b * len(tasks)
+        chosen = tasks if baseline_tasks is None else list(baseline_tasks)
+        bad = [t for t in chosen if t not in tasks]
+        if bad or not chosen:
+            raise ValueError(f"baseline_tasks {chosen}: expected tasks of {tasks}")
+        return [[t] for t in chosen], b * len(tasks)
     raise ValueError(f"variant '{variant}' unknown ({', '.join(VARIANTS)})")
 
 
-def task_balanced_loss(model, tokens, target, n_tasks: int, bias=None, gen=None):
-    """The masked-diffusion loss (``blocks.masked_token_transformer.masked_token_loss``: the same
-    forward process and cross-entropy over the masked targets) averaged per TASK: ``tokens`` holds
-    ``n_tasks`` equal blocks of rows, one per task; each task's mean CE over its masked tokens counts
-    1 / n_tasks. With one task it is ``masked_token_loss``. Why: a token-mean over the joint batch gives
-    the one-token answer of brain QA 8 of the ~200 masked tokens of a step, and the joint model's QA
-    curve was still falling at the step cap (README)."""
+def shuffled_pairing(d: dict, seed: int) -> dict:
+    """The control's data: every TRAINING and VALIDATION image gets the brain tokens of a random other
+    image of the same split whose digit differs (drawn with replacement); the test split keeps its true
+    pairs. Images, captions and answers stay together, so only the brain-stimulus relation is gone."""
+    rng = np.random.default_rng(seed + 1009)
+    digit = d["labels"]
+    tok = d["brain_tok"].copy()
+    for split in ("train", "val"):
+        idx = d[split]
+        src = rng.choice(idx, len(idx))
+        same = digit[src] == digit[idx]
+        while same.any():
+            src[same] = rng.choice(idx, int(same.sum()))
+            same = digit[src] == digit[idx]
+        tok[idx] = d["brain_tok"][src]
+    return dict(d, brain_tok=tok)
+
+
+def task_weight(task: str) -> float:
+    """The paper's weight of a task's loss (the authors' released stage-1 training script: loss =
+    0.5 x encoding + image decoding + text decoding): 0.5 for the three encoding tasks (brain is the
+    target), 1 for the decoding tasks and brain QA."""
+    return 0.5 if task.endswith("2brain") else 1.0
+
+
+def paper_loss(model, tokens, target, weights, bias=None, gen=None):
+    """The paper's multi-task masked-diffusion loss (its released training script): per example, the
+    cross-entropy of the masked target tokens averaged over that example's masked tokens (the script's
+    CE summed over the masked positions / (length x masking rate)); per task, the mean over its
+    examples; the total, the WEIGHTED SUM over tasks (``weights``, one per task; ``task_weight``).
+    ``tokens`` holds ``len(weights)`` equal blocks of rows, one per task. The forward process is the
+    shared one (``blocks.masked_token_transformer.mask_targets``). A single-task model gets weight 1
+    (AdamW's step does not depend on a constant factor of the loss)."""
     import torch
 
     from ...blocks.masked_token_transformer import mask_targets
 
+    n_tasks = len(weights)
     noised, masked, _ = mask_targets(tokens, target, model.mask_id, gen)
     logits = model(noised)
     if bias is not None:
         logits = logits + bias
+    # only the masked positions: the logit bias forbids every other position's token (-inf)
     ce = torch.nn.functional.cross_entropy(logits[masked], tokens[masked], reduction="none")
-    task = torch.arange(len(tokens)) // (len(tokens) // n_tasks)          # (B,) the row's task block
-    t_of = task[:, None].expand_as(masked)[masked]
-    sums = torch.zeros(n_tasks).index_add(0, t_of, ce)
-    counts = torch.zeros(n_tasks).index_add(0, t_of, torch.ones_like(ce))
-    return (sums / counts).mean()
+    row = torch.arange(len(tokens))[:, None].expand_as(masked)[masked]
+    sums = torch.zeros(len(tokens), dtype=ce.dtype).index_add(0, row, ce)
+    per_example = sums / masked.sum(1)                          # mask_targets masks >= 1 target per row
+    per_task = per_example.reshape(n_tasks, -1).mean(1)
+    return (per_task * torch.as_tensor(weights, dtype=ce.dtype)).sum()
 
 
 def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: int, label: str,
-                snap_step: int | None = None, progress=print):
-    """One masked-token transformer on ``tasks`` (``per_task`` examples of each per step), trained by
-    the shared rule ``blocks.fitting.fit_to_plateau``. A model of several tasks returns its validation
-    CE as a dict (``mean`` over tasks, the selection curve, then one curve per task), and stops only
-    when every one of them passes the plateau test (the claims read per-task scores).
-    Returns (model with its best-validation weights, fit record, the chosen run's weights after
-    ``snap_step`` updates or None)."""
+                progress=print):
+    """One masked-token transformer on ``tasks`` (``per_task`` examples of each per step), trained with
+    ``paper_loss`` by the shared rule ``blocks.fitting.fit_to_plateau``. A model of several tasks
+    returns its validation CE as a dict (``mean`` over tasks, the selection curve, then one curve per
+    task), and stops only when every one of them passes the plateau test (the claims read per-task
+    scores). Returns (model with its best-validation weights, fit record)."""
     import torch
 
     from ...blocks.fitting import fit_to_plateau
@@ -194,7 +229,8 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
     bias = torch.tensor(lay.logit_bias())
     train = d["train"]
     val = {k: (torch.tensor(x), torch.tensor(t)) for k, (x, t) in _eval_sets(d, lay, "val", tasks).items()}
-    rngs, snaps = {}, {}
+    rngs = {}
+    weights = [task_weight(t) for t in tasks] if len(tasks) > 1 else [1.0]
 
     def build(gen):
         torch.manual_seed(seed)     # the same initial weights for every rate of the grid
@@ -209,12 +245,8 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
             x, t = task_batch(d, lay, task, idx, rng.integers(0, len(D.QUESTIONS), per_task))
             xs.append(x)
             ts.append(t)
-        return task_balanced_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
-                                  len(tasks), bias, gen)
-
-    def after_step(model, step):
-        if snap_step is not None and step + 1 == snap_step:
-            snaps[id(model)] = copy.deepcopy(model.state_dict())
+        return paper_loss(model, torch.tensor(np.concatenate(xs)), torch.tensor(np.concatenate(ts)),
+                          weights, bias, gen)
 
     @torch.no_grad()
     def val_loss(model):
@@ -228,12 +260,9 @@ def train_model(d, tasks: list[str], per_task: int, cfg: dict, fit: dict, seed: 
         return {"mean": float(np.mean(list(out.values()))), **out}
 
     fit = dict(fit, select="mean") if len(tasks) > 1 else fit
-    model, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, label, progress, after_step=after_step)
+    model, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, label, progress)
     model.eval()
-    snap = snaps.get(id(model))
-    if snap_step is not None and snap is None:
-        raise ValueError(f"{label}: control_step {snap_step} not reached (the run took {rec['stop']} steps)")
-    return model, rec, snap
+    return model, rec
 
 
 # --- evaluation -------------------------------------------------------------------------------------
@@ -315,13 +344,14 @@ def _train(ctx) -> None:
     from ...blocks.fitting import log_fit
 
     p, d = ctx.params, load_shared(ctx.shared_dir)
+    if ctx.variant == "joint_shuffled":
+        d = shuffled_pairing(d, ctx.seed)        # the control: brain-stimulus pairs broken (test kept)
     cfg, fit = p["model"], p["fit"]
-    groups, per_task = variant_plan(ctx.variant, cfg["batch_per_task"])
+    groups, per_task = variant_plan(ctx.variant, cfg["batch_per_task"], p.get("baseline_tasks"))
     scalars, units, gens = {}, {}, {}
     for g in groups:
         label = "joint" if len(g) > 1 else g[0]
-        snap_step = p["control_step"] if ctx.variant == "joint" else None
-        model, rec, snap = train_model(d, g, per_task, cfg, fit, ctx.seed, label, snap_step, ctx.progress)
+        model, rec = train_model(d, g, per_task, cfg, fit, ctx.seed, label, ctx.progress)
         # the gate's curves: val_<label> (mean CE over the model's tasks), val_<label>_<task>, lr_<label>
         log_fit(ctx.metrics, label, rec)
         ctx.metrics.scalar(f"examples_per_task_{label}", rec["stop"] * per_task)
@@ -335,12 +365,6 @@ def _train(ctx) -> None:
         scalars.update(s)
         units.update(u)
         gens.update(gen)
-        if snap is not None:
-            # the weakened control: the same joint run after control_step updates
-            model.load_state_dict(snap)
-            s_early, u_early, _ = evaluate(model, d, g, p["decode_steps"])
-            scalars.update({k.replace("score_", "score_early_"): v for k, v in s_early.items() if k.startswith("score_")})
-            units.update({k.replace("cc_", "cc_early_"): v for k, v in u_early.items()})
     ctx.metrics.scalar("batch_size", per_task * len(groups[0]))
     for k, v in scalars.items():
         ctx.metrics.scalar(k, v)
@@ -356,10 +380,12 @@ def _record_examples(ctx, d, gens) -> None:
     bt, it = _detokenizers(d)
     te = d["test"][:N_EXAMPLES]
     for k in range(len(te)):
-        img = it(gens["brain2img"][k:k + 1, lay.span["image"]] - lay.offset["image"])[0]
-        ctx.metrics.curve(f"example{k}_brain2img", range(64), img.ravel())
-        words = gens["brain2txt"][k, lay.span["text"]] - lay.offset["text"]
-        ctx.metrics.curve(f"example{k}_brain2txt", range(3), words)
+        if "brain2img" in gens:
+            img = it(gens["brain2img"][k:k + 1, lay.span["image"]] - lay.offset["image"])[0]
+            ctx.metrics.curve(f"example{k}_brain2img", range(64), img.ravel())
+        if "brain2txt" in gens:
+            words = gens["brain2txt"][k, lay.span["text"]] - lay.offset["text"]
+            ctx.metrics.curve(f"example{k}_brain2txt", range(3), words)
         if ctx.variant == "joint":
             ctx.metrics.curve(f"example{k}_image", range(64), d["images"][te[k]].ravel())
             ctx.metrics.curve(f"example{k}_fmri", range(d["fmri"][0].size), d["fmri"][te[k]].ravel())
