@@ -402,6 +402,18 @@ def test_every_smoke_variant_trains_with_the_shared_plateau_rule_and_one_grid():
         assert cfg["fit"]["scale"] == "value"      # the stop reads the scale the spec's gate reads
         assert cfg["fit"]["keep_from"] == cfg["fit"]["pilot_steps"]   # no best weights from the pilot
         assert cfg["eval"]["early_step"] < cfg["fit"]["min_steps"]          # the control is an early model
+        assert cfg["fit"].get("fused") is True      # the same (fused) Adam for every variant and scale
+
+
+def test_nll_subset_reads_every_test_chain_alike():
+    from reprozoo.methods.arbg.method import nll_subset
+
+    chains, per = 256, 16                          # the smoke's test set: chain-major, 16 states per chain
+    y = torch.arange(chains * per, dtype=torch.float64).unsqueeze(-1)
+    sub = nll_subset(y, 1024)
+    chain_of = (sub[:, 0] // per).long()
+    assert len(sub) == 1024 and torch.equal(torch.bincount(chain_of, minlength=chains), torch.full((chains,), 4))
+    assert nll_subset(y, None) is y and nll_subset(y, 10 ** 6) is y
 
 
 def test_fit_shared_returns_best_weights_constant_rate_curves_and_the_early_snapshot():

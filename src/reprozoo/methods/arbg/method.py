@@ -200,6 +200,16 @@ def sample_proposal(model, n_samples: int, generator, chunk: int = 5000):
     return torch.cat(ys).cpu(), torch.cat(lqs).cpu()
 
 
+def nll_subset(y_test, n_nll: int | None):
+    """The test samples the NLL reads: every k-th of the chain-major test set (k = len // n_nll), so
+    that ``n_nll`` samples come from every test chain alike (a chain's states are strongly correlated:
+    the number of chains, not of states, sets the standard error); all of them when ``n_nll`` is None
+    or at least the set's size."""
+    if not n_nll or int(n_nll) >= len(y_test):
+        return y_test
+    return y_test[:: len(y_test) // int(n_nll)][: int(n_nll)]
+
+
 def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop: float = 1000.0,
              trim: float = 0.002, chunk: int = 5000, ref_half=None, ref_crop_margin: float = 10.0,
              with_nll: bool = True, n_nll: int | None = None):
@@ -263,7 +273,7 @@ def evaluate(model, target, y_test, n_samples: int, generator, hist_range, crop:
     if with_nll:
         # test NLL on every k-th held-out sample (``n_nll`` of them, spread over every test chain; all
         # when None): the CNF's likelihood is an ODE solve per sample
-        y_nll = y_test if not n_nll or n_nll >= len(y_test) else y_test[:: len(y_test) // int(n_nll)][: int(n_nll)]
+        y_nll = nll_subset(y_test, n_nll)
         with torch.no_grad():
             lq_test = torch.cat([model.log_prob(y_nll[i:i + chunk].float()).double().cpu()
                                  for i in range(0, len(y_nll), chunk)])
