@@ -168,3 +168,81 @@ def test_units_per_record_and_per_variant_values():
     assert np.allclose(per_record([1, 0, 1, 1, 0, 0], 2), [0.5, 1.0, 0.0])
     assert per_variant({"default": 1e-3, "image_only": 4e-3}, "image_only") == 4e-3
     assert per_variant({"default": 1e-3}, "ecg_r1") == 1e-3 and per_variant(2e-3, "x") == 2e-3
+
+
+def test_eval_records_are_simulated_once_and_keyed_by_their_config(tmp_path, monkeypatch):
+    from reprozoo.methods.ecg_r1 import method as M
+
+    p = {"n_val": 2, "n_test": 2, "views_test": 1, "noise_mv": [0.02, 0.08]}
+    fresh = M.eval_arrays(p, progress=lambda *_: None)
+    first = M.cached_eval_arrays(p, tmp_path, progress=lambda *_: None)
+    assert sorted(first) == sorted(fresh) and all(np.array_equal(first[k], fresh[k]) for k in fresh)
+
+    def no_simulation(*a, **k):
+        raise AssertionError("simulated again although cached")
+
+    monkeypatch.setattr(M, "eval_arrays", no_simulation)
+    again = M.cached_eval_arrays(p, tmp_path, progress=lambda *_: None)   # read back, not simulated
+    assert all(np.array_equal(again[k], fresh[k]) for k in fresh)
+    assert M._eval_cache_key({**p, "n_test": 3}) != M._eval_cache_key(p)  # another size: not reused
+    with pytest.raises(AssertionError):
+        M.cached_eval_arrays({**p, "n_test": 3}, tmp_path, progress=lambda *_: None)
+
+
+def test_stage2_rule_is_the_same_for_every_variant_and_reads_the_reward():
+    """Stage 2 stops on the validation evidence reward for RL and SFT continuations alike; the
+    val_loss the stop reads is minus the greedy reports' mean reward (a perfect model scores -1)."""
+    import torch
+
+    from reprozoo.methods.ecg_r1 import method as M
+    from reprozoo.methods.ecg_r1.model import ReportModel
+
+    rng = np.random.default_rng(0)
+    rep = np.stack([P.protocol_report(_feat(hr=h)) for h in (50.0, 75.0, 120.0, 80.0)])
+    arr = {"sig": rng.standard_normal((4, 1000)).astype(np.float32),
+           "img": rng.random((4, 40, 200)).astype(np.float32), "report": rep}
+    p = {"group": 4, "rl_batch": 2, "batch": 3, "p_drop": 0.25}
+    torch.manual_seed(0)
+    model = ReportModel(8)
+    for variant in M.VARIANTS:
+        setup, drop, stage2 = M.SETUP[variant]
+        train_loss, val_loss = M.stage2_losses(arr, arr, setup, drop, stage2, p)
+        out = val_loss(model)
+        assert set(out) == {"neg_reward", "ce"} and -1.0 <= out["neg_reward"] <= 0.0
+        loss = train_loss(model, torch.Generator().manual_seed(1))
+        assert loss.ndim == 0 and torch.isfinite(loss)
+        again = train_loss(model, torch.Generator().manual_seed(1))     # draws come from gen alone
+        assert torch.allclose(loss, again)
+
+    class Perfect(torch.nn.Module):
+        def encode(self, sig, img, ms, mi):
+            return torch.zeros(len(sig), 1)
+
+        def sft_loss(self, z, target):
+            return torch.tensor(0.0)
+
+        def generate(self, z, greedy=True):
+            return torch.from_numpy(rep), None
+
+    assert M.stage2_losses(arr, arr, "both", True, "rl", p)[1](Perfect())["neg_reward"] == pytest.approx(-1.0)
+
+
+def test_shared_stage_runs_once_per_key(tmp_path):
+    """ecg_r1 and sft_only share stage 1: the second cell loads what the first trained; another
+    key (rate, setup, ...) trains afresh."""
+    import torch
+
+    from reprozoo.methods.ecg_r1.method import shared_stage
+
+    np.savez(tmp_path / "data.npz", x=np.zeros(3))
+    calls = []
+
+    def run():
+        calls.append(1)
+        return {"state": {"w": torch.arange(3.0)}, "curves": {"c": ([0, 1], [2.0, 1.0])}}
+
+    a = shared_stage(tmp_path, {"lr": 4e-3, "setup": "both"}, run)
+    b = shared_stage(tmp_path, {"lr": 4e-3, "setup": "both"}, run)
+    assert len(calls) == 1 and torch.equal(a["state"]["w"], b["state"]["w"]) and b["curves"] == a["curves"]
+    shared_stage(tmp_path, {"lr": 2e-3, "setup": "both"}, run)
+    assert len(calls) == 2

@@ -3,17 +3,20 @@
 Stages
 * train_shared (per seed): simulate the records with neurokit2 (data.py), measure them with the
   protocol (protocol.py: delineation -> features -> six-statement report), draw noisy
-  observations (``views_train`` per training record, ``views_test`` per test record) and render
-  each as an image. Cached in ``shared_dir/data.npz``; every variant of the seed reads the same
-  arrays.
-* train (per variant x seed): ``sft_steps`` of teacher-forced SFT, then ``rl_steps`` of a second
-  stage: group policy gradient with the evidence reward (RL variants) or more SFT (sft_only, so
-  both arms get the same number of updates on the same data). Evaluation decodes greedily on the
-  held-out records with both modalities, the signal only and the image only.
+  observations (``views_train`` per training record, ``views_test`` per validation / test record)
+  and render each as an image. Cached in ``shared_dir/data.npz``; every variant of the seed reads
+  the same arrays.
+* train (per variant x seed): stage 1, ``sft_steps`` of teacher-forced SFT at the variant's rate
+  (ecg_r1 and sft_only share it exactly: ``shared_stage`` trains it once per seed); stage 2 from
+  the SFT model, by blocks.fitting.fit_to_plateau with the same grid and stop for every variant
+  (``fit2``): group policy gradient with the evidence reward (RL variants) or more SFT (sft_only),
+  until the validation evidence reward is flat, best-validation weights kept. Evaluation decodes
+  greedily on the held-out records with both modalities, the signal only and the image only.
+  The validation and test records (EVAL_SEED) are simulated once per run (cached_eval_arrays).
 
-Variants (same data, steps, batch, width and optimiser for all)
+Variants (same data, SFT steps, stage-2 rule, batch, width and optimiser for all)
     ecg_r1         both modalities, interleaved modality dropout, SFT -> evidence-reward RL
-    sft_only       both modalities, the same dropout, SFT for sft_steps + rl_steps
+    sft_only       both modalities, the same dropout and SFT stage, stage 2 = more SFT
     rl_no_dropout  both modalities always present, SFT -> RL
     signal_only    signal encoder only, SFT -> RL
     image_only     image encoder only, SFT -> RL
@@ -52,6 +55,19 @@ GENERIC_CURVES: list[str] = []   # plot() draws the training curves with seed ba
 EVAL_SEED = 20_260_204       # validation and test records: the same for every seed (seeds vary training)
 
 
+def _source_hash(*names: str) -> str:
+    """sha256 of this folder's source files, read once at import: the code that is running."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / f).read_bytes() for f in names)).hexdigest()
+
+
+_EVAL_SRC = _source_hash("data.py", "protocol.py", "method.py")    # keys the evaluation-record cache
+_STAGE_SRC = _source_hash("model.py", "method.py")                 # keys the shared SFT stage
+
+
 def simulate_records(n: int, rng: np.random.Generator, progress=print) -> list[dict]:
     """n records with successful delineation: params, clean signal, features, protocol report and
     the grounded check's reference (protocol.ground_truth)."""
@@ -77,19 +93,72 @@ def make_views(records: list[dict], views: int, rng: np.random.Generator, noise_
     return {"sig": sig, "img": img, "report": rep, "feat": feat, "ref": ref}
 
 
+def eval_arrays(p: dict, progress=print) -> dict:
+    """Validation and test arrays from EVAL_SEED: records, then their views, in that order."""
+    eval_rng = np.random.default_rng(EVAL_SEED)
+    recs = {"val": simulate_records(p["n_val"], eval_rng, progress),
+            "test": simulate_records(p["n_test"], eval_rng, progress)}
+    arrays = {}
+    for name, r in recs.items():
+        for k, v in make_views(r, p["views_test"], eval_rng, tuple(p["noise_mv"])).items():
+            arrays[f"{name}_{k}"] = v
+    return arrays
+
+
+def _eval_cache_key(p: dict) -> str:
+    """What the evaluation arrays depend on: their sizes, the noise, EVAL_SEED, the code that
+    simulates, measures and renders them, and neurokit2's version."""
+    import hashlib
+    import json
+
+    import neurokit2 as nk
+
+    key = json.dumps([EVAL_SEED, p["n_val"], p["n_test"], p["views_test"], list(p["noise_mv"]),
+                      nk.__version__, _EVAL_SRC])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def cached_eval_arrays(p: dict, cache_dir, progress=print) -> dict:
+    """eval_arrays, simulated once per run for all seeds: the validation and test records are the
+    same for every seed (EVAL_SEED), so the first seed's train_shared writes them next to the
+    per-seed folders (under a lock, atomically) and the others read them. Keyed by
+    _eval_cache_key, so a changed size, noise or simulation code simulates afresh."""
+    import fcntl
+    import os
+    from pathlib import Path
+
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = _eval_cache_key(p)
+    path = cache_dir / f"eval_records_{key}.npz"
+    with open(cache_dir / f".eval_records_{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                # a second seed waits here (no CPU) ...
+        if path.exists():                                # ... and reads what the first wrote
+            try:
+                with np.load(path) as z:
+                    arrays = {k: z[k] for k in z.files}
+                progress(f"validation and test records read from {path.name}")
+                return arrays
+            except Exception:                            # a damaged cache: simulate again
+                pass
+        arrays = eval_arrays(p, progress)
+        tmp = cache_dir / f".eval_records_{key}.{os.getpid()}.npz"
+        np.savez_compressed(tmp, **arrays)
+        os.replace(tmp, path)
+        return arrays
+
+
 def train_shared(ctx) -> None:
     """Training records from the seed's stream; validation and test records from EVAL_SEED, so every
-    seed is scored on the same records and per-record units pair across seeds and variants."""
+    seed is scored on the same records and per-record units pair across seeds and variants (they
+    are simulated once per run: cached_eval_arrays)."""
     p = ctx.params
     rng = ctx.rng(0)
-    eval_rng = np.random.default_rng(EVAL_SEED)
-    parts = {"train": (simulate_records(p["n_train"], rng, ctx.progress), p["views_train"], rng),
-             "val": (simulate_records(p["n_val"], eval_rng, ctx.progress), p["views_test"], eval_rng),
-             "test": (simulate_records(p["n_test"], eval_rng, ctx.progress), p["views_test"], eval_rng)}
     arrays = {}
-    for name, (recs, views, r) in parts.items():
-        for k, v in make_views(recs, views, r, tuple(p["noise_mv"])).items():
-            arrays[f"{name}_{k}"] = v
+    recs = simulate_records(p["n_train"], rng, ctx.progress)
+    for k, v in make_views(recs, p["views_train"], rng, tuple(p["noise_mv"])).items():
+        arrays[f"train_{k}"] = v
+    arrays.update(cached_eval_arrays(p, ctx.shared_dir.parent, ctx.progress))
     np.savez_compressed(ctx.shared_dir / "data.npz", **arrays)
 
 
@@ -126,14 +195,97 @@ def per_record(values: np.ndarray, views: int) -> np.ndarray:
     return np.asarray(values, float).reshape(-1, views).mean(axis=1)
 
 
-def train(ctx) -> None:
+def stage2_losses(tr: dict, va: dict, setup: str, use_dropout: bool, stage2: str, p: dict):
+    """The second stage's (train_loss, val_loss) for blocks.fitting.fit_to_plateau.
+
+    train_loss(model, gen): one RL step's group policy-gradient surrogate (RL variants) or one SFT
+    minibatch's cross-entropy (sft_only); the batch, the dropout masks and the policy samples all
+    come from ``gen``, so every rate of the grid sees the same draws.
+    val_loss(model): {"neg_reward": minus the mean evidence reward of the greedy validation
+    reports (what the stop and the kept weights follow), "ce": the validation cross-entropy}."""
     import torch
 
-    from .model import ReportModel, dropout_masks, group_policy_loss
+    from .model import dropout_masks, group_policy_loss
+
+    T = {k: torch.from_numpy(tr[k]) for k in ("sig", "img", "report")}
+    n = len(tr["report"])
+
+    def masks(b, gen):
+        if setup == "both" and use_dropout:
+            r = np.random.default_rng(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+            ms, mi = dropout_masks(b, p["p_drop"], r)
+        else:
+            ms, mi = _masks(setup, b)
+        return torch.from_numpy(ms), torch.from_numpy(mi)
+
+    def rl_loss(model, gen):
+        g, b = p["group"], p["rl_batch"]
+        idx = torch.randint(0, n, (b,), generator=gen)
+        zb = model.encode(T["sig"][idx], T["img"][idx], *masks(b, gen)).repeat_interleave(g, 0)
+        rep, logp = model.generate(zb, greedy=False, gen=gen)
+        reward = P.evidence_reward(rep.numpy(), T["report"][idx].repeat_interleave(g, 0).numpy())
+        return group_policy_loss(logp, torch.from_numpy(reward).float(), g)
+
+    def sft_loss(model, gen):
+        b = p["batch"]
+        idx = torch.randint(0, n, (b,), generator=gen)
+        return model.sft_loss(model.encode(T["sig"][idx], T["img"][idx], *masks(b, gen)), T["report"][idx])
+
+    vm = tuple(map(torch.from_numpy, _masks(setup, len(va["report"]))))
+    V = {k: torch.from_numpy(va[k]) for k in ("sig", "img", "report")}
+
+    def val_loss(model):
+        with torch.no_grad():
+            zv = model.encode(V["sig"], V["img"], *vm)
+            ce = float(model.sft_loss(zv, V["report"]))
+            rep = model.generate(zv, greedy=True)[0].numpy()
+        return {"neg_reward": -float(P.evidence_reward(rep, va["report"]).mean()), "ce": ce}
+
+    return (rl_loss if stage2 == "rl" else sft_loss), val_loss
+
+
+def shared_stage(shared_dir, key: dict, run):
+    """run() -> a dict of tensors and lists, computed once per ``key`` in ``shared_dir`` (the seed's
+    folder) and loaded by any later cell with the same key (under a lock; written atomically). The
+    key adds the data file's identity and the source of model.py and method.py, so changed code or
+    data trains afresh."""
+    import fcntl
+    import hashlib
+    import json
+    import os
+    from pathlib import Path
+
+    import torch
+
+    st = (Path(shared_dir) / "data.npz").stat()
+    tag = hashlib.sha256(json.dumps([key, st.st_size, st.st_mtime_ns, _STAGE_SRC],
+                                    sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = Path(shared_dir) / f"stage1_{tag}.pt"
+    with open(Path(shared_dir) / f".stage1_{tag}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            try:
+                return torch.load(path, weights_only=False)
+            except Exception:                            # a damaged file: train again
+                pass
+        out = run()
+        tmp = Path(shared_dir) / f".stage1_{tag}.{os.getpid()}.pt"
+        torch.save(out, tmp)
+        os.replace(tmp, path)
+        return out
+
+
+def train(ctx) -> None:
+    import copy
+
+    import torch
+
+    from ...blocks.fitting import fit_to_plateau
+    from .model import ReportModel, dropout_masks
 
     p = ctx.params
     setup, use_dropout, stage2 = SETUP[ctx.variant]
-    lr_sft, lr_rl = per_variant(p["lr"], ctx.variant), per_variant(p["lr_rl"], ctx.variant)
+    lr_sft = per_variant(p["lr"], ctx.variant)
     z = np.load(ctx.shared_dir / "data.npz")
     keys = ("sig", "img", "report", "feat", "ref")
     split = {s: {k: z[f"{s}_{k}"] for k in keys} for s in ("train", "val", "test")}
@@ -142,8 +294,7 @@ def train(ctx) -> None:
     T = {k: torch.from_numpy(v) for k, v in tr.items() if k in ("sig", "img", "report")}
 
     torch.manual_seed(ctx.seed)
-    rng = ctx.rng(1)                                   # batches and dropout masks
-    gen = torch.Generator().manual_seed(ctx.seed)       # policy samples
+    rng = ctx.rng(1)                                   # SFT batches and dropout masks
     model = ReportModel(p["width"])
 
     def batch_masks(b):
@@ -153,74 +304,71 @@ def train(ctx) -> None:
             ms, mi = _masks(setup, b)
         return torch.from_numpy(ms), torch.from_numpy(mi)
 
-    val_masks = _masks(setup, len(split["val"]["report"]))
-    curves = {k: ([], []) for k in ("val_loss", "val_reward", "sft_val_loss", "rl_val_reward", "lr_sft", "lr_rl")}
+    train_loss, val_loss = stage2_losses(tr, split["val"], setup, use_dropout, stage2, p)
+    curves = {k: ([], []) for k in ("val_loss", "val_reward", "sft_val_loss", "lr_sft")}
 
     def add(name, step, value):
         curves[name][0].append(step)
         curves[name][1].append(float(value))
 
-    def log_val(step, stage, lr):
-        """Validation CE and reward at ``step``; the gate's curves per stage: the SFT stage's CE
-        (the whole run for sft_only, whose second stage is SFT) and the RL stage's reward."""
-        va = split["val"]
-        with torch.no_grad():
-            zv = model.encode(torch.from_numpy(va["sig"]), torch.from_numpy(va["img"]),
-                              *map(torch.from_numpy, val_masks))
-            ce = float(model.sft_loss(zv, torch.from_numpy(va["report"])))
-        rew = float(evaluate(model, va, *val_masks)["reward"].mean())
-        add("val_loss", step, ce)
-        add("val_reward", step, rew)
-        if stage == "sft":
-            add("sft_val_loss", step, ce)
-            add("lr_sft", step, lr)
-        if stage == "rl":
-            add("rl_val_reward", step, rew)
-            add("lr_rl", step, lr)
-        return ce, rew
+    def log_val(step):
+        """The SFT stage's validation CE (its gate curve) and evidence reward at ``step``."""
+        out = val_loss(model)                         # one encoding for both numbers
+        ce, rew = out["ce"], -out["neg_reward"]
+        for name, v in (("val_loss", ce), ("val_reward", rew), ("sft_val_loss", ce), ("lr_sft", lr_sft)):
+            add(name, step, v)
 
-    def sft_step(opt):
-        idx = torch.from_numpy(rng.integers(n, size=p["batch"]))
-        ms, mi = batch_masks(len(idx))
-        loss = model.sft_loss(model.encode(T["sig"][idx], T["img"][idx], ms, mi), T["report"][idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    def rl_step(opt):
-        g = p["group"]
-        idx = torch.from_numpy(rng.integers(n, size=p["rl_batch"]))
-        ms, mi = batch_masks(len(idx))
-        zb = model.encode(T["sig"][idx], T["img"][idx], ms, mi).repeat_interleave(g, 0)
-        rep, logp = model.generate(zb, greedy=False, gen=gen)
-        reward = torch.from_numpy(P.evidence_reward(rep.numpy(), T["report"][idx].repeat_interleave(g, 0).numpy()))
-        loss = group_policy_loss(logp, reward.float(), g)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    # constant learning rates (no schedule: the gate's lr floor holds by construction), recorded
-    opt = torch.optim.Adam(model.parameters(), lr=lr_sft)
-    total = p["sft_steps"] + p["rl_steps"]
-    for step in range(p["sft_steps"]):
-        if step % p["eval_every"] == 0:
-            log_val(step, "sft", lr_sft)
-        sft_step(opt)
-    if stage2 == "rl":
-        log_val(p["sft_steps"], "sft", lr_sft)          # the SFT stage's last point ...
-        opt2 = torch.optim.Adam(model.parameters(), lr=lr_rl)
-        for step in range(p["sft_steps"], total):
-            if (step - p["sft_steps"]) % p["eval_every_rl"] == 0:
-                log_val(step, "rl", lr_rl)               # ... and the RL stage's first
-            rl_step(opt2)
-        ce, rew = log_val(total, "rl", lr_rl)
-    else:                                               # sft_only: plain continuation of the SFT run
-        for step in range(p["sft_steps"], total):
+    def sft_stage():
+        """Stage 1, SFT: sft_steps at the variant's constant rate (piloted grid), every variant."""
+        opt = torch.optim.Adam(model.parameters(), lr=lr_sft)
+        for step in range(p["sft_steps"]):
             if step % p["eval_every"] == 0:
-                log_val(step, "sft", lr_sft)
-            sft_step(opt)
-        ce, rew = log_val(total, "sft", lr_sft)
-    ctx.progress(f"val CE {ce:.3f}, val reward {rew:.3f} (lr {lr_sft:g} / {lr_rl:g})")
+                log_val(step)
+            idx = torch.from_numpy(rng.integers(n, size=p["batch"]))
+            loss = model.sft_loss(model.encode(T["sig"][idx], T["img"][idx], *batch_masks(len(idx))),
+                                  T["report"][idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        log_val(p["sft_steps"])
+        return {"state": model.state_dict(), "curves": curves}
+
+    # ecg_r1 and sft_only share stage 1 exactly (same seed, setup, dropout and rate): the first of
+    # them to run trains it, the other loads it (shared_stage: keyed by everything it depends on)
+    done = shared_stage(ctx.shared_dir, {"setup": setup, "dropout": use_dropout, "lr": lr_sft, "seed": ctx.seed,
+                                         **{k: p[k] for k in ("sft_steps", "batch", "width", "eval_every", "p_drop")}},
+                        sft_stage)
+    model.load_state_dict(done["state"])
+    for k, (xs, ys) in done["curves"].items():
+        curves[k] = (list(xs), list(ys))
+
+    # stage 2, from the SFT model: evidence-reward RL (RL variants) or more SFT (sft_only), each by
+    # blocks.fitting's rule: the same rate grid piloted on the validation reward, then to a plateau
+    # of the validation reward (flat_tol below the gate's), one rate drop, a second plateau; the
+    # best-validation weights are kept. The gate reads exactly the curve the stop tested.
+    sft_model = model
+    fit = {"select": "neg_reward", "stop_on": ["neg_reward"], **p["fit2"]}
+    model, rec = fit_to_plateau(lambda gen: copy.deepcopy(sft_model), train_loss, val_loss, fit,
+                                ctx.seed, label=f"{ctx.variant} stage 2 ({stage2})", progress=ctx.progress)
+    x2 = [p["sft_steps"] + s for s in rec["steps"]]
+    reward2 = [-v for v in rec["vals"]]
+    ctx.metrics.curve("s2_val_reward", x2, reward2)
+    ctx.metrics.curve("lr_s2", x2, rec["lrs"])
+    ctx.metrics.curve("s2_val_ce", x2, rec["curves"]["ce"])
+    for x, r, c in zip(x2[1:], reward2[1:], rec["curves"]["ce"][1:]):   # whole-run curves for the plot
+        add("val_loss", x, c)
+        add("val_reward", x, r)
+    ctx.metrics.scalar("lr_chosen_s2", rec["lr"])
+    ctx.metrics.scalar("steps_s2", rec["stop"])
+    ctx.metrics.scalar("updates", p["sft_steps"] + rec["stop"])
+    ctx.metrics.scalar("plateau_s2", float(bool(rec["plateau"])))
+    ctx.metrics.scalar("lr_edge_s2", {"top": 1.0, "bottom": -1.0}.get(rec["lr_edge"], 0.0))
+    if rec["drop_gain"] is not None:
+        ctx.metrics.scalar("drop_gain_s2", rec["drop_gain"])
+    for lr, score in rec["pilot_best"].items():
+        ctx.metrics.scalar(f"pilot_reward_s2_lr{lr:g}", -score)
+    ctx.progress(f"SFT lr {lr_sft:g}; stage 2 lr {rec['lr']:g}, {rec['stop']} steps, "
+                 f"best val reward {-min(rec['vals']):.3f}")
     for name, (xs, ys) in curves.items():
         if xs:
             ctx.metrics.curve(name, xs, ys)
