@@ -10,9 +10,12 @@ Variants (same data, same per-seed subject split, same labelled subsets, same tr
 - ``rector_softfixed``: ablation, the same network pre-trained and fine-tuned the same way with the
   partition frozen at RECTOR's own soft start softmax(logit 6 x anatomical one-hot) (what learning
   the partition adds, at the same sparsity: the afp_helps claim);
-- ``rector_fixedp``: ablation, the same pre-trained network with the partition the hard anatomical
-  one-hot (exactly block-sparse attention; the paper's "fixed anatomical prior" row: learning and
-  softness together);
+- ``rector_randp``: control, the same network pre-trained and fine-tuned the same way with the
+  partition frozen at a random partition of the same softness and region sizes (the anatomical labels
+  shuffled over the channels, one draw per seed: ``random_regions``): the afp_helps control (does any
+  frozen departure from the anatomical grouping do as well?);
+- ``rector_fixedp`` (built here, not in the smoke run since round 7): the same pre-trained network
+  with the partition the hard anatomical one-hot (exactly block-sparse attention);
 - ``rector_scratch``: ablation, the RECTOR network fine-tuned from random initialisation (what the
   pre-training adds);
 - ``dense_tf``: a dense transformer of about the same parameter count on the same DE tokens,
@@ -30,14 +33,16 @@ has a finite optimum, so its validation cross-entropy can reach a plateau).
 
 Stages. train_shared (per seed): the simulated recordings and their DE tokens and alpha-band
 correlations (features.py, mne filters; computed once per process), a subject-wise split by
-rotation (smoke: 10 test, 1 validation, 14 unlabelled pre-training, 5 labelled training subjects of
+rotation (smoke: 10 test, 2 validation, 13 unlabelled pre-training, 5 labelled training subjects of
 30), per-subject standardisation (each subject's own mean and sd, no labels; transductive for the
 test subjects), nested labelled subsets (k per class, and "all"), and the channel-drop sets of the
 robustness test (each test epoch its own channels, ``drop_reps`` repetitions), all shared by the
 variants. train (per variant x seed): fit at each of the variant's label counts; record per test
 subject (units) the weighted-F1 ``wf1`` at the main count, ``wf1_all`` on every label, ``wf1_low``
 (mean over the low counts), for the partitioned variants the partition's ``net_recovery``
-(network_recovery: within-planted-network minus left-right-pair co-membership) and, for the all-label model, ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 %
+(network_recovery: within-planted-network minus left-right-pair co-membership), for ``rector`` the
+score of the seed's random frozen partition ``net_recovery_rand`` (the afp_finds_networks control),
+the learning-rate pilots' scores (``pilot_<fit>``, ``lr_edge_<fit>``) and, for the all-label model, ``f1_drop_rel`` = (F1(0 %) - mean F1(10-50 %
 of channels removed at test time)) / F1(0 %), the relative fall.
 """
 from __future__ import annotations
@@ -50,8 +55,8 @@ import numpy as np
 from reprozoo.figures import save_figure
 
 DATASET = "eeg_motor_imagery"  # paper scale: real EEG (PhysioNet EEGMMIDB); ci/smoke: the folder's simulator
-PRETRAINED = ("rector", "rector_softfixed", "rector_fixedp", "dense_tf")
-PARTITIONED = ("rector", "rector_softfixed", "rector_fixedp", "rector_scratch")
+PRETRAINED = ("rector", "rector_softfixed", "rector_fixedp", "dense_tf", "rector_randp")
+PARTITIONED = ("rector", "rector_softfixed", "rector_fixedp", "rector_scratch", "rector_randp")
 
 
 # --- shared per-seed work ----------------------------------------------------------------------
@@ -219,11 +224,67 @@ def build_net(variant: str, f: dict, p: dict):
     cfg = dict(p["dense"] if kind == "dense" else p["rector"])
     if variant == "rector_fixedp":
         cfg["fixed_partition"] = True
-    if variant == "rector_softfixed":
+    if variant in ("rector_softfixed", "rector_randp"):
         cfg["learn_partition"] = False
+    ids = f["region_ids"]
+    if variant == "rector_randp":  # a random frozen partition of the same softness and region sizes
+        ids = random_regions(ids, int(f.get("seed", 0)))
     _, C, T, F = f["tokens"].shape
-    return TokenTransformer(kind, F, T, torch.as_tensor(f["pos"]), torch.as_tensor(f["region_ids"]),
+    return TokenTransformer(kind, F, T, torch.as_tensor(f["pos"]), torch.as_tensor(ids),
                             len(f["regions"]), n_classes=n_classes, **cfg)
+
+
+def random_regions(region_ids: np.ndarray, seed: int) -> np.ndarray:
+    """The anatomical region labels shuffled over the channels (a fixed draw per seed): a random
+    partition with the anatomical regions' sizes, no anatomy and no learning. Softened with RECTOR's
+    start logit and frozen it is the random-partition control (``net_recovery_rand``, variant
+    ``rector_randp``)."""
+    return np.random.default_rng([int(seed), 7919]).permutation(np.asarray(region_ids))
+
+
+def soft_partition(region_ids: np.ndarray, n_regions: int, logit: float) -> np.ndarray:
+    """softmax(logit x one-hot(region_ids)) row-wise: RECTOR's soft start for the anatomical labels."""
+    L = float(logit) * np.eye(int(n_regions))[np.asarray(region_ids, int)]
+    E = np.exp(L - L.max(1, keepdims=True))
+    return E / E.sum(1, keepdims=True)
+
+
+def fit_bracketed(build, train_loss, val_loss, fit: dict, seed: int, label: str, progress):
+    """The shared rule (``reprozoo.blocks.fitting.fit_to_plateau``) with one addition for every fit
+    (round 7, cold review item d): when the chosen rate sits at an edge of the grid (``lr_edge``) and
+    ``fit["extend_edge"]`` is on, the next rate beyond that edge (the grid's own ratio) is piloted the
+    same way (same initial weights, same batches, same pilot length and score); if it scores better the
+    fit is redone at that rate, otherwise the first fit stands, now bracketed. A pilot costs
+    ``pilot_steps`` steps, so the extension costs little unless it wins. The record's ``pilot_best``
+    holds every piloted rate, ``lr_edge`` the edge of the extended grid (or None). The global torch
+    generator (dropout) is reseeded before each fit, so a fit does not depend on how many steps the
+    fits before it took, and the refit's pilot at the extra rate is the probe's pilot exactly."""
+    import torch
+
+    from reprozoo.blocks.fitting import fit_to_plateau
+
+    torch.manual_seed(seed)
+    model, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, label, progress)
+    edge = rec.get("lr_edge")
+    grid = sorted(float(x) for x in fit["lr_grid"])
+    if not edge or not fit.get("extend_edge") or len(grid) < 2:
+        return model, rec
+    extra = grid[0] ** 2 / grid[1] if edge == "bottom" else grid[-1] ** 2 / grid[-2]
+    pilots = dict(rec["pilot_best"])
+    # a pilot only: the extra rate for pilot_steps steps, no continuation (min = max = pilot_steps)
+    n = int(fit["pilot_steps"])
+    torch.manual_seed(seed + 1)
+    _, probe = fit_to_plateau(build, train_loss, val_loss, dict(fit, lr_grid=[extra], min_steps=n, max_steps=n),
+                              seed, f"{label} (extra rate {extra:g})", progress)
+    pilots.update(probe["pilot_best"])
+    if pilots[extra] < pilots[float(rec["lr"])]:
+        torch.manual_seed(seed + 1)
+        model, rec = fit_to_plateau(build, train_loss, val_loss, dict(fit, lr_grid=[extra]), seed, label, progress)
+        rec["lr_edge"] = edge  # the extended grid's edge
+    else:
+        rec["lr_edge"] = None
+    rec["pilot_best"] = pilots
+    return model, rec
 
 
 def pretrain(variant: str, f: dict, p: dict, seed: int, ctx):
@@ -232,7 +293,7 @@ def pretrain(variant: str, f: dict, p: dict, seed: int, ctx):
     evaluation). Returns the encoder with its best-validation weights."""
     import torch
 
-    from reprozoo.blocks.fitting import fit_to_plateau, log_fit
+    from reprozoo.blocks.fitting import log_fit
 
     from .models import PretrainHeads, PretrainModel, pretrain_losses
 
@@ -262,9 +323,9 @@ def pretrain(variant: str, f: dict, p: dict, seed: int, ctx):
         with torch.no_grad():
             return float(total(m, xv, corrv, torch.Generator().manual_seed(1234)))
 
-    model, rec = fit_to_plateau(build, train_loss, val_loss, q["fit"], seed, label=f"{variant} pretrain",
-                                progress=ctx.progress)
+    model, rec = fit_bracketed(build, train_loss, val_loss, q["fit"], seed, f"{variant} pretrain", ctx.progress)
     log_fit(ctx.metrics, "pt", rec)
+    _log_pilots(ctx, "pt", rec)
     return model.net
 
 
@@ -298,8 +359,6 @@ def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray,
     import torch
     import torch.nn.functional as F
 
-    from reprozoo.blocks.fitting import fit_to_plateau
-
     q = p["fit"]
     bs = min(int(q["batch"]), len(y))
     X, y, Xv, yv = (torch.as_tensor(a) for a in (X, y, Xv, yv))
@@ -315,7 +374,7 @@ def finetune(make, X: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray,
         with torch.no_grad():
             return val_curves(net(Xv, fullv), yv)
 
-    net, rec = fit_to_plateau(lambda gen: make(), train_loss, val_loss, q, seed, label, progress)
+    net, rec = fit_bracketed(lambda gen: make(), train_loss, val_loss, q, seed, label, progress)
     first = int(q.get("keep_from", 0))
     steps, vals = np.array(rec["steps"]), np.array(rec["vals"])
     ok = steps >= first
@@ -376,6 +435,17 @@ def _record_partition(ctx, net, anat: np.ndarray, prefix: str = "", ch_names=Non
         ctx.metrics.scalar("n_regions", P.shape[1])
 
 
+def _log_pilots(ctx, name: str, rec: dict) -> None:
+    """Each pilot rate's score (the tail-mean validation err it was chosen on) as the curve
+    ``pilot_<name>`` (x: log10 rate) and where the chosen rate sits: ``lr_edge_<name>`` = +1 at the
+    grid's top, -1 at its bottom, 0 inside (a grid that does not bracket the choice is extended)."""
+    lrs = sorted(rec.get("pilot_best") or {})
+    if lrs:
+        ctx.metrics.curve(f"pilot_{name}", [float(np.log10(r)) for r in lrs], [rec["pilot_best"][r] for r in lrs])
+    edge = rec.get("lr_edge")
+    ctx.metrics.scalar(f"lr_edge_{name}", 1.0 if edge == "top" else -1.0 if edge == "bottom" else 0.0)
+
+
 def _count_name(k) -> str:
     return "all" if k == "all" else str(int(k))
 
@@ -384,6 +454,7 @@ def train(ctx) -> None:
     p = ctx.params
     v = ctx.variant
     f = dict(np.load(ctx.shared_dir / "features.npz"))
+    f["seed"] = int(ctx.seed)
     y, tr, va, te = f["y"], f["train"], f["val"], f["test"]
     subj = f["subj"][te]
     main = int(p["main_label_count"])
@@ -418,6 +489,14 @@ def train(ctx) -> None:
         torch.manual_seed(ctx.seed)
         X = f["raw"] if v == "eegnet" else f["tokens"]
         anat = f["region_ids"].astype(int)
+        if v == "rector":
+            # the afp_finds_networks control: a randomly initialised partition, frozen (RECTOR's start
+            # softness on the anatomical labels shuffled over the channels); its score is 0 in
+            # expectation, so the claim must not be passed by a partition that learned nothing
+            rand = soft_partition(random_regions(anat, ctx.seed), len(f["regions"]), float(p["rector"]["anat_logit"]))
+            score = network_recovery(rand, f["ch_names"].tolist())
+            if score is not None:
+                ctx.metrics.scalar("net_recovery_rand", score)
         if v in PRETRAINED:
             net0 = pretrain(v, f, p, ctx.seed, ctx)
             if v in ("rector", "rector_softfixed"):
@@ -432,6 +511,7 @@ def train(ctx) -> None:
                                 f"{v} k={k}", ctx.progress)
             name = "ft" if k == str(main) else f"ft{k}"
             log_fit(ctx.metrics, name, rec)
+            _log_pilots(ctx, name, rec)
             ctx.metrics.scalar(f"kept_step_{name}", float(rec["kept"]))
             # the training cross-entropy at the end (chance: ln 3 = 1.10): a fine-tune that never gets
             # below it learned nothing

@@ -211,7 +211,28 @@ class EEGNet(nn.Module):
         self.head = nn.Linear(n_flat, n_classes)
 
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-        return self.head(self.net((x * present[..., None])[:, None]))
+        x = x * present[..., None]
+        if not self.training:  # the same function, the spatial sum taken first (see fused_spatial)
+            return self.head(self.net[3:](self.fused_spatial(x)))
+        return self.head(self.net(x[:, None]))
+
+    def fused_spatial(self, x: torch.Tensor) -> torch.Tensor:
+        """Temporal conv -> BatchNorm (eval: an affine map per kernel) -> depthwise spatial conv, in eval
+        mode, with the channel sum taken before the temporal convolution: all three are linear, so
+        sum_c w_oc (a_f conv_f(x_c) + b_f) = a_f conv_f(sum_c w_oc x_c) + b_f sum_c w_oc for output map
+        o of kernel f = o // D. The temporal convolution then runs on F1 x D maps instead of F1 x C
+        (the validation pass of every fit and the test pass; about 10x less work at 19 channels).
+        Exact up to rounding (test_eegnet_fused_eval_path_equals_the_layer_by_layer_one)."""
+        conv_t, bn, conv_s = self.net[0], self.net[1], self.net[2]
+        D = conv_s.out_channels // conv_t.out_channels
+        w_s = conv_s.weight[:, 0, :, 0]  # (F1 D, C)
+        a = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        b = bn.bias - bn.running_mean * a
+        z = torch.einsum("oc,bcl->bol", w_s, x)
+        kern = conv_t.weight[:, 0, 0, :].repeat_interleave(D, 0)[:, None]  # (F1 D, 1, k)
+        h = F.conv1d(z, kern, padding=conv_t.padding[1], groups=z.shape[1])
+        h = h * a.repeat_interleave(D)[:, None] + (b.repeat_interleave(D) * w_s.sum(1))[:, None]
+        return h[:, :, None]
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
         """The temporal convolution and its BatchNorm (B, F1, C, L'): per channel, so in eval mode a
