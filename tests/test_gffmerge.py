@@ -686,11 +686,16 @@ def test_published_rule_is_ridge_least_squares_on_the_stacked_normalised_rows():
         solve_layer(stats, prior, 1e-6, ridge_mode="towards-zero")
 
 
-def test_published_rule_defaults_are_the_papers():
-    from reprozoo.methods.gffmerge.method import published_rule
+def test_fixed_rules_defaults_and_configs_agree():
+    """The two fixed rules differ only in whose layer inputs they use: the code rule (gffmerge) the
+    teachers', gffmerge_seq the merged model's; both the fixed 1e-6 x I, plain rows, no prior."""
+    from reprozoo.methods.gffmerge.method import VARIANTS_FIXED, published_rule
 
     assert published_rule({"merge": {}}) == {"inputs": "teacher", "ridge": 1e-6, "ridge_mode": "absolute",
                                              "edge_weighting": False}
+    assert published_rule({"merge": {}}, "seq") == {**published_rule({"merge": {}}), "inputs": "sequential"}
+    assert VARIANTS_FIXED == {"gffmerge": "published", "gffmerge_ft": "published", "gffmerge_seq": "seq",
+                              "gffmerge_seq_ft": "seq"}
     import yaml
     from pathlib import Path
 
@@ -698,7 +703,52 @@ def test_published_rule_defaults_are_the_papers():
 
     for scale in ("ci", "smoke", "paper"):
         p = yaml.safe_load((Path(pkg.__file__).parent / "configs" / f"{scale}.yaml").read_text())
-        assert published_rule(p) == published_rule({"merge": {}}), scale
+        for rule in ("published", "seq"):
+            assert published_rule(p, rule) == published_rule({"merge": {}}, rule), (scale, rule)
+
+
+def test_dense_target_is_the_blocks_residual_update(systems):
+    """SchNet's interaction block is x <- x + dense(...): the teacher's block output minus its block
+    input equals the teacher's dense output, so the merge's dense target (block output minus the
+    block input, teacher's or merged model's) is the teacher's dense output when the inputs agree."""
+    from reprozoo.methods.gffmerge.merge import teacher_activations
+
+    t = _specialists(systems, _init(), scale=0.5)[1]
+    layers = schnet_layers(t)
+    acts = teacher_activations(t, _batches(systems)[1], layers)
+    dense = [l for l in layers if l.block]
+    assert [l.name for l in dense] == [f"interactions.{i}.dense" for i in range(len(t.interactions))]
+    for l in dense:
+        for j in range(len(acts.outputs[l.name])):
+            got = acts.outputs[l.block][j] - acts.inputs[l.block][j]
+            assert got.abs().max() > 1e-3  # a non-trivial update
+            assert torch.allclose(got, acts.outputs[l.name][j], atol=1e-12, rtol=0)
+
+
+def test_seq_rule_is_exact_for_identical_models_and_differs_from_teacher_inputs(systems):
+    """gffmerge_seq: merged-model inputs with the fixed absolute ridge. Identical teachers: every layer
+    fits the outputs (residual ~ 0); with ridge 0 each layer reproduces the teacher's outputs on the
+    merge rows exactly, so the next layer sees the teacher's own inputs and both input choices
+    reproduce the teacher's energies and forces (the weights may differ in directions the rows do
+    not determine); different teachers: they give different merges."""
+    from reprozoo.methods.gffmerge.method import published_rule
+
+    init = _init()
+    t = _specialists(systems[:1], init, scale=0.5)[0]
+    seq_kw, pub_kw = published_rule({"merge": {}}, "seq"), published_rule({"merge": {}})
+    same = [copy.deepcopy(t), copy.deepcopy(t)]
+    _, info = gffmerge(same, _batches(systems), **seq_kw)
+    assert max(info.residual_merged.values()) < 1e-3
+    for kw in (seq_kw, pub_kw):
+        m = with_backbone(t, gffmerge(same, _batches(systems), **{**kw, "ridge": 0.0})[0])
+        for d in systems:
+            e0, f0 = _energies(t, d)
+            e1, f1 = _energies(m, d)
+            assert torch.allclose(e0, e1, rtol=1e-6, atol=1e-6) and torch.allclose(f0, f1, rtol=1e-4, atol=1e-6)
+    diff = _specialists(systems, init, scale=0.5)
+    seq, _ = gffmerge(diff, _batches(systems), **seq_kw)
+    pub, _ = gffmerge(diff, _batches(systems), **pub_kw)
+    assert any(not torch.allclose(pub[k], seq[k], atol=1e-6) for k in pub if pub[k].is_floating_point())
 
 
 def test_published_rule_merge_is_near_exact_for_identical_models_and_uses_teacher_inputs(systems):

@@ -19,19 +19,23 @@ system's head:
   individual       each specialist on its own system (reference, no sharing)
   weight_avg       backbone = mean of the two specialists' backbones
   task_arithmetic  theta_0 + lambda * sum_k (theta_k - theta_0), lambda picked on validation frames
-  gffmerge         the published GNNMerge++ closed form: layer-wise least squares on each
-                   teacher's own layer inputs, a fixed ridge 1e-6 added to X^T X, no prior
-                   (merge.py, inputs=teacher, ridge_mode=absolute; configs' merge.published)
+  gffmerge         the GNNMerge++ code rule (teacher inputs, layer-wise least squares) transferred
+                   to SchNet: each teacher's own layer inputs, a fixed 1e-6 x I added to X^T X (ours:
+                   the public code has no ridge), no prior (merge.py, inputs=teacher,
+                   ridge_mode=absolute; configs' merge.published)
   gffmerge_ft      gffmerge, then a joint fine-tune until its validation curve is flat
+  gffmerge_seq     the same rule with the merged model's own layer inputs (inputs=sequential, layers
+                   solved in forward order), the same fixed 1e-6 x I, plain rows, no prior, no grid
+                   (configs' merge.seq): isolates the input choice from our other additions
+  gffmerge_seq_ft  gffmerge_seq, then the same joint fine-tune (the initialisation claims on a
+                   closed form that works)
   gffmerge_ours    our variant: merged-model inputs (inputs=sequential), a ridge towards the weight
-                   average chosen on validation from merge.ridge_grid
-  gffmerge_ours_force  extension (not in the paper): gffmerge_ours plus force-aware rows, the layers'
-                   directional derivatives along random displacements (merge.py, derivatives=1)
+                   average chosen on validation from merge.ridge_grid, edge rows weighted
   weight_avg_ft    weight_avg, then the same fine-tune (is the merge a better starting point?)
   joint            one backbone + two heads trained from theta_0 on both systems until flat
                    (the gold standard; trained in train_shared, whose converged validation error
                    sets the fine-tunes' accuracy target)
-The specialists, joint training and both fine-tunes train by the platform's one rule
+The specialists, joint training and the three fine-tunes train by the platform's one rule
 (``blocks.fitting.fit_to_plateau`` via ``multitask.fit_rule``, configs' ``fit``: a rate grid
 piloted on validation, the chosen rate held to a plateau, one drop, a second plateau), so the
 method and every baseline that trains share the grid, the rule and the caps; wall times of joint
@@ -55,12 +59,14 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-# the published GNNMerge++ rule (configs' merge.published: each teacher's own layer inputs, a fixed
-# ridge added to X^T X, no prior) and our variant (merged-model inputs, a prior towards the weight
-# average, the ridge chosen on validation; _force adds force-aware rows)
+# fixed closed-form rules (no grid, no prior; configs' merge.<rule>): the GNNMerge++ code rule on
+# each teacher's own layer inputs (merge.published) and the same rule on the merged model's inputs
+# (merge.seq); our variant (merged-model inputs, a prior towards the weight average, the ridge
+# chosen on validation). ``gffmerge_ours_force`` (force-aware rows) is no longer run (no claim read it).
+VARIANTS_FIXED = {"gffmerge": "published", "gffmerge_ft": "published", "gffmerge_seq": "seq", "gffmerge_seq_ft": "seq"}
 VARIANTS_PUBLISHED = ("gffmerge", "gffmerge_ft")
 VARIANTS_OURS = ("gffmerge_ours", "gffmerge_ours_force")
-VARIANTS_MERGE = VARIANTS_PUBLISHED + VARIANTS_OURS
+VARIANTS_MERGE = tuple(VARIANTS_FIXED) + VARIANTS_OURS
 # setting name -> metric prefix; the unprefixed metrics (read by the paper's claims) are the
 # pre-trained setting
 SETTINGS = {"pretrained": "", "random": "rand_"}
@@ -604,13 +610,15 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
                 best = (loss, float(lam), st)
         merged = best[2]
         ctx.metrics.scalar(f"{pre}ta_lambda", best[1])
-    elif v in VARIANTS_PUBLISHED:
-        # the published GNNMerge++ rule, as the paper states it: each teacher's own layer inputs, a
-        # fixed ridge (1e-6) added to the normalised X^T X, no prior, plain rows; no grid, no tuning
-        pub = published_rule(p)
+    elif v in VARIANTS_FIXED:
+        # a fixed closed-form rule: the GNNMerge++ code rule (teacher inputs; merge.published) or the
+        # same with the merged model's inputs (merge.seq); a fixed ridge (1e-6) added to the normalised
+        # X^T X, no prior, plain rows; no grid, no tuning
+        rule = VARIANTS_FIXED[v]
+        pub = published_rule(p, rule)
         batches = _merge_batches(p, systems)
         (merged, info), secs, cpus = _timed(lambda: gffmerge(teachers, batches, seed=ctx.seed, **pub), reps)
-        ctx.progress(f"[{setting}] {v}: published rule {pub}")
+        ctx.progress(f"[{setting}] {v}: fixed rule '{rule}' {pub}")
         ctx.metrics.scalar(f"{pre}ridge_chosen", float(pub["ridge"]))
         ctx.metrics.scalar(f"{pre}merge_seconds", secs)
         ctx.metrics.scalar(f"{pre}merge_cpu_seconds", cpus)
@@ -708,10 +716,19 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
     _record_errors(ctx, systems, models, prefix=pre)
 
 
-def published_rule(p: dict) -> dict:
-    """The published GNNMerge++ rule's settings (configs' ``merge.published``; defaults: the paper's)."""
-    pub = {"inputs": "teacher", "ridge": 1e-6, "ridge_mode": "absolute", "edge_weighting": False,
-           **p["merge"].get("published", {})}
+FIXED_RULES = {
+    # the GNNMerge++ code rule transferred to SchNet: each teacher's own layer inputs
+    "published": {"inputs": "teacher", "ridge": 1e-6, "ridge_mode": "absolute", "edge_weighting": False},
+    # the same with the merged model's own layer inputs (layers solved in forward order)
+    "seq": {"inputs": "sequential", "ridge": 1e-6, "ridge_mode": "absolute", "edge_weighting": False},
+}
+
+
+def published_rule(p: dict, rule: str = "published") -> dict:
+    """A fixed closed-form rule's settings (configs' ``merge.<rule>``; defaults :data:`FIXED_RULES`).
+    The 1e-6 ridge is ours (a fixed numerical regulariser): neither the brief (plain
+    ``lstsq([X1;X2],[Y1;Y2])``) nor the public code (``torch.linalg.lstsq``) has one."""
+    pub = {**FIXED_RULES[rule], **p["merge"].get(rule, {})}
     return {"inputs": str(pub["inputs"]), "ridge": float(pub["ridge"]), "ridge_mode": str(pub["ridge_mode"]),
             "edge_weighting": bool(pub["edge_weighting"])}
 
@@ -740,7 +757,8 @@ def steps_to_target(steps, values, target: float):
 
 # --- plots -----------------------------------------------------------------------------------------
 
-ORDER = ["individual", "joint", "gffmerge_ft", "gffmerge", "gffmerge_ours", "gffmerge_ours_force", "weight_avg_ft",
+ORDER = ["individual", "joint", "gffmerge_ft", "gffmerge_seq_ft", "gffmerge", "gffmerge_seq", "gffmerge_ours",
+         "gffmerge_ours_force", "weight_avg_ft",
          "task_arithmetic", "weight_avg"]
 
 
@@ -777,10 +795,12 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     save_figure(fig, plots_dir / "mae_per_system.png", dpi=110)
 
     # wall time: merge (closed form), merge + fine-tune, joint training
-    bars = [("gffmerge\npublished closed form", "merge_seconds", "gffmerge"),
+    bars = [("gffmerge\ncode rule, teacher inputs", "merge_seconds", "gffmerge"),
+            ("gffmerge_seq\nmerged-model inputs", "merge_seconds", "gffmerge_seq"),
             ("gffmerge_ours\n(ridge selection)", "merge_seconds", "gffmerge_ours"),
             ("gffmerge_ours_force", "merge_seconds", "gffmerge_ours_force"),
             ("gffmerge_ft\nmerge + fine-tune", "merge_ft_seconds", "gffmerge_ft"),
+            ("gffmerge_seq_ft\nmerge + fine-tune", "merge_ft_seconds", "gffmerge_seq_ft"),
             ("joint training", "joint_train_seconds", "joint"),
             ("2 specialists\n(paid once, before)", "specialist_train_seconds", "individual")]
     bars = [(lbl, *stat(m, v)) for lbl, m, v in bars if not np.isnan(stat(m, v)[0])]
@@ -825,7 +845,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     cur = table[table.metric.isin(["layer_residual_merged", "layer_residual_average"]) & table.x.notna()]
     if not cur.empty:
         fig, ax = pl.subplots(figsize=(6.4, 4.4))
-        for v in [v for v in ("gffmerge", "gffmerge_ours", "gffmerge_ours_force") if v in set(cur.variant)]:
+        for v in [v for v in ("gffmerge", "gffmerge_seq", "gffmerge_ours", "gffmerge_ours_force") if v in set(cur.variant)]:
             g = cur[(cur.variant == v) & (cur.metric == "layer_residual_merged")].groupby("x").value.mean()
             ax.semilogy(g.index, g.values, "-", marker="o", ms=3, label=f"{v}: closed form")
         g = cur[(cur.variant == "gffmerge") & (cur.metric == "layer_residual_average")].groupby("x").value.mean()
