@@ -569,7 +569,8 @@ def test_smoke_fine_tuning_rule_can_pass_the_gate():
     stop is the gate's own test at half the gate's tolerance; the earliest stop leaves >= 6
     validations in the gate's window; the rule's one rate drop (default 0.1, the gate's floor) is on,
     or off with a weight average (ema_decay) in its place; pilots are short (<= 10 % of the step cap); the smallest N gives the
-    from-scratch reference >= 20 cells; the pre-training sees >= 2 passes over its pool before it may
+    from-scratch reference >= 20 cells, and the gated fine-tuning curves are exactly the sizes the config
+    trains (round 7: N = 20 alone at smoke); the pre-training sees >= 2 passes over its pool before it may
     stop, and the pool is relaxed."""
     import pathlib
 
@@ -592,7 +593,10 @@ def test_smoke_fine_tuning_rule_can_pass_the_gate():
         assert rule["pilot_steps"] <= 0.1 * rule["max_steps"]
         assert "epochs" not in rule and "lr_final_factor" not in rule  # no cosine, no fixed pass count
     assert min(cfg["finetune"]["lr_grid"]) < 1e-3 < max(cfg["finetune"]["lr_grid"])
-    assert min(cfg["n_train"]) >= 20 and cfg["min_pretrain_ratio"] >= 10
+    ns = [int(n) for n in cfg["n_train"]]
+    assert min(ns) >= 20 and cfg["min_pretrain_ratio"] >= 10
+    gated = {c.curve for c in registry.get("triforces").convergence if c.curve.startswith("val_loss_n")}
+    assert gated == {f"val_loss_n{n}" for n in ns}
     n_pool = 1500 - 150 - cfg["n_label_pool"] - cfg["n_val"]   # smoke pool size minus test, reserve, dev
     assert cfg["pretrain"]["min_steps"] * cfg["pretrain"]["batch_size"] >= 2 * n_pool * 0.99
     assert cfg["pretrain_relax"]["fmax"] <= 0.1
