@@ -156,11 +156,11 @@ def test_expected_brain_map_of_a_certain_model_is_the_detokenised_map():
 
 
 def test_variant_plan_batches():
-    """joint and joint_shuffled: b of each of 7 tasks per step; single_task_joint_batch: 7 b of one task,
+    """joint and joint_planted: b of each of 7 tasks per step; single_task_joint_batch: 7 b of one task,
     one model per baseline task (the joint model's batch size, the batch-size control)."""
     from reprozoo.methods.mind_omni import method as M
 
-    for v in ("joint", "joint_shuffled"):
+    for v in ("joint", "joint_planted"):
         groups, per = M.variant_plan(v, 8)
         assert groups == [list(T.TASKS)] and per * len(groups[0]) == 56
     groups, per = M.variant_plan("single_task_joint_batch", 8)
@@ -169,42 +169,98 @@ def test_variant_plan_batches():
     assert groups == [["img2brain"], ["bqa"]] and per == 56
     with pytest.raises(ValueError):
         M.variant_plan("single_task_joint_batch", 8, ["brain2eeg"])
-    for gone in ("single_task", "joint_unrelated"):
+    for gone in ("single_task", "joint_unrelated", "joint_shuffled"):
         with pytest.raises(ValueError):
             M.variant_plan(gone, 8)
 
 
-def test_shuffled_pairing_breaks_brain_stimulus_pairs_in_train_and_val_only():
-    """The control's data: every training / validation image gets the brain tokens of an image of ANOTHER
-    digit from its own split; test pairs, images, captions and answers are untouched; the brain tokens
-    still come from real maps of the split (their marginal is kept)."""
+def test_shuffled_pairing_breaks_brain_stimulus_pairs_on_the_named_splits_only():
+    """The planted control's broken pairs: every test image gets the brain tokens AND the 'fMRI' of one
+    image of ANOTHER digit from the test split; train / val pairs, images, captions and answers are
+    untouched; the brain side still comes from real maps of the split (its marginal is kept)."""
     from reprozoo.methods.mind_omni import method as M
 
     rng = np.random.default_rng(0)
     n = 300
     labels = rng.integers(0, 10, n)
     brain = np.stack([np.arange(n)] * 16, 1)                   # row i's tokens name their own image
-    d = {"labels": labels, "brain_tok": brain, "train": np.arange(0, 200), "val": np.arange(200, 250),
-         "test": np.arange(250, 300), "caption": rng.integers(0, 5, (n, 3))}
+    fmri = np.arange(n, dtype=float)[:, None, None] * np.ones((1, 8, 8))
+    d = {"labels": labels, "brain_tok": brain, "fmri": fmri, "train": np.arange(0, 200),
+         "val": np.arange(200, 250), "test": np.arange(250, 300), "caption": rng.integers(0, 5, (n, 3))}
     out = M.shuffled_pairing(d, 0)
     src = out["brain_tok"][:, 0]
+    idx = d["test"]
+    assert np.isin(src[idx], idx).all()                          # drawn from its own split
+    assert (labels[src[idx]] != labels[idx]).all()              # always another digit
+    np.testing.assert_array_equal(out["fmri"][idx, 0, 0], src[idx])   # brain map and tokens move together
     for split in ("train", "val"):
-        idx = d[split]
-        assert np.isin(src[idx], idx).all()                      # drawn from its own split
-        assert (labels[src[idx]] != labels[idx]).all()          # always another digit
-        assert (out["brain_tok"][idx] == brain[src[idx]]).all()
-    np.testing.assert_array_equal(out["brain_tok"][d["test"]], brain[d["test"]])
+        np.testing.assert_array_equal(out["brain_tok"][d[split]], brain[d[split]])
+        np.testing.assert_array_equal(out["fmri"][d[split]], fmri[d[split]])
     np.testing.assert_array_equal(out["caption"], d["caption"])
     np.testing.assert_array_equal(d["brain_tok"], brain)         # the input is not modified
     np.testing.assert_array_equal(M.shuffled_pairing(d, 0)["brain_tok"], out["brain_tok"])   # seeded
+    both = M.shuffled_pairing(d, 0, ("train", "test"))
+    assert (labels[both["brain_tok"][d["train"], 0]] != labels[d["train"]]).all()
 
 
-def test_pipeline_runs_with_the_same_init_constant_rates_and_the_shuffled_control(tmp_path):
+def test_plant_deficit_removes_the_planted_amount():
+    """plant_deficit swaps images for their broken-pair scores in a random order until the mean has
+    fallen by the deficit: exact to one image's share; the fraction swapped is about deficit / gap; the
+    units are either the true or the swapped ones; where the gap is smaller, all swap (the whole gap)."""
+    from reprozoo.methods.mind_omni import method as M
+
+    rng = np.random.default_rng(1)
+    n = 4000
+    true = np.clip(rng.normal(0.5, 0.3, n), -1, 1)
+    swapped = np.clip(rng.normal(0.0, 0.3, n), -1, 1)
+    gap = true.mean() - swapped.mean()
+    out, f = M.plant_deficit(true, swapped, 0.1, np.random.default_rng(0))
+    assert 0.1 <= true.mean() - out.mean() <= 0.1 + np.abs(true - swapped).max() / n
+    assert f == pytest.approx(0.1 / gap, abs=0.02)
+    assert np.all((out == true) | (out == swapped))
+    assert np.sum(out != true) == round(f * n)
+    out, f = M.plant_deficit(true, true - 0.05, 0.1, np.random.default_rng(0))
+    assert f == 1.0 and true.mean() - out.mean() == pytest.approx(0.05)
+
+
+def test_planted_control_fails_the_tie_passing_claims_that_a_tie_passes():
+    """The control's purpose (cold review, issue 27): a joint model that TIES the single-task models on
+    every task passes both non-inferiority claims; the same model with the planted deficit (0.1, config)
+    fails both, and fails the synergy claim. So the control sits near the margins, not at chance."""
+    import pandas as pd
+
+    from reprozoo.claims import evaluate_expr
+    from reprozoo.registry import get
+
+    spec = get("mind_omni")
+    p = spec.config("smoke")
+    deficit = float(p["planted_deficit"])
+    assert deficit == pytest.approx(2 * max(c.margin or 0 for c in spec.claims))   # twice the larger margin
+    claims = {c.id: c for c in spec.claims}
+
+    def value(cid, diff):
+        rows = []
+        for t in p["baseline_tasks"]:
+            rows += [dict(metric=f"cc_{t}", variant="single_task_joint_batch", seed=0, x=np.nan, value=0.4),
+                     dict(metric=f"cc_{t}", variant="joint", seed=0, x=np.nan, value=0.4 + diff)]
+        return evaluate_expr(claims[cid].expr, pd.DataFrame(rows), 0)
+
+    def holds(cid, diff):
+        c = claims[cid]
+        v, thr = value(cid, diff), c.threshold - (c.margin or 0)
+        return v > thr if c.op == ">" else v >= thr
+
+    assert holds("matches_or_beats_most_tasks", 0.0) and holds("competitive_on_every_task", 0.0)
+    for cid in claims:
+        assert not holds(cid, -deficit), cid
+
+
+def test_pipeline_runs_with_the_same_init_constant_rates_and_the_planted_control(tmp_path):
     """ci-size cells of every variant: every task scored per test image and chance-corrected; each
     model's gate curves and constant learning rate recorded; every model starts from the same weights
     (the first per-task validation loss is identical between joint and the single-task models); the
-    shuffled-pairing control is trained on other brain tokens (its first validation loss on the brain
-    tasks differs from joint's) and scored on every task."""
+    planted control trains the joint model itself (the same validation curves) and records a planted
+    fraction in [0, 1] and its units for every task."""
     from reprozoo import registry
     from reprozoo.runtime import RunContext
     from reprozoo.methods.mind_omni import method as M
@@ -231,18 +287,20 @@ def test_pipeline_runs_with_the_same_init_constant_rates_and_the_shuffled_contro
         for t in tasks:
             assert len(m.unit_values[f"cc_{t}"]) == n_test
             assert np.isfinite(m.scalars[f"cc_{t}"])
-            assert m.scalars[f"cc_{t}"] == pytest.approx(T.chance_corrected(t, m.scalars[f"score_{t}"]))
+            if v != "joint_planted":
+                assert m.scalars[f"cc_{t}"] == pytest.approx(T.chance_corrected(t, m.scalars[f"score_{t}"]))
+            else:
+                assert 0 <= m.scalars[f"planted_fraction_cc_{t}"] <= 1
             if v != "single_task_joint_batch":
                 assert m.curves[f"val_joint_{t}"][1] == m.curves[f"val_loss_{t}"][1]
             if v == "single_task_joint_batch":
                 assert m.curves[f"val_loss_{t}"][1][0] == pytest.approx(out["joint"].curves[f"val_loss_{t}"][1][0])
         if v == "single_task_joint_batch":
             assert not any(f"cc_{t}" in m.scalars for t in T.TASKS if t not in base)
-    assert (out["joint"].scalars["batch_size"] == out["joint_shuffled"].scalars["batch_size"]
+    assert (out["joint"].scalars["batch_size"] == out["joint_planted"].scalars["batch_size"]
             == out["single_task_joint_batch"].scalars["batch_size"] == 28)
-    # same initial weights, other brain tokens: the brain tasks' first validation loss differs
-    assert out["joint_shuffled"].curves["val_loss_brain2img"][1][0] != pytest.approx(
-        out["joint"].curves["val_loss_brain2img"][1][0], rel=1e-9)
+    # the control is the joint model itself: the same validation curve
+    np.testing.assert_allclose(out["joint_planted"].curves["val_joint"][1], out["joint"].curves["val_joint"][1])
 
 
 def test_bqa_evaluation_sets_ask_every_question_of_every_image():
@@ -358,9 +416,9 @@ def test_matches_count_is_finite_on_the_margin_and_counts_each_task_once():
     assert value([0.0, 0.0, -0.05, -0.05, -0.019]) == 3.0
 
 
-def test_claims_read_only_tasks_with_a_baseline_and_the_shuffled_control():
+def test_claims_read_only_tasks_with_a_baseline_and_the_planted_control():
     """Every claim reads cc of the smoke config's baseline tasks only (the composite tasks have no
-    single-task model), and its control replaces joint by the shuffled-pairing joint model."""
+    single-task model), and its control replaces joint by the planted-deficit joint model."""
     from reprozoo.claims import tokens
     from reprozoo.registry import get
 
@@ -369,7 +427,7 @@ def test_claims_read_only_tasks_with_a_baseline_and_the_shuffled_control():
     for c in spec.claims:
         read = {m for m, _ in tokens(c.expr)}
         assert read == {f"cc_{t}" for t in base}, c.id
-        assert c.control == {"joint": "joint_shuffled"}
+        assert c.control == {"joint": "joint_planted"}
 
 
 def test_one_stopping_rule_for_every_model_at_smoke():

@@ -3,7 +3,7 @@
 * ``reconstructions.png``: a few test digits: the image, its 'fMRI' map, brain -> image from every
   variant, and the brain -> caption each produced (seed 0);
 * ``score_per_task.png``: each task's chance-corrected score (what the claims compare), joint, the
-  single-task baseline (on the tasks that have one) and the shuffled-pairing joint control, mean +-
+  single-task baseline (on the tasks that have one) and the planted-deficit joint control, mean +-
   std over seeds;
 * ``curve_val_loss.png``: per-task validation loss (nats per masked token) against steps, every
   variant, mean with a +- std band over seeds; the last panel is the joint model's training loss.
@@ -18,8 +18,8 @@ from . import data as D
 from .tasks import TASKS
 from reprozoo.figures import save_figure
 
-VARIANTS = ("joint", "single_task_joint_batch", "joint_shuffled")
-COLORS = {"joint": "C0", "single_task_joint_batch": "C1", "joint_shuffled": "C7"}
+VARIANTS = ("joint", "single_task_joint_batch", "joint_planted")
+COLORS = {"joint": "C0", "single_task_joint_batch": "C1", "joint_planted": "C7"}
 SCORE_LABEL = {"img2brain": "image->brain\npattern r", "txt2brain": "caption->brain\npattern r",
                "imgtxt2brain": "image+caption\n->brain pattern r", "brain2img": "brain->image\nident. acc",
                "brain2txt": "brain->caption\nword acc", "brain2imgtxt": "brain->image+caption\nmean",
@@ -76,7 +76,7 @@ def plot_scores(table, path: Path, pl) -> None:
             sds.append(vals.std(ddof=1) if len(vals) > 1 else 0.0)
             pts.append(vals)
         x = np.arange(len(tasks)) + (i - (len(bars) - 1) / 2) * w
-        label = "joint_shuffled: brain-stimulus pairs shuffled (control)" if name == "joint_shuffled" else name
+        label = "joint_planted: joint with a planted 0.1 deficit (control)" if name == "joint_planted" else name
         ax.bar(x, means, w, yerr=sds, color=COLORS[name], alpha=0.8, capsize=2, label=label)
         for xi, p in zip(x, pts):
             ax.plot(np.full(len(p), xi), p, "k.", ms=3)
