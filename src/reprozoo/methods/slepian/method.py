@@ -1,7 +1,7 @@
 """Slepian location encoders in miniature: land/sea and a coastal index around Japan.
 
 Variants (encoders.py), all at embedding dimension D (config ``encoder.dim``), same MLP head
-(head.py), same data, same steps:
+(head.py), same data, same training rule (blocks.fitting.fit_to_plateau, one rate grid):
   slepian (method)      D best-concentrated Slepian functions of the region's cap
   hybrid (method)       SH up to degree L_g + D - (L_g+1)² Slepian functions
   sh (baseline)         real spherical harmonics up to L, (L+1)² = D (Rußwurm et al.)
@@ -12,14 +12,15 @@ Stages:
       draw the coastal-index points in the cap (target tanh(signed coast distance / scale)); the
       proximity-only references of both tasks from the same training points (k-NN, inverse-distance
       weighted, k chosen on validation; and 1-NN); save ``tasks.npz``.
-  train (per variant x seed), the head's peak rate per encoder and task from ``head.lr`` /
-  ``coast_head.lr`` (chosen by ``lr_sweep.py`` from ``lr_grid`` on seed 0's validation split):
+  train (per variant x seed), both heads by fit_to_plateau (``head.fit`` / ``coast_head.fit``: the
+  rate grid piloted on validation, plateau stop, one rate drop, best-validation weights):
       encoder   dim, pole_gap (relative embedding change over longitudes at the poles);
                 slepian/hybrid: band limit, Shannon number, λ of the last kept function and the
                 concentration spectrum (curve slepian_eigenvalues; the plot overlays pyshtools')
       land/sea  head on train points; local_acc (test points in the cap, per point: units),
                 global_acc (test points outside it, units), local_knn_acc / local_nn_acc (the
-                references in the cap, units), val_loss_land and lr_land curves, pole_pred_gap
+                references in the cap, units), val_loss_land and lr_land curves (and the fit record,
+                :func:`_log_fit`), pole_pred_gap
                 (largest change of P(land) over longitudes at a pole), map_land_prob curve (P(land)
                 on the region grid, for the maps)
       coast     regression head on the coastal index; coast_mse, coast_knn_mse and coast_nn_mse per
@@ -67,15 +68,6 @@ def make_tasks(p: dict, rng_land: np.random.Generator, rng_coast: np.random.Gene
     return {**land, **land_sea_knn(land, p["region"]), **coast_task(p, rng_coast, field), "_field": field}
 
 
-def head_cfg(p: dict, key: str, variant: str) -> dict:
-    """The head config of a task (``head`` or ``coast_head``) with the variant's peak rate resolved
-    (``lr`` is one number, or one per variant as chosen by ``lr_sweep.py``)."""
-    cfg = dict(p[key])
-    if isinstance(cfg["lr"], dict):
-        cfg["lr"] = cfg["lr"][variant]
-    return cfg
-
-
 def _encoder_metrics(ctx, enc) -> None:
     ctx.metrics.scalar("dim", enc.dim)
     ctx.metrics.scalar("pole_gap", pole_gap(enc))
@@ -91,6 +83,27 @@ def _encoder_metrics(ctx, enc) -> None:
     ctx.metrics.curve("slepian_eigenvalues", range(1, n + 1), ours[:n])
 
 
+def _log_fit(ctx, task: str, rec: dict) -> None:
+    """The fit record of one head: curves val_loss_<task>, lr_<task> (the gate reads them),
+    train_loss_<task>; scalars lr_chosen_<task> (the piloted rate), steps_<task> (where the plateau
+    stop fired), best_step_<task>, drop_gain_<task> (how much the one rate drop lowered the best
+    validation loss, relative), plateau_<task> (1 if the plateau test held, 0 if max_steps ended it)
+    and lr_edge_<task> (1 if the chosen rate is the top or bottom of the grid)."""
+    steps = rec["steps"]
+    ctx.metrics.curve(f"val_loss_{task}", steps, rec["vals"])
+    ctx.metrics.curve(f"lr_{task}", steps, rec["lrs"])
+    ctx.metrics.curve(f"train_loss_{task}", steps[1:], rec["train"][1:])
+    ctx.metrics.scalar(f"lr_chosen_{task}", rec["lr"])
+    ctx.metrics.scalar(f"steps_{task}", rec["stop"])
+    ctx.metrics.scalar(f"best_step_{task}", steps[int(np.argmin(rec["vals"]))])
+    ctx.metrics.scalar(f"val_loss_{task}_best", min(rec["vals"]))
+    ctx.metrics.scalar(f"val_loss_{task}_slope", final_slope(steps, rec["vals"]))
+    ctx.metrics.scalar(f"plateau_{task}", float(bool(rec["plateau"])))
+    ctx.metrics.scalar(f"lr_edge_{task}", float(rec["lr_edge"] is not None))
+    if rec.get("drop_gain") is not None:
+        ctx.metrics.scalar(f"drop_gain_{task}", rec["drop_gain"])
+
+
 def train(ctx) -> None:
     p = ctx.params
     t = np.load(ctx.shared_dir / "tasks.npz")
@@ -103,8 +116,8 @@ def train(ctx) -> None:
 
     # land / sea
     X = {s: enc(t[f"{s}_lat"], t[f"{s}_lon"]) for s in ("train", "val")}
-    clf, steps, val, tr = fit_classifier(X["train"], t["train_y"], X["val"], t["val_y"], 2,
-                                         head_cfg(p, "head", ctx.variant), ctx.seed)
+    clf, rec = fit_classifier(X["train"], t["train_y"], X["val"], t["val_y"], 2, p["head"], ctx.seed,
+                              label=f"{ctx.variant} land", progress=ctx.progress)
     for split, name in (("test_local", "local_acc"), ("test_global", "global_acc")):
         pred = clf.proba(enc(t[f"{split}_lat"], t[f"{split}_lon"])).argmax(1)
         ctx.metrics.units(name, pred == t[f"{split}_y"])  # per test point: paired across variants
@@ -113,12 +126,7 @@ def train(ctx) -> None:
     ctx.metrics.units("local_nn_acc", t["test_local_nn_y"] == y_loc)
     ctx.metrics.scalar("local_majority_acc", max(y_loc.mean(), 1 - y_loc.mean()))
     ctx.metrics.scalar("global_majority_acc", max(t["test_global_y"].mean(), 1 - t["test_global_y"].mean()))
-    ctx.metrics.curve("val_loss_land", steps, val)
-    ctx.metrics.curve("lr_land", steps, clf.lr_history)
-    ctx.metrics.curve("train_loss_land", steps, tr)
-    ctx.metrics.scalar("val_loss_land_final", val[-1])
-    ctx.metrics.scalar("best_step_land", clf.best_step)
-    ctx.metrics.scalar("val_loss_land_slope", final_slope(steps, val))
+    _log_fit(ctx, "land", rec)
     lon = np.linspace(-180.0, 180.0, 36, endpoint=False)
     gaps = [np.ptp(clf.proba(enc(np.full(36, lat), lon))[:, 1]) for lat in (90.0, -90.0)]
     ctx.metrics.scalar("pole_pred_gap", max(gaps))
@@ -130,21 +138,15 @@ def train(ctx) -> None:
 
     # coastal index in the cap (regression), against 1-NN from the same training points
     Xc = {sp: enc(t[f"coast_{sp}_lat"], t[f"coast_{sp}_lon"]) for sp in ("train", "val", "test")}
-    reg, steps, val, tr = fit_regressor(Xc["train"], t["coast_train_y"], Xc["val"], t["coast_val_y"],
-                                        head_cfg(p, "coast_head", ctx.variant), ctx.seed)
+    reg, rec = fit_regressor(Xc["train"], t["coast_train_y"], Xc["val"], t["coast_val_y"], p["coast_head"],
+                             ctx.seed, label=f"{ctx.variant} coast", progress=ctx.progress)
     y = t["coast_test_y"]
     err = reg.predict(Xc["test"]) - y
     ctx.metrics.units("coast_mse", err**2)
     ctx.metrics.units("coast_knn_mse", (t["coast_test_knn_y"] - y) ** 2)
     ctx.metrics.units("coast_nn_mse", (t["coast_test_nn_y"] - y) ** 2)
     ctx.metrics.scalar("coast_r2", 1 - np.mean(err**2) / np.var(y))
-    ctx.metrics.curve("val_loss_coast", steps, val)
-    ctx.metrics.curve("lr_coast", steps, reg.lr_history)
-    ctx.metrics.curve("train_loss_coast", steps, tr)
-    ctx.metrics.scalar("val_loss_coast_final", val[-1])
-    ctx.metrics.scalar("best_step_coast", reg.best_step)
-    ctx.metrics.scalar("steps_coast", reg.steps_run)  # where the plateau stop fired (or the step cap)
-    ctx.metrics.scalar("val_loss_coast_slope", final_slope(steps, val))
+    _log_fit(ctx, "coast", rec)
     ctx.metrics.curve("map_coast_pred", range(len(grid_lat)), reg.predict(E_grid))
     if ctx.seed == min(p.get("seeds", [ctx.seed])):
         ctx.metrics.curve("map_coast_truth", range(len(grid_lat)), t["map_coast_truth"])
