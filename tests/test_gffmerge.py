@@ -741,14 +741,19 @@ def test_seq_rule_is_exact_for_identical_models_and_differs_from_teacher_inputs(
     assert max(info.residual_merged.values()) < 1e-3
     for kw in (seq_kw, pub_kw):
         m = with_backbone(t, gffmerge(same, _batches(systems), **{**kw, "ridge": 0.0})[0])
-        for d in systems:
-            e0, f0 = _energies(t, d)
-            e1, f1 = _energies(m, d)
-            assert torch.allclose(e0, e1, rtol=1e-6, atol=1e-6) and torch.allclose(f0, f1, rtol=1e-4, atol=1e-6)
+        _assert_same_predictions(t, m, systems)
     diff = _specialists(systems, init, scale=0.5)
     seq, _ = gffmerge(diff, _batches(systems), **seq_kw)
     pub, _ = gffmerge(diff, _batches(systems), **pub_kw)
     assert any(not torch.allclose(pub[k], seq[k], atol=1e-6) for k in pub if pub[k].is_floating_point())
+
+
+def _assert_same_predictions(ref, model, systems):
+    """``model`` reproduces ``ref``'s energies and forces on every system's frames."""
+    for d in systems:
+        e0, f0 = _energies(ref, d)
+        e1, f1 = _energies(model, d)
+        assert torch.allclose(e0, e1, rtol=1e-6, atol=1e-6) and torch.allclose(f0, f1, rtol=1e-4, atol=1e-6)
 
 
 def test_published_rule_merge_is_near_exact_for_identical_models_and_uses_teacher_inputs(systems):
@@ -765,11 +770,7 @@ def test_published_rule_merge_is_near_exact_for_identical_models_and_uses_teache
     state, info = gffmerge(teachers, _batches(systems), **kw)
     assert max(info.residual_merged.values()) < 1e-3
     state0, _ = gffmerge(teachers, _batches(systems), **{**kw, "ridge": 0.0})
-    m = with_backbone(t, state0)
-    for d in systems:
-        e0, f0 = _energies(t, d)
-        e1, f1 = _energies(m, d)
-        assert torch.allclose(e0, e1, rtol=1e-6, atol=1e-6) and torch.allclose(f0, f1, rtol=1e-4, atol=1e-6)
+    _assert_same_predictions(t, with_backbone(t, state0), systems)
     diff = _specialists(systems, init, scale=0.5)
     pub, _ = gffmerge(diff, _batches(systems), **kw)
     seq, _ = gffmerge(diff, _batches(systems), ridge=1e-8)
