@@ -644,3 +644,25 @@ def test_analytic_affine_moments_are_the_noise_average_of_the_sampled_ones():
                 assert np.allclose(st.Ga[m, h] / scale, st.G[m, h] / scale, atol=0.02)
                 assert np.allclose(st.ca[m, h] / scale, st.c[m, h] / scale, atol=0.02)
                 assert st.ea[m, h] == pytest.approx(st.e[m, h], rel=0.01)
+
+
+def test_probe_odd_sets_are_the_odd_monomials_of_the_path():
+    # estimator_probe.OddFeatures (the round's probe of richer ridge sets, README "Why the estimator
+    # misses"): same column counts as fkl.Features, and its cubic/pairs columns are v^3, v^5 and
+    # v_k^2 v_(k+1) of the path values: odd under x -> -x, as the score of a symmetric pitchfork chain
+    from reprozoo.methods.functional_kl.estimator_probe import OddFeatures
+
+    ts = np.linspace(0, 1, 4)
+    W = _whitener(ts, 0.3, {"kernel_length": 1.0})
+    fams = ("affine", "gate", "cubic", "pairs")
+    odd, plain = OddFeatures(W.L, 2, fams), Features(W.L, 2, fams)
+    assert odd.sizes == plain.sizes
+    x = np.random.default_rng(0).standard_normal((5, 8))
+    v = odd._path_values(x)
+    gates = [(np.zeros(8), 0.0), (np.zeros(8), 0.0)]
+    a, b = odd._raw(x, v, gates), odd._raw(-x, -v, gates)
+    k = 1 + 8 + 2
+    assert np.allclose(a[:, k:], -b[:, k:])
+    assert np.allclose(a[:, k + 8:k + 16], v**5)
+    V = v.reshape(5, 4, 2)
+    assert np.allclose(a[:, k + 16:].reshape(5, 3, 2), V[:, :-1] ** 2 * V[:, 1:])
