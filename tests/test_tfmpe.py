@@ -501,3 +501,71 @@ def test_fits_stop_and_select_on_the_posterior_quality_curve():
     assert len(hist["val_fm"]) == len(hist["val"]) and hist["val_fm"] != hist["val"]
     assert hist["best_val"] == min(hist["val"]) and hist["best_step"] >= 0
     assert min(hist["val"]) < 0.5 * hist["val"][0], (hist["val"][0], min(hist["val"]))
+
+
+def test_energy_score_reads_at_most_es_items_held_out_items(monkeypatch):
+    """The smoke config's ``es_items`` caps the held-out items the stopping curve integrates the flow
+    for (TFMPE's 3000-call fits); below the cap every held-out item is read, and the draws per item
+    stay ``es_draws`` either way."""
+    from reprozoo.methods.tfmpe import tokenised_fm
+
+    shapes = []
+    real_es = tokenised_fm.energy_score
+
+    def es_spy(draws, truth):
+        shapes.append((draws.shape[0], draws.shape[1], truth.shape[0]))
+        return real_es(draws, truth)
+    monkeypatch.setattr(tokenised_fm, "energy_score", es_spy)
+    m, gen = HierarchicalGaussian(), torch.Generator().manual_seed(0)
+    fit = dict(FIT, lr_grid=[1e-2], pilot_steps=4, min_steps=8, max_steps=8, eval_every=4, es_draws=3)
+    for cap, n_val in ((4, 4), (None, 10), (50, 10)):
+        shapes.clear()
+        _, hist, _ = train_joint(m, 2, 100, dict(dim=8, depth=1, heads=2), dict(fit, es_items=cap), 1, 3,
+                                 np.random.default_rng(0), gen)          # 100 sets, 10 held out
+        assert shapes and set(shapes) == {(n_val, 3, n_val)}, (cap, set(shapes))
+        assert hist["lr_edge"] == 0.0                                    # one rate: no edge to flag
+    _, hist, _ = train_joint(m, 2, 100, dict(dim=8, depth=1, heads=2), dict(fit, lr_grid=[1e-2, 3e-2]), 1, 3,
+                             np.random.default_rng(0), gen)
+    assert hist["lr_edge"] == (1.0 if hist["lr_chosen"] == 3e-2 else -1.0)  # two rates: always an edge
+
+
+def test_smoke_grids_of_the_calls_read_off():
+    """The budget grids of the calls read-off, fixed in the smoke config before measuring: TFMPE at
+    the sweep, joint at the sweep and up to S times its top at the claim site (S = 10) of the
+    conjugate problem; at the control sites (S = 1) and on SIR both run the same sweep. TFMPE's grid
+    tops out below joint's, so a censored TFMPE observation, given the top of joint's grid, counts
+    as no saving. ``tfmpe_extra_calls`` (the option piloted this round) extends TFMPE's grid at the
+    claim site only."""
+    from reprozoo import registry
+    from reprozoo.methods.tfmpe.method import _calls_grid
+
+    p = registry.get("tfmpe").config("smoke")
+    gauss, sir = p["problems"]["gauss"], p["problems"]["sir"]
+    s_claim, s_ctrl = gauss["sites"][0], gauss["control_sites"][0]
+    grid_t, grid_j = _calls_grid(p, "tfmpe", gauss, s_claim), _calls_grid(p, "joint", gauss, s_claim)
+    assert grid_t == p["budgets"] == [100, 300, 1000] and grid_j == [100, 300, 1000, 3000, 10000]
+    assert max(grid_j) == s_claim * max(p["budgets"]) and max(grid_t) < max(grid_j)
+    assert _calls_grid(p, "tfmpe", gauss, s_ctrl) == _calls_grid(p, "joint", gauss, s_ctrl) == p["budgets"]
+    assert _calls_grid(p, "tfmpe", sir, sir["sites"][0]) == _calls_grid(p, "joint", sir, sir["sites"][0]) == [1000]
+    log_t = np.log10(np.array(grid_t, float))
+    out = worst_case_for_censored(log_t, np.zeros(len(grid_t)), max(grid_j))
+    np.testing.assert_allclose(out, np.log10(max(grid_j)))
+    q = dict(p, tfmpe_extra_calls=[3000])
+    assert _calls_grid(q, "tfmpe", gauss, s_claim) == [100, 300, 1000, 3000]
+    assert _calls_grid(q, "tfmpe", gauss, s_ctrl) == p["budgets"] and _calls_grid(q, "joint", gauss, s_claim) == grid_j
+
+
+def test_claim_and_control_sites_score_their_own_number_of_observations():
+    """C2ST units: ``n_obs`` observations at the claim site, ``n_obs_control`` at the control site,
+    each with ``n_c2st`` exact posterior draws; the same for every variant (they depend on the seed,
+    problem and S only) and drawn without simulator calls counted."""
+    from reprozoo.methods.tfmpe.method import EvalData
+
+    m = HierarchicalGaussian()
+    ev = dict(n_obs=5, n_obs_control=3, n_c2st=7, n_rmse_sets=4, n_sets=6)
+    claim, ctrl = EvalData(0, m, "gauss", 10, ev, full=True), EvalData(0, m, "gauss", 1, ev, full=False)
+    assert claim.x_obs.shape[:2] == (5, 10) and ctrl.x_obs.shape[:2] == (3, 1)
+    assert len(claim.ref) == 5 and claim.ref[0].shape == (7, 11) and len(ctrl.ref) == 3
+    again = EvalData(0, m, "gauss", 10, ev, full=True)
+    np.testing.assert_array_equal(again.x_obs, claim.x_obs)
+    assert m.calls == 0

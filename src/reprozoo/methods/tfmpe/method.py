@@ -20,7 +20,8 @@ so it can at best tie). The comparison claims' controls repeat their test there:
 favoured TFMPE (more training, a better split) would pass it.
 
 Problems (``problems`` in the config): ``gauss`` = conjugate hierarchical Gaussian (analytic
-posterior: C2ST on ``n_obs`` observations per (seed, S), one unit each), ``sir`` = chain-binomial
+posterior: C2ST on ``n_obs`` observations per seed at claim sites and ``n_obs_control`` at
+control sites, one unit each), ``sir`` = chain-binomial
 SIR sites (no tractable posterior: calibration and posterior-mean error).
 
 Metrics per problem tag, S and simulator calls n (``<m>_<tag>_S<S>_c<n>``):
@@ -32,9 +33,10 @@ Metrics per problem tag, S and simulator calls n (``<m>_<tag>_S<S>_c<n>``):
   too, says whether it did; TFMPE's observations that never reach it are given the top of joint's
   grid, evaluation.worst_case_for_censored, so they count as no saving); ``calls_to_c2st_<tag>_S<S>``: the same read off the mean curve (for
   the plot);
-* ``sqerr`` (per-data-set units; sir at every budget, gauss at the largest): squared error of the
-  posterior mean against the true parameters in prior-sd units, mean over dimensions (gauss: every
-  dimension; sir: the two globals), on ``n_rmse_sets`` data sets; ``rmse`` = its root mean;
+* ``sqerr`` (per-data-set units; sir only, at every budget): squared error of the posterior mean of
+  the two global parameters against the truth in prior-sd units, mean over them, on
+  ``n_rmse_sets`` data sets; ``rmse`` = its root mean (not on the conjugate problem, where C2ST
+  scores the whole posterior: no claim read it there);
 * at the largest budget only (``<m>_<tag>_S<S>``, claim sites only): ``coverage_err`` (marginal
   SBC expected-coverage error), ``cond_ecdf_excess`` (calibration given the data: squared
   deviation of the SBC ranks' ECDF from uniform inside tertiles of a statistic of the data, less
@@ -74,6 +76,7 @@ def _record_fit(ctx, name: str, hist: dict) -> None:
     ctx.metrics.scalar(f"best_step_{name}", hist["best_step"])
     ctx.metrics.scalar(f"plateau_{name}", float(hist["plateau"]))
     ctx.metrics.scalar(f"lr_chosen_{name}", hist["lr_chosen"])
+    ctx.metrics.scalar(f"lr_edge_{name}", hist.get("lr_edge", 0.0))  # +1 / -1: the chosen rate is the grid's top / bottom
 
 
 class EvalData:
@@ -85,10 +88,12 @@ class EvalData:
         rng = np.random.default_rng([seed, PROBLEM_IDS[tag], n_sites, 99])
         calls0 = model.calls
         self.x_obs = None
-        if tag == "gauss":
-            _, _, self.x_obs = model.sample_joint(ev["n_obs"], n_sites, rng)
+        if tag == "gauss":  # observations (units) of the C2ST scores: n_obs at claim sites, n_obs_control at control sites
+            n_obs = ev["n_obs"] if full else ev.get("n_obs_control", ev["n_obs"])
+            _, _, self.x_obs = model.sample_joint(n_obs, n_sites, rng)
             self.ref = [model.sample_posterior(x, ev["n_c2st"], rng) for x in self.x_obs]
-        if full or self.x_obs is None:
+        if full or self.x_obs is None:  # drawn at claim sites of the conjugate problem too (unscored
+            # there), so that the SBC sets below stay the ones of earlier rounds
             g, l, self.x_rmse = model.sample_joint(ev["n_rmse_sets"], n_sites, rng)
             self.truth_rmse = np.concatenate([g, l.reshape(len(l), -1)], axis=1)
         if full:
@@ -103,7 +108,8 @@ class EvalData:
 
 def evaluate(ctx, est, data: EvalData, key: str, n_calls: int, top: bool, sbc: bool, generator) -> dict:
     """Scores of one trained estimator at one budget; ``top``: the largest budget at a claim site
-    (pair samples, posterior-mean error on the conjugate problem); ``sbc``: SBC calibration too.
+    (pair samples); ``sbc``: SBC calibration too. The posterior-mean error is scored only on a
+    problem without an exact posterior (SIR), at every budget.
     Returns the mean scores and, under ``c2st_units``, the per-observation C2ST values."""
     from ...blocks.gen_metrics import sbc_ranks, sbc_uniformity_pvalue
     from .evaluation import c2st_quadratic, conditional_ecdf_excess, coverage_error, site_summaries
@@ -122,7 +128,9 @@ def evaluate(ctx, est, data: EvalData, key: str, n_calls: int, top: bool, sbc: b
             ctx.metrics.curve(f"pair_samples_{key}", range(2 * k), q[0, :k, :2].ravel())  # (mu, theta_1) interleaved
             ref = data.ref[0]
             ctx.metrics.curve(f"pair_ref_{key}", range(2 * k), ref[:k, :2].ravel())
-    if (data.x_obs is None or top) and hasattr(data, "x_rmse"):  # posterior-mean error: every budget without an exact posterior
+    if data.x_obs is None and hasattr(data, "x_rmse"):  # posterior-mean error: every budget without an exact posterior
+        # (on the conjugate problem C2ST scores the whole posterior and no claim reads a posterior-mean
+        # error: it is no longer computed there; its 2 x 20000 flow draws per seed pay for the claim site's extra observations)
         draws = est.sample(data.x_rmse, ev["n_rmse_draws"], generator)
         err = ((draws.mean(axis=1) - data.truth_rmse) / data.prior_sd)[:, data.dims]
         sq = (err ** 2).mean(axis=1)
@@ -147,11 +155,14 @@ def evaluate(ctx, est, data: EvalData, key: str, n_calls: int, top: bool, sbc: b
 
 
 def _calls_grid(p: dict, v: str, prob: dict, s: int) -> list[int]:
-    """Budgets of variant ``v`` at ``s`` sites: the problem's sweep, and for joint at a claim site
-    of a problem with ``extra_calls`` the joint-only budgets too (control sites: the sweep only)."""
+    """Budgets of variant ``v`` at ``s`` sites: the problem's sweep, and at a claim site of a problem
+    with ``extra_calls`` each variant's extra budgets of the calls read-off (``joint_extra_calls``:
+    up to S times TFMPE's sweep; ``tfmpe_extra_calls``: TFMPE's grid past the sweep, empty at smoke
+    after a seed-0 pilot at 3000 calls did not move TFMPE's C2ST, README); control sites: the sweep only."""
     grid = list(prob.get("budgets", p["budgets"]))  # a problem may run a sub-grid (smoke: SIR at the largest B)
-    if v == "joint" and prob.get("extra_calls") and s in prob["sites"]:
-        grid += [n for n in p["joint_extra_calls"] if n not in grid]
+    extra = {"joint": "joint_extra_calls", "tfmpe": "tfmpe_extra_calls"}.get(v)
+    if extra and prob.get("extra_calls") and s in prob["sites"]:
+        grid += [n for n in p.get(extra, []) if n not in grid]
     return sorted(grid)
 
 

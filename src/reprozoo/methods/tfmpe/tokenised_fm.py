@@ -168,7 +168,7 @@ def _ema_after_step(pair: "_EMAPair", _step: int) -> None:
 def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tensor, *, lr_grid, max_steps: int,
             pilot_steps: int, min_steps: int, batch: int, val_frac: float, eval_every: int, flat_tol: float,
             ema_decay: float, generator: torch.Generator, ode_steps: int = 4,
-            val_items: int = 384, es_draws: int = 8, **rule_options) -> tuple[TokenVelocityField, dict]:
+            val_items: int = 384, es_draws: int = 8, es_items: int | None = None, **rule_options) -> tuple[TokenVelocityField, dict]:
     """CFM training of ``make_net()`` with the platform's one training rule,
     :func:`reprozoo.blocks.fitting.fit_to_plateau` (every rate of ``lr_grid`` piloted for
     ``pilot_steps`` from the same initial weights on the same batches, the best on validation
@@ -177,8 +177,11 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
     (1 - val_frac) / val_frac split (at least one item each way). Validation reads the moving
     average of the weights (:class:`_EMAPair`), which is the network returned.
 
-    Validation reads two curves (the shared rule's several-curve option), both on EVERY held-out
-    item (no cap) and with fixed noise (common random numbers between evaluations and rates):
+    Validation reads two curves (the shared rule's several-curve option), with fixed noise (common
+    random numbers between evaluations and rates): the flow-matching loss on EVERY held-out item,
+    the energy score on the first ``es_items`` of them (a random subset of the split; all when None;
+    smoke: 100, the number that TFMPE's 1000-call posterior and joint's 10000-call posterior hold
+    out, so no smoke fit is capped; the cap bounds the cost of larger grids):
 
     * ``score`` (selects the weights, picks the rate and decides the stop: ``select`` / ``stop_on``):
       the energy score of the flow's SAMPLES against the held-out truth,
@@ -201,7 +204,8 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
     Returns the averaged network and its history: curves ``step``, ``val``, ``lr`` (every
     evaluation, step 0 included) and ``train_step``, ``train`` (mean minibatch loss since the
     previous evaluation), ``best_val``, ``best_step``, ``stop_step``, ``plateau``, ``lr_chosen`` and
-    ``lr_pilot_vals`` (each rate's best pilot validation loss).
+    ``lr_pilot_vals`` (each rate's pilot score), ``lr_edge`` (+1 / -1 when the chosen rate is the top /
+    bottom of the grid, the shared rule's flag; 0 inside it).
     """
     from ...blocks.fitting import fit_to_plateau
 
@@ -214,10 +218,15 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
     tv = torch.rand(len(val), generator=generator)
     m_draws = int(es_draws)                      # sampler draws per held-out item (fixed: same for every fit)
     assert m_draws >= 2, "the energy score's pair term needs at least 2 draws per item"
-    es_ctx = val_set.repeat_interleave(m_draws, dim=0)
+    # the energy score reads the first ``es_items`` held-out items (all of them when None); the split
+    # is a random permutation, so these are a random subset. The cap bounds the cost of a fit whose
+    # held-out split grows with its budget (each evaluation integrates the flow for every item)
+    n_es = n_val if es_items is None else max(1, min(n_val, int(es_items)))
+    es_set = val_set[:n_es]
+    es_ctx = es_set.repeat_interleave(m_draws, dim=0)
     es_z0 = torch.where(gen.bool(), torch.randn(es_ctx.shape, generator=generator), es_ctx)
     gen_idx = gen.bool().reshape(-1)
-    truth = val_set.reshape(n_val, -1)[:, gen_idx]
+    truth = es_set.reshape(n_es, -1)[:, gen_idx]
     train_idx = perm[n_val:]
     seed = int(torch.randint(2 ** 30, (1,), generator=generator))  # the rule's batch generators
 
@@ -233,7 +242,7 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
     def val_loss(pair):
         with torch.no_grad():
             draws = _flow_map(pair.ema, es_z0, present, gen, ode_steps)
-            y = draws.reshape(n_val, m_draws, -1)[:, :, gen_idx]
+            y = draws.reshape(n_es, m_draws, -1)[:, :, gen_idx]
             return {"score": energy_score(y, truth), "fm": float(cfm_loss(pair.ema, val, present, gen, zv, tv))}
 
     rule_options = {"select": "score", "stop_on": ["score"], **rule_options}
@@ -250,7 +259,8 @@ def fit_cfm(make_net, tok: torch.Tensor, present: torch.Tensor, gen: torch.Tenso
             "train_step": train_step, "train": train, "best_val": min(vals),
             "best_step": rec["steps"][int(np.argmin(vals))], "stop_step": rec["stop"],
             "plateau": bool(rec["plateau"]), "lr_chosen": float(rec["lr"]),
-            "lr_pilot_vals": dict(rec["pilot_best"])}
+            "lr_pilot_vals": dict(rec["pilot_best"]),
+            "lr_edge": {"top": 1.0, "bottom": -1.0}.get(rec.get("lr_edge"), 0.0)}  # the rule's flag: chosen rate at the grid's edge
     net = pair.ema
     for q in net.parameters():
         q.requires_grad_(False)
