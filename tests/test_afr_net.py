@@ -1,6 +1,6 @@
 """AFR-Net numerics: Kirchhoff currents, Thomson's principle, invariance of the currents to a uniform
 gate, unbiased load sampling, the published closed-form routing energy and mask (invariant to a uniform
-gate), the gates' path to the output, gradients, the linear stochastic FC against its Lyapunov covariance,
+gate), the gates' path to the output, the open-mask diagnostic, gradients, the linear stochastic FC against its Lyapunov covariance,
 the planted patient effect (in routing, not in SC) and its calibration, AUC."""
 import numpy as np
 import pytest
@@ -210,6 +210,54 @@ def test_the_gates_reach_the_output_by_construction():
         model.learn_gate = True
     torch.testing.assert_close(aux_s["a"], torch.log(S[:, u, v] + 1e-6))
     assert (aux_l["m"] - aux_s["m"]).abs().max() > 0.01 and (z_l - z_s).abs().max() > 1e-4
+
+
+def test_open_mask_readout_bypasses_the_routing_and_logit_shift_is_scale_free():
+    """``mask_effect`` (the diagnostic of whether the output reads the mask at all) runs the trained network
+    with m_e = 1 on every SC edge: it must equal the readout of an all-ones mask, must not depend on
+    anything that only moves the mask (here the mask threshold t), and must differ from the routed output
+    when the mask is not all open. ``logit_shift`` is 0 for the same output and free of the logit scale."""
+    from reprozoo.methods.afr_net.method import logit_shift, open_mask_logit_diff
+    from reprozoo.methods.afr_net.models import AFRNet
+
+    torch.manual_seed(0)
+    c = make_cohort(np.random.default_rng(3), n_subjects=10, n_regions=20, n_modules=2, p_in=0.4, p_out=0.05,
+                    weight_sigma=0.5, n_pathways=1, path_edges=3, sc_noise=0.3, global_noise=0.1, gate_noise=0.2,
+                    severity=(0.4, 0.8), coupling=0.9, n_samples=200)
+    T = {"S": torch.tensor(c.sc, dtype=torch.float32), "F": torch.tensor(c.fc, dtype=torch.float32)}
+    idx = torch.arange(10)
+    model = AFRNet(20, torch.as_tensor(c.edges), d=16, heads=2, dropout=0.0).eval()
+    with torch.no_grad():
+        H, _, m, _, _ = model.route(T["S"], T["F"])
+        ref = model.readout(H, torch.ones_like(m))
+        routed = model(T["S"], T["F"])[0]
+    d_open = open_mask_logit_diff(model, T, idx, batch=4)
+    np.testing.assert_allclose(d_open, (ref[:, 1] - ref[:, 0]).numpy(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        model.threshold.fill_(0.7)                                  # moves the mask only
+    np.testing.assert_allclose(open_mask_logit_diff(model, T, idx), d_open, rtol=1e-5, atol=1e-6)
+    d_routed = (routed[:, 1] - routed[:, 0]).numpy()
+    assert logit_shift(d_routed, d_open) > 0
+    assert logit_shift(d_routed, d_routed) == 0.0
+    assert np.isclose(logit_shift(3.0 * d_routed, 3.0 * d_open), logit_shift(d_routed, d_open), rtol=1e-5)
+
+
+def test_mask_pooling_weights_nodes_by_their_summed_mask():
+    """``pooling="mask"`` (the readout option that lets the mask weigh in the pooled output) gives each node
+    its summed mask over its SC edges, normalised: an all-open mask weighs nodes by degree, a closed edge
+    takes its weight away from both its nodes; ``mean`` (published) is 1/N whatever the mask."""
+    from reprozoo.methods.afr_net.models import AFRNet
+
+    edges = torch.tensor([[0, 1], [1, 2], [2, 3], [1, 3]])
+    mean = AFRNet(4, edges, d=8, heads=2, dropout=0.0)
+    mask = AFRNet(4, edges, d=8, heads=2, dropout=0.0, pooling="mask")
+    ones = torch.ones(1, 4)
+    torch.testing.assert_close(mean.pool_weights(ones), torch.full((1, 4), 0.25))
+    torch.testing.assert_close(mask.pool_weights(ones), torch.tensor([[1.0, 3.0, 2.0, 2.0]]) / 8, atol=1e-6, rtol=1e-5)
+    m = torch.tensor([[1.0, 0.0, 1.0, 1.0]])                        # edge 1-2 closed
+    torch.testing.assert_close(mask.pool_weights(m), torch.tensor([[1.0, 2.0, 1.0, 2.0]]) / 6, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError):
+        AFRNet(4, edges, pooling="max")
 
 
 def test_evaluation_applies_the_same_attention_mask_as_training():

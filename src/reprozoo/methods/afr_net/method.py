@@ -5,7 +5,9 @@ learning-rate grid piloted on validation cross-entropy, a constant rate to the p
 batch size, dropout and best-validation weights; only the model differs):
 - ``afr_net``: adaptive flow routing as published (models.AFRNet, routing.py; reference code
   v1.0.1): learned conductances g_e = exp(a_e), closed-form routing energy, log-min-max mask,
-  masked graph transformer; cross-entropy alone, as in that code.
+  masked graph transformer; cross-entropy alone, as in that code. One departure, set by ``afr.pooling``
+  (``mask`` at ci/smoke/paper, ``mean`` = the reference's): the readout pools nodes weighted by their
+  summed mask, because with the plain mean the output ignored the mask (README).
 - ``afr_net_fixed``: ablation, the same network with g_e = S_e (routing by structural
   conductance alone, no learned re-routing).
 - ``mlp``: MLP on the concatenated upper triangles of SC and FC.
@@ -30,7 +32,8 @@ train (per variant x seed), recorded metrics:
 - AFR-Net only: ``gate_sd`` (spread over edges of a_e - log S_e, the precondition that learned
   gates differ from fixed ones; 0 for ``afr_net_fixed``), ``gate_effect`` (mean |change of the
   logit difference| when the trained network's gates are replaced by g_e = S_e, over its spread: do the gates
-  change the output?), ``mask_shift`` (mean |m_learned - m_structural|: do the gates move the
+  change the output?), ``mask_effect`` (the same with the whole mask replaced by m_e = 1: does the
+  output read the mask at all?; recorded for both AFR-Net variants), ``mask_shift`` (mean |m_learned - m_structural|: do the gates move the
   mask?), ``prec_at_k_gate`` (the same readout
   on the gates instead of the mask), ``mask_mean``, ``gate_mean``;
 - curves ``val_fit`` / ``lr_fit`` (validation cross-entropy and learning rate per evaluation: the
@@ -118,6 +121,29 @@ def oracle_auc(fz: np.ndarray, log_sc: np.ndarray, y: np.ndarray, planted: np.nd
     return roc_auc(y[test], clf.decision_function((X[test] - mu) / sd))
 
 
+def logit_shift(ref: np.ndarray, alt: np.ndarray) -> float:
+    """Mean |alt - ref| of a logit difference over subjects, in units of ref's spread over subjects
+    (``gate_effect``, ``mask_effect``): 0 when the change leaves the output alone, scale-free."""
+    ref, alt = np.asarray(ref, float), np.asarray(alt, float)
+    return float(np.abs(alt - ref).mean() / (ref.std() + 1e-12))
+
+
+def open_mask_logit_diff(model, T: dict, idx, batch: int = 64) -> np.ndarray:
+    """AFR-Net's logit difference z1 - z0 on ``idx`` with its routing mask replaced by m_e = 1 on every
+    SC edge (the node embeddings unchanged; eval mode, the reference attention path)."""
+    import torch
+
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(idx), batch):
+            b = idx[s:s + batch]
+            H, _, m, _, _ = model.route(T["S"][b], T["F"][b])
+            z = model.readout(H, torch.ones_like(m))
+            out.append((z[:, 1] - z[:, 0]).cpu().numpy())
+    return np.concatenate(out)
+
+
 def ttest_scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """|Welch t| per column of x (subjects x features) between y == 1 and y == 0."""
     a, b = x[y == 1], x[y == 0]
@@ -156,7 +182,7 @@ def build_model(variant: str, cohort: Cohort, tensors: dict, p: dict):
         x = AFRNet.node_features(S, F)
         return AFRNet(N, torch.as_tensor(cohort.edges), d=a["d"], heads=a["heads"], dropout=drop, tau=a["tau"],
                       lambda_cost=a["lambda_cost"], energy_scale=a["energy_scale"], learn_gate=variant == "afr_net",
-                      graph_layers=a.get("graph_layers", 1),
+                      graph_layers=a.get("graph_layers", 1), pooling=a.get("pooling", "mean"),
                       feat_mean=x.mean(0), feat_std=x.std(0))
     if variant == "mlp":
         x = MLPBaseline.features(S, F)
@@ -298,7 +324,11 @@ def train(ctx) -> None:
         # mask the gates do not move from a moved mask the classifier ignores
         ctx.metrics.scalar("mask_shift", float(np.abs(m - aux0["m"].cpu().numpy()).mean()))
         dl, d0 = (zl[:, 1] - zl[:, 0]).cpu().numpy(), (z0[:, 1] - z0[:, 0]).cpu().numpy()
-        ctx.metrics.scalar("gate_effect", float(np.abs(dl - d0).mean() / (dl.std() + 1e-12)))
+        ctx.metrics.scalar("gate_effect", logit_shift(dl, d0))
+        # does the output read the mask at all? the same network with every SC edge fully open (m_e = 1,
+        # attention bias 0 on every SC edge): the most any gate could do through the mask, in the same
+        # units (a readout that ignores its mask leaves no room for gate_effect)
+        ctx.metrics.scalar("mask_effect", logit_shift(dl, open_mask_logit_diff(model, T, held)))
         ctx.metrics.scalar("prec_at_k_gate", precision_at_k(np.abs(gate[yh == 1].mean(0) - gate[yh == 0].mean(0)), planted))
     else:
         native = sal

@@ -52,7 +52,8 @@ class AFRNet(nn.Module):
     g_e = exp(a_e) -> closed-form routing energy E_e (routing.edge_energy: every pair, FC-weighted)
     -> mask m_e = sigmoid(tau (mm(log E) - lambda_cost mm(-log S) - t)) -> masked graph transformer
     (attention bias log m_e on SC edges, -inf elsewhere, 0 on the diagonal) -> LayerNorm -> mean
-    pooling -> classifier. The gates reach the output only through the mask, as in the paper; the
+    pooling -> classifier. ``pooling="mask"`` (not in the reference code; README, "Why the gates do not
+    reach the output") weights each node's output by its summed mask instead of 1/N. The gates reach the output only through the mask, as in the paper; the
     min-max of log E spreads every subject's energies over [0, 1], so with tau = 8 the mask spans
     sigmoid(-8) .. sigmoid(8) and the attention biases span about 8 nats whatever the gates' scale.
 
@@ -62,8 +63,12 @@ class AFRNet(nn.Module):
 
     def __init__(self, n_regions: int, edges: torch.Tensor, d: int = 32, heads: int = 2, dropout: float = 0.1,
                  tau: float = 8.0, lambda_cost: float = 1.0, energy_scale: float = 100.0, learn_gate: bool = True,
-                 graph_layers: int = 1, eps: float = 1e-6, feat_mean: torch.Tensor | None = None, feat_std: torch.Tensor | None = None):
+                 graph_layers: int = 1, eps: float = 1e-6, feat_mean: torch.Tensor | None = None, feat_std: torch.Tensor | None = None,
+                 pooling: str = "mean"):
         super().__init__()
+        if pooling not in ("mean", "mask"):
+            raise ValueError(f"pooling '{pooling}': expected mean (published) or mask")
+        self.pooling = pooling
         self.n, self.heads, self.tau, self.lambda_cost = n_regions, heads, tau, lambda_cost
         self.energy_scale, self.eps = energy_scale, eps
         self.gate_mode = "learned" if learn_gate else "structural"
@@ -143,7 +148,16 @@ class AFRNet(nn.Module):
             for layer in self.graph:
                 Z = layer(Z, src_mask=bias)
         Z = self.graph_norm(Z)
-        return self.head(Z.mean(1))
+        return self.head((self.pool_weights(m).unsqueeze(-1) * Z).sum(1))
+
+    def pool_weights(self, m: torch.Tensor) -> torch.Tensor:
+        """Node weights of the graph readout (b, N), summing to 1: ``mean`` (published) 1/N each; ``mask``
+        (not in the reference code) each node's summed mask over its SC edges, normalised."""
+        if self.pooling == "mean":
+            return torch.full((len(m), self.n), 1.0 / self.n, dtype=m.dtype, device=m.device)
+        u, v = self.edges[:, 0], self.edges[:, 1]
+        w = torch.zeros(len(m), self.n, dtype=m.dtype, device=m.device).index_add(1, u, m).index_add(1, v, m)
+        return w / (w.sum(-1, keepdim=True) + self.eps)
 
     def forward(self, S, F, M=None, generator=None):
         with slow_attention_path():
