@@ -10,7 +10,10 @@ boundaries. The variants differ only in their graphs (shells from the config):
   [4.1, 5.0) A); the first shell keeps every atom (the nearest-neighbour shell of Cu), each farther
   shell keeps a star of k leaves per atom (smoke: 4, 8) at evenly dilated distance ranks (ranks
   floor((m + 1/2) n / k) of the n atoms of the shell); the union of shells is DKMP's receptive
-  radius (5.0 A at smoke: EMT Cu's interaction range);
+  radius (5.0 A at smoke: EMT Cu's interaction range). ``select: soft`` (this round, the smoke
+  design, :mod:`.softstar`): the ranks are soft (``rank_width``) and the leaf weights C1 and
+  exactly 0 where a leaf enters or leaves, so the energy is smooth; the model selects its leaves
+  from the candidate list at the outer radius (``SoftStarData``), inside the step;
 * ablations of the star rule (the paper's code was not available; measured in a one-seed pilot,
   their config lines are in ``configs/smoke.yaml``): ``select: nearest``, ``select: angular`` and
   shells without subsampling (every atom of every shell: a smooth energy);
@@ -23,7 +26,7 @@ boundaries. The variants differ only in their graphs (shells from the config):
   ``cost_of`` may also be an inline architecture (``{shells: ...}``) that is costed, never trained
   (``dense4_cost``: the scaling claim's equal-order pair).
 
-train_shared (per seed): cost of one MD step of each architecture that a cost variant names, on
+train_shared (per seed; freed heap memory kept for reuse, :func:`steady_allocator`): cost of one MD step of each architecture that a cost variant names, on
 periodic bulk fcc Cu cells (no surface, so edges per atom are the same at every size and a log-log
 slope measures the method, not the cluster geometry), interleaved in one process: energy + forces
 with the graph given, graph construction alone, and the whole step (graph built from the
@@ -107,13 +110,27 @@ def build_model(vcfg: dict, mcfg: dict, seed: int):
     from ...blocks.atomistic.dilated import DilatedSchNet
 
     torch.manual_seed(seed)
+    if vcfg.get("select") == "soft":
+        from .softstar import SoftStarSchNet
+
+        return SoftStarSchNet(layer_shells(vcfg), window_width=mcfg.get("window_width", 0.3),
+                              rank_width=vcfg.get("rank_width", 0.05), n_features=mcfg["n_features"],
+                              n_rbf=mcfg["n_rbf"])
     return DilatedSchNet(layer_shells(vcfg), window_width=mcfg.get("window_width", 0.3),
                          n_features=mcfg["n_features"], n_rbf=mcfg["n_rbf"])
 
 
-def build_data(frames: dict, vcfg: dict, device=None):
+def build_data(frames: dict, vcfg: dict, device=None, mcfg: dict | None = None):
+    """The variant's data: soft stars (``select: soft``): the candidate list at the outer radius
+    (the model selects its leaves, :mod:`.softstar`); hard stars: the star graph of
+    ``blocks.atomistic.dilated``; a dense variant: its radius graph (one shell, every atom)."""
     from ...blocks.atomistic.dilated import StarGraphData
 
+    if vcfg.get("select") == "soft":
+        from .softstar import SoftStarData
+
+        return SoftStarData(frames, layer_shells(vcfg), (mcfg or {}).get("window_width", 0.3),
+                            vcfg.get("rank_width", 0.05), device=device)
     return StarGraphData(frames, layer_shells(vcfg), vcfg.get("select", "dilated"), device=device)
 
 
@@ -184,6 +201,18 @@ def all_pairs_data(frames: dict, vcfg: dict, device=None):
     """A star-graph data object whose candidates come from :func:`all_pairs_neighbors` (the same
     star selection, the same graph as :func:`build_data`; only the search scales as N^2)."""
     from ...blocks.atomistic.dilated import StarGraphData, select_star_edges
+
+    if vcfg.get("select") == "soft":  # the same candidate list; the model selects the leaves
+        from .softstar import SoftStarData
+
+        class AllPairsSoftData(SoftStarData):
+            def graph(self, k: int):
+                if k not in self._graphs:
+                    self._graphs[k] = all_pairs_neighbors(self.frames["positions"][k], self.frames["cells"][k],
+                                                          self.cutoff)
+                return self._graphs[k]
+
+        return AllPairsSoftData(frames, layer_shells(vcfg), rank_width=vcfg.get("rank_width", 0.05), device=device)
 
     class AllPairsStarData(StarGraphData):
         def graph(self, k: int):
@@ -258,6 +287,43 @@ def loop_seconds(fn, min_seconds: float = 0.2, device: str = "cpu", clock=None) 
             return dt / n
 
 
+def steady_allocator() -> bool:
+    """Keep freed heap memory for reuse, as an MD engine does between steps (glibc ``mallopt``:
+    mmap threshold at its 32 MiB maximum, trimming off). Without it, glibc hands each tensor above
+    its (dynamic) mmap threshold back to the OS when freed and faults it in again, zeroed, on the
+    next call: for the dense 5 A step that is about 16,000 minor page faults and 31 ms of system
+    time per call at 2916 atoms against 4,200 and 5 ms at 1372 (a /tmp probe of this round), a
+    superlinear cost of the allocator, not of the model, which read as the dense model's local slope
+    1.4 over 1372 -> 2916 atoms. With it the dense step's time per atom is flat over 1372-5324
+    atoms (35.4, 36.6, 35.2 us, the same probe). Linux/glibc only; elsewhere (or on CUDA, whose caching allocator
+    already reuses memory) it does nothing and returns False."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        ok = libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20) == 1
+        return bool(ok and libc.mallopt(M_TRIM_THRESHOLD, 2**30) == 1)
+    except (OSError, AttributeError):
+        return False
+
+
+def minor_faults(fn) -> int:
+    """Minor page faults of this process during ``fn()`` (``getrusage``; 0 where unavailable): the
+    allocator diagnostic of the cost study (see :func:`steady_allocator`)."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+
+
 def build_peak_bytes(fn) -> int:
     """Peak bytes of the numpy (Python-heap) allocations during ``fn()`` (``tracemalloc``; numpy
     reports its buffers to it): the memory a graph build holds at once (neighbour list, edge vectors,
@@ -305,6 +371,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
 
     names = list(variants)
     models, batches, out = {}, {}, {}
+    allocator_steady = steady_allocator() if not str(device).startswith("cuda") else False
     sizes = [len(c["numbers"][0]) for c in cells]
     if repeats < 5:
         raise ValueError(f"cost repeats must be >= 5 (a median of loops), got {repeats}")
@@ -319,9 +386,9 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         fit_energy_scale(m, td)
         models[v] = m.float().to(device).eval()
         batches[v] = {"train": td.collate([0], dtype=torch.float32)}
-        out[v] = {"n_atoms": sizes, "edges_layer": [], "graph_mb": []}
+        out[v] = {"n_atoms": sizes, "edges_layer": [], "graph_mb": [], "allocator_steady": allocator_steady}
         for s, c in enumerate(cells):
-            d = build_data(c, variants[v], device)
+            d = build_data(c, variants[v], device, mcfg)
             b = fresh_data(c, variants[v], device).collate([0], dtype=torch.float32)
             batches[v][s] = b
             out[v]["edges_layer"].append(d.messages_per_layer(0).tolist())
@@ -388,6 +455,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         # outer radius, edge vectors, distances, the selection's sort keys): its peak, counted in full
         out[v]["build_mb"] = [build_peak_bytes(lambda: graph(v, s)) / 2**20 for s in range(len(sizes))]
         out[v]["mem_md_step_mb"] = list(np.add(np.add(out[v]["mem_step_mb"], out[v]["graph_mb"]), out[v]["build_mb"]))
+        out[v]["faults_md_step"] = [minor_faults(lambda: kinds["time_md_step_ms"](v, s)) for s in range(len(sizes))]
         out[v]["time_train_ms"] = 1e3 * float(np.median(ttrain[v]))
         out[v]["mem_train_mb"] = peak_tensor_bytes(lambda: train_step(v), device)[0] / 2**20
         out[v]["n_atoms_train"] = int(batches[v]["train"].numbers.shape[0])
@@ -545,6 +613,8 @@ def record_costs(ctx, arch: str) -> None:
         ctx.metrics.scalar("slope_time_md_step_minus_reference",
                            loglog_slope(n, cost["time_md_step_ms"]) - loglog_slope(n, allcost[ref]["time_md_step_ms"]))
     ctx.metrics.curve("edges_total", n, edges)
+    if "faults_md_step" in cost:  # allocator diagnostic (steady_allocator): minor page faults per whole step
+        ctx.metrics.curve("faults_md_step", n, cost["faults_md_step"])
     ctx.metrics.scalar("bulk_edges_per_atom", float(np.mean(np.divide(edges, n))))
     ctx.metrics.scalar("time_train_step_ms", cost["time_train_ms"])
     ctx.metrics.scalar("mem_train_step_mb", cost["mem_train_mb"])
