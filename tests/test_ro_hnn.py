@@ -192,6 +192,31 @@ def test_latent_hnn_force_is_the_gradient_of_its_potential():
     torch.testing.assert_close(hnn.grad_potential(q.detach()), auto)
 
 
+def test_chain_hnn_force_is_the_gradient_of_its_potential_and_its_rollout_is_leapfrog():
+    """full_hnn's model (round 7): MLP + (k/2) sum (q_{i+1} - q_i)^2; the closed-form force (MLP gradient +
+    k x the free-end chain Laplacian) is the autograd gradient of the potential, the fused rollout equals
+    repeated leapfrog steps, and with the MLP silenced the potential is exactly the chain's coupling."""
+    from reprozoo.methods.ro_hnn.latent_dynamics import ChainHNN
+
+    hnn = ChainHNN(7, 16, np.full(7, 0.7), torch.Generator().manual_seed(0), np.full(7, 0.3), substeps=2).eval()
+    with torch.no_grad():
+        hnn.kappa.fill_(1.3)
+    q = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    auto = torch.autograd.grad(hnn.potential(q).sum(), q)[0]
+    torch.testing.assert_close(hnn.grad_potential(q.detach()), auto)
+    qs, ps = rollout(hnn, q.detach(), torch.randn(4, 7, dtype=torch.float64), 0.5, 3)
+    qk, pk = qs[:, 0], ps[:, 0]
+    for k in range(3):
+        qk, pk = hnn.step(qk, pk, 0.5)
+        torch.testing.assert_close(qs[:, k + 1], qk)
+    with torch.no_grad():
+        hnn.net[-1].weight.zero_()
+        hnn.net[-1].bias.zero_()
+        x = q.detach()
+        k = float(torch.nn.functional.softplus(torch.tensor(1.3)))
+        torch.testing.assert_close(hnn.potential(x), 0.5 * k * ((x[:, 1:] - x[:, :-1]) ** 2).sum(-1))
+
+
 def _assert_vector_field_is_j_grad_h(hnn, q, p, eps=1e-6):
     """dQ = dH/dP and dP = -dH/dQ, by central finite differences of the model's own H."""
     with torch.no_grad():
@@ -439,6 +464,25 @@ def test_energy_drift_sees_drift_not_phase_or_decoder_offset():
     m = long_horizon_metrics(chain, q, p, q, grow * p, e_rest, k, 0.5, 20.0)
     np.testing.assert_allclose(m["energy_err_last"], up[:, -1])
     np.testing.assert_allclose(m["energy_err_long"], up.mean(1))
+    np.testing.assert_allclose(m["energy_growth"], np.log10(up[:, -1] / up[:, 0]))
+
+
+def test_energy_growth_is_the_per_trajectory_log_ratio_and_bounds_a_blow_up():
+    """energy_growth (node_energy_drifts' unit): log10(last window / first window) per trajectory: 0 for
+    a constant drift, log10 2 for a doubling; a trajectory clipped at 1e3 (a blow-up) shifts the mean
+    over 64 trajectories by at most log10(1e3 / first) / 64, where the ratio of the windows' means
+    follows it (the design change of round 7)."""
+    from reprozoo.methods.ro_hnn.method import energy_growth
+
+    flat = np.full((4, 10), 0.05)
+    np.testing.assert_allclose(energy_growth(flat), 0.0, atol=1e-15)
+    double = np.stack([np.linspace(0.1, 0.2, 10)] * 3)
+    np.testing.assert_allclose(energy_growth(double), np.log10(2.0))
+    w = np.tile(np.linspace(0.1, 0.2, 10), (64, 1))
+    w[0, -1] = 1e3
+    assert energy_growth(w).mean() - np.log10(2.0) < np.log10(1e3 / 0.1) / 64 + 1e-12
+    assert w[:, -1].mean() / w[:, 0].mean() > 100  # the old statistic: one trajectory decides it
+    assert np.isfinite(energy_growth(np.zeros((2, 3)))).all()  # a zero window is floored, not -inf
 
 
 def test_full_state_reduction_is_the_identity_up_to_the_reference():

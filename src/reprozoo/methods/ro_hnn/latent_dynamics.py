@@ -104,6 +104,36 @@ class LatentHNN(nn.Module):
         return torch.stack(qs, 1), torch.stack(ps, 1)
 
 
+class ChainHNN(LatentHNN):
+    """The full-dimensional HNN (no reduction): H = |p|^2 / 2 + V_theta(q) + (k / 2) sum_i (q_{i+1} - q_i)^2
+    on all N site angles (about the reference), k = softplus(kappa) >= 0 learned. The nearest-neighbour
+    quadratic term (round 7, the review's proposal) confines the potential in the directions off the
+    data manifold that a dense MLP on N inputs leaves unconstrained (the chain's gradient coupling);
+    everything else, the on-site and trap terms and the kink's nonlinearity, is the MLP's."""
+
+    def __init__(self, n: int, width: int, s_q: np.ndarray, gen: torch.Generator, q_mean=None, substeps: int = 1):
+        super().__init__(n, width, s_q, gen, q_mean, substeps)
+        self.kappa = nn.Parameter(torch.zeros((), dtype=torch.float64))
+        # the free-end chain Laplacian (symmetric): grad of (1/2) sum (q_{i+1} - q_i)^2 is q @ lap
+        d = torch.diff(torch.eye(n, dtype=torch.float64), dim=0)  # [n - 1, n], rows e_{i+1} - e_i
+        self.register_buffer("lap", d.T @ d)
+
+    def coupling(self):
+        return nn.functional.softplus(self.kappa)
+
+    def potential(self, qz):
+        d = qz[..., 1:] - qz[..., :-1]
+        return super().potential(qz) + 0.5 * self.coupling() * (d * d).sum(-1)
+
+    def _folded(self):
+        return (*_folded_grad(self.net, self.s_q, self.q_mean), self.coupling() * self.lap)
+
+    @staticmethod
+    def _grad(x, w1, b1, w2, b2, w3, k_lap):
+        """The MLP's gradient (``_mlp_grad``) plus x times k x the free-end chain Laplacian."""
+        return torch.addmm(_mlp_grad(x, w1, b1, w2, b2, w3), x, k_lap)
+
+
 class GeneralHNN(nn.Module):
     """H_theta(Q, P) = MLP((Q, P) scaled): a general, non-separable Hamiltonian on a latent whose halves
     need not be canonical. Vector field J grad H = (dH/dP, -dH/dQ); one step of the implicit midpoint

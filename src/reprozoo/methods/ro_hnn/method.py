@@ -15,7 +15,8 @@ rule, same learning-rate grid, same step budget for every learned part):
                  compare RO-HNN with ae_node: what the Hamiltonian structure adds)       [control]
   ae_hnn         the same plain autoencoder + a general latent HNN (non-separable H_theta(Q, P), an MLP
                  of both halves, as its latent is not canonical), implicit midpoint (symplectic for any H)
-  full_hnn       no reduction: the separable HNN H = |p|^2 / 2 + V_theta(q) on all N site angles,
+  full_hnn       no reduction: the separable HNN H = |p|^2 / 2 + V_theta(q) + (k / 2) sum (q_{i+1} - q_i)^2
+                 (k >= 0 learned: the review's confining nearest-neighbour term) on all N site angles,
                  leapfrog with ``full_substeps`` sub-steps per sampling interval; a documented row,
                  no claim reads it (it leaves the data manifold, see the README)           [full HNN]
   psd8_galerkin  intrusive PSD-Galerkin with 8 modes (the reconstruction RO-HNN reaches with one):
@@ -54,10 +55,13 @@ from ...io import save_npz
 from .sine_gordon import KinkChain
 
 # per-unit metrics of every variant, and of the integrator-swapped evaluations (suffix _euler, _rk4)
-UNIT_METRICS = ("vpt", "state_err_long", "energy_err_first", "energy_err_last", "energy_err_long")
+UNIT_METRICS = ("vpt", "state_err_long", "energy_err_first", "energy_err_last", "energy_err_long", "energy_growth")
 SWAPPED_METRICS = ("vpt_euler", "energy_err_long_euler", "energy_err_first_euler", "energy_err_last_euler",
-                   "state_err_long_euler", "vpt_rk4", "energy_err_long_rk4", "energy_err_first_rk4",
-                   "energy_err_last_rk4", "state_err_long_rk4")
+                   "state_err_long_euler", "energy_growth_euler", "vpt_rk4", "energy_err_long_rk4",
+                   "energy_err_first_rk4", "energy_err_last_rk4", "state_err_long_rk4", "energy_growth_rk4")
+# floor of a window's drift in energy_growth's log ratio (a window mean of exactly zero would give -inf);
+# far below every measured window (the smallest at smoke, round 6: 2e-4 of the excitation energy)
+GROWTH_FLOOR = 1e-12
 GENERIC_CURVES = {"val_ae": ("training step", "validation reconstruction loss (scaled MSE)"),
                   "val_dyn": ("training step", "validation rollout loss (scaled MSE)")}
 
@@ -200,7 +204,7 @@ def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, see
     """Dynamics trained on K-step rollouts of (encoded) trajectories z = (Q, P) [traj, T, n] each."""
     import torch
 
-    from .latent_dynamics import GeneralHNN, LatentHNN, LatentNODE, rollout
+    from .latent_dynamics import ChainHNN, GeneralHNN, LatentHNN, LatentNODE, rollout
 
     (qz, pz), (qv, pv) = z_train, z_val
     n = qz.shape[-1]
@@ -216,7 +220,7 @@ def fit_dynamics(variant: str, z_train, z_val, cfg: dict, f: dict, h: float, see
         if variant in ("ae_hnn", "sae_ghnn"):
             return GeneralHNN(n, cfg["dyn_width"], s_z, gen, z_mean, cfg["midpoint_iters"])
         if variant == "full_hnn":
-            return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, z_mean[:n], substeps=cfg["full_substeps"])
+            return ChainHNN(n, cfg["dyn_width"], s_z[:n], gen, z_mean[:n], substeps=cfg["full_substeps"])
         return LatentHNN(n, cfg["dyn_width"], s_z[:n], gen, z_mean[:n])
 
     qt, pt = torch.as_tensor(qz), torch.as_tensor(pz)
@@ -345,7 +349,16 @@ def long_horizon_metrics(chain: KinkChain, q, pm, qh, ph, e_rest: float, n_train
             "excitation_ratio_t": ((e_hat - e_rest) / (e0[:, None] - e_rest))[0],
             "state_err_long": err.mean(1), "state_err_train": err[:, :k + 1].mean(1), "state_err_max": err.max(1),
             "energy_err_first": win[:, 0], "energy_err_last": win[:, -1],
-            "energy_err_long": win.mean(1), "energy_offset": offset}
+            "energy_err_long": win.mean(1), "energy_growth": energy_growth(win), "energy_offset": offset}
+
+
+def energy_growth(windows: np.ndarray) -> np.ndarray:
+    """Per test trajectory: log10 of its energy drift over the last window over that over the first
+    (``windows`` [traj, W]); 0 for a drift that does not grow, log10(2) for one that doubles. Its mean
+    over trajectories is the log of the geometric-mean growth: one trajectory's blow-up (a drift
+    clipped at 1e3) moves it by a bounded amount, unlike a ratio of the windows' means."""
+    w = np.maximum(windows, GROWTH_FLOOR)
+    return np.log10(w[:, -1] / w[:, 0])
 
 
 def _record_fit(ctx, name: str, rec: dict | None) -> None:
