@@ -350,3 +350,28 @@ def test_untrained_control_keeps_its_initial_generator():
         S.make_policy = saved
     pol, before = seen[0]
     assert all(torch.equal(p, q) for p, q in zip(pol.parameters(), before))
+
+
+def test_configs_and_spec_agree_on_the_tasks():
+    """Every scale's tasks fit its scaffold; the tasks the spec's per-task preconditions read are
+    the ci and smoke tasks (otherwise a precondition reads an unrecorded metric), every spec
+    variant is a known one, and the pair-mean precondition form says exactly what min/max say."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from reprozoo.methods.gcn_sr.method import VARIANTS
+
+    root = Path(E.__file__).parent
+    spec = yaml.safe_load((root / "spec.yaml").read_text())
+    cfgs = {s: yaml.safe_load((root / "configs" / f"{s}.yaml").read_text()) for s in ("ci", "smoke", "paper")}
+    for scale, cfg in cfgs.items():
+        for name in cfg["benchmarks"]:
+            assert NGUYEN[name].min_depth <= cfg["max_depth"], (scale, name)
+    read = {m for c in spec["claims"] for r in c.get("requires", []) for m in re.findall(r"recovery_(nguyen\d)@", r)}
+    assert read == set(cfgs["smoke"]["benchmarks"]) == set(cfgs["ci"]["benchmarks"])
+    assert {v["id"] for v in spec["variants"]} <= set(VARIANTS)
+    grid = np.linspace(0, 1, 9)
+    for a, b in itertools.product(grid, grid):
+        assert ((a + b) / 2 > 0) == (max(a, b) > 0) and ((a + b) / 2 < 1) == (min(a, b) < 1)
