@@ -309,7 +309,8 @@ def test_planted_control_is_the_stated_factor_worse_at_lead_one():
 
 def test_finetune_stops_at_the_gates_plateau_relative_to_its_gain():
     """The fine-tuning rule (shared PlateauRun) stops where the gate's range-scaled test holds, keeps
-    the best-validation weights, and pilots every rate of the grid from the same pretrained weights."""
+    the best-validation weights, pilots every rate of the grid from the same pretrained weights and
+    continues the one with the best pilot score (the shared rule's tail mean), flagging a grid edge."""
     from reprozoo.claims import plateau
     from reprozoo.methods.emformer.loss import CompositeLoss as CL
 
@@ -323,6 +324,10 @@ def test_finetune_stops_at_the_gates_plateau_relative_to_its_gain():
     for k, v in net.state_dict().items():  # the pretrained network itself is left untouched
         torch.testing.assert_close(v, before[k])
     assert set(rec["pilot_best"]) == set(p["finetune"]["fit"]["lr_grid"])
+    # the shared rule's ranking: the chosen rate has the lowest pilot score (mean of the second half)
+    assert rec["lr"] == min(rec["pilot_best"], key=rec["pilot_best"].get)
+    grid = sorted(p["finetune"]["fit"]["lr_grid"])
+    assert rec["lr_edge"] == ("top" if rec["lr"] == grid[-1] else "bottom" if rec["lr"] == grid[0] else None)
     assert min(rec["vals"]) <= rec["vals"][0]
     if rec["plateau"]:
         assert plateau(rec["steps"], rec["vals"], p["finetune"]["fit"]["flat_tol"], scale="range")
