@@ -9,10 +9,13 @@ would scale an image). Tokens are k-means centroids of the scaled frames (sklear
 Downstream learners are identical for every input source (real EEG, synthetic EEG, breathing),
 and so is their tuning: staging is multinomial logistic regression on the epoch's features and
 those of its two neighbours on each side; age is ridge regression and sex logistic regression on a
-subject's night summary (mean and 90th percentile over epochs of the epoch features). Every
+subject's night summary (mean and 90th percentile over epochs of the epoch features, among them
+the fraction of 5-s frames that hold a spindle: the sleep microstructure through which the
+simulator plants sex and age). Every
 regularisation strength is chosen from one grid (:data:`C_GRID`, :data:`ALPHA_GRID`) by
 cross-validation over the labelled subjects (folds never split a subject), the same grid for every
-source. Scores are returned per test subject (the units of the claims).
+source. Scores are returned per test subject (the units of the claims; the sex AUROC as its
+placement values).
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ FRAME_S = 5.0
 EEG_FMIN, EEG_FMAX, EEG_BW = 0.5, 25.0, 1.0
 EEG_BANDS = [(0.5, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12), (12, 14), (14, 16), (16, 20), (20, 25)]
 SIGMA = (11.5, 14.5)
+FLANK_LO, FLANK_HI = (9.0, 11.0), (16.0, 20.0)  # the bands either side of sigma
+SPINDLE_PEAK = 2.0  # a spindle frame: sigma power at least twice its flanks' (3 dB above the background)
 RESP_BANDS = [(0.05, 0.15), (0.15, 0.2), (0.2, 0.25), (0.25, 0.3), (0.3, 0.4), (0.4, 0.6), (0.6, 1.0)]
 
 
@@ -64,12 +69,27 @@ def band_means(spec: np.ndarray, freqs: np.ndarray, bands) -> np.ndarray:
     return np.stack([spec[..., (freqs >= lo) & (freqs < hi)].mean(-1) for lo, hi in bands], axis=-1)
 
 
-def eeg_epoch_features(spec: np.ndarray, freqs: np.ndarray) -> np.ndarray:
-    """Scaled spectrogram (S, E, frames_per_epoch, n_freq) -> (S, E, 11): per-band mean over the
-    epoch, and the largest frame's sigma power (spindles are transient: 0.5-1.5 s in a 30-s epoch)."""
+def eeg_epoch_features(spec: np.ndarray, freqs: np.ndarray, log_range: float) -> np.ndarray:
+    """Scaled spectrogram (S, E, frames_per_epoch, n_freq) -> (S, E, 12): per-band mean over the
+    epoch, the largest frame's sigma power (spindles are transient: 0.5-1.5 s in a 30-s epoch), and
+    the epoch's spindle-frame fraction (:func:`spindle_frames`). ``log_range``: the scaling's
+    ``hi - lo`` (log10 units per scaled unit), so that the spindle criterion is a power ratio."""
     b = band_means(spec, freqs, EEG_BANDS).mean(axis=2)
     sigma = band_means(spec, freqs, [SIGMA])[..., 0].max(axis=2)
-    return np.concatenate([b, sigma[..., None]], axis=-1)
+    dens = spindle_frames(spec, freqs, log_range).mean(axis=2)
+    return np.concatenate([b, sigma[..., None], dens[..., None]], axis=-1)
+
+
+def spindle_frames(spec: np.ndarray, freqs: np.ndarray, log_range: float) -> np.ndarray:
+    """(..., n_freq) scaled frames -> bool (...): the frame holds a spindle-like sigma peak, i.e. its
+    11.5-14.5 Hz power is at least :data:`SPINDLE_PEAK` times the mean (in log) of the flanking
+    9-11 and 16-20 Hz bands. A spectral peak criterion counts spindles (their density is what
+    age and sex shift) and is blind to the subject's overall EEG amplitude and spindle amplitude,
+    which a band power mixes in (the per-night mean sigma power separates the sexes at AUROC 0.61
+    against 0.77 for this count: probe on 300 simulated nights, see the README)."""
+    peak = band_means(spec, freqs, [SIGMA])[..., 0] - 0.5 * (band_means(spec, freqs, [FLANK_LO])[..., 0]
+                                                              + band_means(spec, freqs, [FLANK_HI])[..., 0])
+    return peak * float(log_range) > np.log10(SPINDLE_PEAK)
 
 
 def resp_epoch_features(resp: np.ndarray, sfreq: float) -> np.ndarray:
@@ -145,17 +165,28 @@ def fit_downstream(f_train: np.ndarray, stage: np.ndarray, age: np.ndarray, sex:
     return models
 
 
+def auroc_placements(score: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """Per-unit AUROC (DeLong's placement values): for a positive unit, the fraction of negatives it
+    out-scores (ties count a half); for a negative, the fraction of positives that out-score it.
+    Their mean over all units is the AUROC exactly (each class's mean is), so a claim on the AUROC can
+    take a unit-level interval. NaN for every unit when the units hold one class only."""
+    score, label = np.asarray(score, float), np.asarray(label)
+    pos, neg = label == 1, label == 0
+    if not pos.any() or not neg.any():
+        return np.full(len(score), np.nan)
+    gt = (score[:, None] > score[None, :]) + 0.5 * (score[:, None] == score[None, :])  # gt[i, j]: i beats j
+    return np.where(pos, gt[:, neg].mean(1), gt[pos, :].mean(0))
+
+
 def score_subjects(models: dict, stage_pred: np.ndarray, stage: np.ndarray, age_hat: np.ndarray,
                    age: np.ndarray, p_sex: np.ndarray, sex: np.ndarray) -> dict:
-    """Per test subject: staging accuracy and |age error| (``age_mae``: their mean is the MAE), and
-    the same for the constant predictors (the labelled set's commonest stage and mean age); sex
-    AUROC over the test subjects."""
-    from sklearn.metrics import roc_auc_score
-
+    """Per test subject: staging accuracy, |age error| (``age_mae``: their mean is the MAE) and the
+    sex AUROC's placement value (:func:`auroc_placements`: their mean is the AUROC); and the same for
+    the constant predictors (the labelled set's commonest stage and mean age)."""
     return {"stage_acc": (stage_pred == stage).mean(1), "age_mae": np.abs(age_hat - age),
             "stage_acc_const": (stage == models["stage_majority"]).mean(1),
             "age_mae_const": np.abs(models["age_mean"] - age),
-            "sex_auroc": float(roc_auc_score(sex, p_sex)) if len(set(sex.tolist())) == 2 else float("nan"),
+            "sex_auroc": auroc_placements(p_sex, sex),
             "stage_pred": stage_pred}
 
 
