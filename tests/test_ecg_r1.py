@@ -82,14 +82,20 @@ torch = pytest.importorskip("torch")
 
 
 def test_group_policy_surrogate_gradient():
-    """d loss / d logp_i = -A_i / N with A normalised within each group (closed form)."""
+    """d loss / d logp_i = -A_i / N over the informative groups' N samples, A normalised within each
+    group (closed form); a group whose samples all score the same is left out (dynamic sampling),
+    so it neither gets a gradient nor dilutes the others'."""
     from reprozoo.methods.ecg_r1.model import group_policy_loss
 
     logp = torch.zeros(4, requires_grad=True)
     reward = torch.tensor([1.0, 0.0, 0.3, 0.3])
     group_policy_loss(logp, reward, group=2).backward()
     a = 0.5 / np.std([1.0, 0.0], ddof=1)
-    assert np.allclose(logp.grad.numpy(), [-a / 4, a / 4, 0.0, 0.0], atol=1e-5)
+    assert np.allclose(logp.grad.numpy(), [-a / 2, a / 2, 0.0, 0.0], atol=1e-5)
+    flat = torch.zeros(4, requires_grad=True)
+    loss = group_policy_loss(flat, torch.tensor([0.5, 0.5, 0.2, 0.2]), group=2)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and np.allclose(flat.grad.numpy(), 0.0)
 
 
 def test_policy_gradient_points_uphill():
@@ -246,3 +252,17 @@ def test_shared_stage_runs_once_per_key(tmp_path):
     assert len(calls) == 1 and torch.equal(a["state"]["w"], b["state"]["w"]) and b["curves"] == a["curves"]
     shared_stage(tmp_path, {"lr": 2e-3, "setup": "both"}, run)
     assert len(calls) == 2
+
+
+def test_eval_cache_key_follows_the_simulation_code_only(monkeypatch):
+    """The evaluation-record cache is keyed by the code that simulates, measures and renders the
+    records (data.py, protocol.py and three functions of method.py), not by the training code."""
+    from reprozoo.methods.ecg_r1 import method as M
+
+    assert M._eval_source() == M._EVAL_SRC
+    p = {"n_val": 2, "n_test": 2, "views_test": 1, "noise_mv": [0.02, 0.08]}
+    key = M._eval_cache_key(p)
+    monkeypatch.setattr(M, "_STAGE_SRC", "changed training code")
+    assert M._eval_cache_key(p) == key
+    monkeypatch.setattr(M, "_EVAL_SRC", "changed simulation code")
+    assert M._eval_cache_key(p) != key

@@ -9,8 +9,9 @@ Stages
 * train (per variant x seed): stage 1, ``sft_steps`` of teacher-forced SFT at the variant's rate
   (ecg_r1 and sft_only share it exactly: ``shared_stage`` trains it once per seed); stage 2 from
   the SFT model, by blocks.fitting.fit_to_plateau with the same grid and stop for every variant
-  (``fit2``): group policy gradient with the evidence reward (RL variants) or more SFT (sft_only),
-  until the validation evidence reward is flat, best-validation weights kept. Evaluation decodes
+  (``fit2``): GRPO with the evidence reward (RL variants: ``rl_batch`` ECGs x ``group`` samples, no
+  KL, as the paper's run) or more SFT on as many ECGs per update (sft_only), until the validation
+  evidence reward (of the EMA weights) is flat, best-validation average kept. Evaluation decodes
   greedily on the held-out records with both modalities, the signal only and the image only.
   The validation and test records (EVAL_SEED) are simulated once per run (cached_eval_arrays).
 
@@ -64,7 +65,6 @@ def _source_hash(*names: str) -> str:
     return hashlib.sha256(b"".join((here / f).read_bytes() for f in names)).hexdigest()
 
 
-_EVAL_SRC = _source_hash("data.py", "protocol.py", "method.py")    # keys the evaluation-record cache
 _STAGE_SRC = _source_hash("model.py", "method.py")                 # keys the shared SFT stage
 
 
@@ -103,6 +103,21 @@ def eval_arrays(p: dict, progress=print) -> dict:
         for k, v in make_views(r, p["views_test"], eval_rng, tuple(p["noise_mv"])).items():
             arrays[f"{name}_{k}"] = v
     return arrays
+
+
+def _eval_source() -> str:
+    """sha256 of the code that simulates, measures and renders the evaluation records: data.py,
+    protocol.py and this module's simulate_records / make_views / eval_arrays (not the training
+    code, so a change to training does not simulate the 700 records again)."""
+    import hashlib
+    import inspect
+
+    src = _source_hash("data.py", "protocol.py") + "".join(
+        inspect.getsource(f) for f in (simulate_records, make_views, eval_arrays)) + str(EVAL_SEED)
+    return hashlib.sha256(src.encode()).hexdigest()
+
+
+_EVAL_SRC = _eval_source()           # keys the evaluation-record cache
 
 
 def _eval_cache_key(p: dict) -> str:
@@ -198,8 +213,9 @@ def per_record(values: np.ndarray, views: int) -> np.ndarray:
 def stage2_losses(tr: dict, va: dict, setup: str, use_dropout: bool, stage2: str, p: dict):
     """The second stage's (train_loss, val_loss) for blocks.fitting.fit_to_plateau.
 
-    train_loss(model, gen): one RL step's group policy-gradient surrogate (RL variants) or one SFT
-    minibatch's cross-entropy (sft_only); the batch, the dropout masks and the policy samples all
+    train_loss(model, gen): one RL step's GRPO surrogate (RL variants: ``rl_batch`` ECGs x ``group``
+    sampled reports) or one SFT minibatch's cross-entropy (sft_only: the same ``rl_batch`` ECGs per
+    update, with their protocol reports); the batch, the dropout masks and the policy samples all
     come from ``gen``, so every rate of the grid sees the same draws.
     val_loss(model): {"neg_reward": minus the mean evidence reward of the greedy validation
     reports (what the stop and the kept weights follow), "ce": the validation cross-entropy}."""
@@ -227,7 +243,7 @@ def stage2_losses(tr: dict, va: dict, setup: str, use_dropout: bool, stage2: str
         return group_policy_loss(logp, torch.from_numpy(reward).float(), g)
 
     def sft_loss(model, gen):
-        b = p["batch"]
+        b = p["rl_batch"]              # as many ECGs per update as an RL step (like for like)
         idx = torch.randint(0, n, (b,), generator=gen)
         return model.sft_loss(model.encode(T["sig"][idx], T["img"][idx], *masks(b, gen)), T["report"][idx])
 

@@ -14,9 +14,11 @@ statements already written (the diagnosis is written after, and conditioned on, 
 
 Training
 * SFT: teacher-forced cross-entropy of the protocol report, summed over the six statements.
-* RL: group-relative policy gradient (GRPO without the KL term): for each ECG draw G reports
-  from the policy, r = evidence_reward, advantage A = (r - mean_G r) / (std_G r + eps), loss
-  = -mean(A * log pi(report)). The group mean is a baseline, so the estimator stays unbiased.
+* RL: group-relative policy gradient as in the paper's GRPO run (no KL term, beta 0; one update
+  per batch; groups with no reward spread dropped, DAPO's dynamic sampling): for each ECG draw G
+  reports from the policy at temperature 1, r = the reward, advantage A = (r - mean_G r) /
+  (std_G r + eps), loss = -mean(A * log pi(report)) over the informative groups. The group mean
+  is a baseline, so the estimator stays unbiased.
 * Interleaved modality dropout: each example of a batch independently keeps both modalities
   (prob 1 - 2 p), only the signal (p) or only the image (p).
 """
@@ -105,13 +107,22 @@ class ReportModel(nn.Module):
 
 
 def group_policy_loss(logp: torch.Tensor, reward: torch.Tensor, group: int, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO-style surrogate: -mean(A * logp), A normalised within each group of `group` samples.
+    """GRPO surrogate as the paper's RL run sets it (ms-swift ``rlhf_type grpo``, ``beta 0``: no KL
+    term; ``num_iterations 1``: one update per batch of samples, so the PPO ratio is 1 and its clip is
+    inert; ``dynamic_sample``: groups whose samples all score the same carry no signal and are left
+    out). A = (r - mean_G r) / (std_G r + eps) within each group of ``group`` samples; the loss is
+    -mean(A * logp) over the samples of the informative groups (the reports have a fixed length, so
+    this is also the token-level ``bnpo`` mean). 0 (with a gradient) if no group is informative.
 
     logp and reward are (B * group,) with the G samples of one ECG contiguous.
     """
     r = reward.view(-1, group)
-    adv = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)
-    return -(adv.detach().view(-1) * logp).mean()
+    sd = r.std(1, keepdim=True)
+    adv = ((r - r.mean(1, keepdim=True)) / (sd + eps)).detach()
+    keep = (sd > eps).expand_as(r).reshape(-1)
+    if not bool(keep.any()):
+        return 0.0 * logp.sum()
+    return -(adv.reshape(-1)[keep] * logp[keep]).mean()
 
 
 def dropout_masks(n: int, p_single: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
