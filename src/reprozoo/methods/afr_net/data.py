@@ -1,5 +1,5 @@
 """Synthetic cohort: modular structural connectomes, FC from a gated communication model on SC,
-patients made by closing the gates of planted pathways (their SC is unchanged).
+patients made by decoupling the gates of planted pathways from their SC (SC and FC marginals unchanged).
 
 Why synthetic: the question AFR-Net answers ("which structural routes carry the functional
 signal that separates two groups?") needs a ground truth for the routes, which no real cohort has.
@@ -23,13 +23,19 @@ Generative model (all quantities dimensionless; time in units of the regional ti
   support (one edge set for the whole cohort, as after group-consensus thresholding). The same
   distribution for patients and controls.
 * Communication gates (per subject, per edge): the effective coupling of edge e is
-  ``G_e = S_e * exp(gate_noise * nu_e) * (1 - s * w_e * planted_e)``: every subject routes through
-  its SC with its own edge-wise gain (``gate_noise``: the SC-FC mismatch every subject has), and a
-  patient (label 1) closes the gates of the planted edges, severity ``s ~ U(s_min, s_max)`` per
-  patient. The share ``w_e`` of the severity that a planted edge takes is graded geometrically from
-  1 down to ``grade`` over the planted edges (order drawn at random): some routes are hit hard (a
-  per-subject signal a classifier can learn), others barely (a group t-test misses them, so pathway
-  recovery is not at its ceiling).
+  ``G_e = W_e * exp(sc_noise * xi'_e) * exp(global_noise * zeta) * exp(gate_noise * nu_e)``: every
+  subject routes through its SC with its own edge-wise gain (``gate_noise``: the SC-FC mismatch every
+  subject has). In controls (and on unplanted edges) ``xi'_e = xi_e``, the edge's own SC deviation, so
+  ``G_e = S_e * gain``. A patient (label 1) decouples the gates of the planted edges from their SC:
+  ``xi'_e = rho xi_e + sqrt(1 - rho^2) xi''_e`` with a fresh standard normal ``xi''_e`` and
+  ``rho = 1 - 2 k``, ``k = s * w_e``, severity ``s ~ U(s_min, s_max)`` per patient (k = 0.5: no
+  coupling, k > 0.5: inverted). ``xi'_e`` is standard normal whatever rho is, so the law of the gates,
+  and with it the law of FC, is the same in both groups, and so is the law of SC: the disease sits only
+  in the SC-FC COUPLING of the planted edges. No model of FC alone or SC alone can beat chance; a
+  model must read S_e and F_e jointly (AFR-Net's gate input). The share ``w_e`` of the severity that
+  a planted edge takes is graded geometrically from 1 down to ``grade`` over the planted edges (order
+  drawn at random): some routes are hit hard, others barely (a coupling t-test misses them, so
+  pathway recovery is not at its ceiling).
 * FC: the stationary covariance of the linear stochastic (Ornstein-Uhlenbeck) model on the gated
   coupling ``G``::
 
@@ -175,6 +181,16 @@ def lyapunov_wishart_fc(G: np.ndarray, coupling: float, n_samples: int, rng: np.
     return out
 
 
+def couple(xi: np.ndarray, rho, rng: np.random.Generator) -> np.ndarray:
+    """``rho xi + sqrt(1 - rho^2) xi''`` with a fresh standard normal ``xi''``: for standard normal ``xi``
+    a standard normal whatever ``rho`` in [-1, 1] is (the marginal is kept), with correlation ``rho`` to
+    ``xi`` (the coupling moves)."""
+    rho = np.broadcast_to(np.asarray(rho, float), xi.shape)
+    if np.any(np.abs(rho) > 1):
+        raise ValueError("coupling rho must lie in [-1, 1] (severity x share <= 1)")
+    return rho * xi + np.sqrt(1.0 - rho ** 2) * rng.standard_normal(xi.shape)
+
+
 def make_cohort(rng: np.random.Generator, n_subjects: int, n_regions: int, n_modules: int, p_in: float,
                 p_out: float, weight_sigma: float, n_pathways: int, path_edges: int, sc_noise: float,
                 global_noise: float, gate_noise: float, severity: tuple, coupling: float, n_samples: int,
@@ -191,13 +207,18 @@ def make_cohort(rng: np.random.Generator, n_subjects: int, n_regions: int, n_mod
     y = rng.permutation(np.arange(n_subjects) % 2)
     sev = np.where(y == 1, rng.uniform(severity[0], severity[1], n_subjects), 0.0)
     we = w[edges[:, 0], edges[:, 1]]
-    noise = np.exp(sc_noise * rng.standard_normal((n_subjects, len(edges))))
+    xi = rng.standard_normal((n_subjects, len(edges)))               # edge-wise SC deviation (z units)
     glob = np.exp(global_noise * rng.standard_normal((n_subjects, 1)))
-    s_e = we[None] * noise * glob                                    # SC: no group difference
+    s_e = we[None] * np.exp(sc_noise * xi) * glob                    # SC: no group difference
     gain = np.exp(gate_noise * rng.standard_normal((n_subjects, len(edges))))
     share = np.zeros(len(edges))
     share[np.flatnonzero(planted)] = rng.permutation(np.geomspace(1.0, grade, int(planted.sum())))
-    g_e = s_e * gain * (1.0 - sev[:, None] * share[None])
+    # SC-FC coupling of each edge: the gate follows the edge's own SC deviation with correlation
+    # rho = 1 - 2 k, k = severity x share (controls and unplanted edges: rho = 1, G_e = S_e x gain);
+    # the rest is a fresh deviation of the same size, so the gate's marginal (and the joint law of all
+    # gates, hence of FC) is the same in both groups: only the pairing of S_e with G_e differs
+    xi_g = couple(xi, 1.0 - 2.0 * sev[:, None] * share[None], rng)
+    g_e = we[None] * np.exp(sc_noise * xi_g) * glob * gain
     sc = np.zeros((n_subjects, n_regions, n_regions))
     sc[:, edges[:, 0], edges[:, 1]] = s_e
     sc = sc + sc.transpose(0, 2, 1)

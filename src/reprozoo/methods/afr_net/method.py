@@ -5,13 +5,14 @@ learning-rate grid piloted on validation cross-entropy, a constant rate to the p
 batch size, dropout and best-validation weights; only the model differs):
 - ``afr_net``: adaptive flow routing as published (models.AFRNet, routing.py; reference code
   v1.0.1): learned conductances g_e = exp(a_e), closed-form routing energy, log-min-max mask,
-  masked graph transformer; cross-entropy alone, as in that code. One departure, set by ``afr.pooling``
-  (``mask`` at ci/smoke/paper, ``mean`` = the reference's): the readout pools nodes weighted by their
-  summed mask, because with the plain mean the output ignored the mask (README).
+  masked graph transformer, mean pooling; cross-entropy alone, as in that code (``afr.pooling: mask``,
+  nodes weighted by their summed mask, is an option, not a claimed variant: README).
 - ``afr_net_fixed``: ablation, the same network with g_e = S_e (routing by structural
   conductance alone, no learned re-routing).
 - ``mlp``: MLP on the concatenated upper triangles of SC and FC.
 - ``gcn``: GCN on each subject's SC with the FC rows as node features.
+- ``linear``: L2 logistic regression on the Fisher-z FC upper triangle, C on validation (a reference
+  row; FC alone is at chance by construction in this cohort).
 
 Stages. train_shared (per seed): draw the cohort (data.py) and the stratified 60/20/20 split.
 train (per variant x seed), recorded metrics:
@@ -25,10 +26,11 @@ train (per variant x seed), recorded metrics:
   logit difference, summed over the edge's SC and FC entries. ``prec_at_k_saliency`` is that same
   saliency readout for every variant (AFR-Net included), the like-for-like comparison;
 - ``sc_ttest_prec``, ``fc_ttest_prec`` (units per planted edge, as ``prec_at_k``): model-free references, precision at k of a two-sample
-  t-test on the training subjects' log SC (chance here: the disease is not in SC) and Fisher-z FC
-  on the SC edges (how hard localisation is in this cohort); ``fc_ttest_margin`` (weakest planted
-  |t| minus strongest unplanted |t|: > 0 exactly at the t-test's ceiling); ``oracle_auc`` (test AUC
-  of a logistic regression told the planted edges: the cohort's reachable AUC);
+  t-test on the training subjects' log SC and Fisher-z FC on the SC edges (both at chance here: the
+  disease is in neither's law), ``coupling_ttest_prec`` the same on each edge's SC-FC coupling (how
+  hard localisation is in this cohort); ``coupling_ttest_margin`` (weakest planted |t| minus strongest
+  unplanted |t|: > 0 exactly at the t-test's ceiling); ``oracle_auc`` (test AUC of a logistic
+  regression told the planted edges: the cohort's reachable AUC);
 - AFR-Net only: ``gate_sd`` (spread over edges of a_e - log S_e, the precondition that learned
   gates differ from fixed ones; 0 for ``afr_net_fixed``), ``gate_effect`` (mean |change of the
   logit difference| when the trained network's gates are replaced by g_e = S_e, over its spread: do the gates
@@ -51,7 +53,7 @@ import numpy as np
 from ...blocks.fitting import log_fit
 from .data import Cohort, load_cohort_file, make_cohort, split_indices
 
-VARIANTS = ("afr_net", "afr_net_fixed", "mlp", "gcn")
+VARIANTS = ("afr_net", "afr_net_fixed", "mlp", "gcn", "linear")
 
 
 # --- metrics -------------------------------------------------------------------------------------
@@ -109,13 +111,16 @@ def planted_hits(score: np.ndarray, truth: np.ndarray) -> np.ndarray:
 def oracle_auc(fz: np.ndarray, log_sc: np.ndarray, y: np.ndarray, planted: np.ndarray, train: np.ndarray,
                test: np.ndarray) -> float:
     """Test AUC of a model told the planted edges: L2 logistic regression (C = 1, z-scored inputs) on
-    the planted edges' Fisher-z FC and log SC of the training subjects. What a classifier can reach
-    on this cohort at most without having to find the edges (the cohort's ceiling, a precondition)."""
+    the planted edges' Fisher-z FC, log SC and their coupling (z-scored product, :func:`coupling_features`)
+    of the training subjects. What a classifier can reach on this cohort without having to find the
+    edges (the cohort's reachable AUC, a precondition). The product is needed: the cohort keeps the FC and
+    SC laws equal between groups and moves only their coupling (data.py)."""
     from sklearn.linear_model import LogisticRegression
 
     if not planted.any():
         return float("nan")
-    X = np.concatenate([fz[:, planted], log_sc[:, planted]], 1)
+    X = np.concatenate([fz[:, planted], log_sc[:, planted],
+                        coupling_features(fz[:, planted], log_sc[:, planted], train)], 1)
     mu, sd = X[train].mean(0), X[train].std(0) + 1e-9
     clf = LogisticRegression(C=1.0, max_iter=2000).fit((X[train] - mu) / sd, y[train])
     return roc_auc(y[test], clf.decision_function((X[test] - mu) / sd))
@@ -149,6 +154,30 @@ def ttest_scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     a, b = x[y == 1], x[y == 0]
     se = np.sqrt(a.var(0, ddof=1) / len(a) + b.var(0, ddof=1) / len(b))
     return np.abs(a.mean(0) - b.mean(0)) / np.maximum(se, 1e-12)
+
+
+def coupling_features(fz: np.ndarray, log_sc: np.ndarray, train: np.ndarray) -> np.ndarray:
+    """Per subject and edge: z-scored Fisher-z FC times z-scored log SC (means and spreads of the
+    training subjects): the edge's SC-FC coupling, where this cohort puts the disease (data.py)."""
+    z = lambda x: (x - x[train].mean(0)) / (x[train].std(0) + 1e-12)
+    return z(fz) * z(log_sc)
+
+
+def fit_linear(X: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, c_grid) -> tuple:
+    """L2 logistic regression on z-scored X (training means and spreads), C chosen on validation
+    cross-entropy over ``c_grid``; returns (classifier, mu, sd, chosen C, validation cross-entropy per C)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+
+    mu, sd = X[train].mean(0), X[train].std(0) + 1e-9
+    Z = (X - mu) / sd
+    best, val_ce = None, {}
+    for C in c_grid:
+        clf = LogisticRegression(C=float(C), max_iter=5000).fit(Z[train], y[train])
+        val_ce[float(C)] = float(log_loss(y[val], clf.predict_proba(Z[val])[:, 1], labels=[0, 1]))
+        if best is None or val_ce[float(C)] < val_ce[best[1]]:
+            best = (clf, float(C))
+    return best[0], mu, sd, best[1], val_ce
 
 
 # --- shared per-seed work ------------------------------------------------------------------------
@@ -268,6 +297,57 @@ def load_tensors(shared_dir: Path, p: dict, device: str = "cpu"):
     return cohort, T
 
 
+def cohort_references(ctx, cohort: Cohort, T: dict, record_prec) -> None:
+    """Model-free references of this seed's cohort (the same in every variant's cell): t-tests on log SC,
+    Fisher-z FC and the SC-FC coupling of each edge; the coupling t-test's ceiling margin; oracle_auc."""
+    y, edges, planted = T["y"].cpu().numpy(), cohort.edges, cohort.planted
+    tr, test = T["train"].cpu().numpy(), T["test"].cpu().numpy()
+    sc_all = np.log(cohort.sc[:, edges[:, 0], edges[:, 1]] + 1e-12)
+    fz_all = np.arctanh(np.clip(cohort.fc[:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
+    ctx.metrics.scalar("sc_ttest_prec", precision_at_k(ttest_scores(sc_all[tr], y[tr]), planted))
+    record_prec("fc_ttest_prec", ttest_scores(fz_all[tr], y[tr]))
+    t_cp = ttest_scores(coupling_features(fz_all, sc_all, tr)[tr], y[tr])
+    record_prec("coupling_ttest_prec", t_cp)
+    # the ceiling margin of this seed's cohort: |t| of the weakest planted edge minus the largest |t| of
+    # an unplanted one; > 0 exactly when the coupling t-test finds every planted edge (precision 1)
+    if planted.any():
+        ctx.metrics.scalar("coupling_ttest_margin", float(t_cp[planted].min() - t_cp[~planted].max()))
+    ctx.metrics.scalar("oracle_auc", oracle_auc(fz_all, sc_all, y, planted, tr, test))
+
+
+def train_linear(ctx, cohort: Cohort, T: dict) -> None:
+    """``linear``: L2 logistic regression on the z-scored Fisher-z FC upper triangle, C on validation
+    cross-entropy (an exact convex fit: no learning rate, no convergence curve). Its pathway readout is
+    |coefficient| of each SC edge's FC entry."""
+    p = ctx.params
+    y = T["y"].cpu().numpy()
+    tr, va, te = (T[k].cpu().numpy() for k in ("train", "val", "test"))
+    N, edges, planted = cohort.sc.shape[1], cohort.edges, cohort.planted
+    iu = np.triu_indices(N, 1)
+    X = np.arctanh(np.clip(cohort.fc[:, iu[0], iu[1]], -0.999, 0.999))
+    t0 = time.perf_counter()
+    clf, mu, sd, C, val_ce = fit_linear(X, y, tr, va, p.get("linear", {}).get("c_grid", [0.001, 0.01, 0.1, 1.0]))
+    ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
+    ctx.metrics.scalar("linear_C", C)
+    for c, ce in val_ce.items():
+        ctx.progress(f"C {c:g}: validation cross-entropy {ce:.4f}")
+    score = clf.decision_function((X[te] - mu) / sd)
+    ctx.metrics.units("auc", auc_units(y[te], score))
+    ctx.metrics.scalar("acc", float(((score > 0) == y[te]).mean()))
+    ctx.metrics.scalar("val_auc", roc_auc(y[va], clf.decision_function((X[va] - mu) / sd)))
+    W = np.zeros((N, N))
+    W[iu] = np.abs(clf.coef_[0])
+    native = W[edges[:, 0], edges[:, 1]]
+    record_prec = (lambda name, sc: ctx.metrics.units(name, planted_hits(sc, planted))) if planted.any() \
+        else (lambda name, sc: ctx.metrics.scalar(name, float("nan")))
+    record_prec("prec_at_k", native)
+    ctx.metrics.scalar("prec_at_k_saliency", precision_at_k(native, planted))
+    ctx.metrics.scalar("chance_prec", int(planted.sum()) / len(edges))
+    cohort_references(ctx, cohort, T, record_prec)
+    ctx.metrics.curve("edge_score", edges[:, 0] * N + edges[:, 1], native)
+    ctx.progress(f"auc {ctx.metrics.scalars['auc']:.3f} (C {C:g})")
+
+
 def train(ctx) -> None:
     import torch
 
@@ -277,6 +357,8 @@ def train(ctx) -> None:
     cohort, T = load_tensors(ctx.shared_dir, p, device)
     N, edges, planted = cohort.sc.shape[1], cohort.edges, cohort.planted
     is_afr = v.startswith("afr_net")
+    if v == "linear":
+        return train_linear(ctx, cohort, T)
     t0 = time.perf_counter()
     model, rec = fit(v, cohort, T, p, ctx.seed, ctx.progress)
     ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
@@ -339,19 +421,7 @@ def train(ctx) -> None:
     record_prec("prec_at_k", native)
     ctx.metrics.scalar("prec_at_k_saliency", precision_at_k(sal, planted))
     ctx.metrics.scalar("chance_prec", k / len(edges))
-    tr = T["train"].cpu().numpy()
-    log_sc = np.log(cohort.sc[tr][:, edges[:, 0], edges[:, 1]])
-    ctx.metrics.scalar("sc_ttest_prec", precision_at_k(ttest_scores(log_sc, y[tr]), planted))
-    fz = np.arctanh(np.clip(cohort.fc[tr][:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
-    t_fc = ttest_scores(fz, y[tr])
-    record_prec("fc_ttest_prec", t_fc)
-    # the ceiling margin of this seed's cohort: |t| of the weakest planted edge minus the largest |t| of
-    # an unplanted one; > 0 exactly when the t-test finds every planted edge (precision 1)
-    if planted.any():
-        ctx.metrics.scalar("fc_ttest_margin", float(t_fc[planted].min() - t_fc[~planted].max()))
-    fz_all = np.arctanh(np.clip(cohort.fc[:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
-    sc_all = np.log(cohort.sc[:, edges[:, 0], edges[:, 1]] + 1e-12)
-    ctx.metrics.scalar("oracle_auc", oracle_auc(fz_all, sc_all, y, planted, tr, test.cpu().numpy()))
+    cohort_references(ctx, cohort, T, record_prec)
     flat = edges[:, 0] * N + edges[:, 1]
     ctx.metrics.curve("edge_score", flat, native)
     if v == "afr_net":
