@@ -29,8 +29,7 @@ Training rule, the same for every model (:func:`fit`): the platform's shared rul
 learning-rate grid piloted from the same initial weights on the same batches (ranked by the mean of
 each pilot's second half), the chosen rate constant until the platform's plateau test holds at or after
 ``min_steps`` with the best point ``patience`` evaluations old, then one drop of the rate by ``lr_drop``
-(0.3 at smoke) and on to a second plateau after the drop (or ``max_steps``); validation reads (and the
-best weights come from) an exponential moving average of the weights (``ema_decay``); the plateau test reads the
+(0.3 at smoke) and on to a second plateau after the drop (or ``max_steps``); the plateau test reads the
 scale the curve's gate entry reads (``STOP_SCALE``: range for adding, value else). Every model starts near the chance loss (small
 output layer; the adding target is trained standardised, ``ADD_MEAN``, ``ADD_SD``), and ``min_progress``
 refuses a plateau stop until the best validation loss is that fraction below it (0.1 at smoke). The curve ``val_<task>_L<L>`` and
