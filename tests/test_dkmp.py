@@ -802,33 +802,3 @@ def test_nve_soft_dkmp_conserves_energy():
     assert np.ptp(e_soft) < 1e-2 * kin_scale, np.ptp(e_soft)
     assert np.ptp(e_soft) < 5 * max(drift_dense, 1e-6) and np.ptp(e_soft) < 0.2 * np.ptp(e_hard), \
         (np.ptp(e_soft), drift_dense, np.ptp(e_hard))
-
-
-_FAULTS_SCRIPT = """
-import sys, torch
-torch.set_num_threads(1)
-import reprozoo.methods.dkmp.method as M
-if sys.argv[1] == "1":
-    assert M.steady_allocator()
-cfg = {"shells": [[0.0, 5.0]] * 3}
-m = M.build_model(cfg, {"n_features": 16, "n_rbf": 12, "window_width": 0.3}, 0).float().eval()
-b = M.fresh_data(M.bulk_cells([7], 0)[0], cfg).collate([0], dtype=torch.float32)
-step = lambda: m.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, 1, create_graph=False)
-step()
-print(M.minor_faults(lambda: [step() for _ in range(3)]))
-"""
-
-
-def test_steady_allocator_keeps_freed_tensors_for_reuse():
-    """The cost study's allocator setting (method.steady_allocator): with it, the dense 5 A step on
-    1372 atoms faults far fewer fresh pages per call than without (glibc reuses the freed heap
-    memory, as an MD engine reuses its buffers), so the timed step does not include the kernel
-    zeroing its tensors anew every call (this round's probe: 4,190 vs 192 faults per call)."""
-    import subprocess
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("glibc mallopt: Linux only")
-    faults = [int(subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT, flag], capture_output=True, text=True,
-                                 check=True).stdout.split()[-1]) for flag in ("0", "1")]
-    assert faults[1] < 0.3 * faults[0], faults
