@@ -419,6 +419,19 @@ def test_patched_transformer_tokens_and_patch_locality():
     assert net(x)[0].shape == (3, 1)
     with pytest.raises(ValueError):
         net(torch.randn(1, 2, 120))
+    # overlapping patches (PatchTST's stride 8 of patch 16): (128 - 16) / 8 + 1 = 15 tokens; step 40
+    # lies in the windows starting at 32 and 40 (tokens 4 and 5) and in no other
+    ov = TransformerNet(2, 1, 128, dim=8, depth=1, heads=1, patch=16, stride=8).eval()
+    assert ov.pos.shape == (1, 15, 8)
+    tok = ov.embed(x)
+    assert tok.shape == (3, 8, 15)
+    d = (ov.embed(x2) - tok).abs().amax(dim=(0, 1))
+    assert torch.all(d[[4, 5]] > 0) and torch.all(d[[i for i in range(15) if i not in (4, 5)]] == 0)
+    assert ov(x)[0].shape == (3, 1)
+    with pytest.raises(ValueError):
+        ov(torch.randn(1, 2, 124))
+    with pytest.raises(ValueError):
+        TransformerNet(2, 1, 128, dim=8, depth=1, heads=1, patch=16, stride=17)
 
 
 def test_parameter_box_keeps_both_schemes_underdamped():

@@ -312,24 +312,30 @@ class GRUNet(nn.Module):
 
 class TransformerNet(nn.Module):
     """Small non-spiking transformer encoder, mean pool. Tokens: ``patch`` = 1, one per step (a linear
-    embedding and learned positions); ``patch`` > 1, one per non-overlapping patch of that many
-    steps, as time-series transformers tokenise (PatchTST): a pointwise MLP (d_in -> dim, GELU, so
-    a token can hold products such as value x marker) and a strided linear map over the patch,
-    then learned positions. L must be a multiple of ``patch``."""
+    embedding and learned positions); ``patch`` > 1, one per patch of that many steps taken every
+    ``stride`` steps (default ``patch``: non-overlapping), as time-series transformers tokenise
+    (PatchTST: patch 16, stride 8, so neighbouring patches overlap by half): a pointwise MLP
+    (d_in -> dim, GELU, so a token can hold products such as value x marker) and a strided linear map
+    over the patch, then learned positions. The windows must tile L exactly (L >= ``patch``, L - patch
+    a multiple of ``stride``): the tokens are its (L - patch) / stride + 1 windows."""
 
     def __init__(self, d_in: int, n_out: int, length: int, dim: int = 32, depth: int = 2, heads: int = 4,
-                 patch: int = 1, depthwise: bool = False):
+                 patch: int = 1, depthwise: bool = False, stride: int | None = None):
         super().__init__()
         self.patch = int(patch)
+        self.stride = int(stride) if stride else self.patch
+        if self.patch > 1 and not 1 <= self.stride <= self.patch:
+            raise ValueError(f"stride {self.stride}: expected 1 <= stride <= patch ({self.patch})")
         if self.patch == 1:
             self.embed = nn.Conv1d(d_in, dim, 1)
         else:
             # depthwise: each embedding channel sums its own patch (dim x patch weights instead of
             # dim² x patch), so a parameter-matched transformer keeps its budget for attention
             self.embed = nn.Sequential(nn.Conv1d(d_in, dim, 1), nn.GELU(),
-                                       nn.Conv1d(dim, dim, self.patch, stride=self.patch,
+                                       nn.Conv1d(dim, dim, self.patch, stride=self.stride,
                                                  groups=dim if depthwise else 1))
-        self.pos = nn.Parameter(0.02 * torch.randn(1, -(-length // self.patch), dim))
+        n_tok = length if self.patch == 1 else max(1, (length - self.patch) // self.stride + 1)
+        self.pos = nn.Parameter(0.02 * torch.randn(1, n_tok, dim))
         layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, 0.0, activation="gelu", batch_first=True,
                                            norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
@@ -337,8 +343,9 @@ class TransformerNet(nn.Module):
         _zero(self.head)
 
     def forward(self, x):
-        if x.shape[-1] % self.patch:
-            raise ValueError(f"sequence length {x.shape[-1]} is not a multiple of patch {self.patch}")
+        if self.patch > 1 and (x.shape[-1] < self.patch or (x.shape[-1] - self.patch) % self.stride):
+            raise ValueError(f"sequence length {x.shape[-1]}: the patches ({self.patch} steps every "
+                             f"{self.stride}) must tile it exactly")
         tok = self.embed(x).transpose(1, 2)
         h = self.blocks(tok + self.pos[:, : tok.shape[1]])
         return self.head(h.mean(1)), []
@@ -352,7 +359,8 @@ def matched_dim(d_in: int, n_out: int, length: int, arch: dict, target: int) -> 
     """The transformer width (1 head, depth ``arch.depth``, depthwise patches) whose parameter count is
     nearest ``target`` (the heterogeneous spiking network's on the same task)."""
     counts = {d: n_params(TransformerNet(d_in, n_out, length, dim=d, depth=int(arch["depth"]), heads=1,
-                                         patch=int(arch.get("patch", 1)), depthwise=True))
+                                         patch=int(arch.get("patch", 1)), depthwise=True,
+                                         stride=arch.get("stride")))
               for d in range(2, 65)}
     return min(counts, key=lambda d: (abs(counts[d] - target), d))
 
@@ -364,7 +372,7 @@ def build(family: str, d_in: int, n_out: int, length: int, options: dict, arch: 
             ref = n_params(build("ssm", d_in, n_out, length, {"kernel": "imex", "shared": False}, arch))
             dim = matched_dim(d_in, n_out, length, arch, ref)
         return TransformerNet(d_in, n_out, length, dim=dim, depth=int(arch["depth"]), heads=1,
-                              patch=int(arch.get("patch", 1)), depthwise=True)
+                              patch=int(arch.get("patch", 1)), depthwise=True, stride=arch.get("stride"))
     if family == "ssm":
         return SpikingSSM(d_in, n_out, channels=int(arch["channels"]), kernel=options["kernel"],
                           shared=bool(options.get("shared", False)),
@@ -376,5 +384,6 @@ def build(family: str, d_in: int, n_out: int, length: int, options: dict, arch: 
         return GRUNet(d_in, n_out, hidden=int(arch["hidden"]))
     if family == "transformer":
         return TransformerNet(d_in, n_out, length, dim=int(arch["dim"]), depth=int(arch["depth"]),
-                              heads=int(arch["heads"]), patch=int(arch.get("patch", 1)))
+                              heads=int(arch["heads"]), patch=int(arch.get("patch", 1)),
+                              stride=arch.get("stride"))
     raise ValueError(f"unknown model family {family!r}")
