@@ -35,6 +35,26 @@ def test_merged_residual_equals_delta_forward():
     assert delta_size(m, 2) == sum(u.numel() + v.numel() + b.numel() for u, v, b in d)
 
 
+def test_cached_fourier_features_change_no_number():
+    """The codecs compute the grid's Fourier features once (a fixed buffer) instead of at every step:
+    the same numbers, so the same fits and reconstructions."""
+    n = 16
+    x = np.arange(n) / n
+    f0 = np.sin(2 * np.pi * x)[:, None] * np.cos(4 * np.pi * x)[None, :] + 0.2
+    cfg = {**CFG, "base_steps": 20, "delta_steps": 10, "batch": 64}
+    c = ContinualCodec(n, cfg, 3)
+    assert torch.equal(c.feat, c.model.features(c.x))
+    d = _deltas(c.model, 2, np.random.default_rng(1))
+    assert torch.equal(forward_with_delta(c.model, c.x, d), forward_with_delta(c.model, c.x, d, c.feat))
+    c.add(0, f0)
+    m, s = c.norms[0]
+    with torch.no_grad():
+        direct = m + s * c.model(c.x).numpy().reshape(n, n).astype(np.float64)
+    np.testing.assert_array_equal(c.recon[0], direct)
+    b = c.branch(1)
+    assert torch.equal(b.feat, b.model.features(b.x))
+
+
 def test_scratch_width_counts_the_network_exactly():
     for w, f in ((4, 2), (10, 16), (20, 32)):
         m = CoordinateMLP(2, 1, width=w, depth=2, n_features=f, sigma=1.0)

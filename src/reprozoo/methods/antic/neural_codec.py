@@ -58,9 +58,11 @@ def round_half_(model: nn.Module) -> None:
             p.copy_(p.half().float())
 
 
-def forward_with_delta(model: CoordinateMLP, x: torch.Tensor, deltas) -> torch.Tensor:
-    """f_{theta + delta}(x) with delta = [(U, V, db)] per linear layer (None: no delta)."""
-    h = model.features(x)
+def forward_with_delta(model: CoordinateMLP, x: torch.Tensor, deltas, feats: torch.Tensor | None = None) -> torch.Tensor:
+    """f_{theta + delta}(x) with delta = [(U, V, db)] per linear layer (None: no delta). ``feats``: the
+    Fourier features of ``x`` computed beforehand (they are fixed, not trained: the codecs compute them
+    once per grid instead of at every step; the same numbers)."""
+    h = model.features(x) if feats is None else feats
     k = 0
     for m in model.net:
         if isinstance(m, nn.Linear):
@@ -127,6 +129,12 @@ class FieldCodec:
         self.recon: list[np.ndarray] = []
         self.norms: list[tuple[float, float]] = []  # the stored (mean, std) of every kept frame
 
+    def _features(self, model: CoordinateMLP) -> torch.Tensor:
+        """The model's Fourier features of the whole grid, computed once (a fixed buffer, not trained):
+        every step of a fit reuses them instead of recomputing the same numbers."""
+        with torch.no_grad():
+            return model.features(self.x)
+
     def _target(self, w: np.ndarray):
         m, s = float(w.mean()), float(w.std())
         m, s = float(np.float16(m)), float(np.float16(s))
@@ -147,9 +155,9 @@ class FieldCodec:
         fit.update(kind=kind, frame=frame)
         self.fits.append(fit)
 
-    def _decode(self, model, deltas, m, s) -> np.ndarray:
+    def _decode(self, model, deltas, m, s, feats=None) -> np.ndarray:
         with torch.no_grad():
-            f = forward_with_delta(model, self.x, deltas).numpy().reshape(self.n, self.n)
+            f = forward_with_delta(model, self.x, deltas, feats).numpy().reshape(self.n, self.n)
         return m + s * f.astype(np.float64)
 
 
@@ -163,11 +171,13 @@ class ContinualCodec(FieldCodec):
                                    sigma=cfg["sigma"], seed=seed)
         self.rank = int(cfg["rank"] if rank is None else rank)
         self._base = None
+        self.feat = self._features(self.model)  # fixed for the codec's life (B is a seeded buffer)
 
     def add(self, i: int, w: np.ndarray) -> None:
         y, m, s = self._target(w)
         if not self.kept_idx:  # base network: every parameter stored
-            self._run(list(self.model.parameters()), lambda idx: ((self.model(self.x[idx]) - y[idx]) ** 2).mean(),
+            net, feat = self.model.net, self.feat
+            self._run(list(self.model.parameters()), lambda idx: ((net(feat[idx]) - y[idx]) ** 2).mean(),
                       "base_steps", "lr", "base", i)
             round_half_(self.model)
             # the Fourier matrix B is a buffer regenerated from the seed: not stored
@@ -180,15 +190,15 @@ class ContinualCodec(FieldCodec):
                 db = torch.zeros(lin.out_features, requires_grad=True)
                 deltas.append((u, v, db))
             flat = [t for d in deltas for t in d]
-            self._run(flat, lambda idx: ((forward_with_delta(self.model, self.x[idx], deltas) - y[idx]) ** 2).mean(),
-                      "delta_steps", "delta_lr", "delta", i)
+            self._run(flat, lambda idx: ((forward_with_delta(self.model, self.x[idx], deltas, self.feat[idx])
+                                          - y[idx]) ** 2).mean(), "delta_steps", "delta_lr", "delta", i)
             with torch.no_grad():  # merge the float16-rounded residual: the decoder replays the same chain
                 for lin, (u, v, db) in zip(_linears(self.model), deltas):
                     lin.weight += u.half().float() @ v.half().float().T
                     lin.bias += db.half().float()
             self.stored_bytes += BYTES_STORED * delta_size(self.model, self.rank)
         self.kept_idx.append(i)
-        self.recon.append(self._decode(self.model, None, m, s))
+        self.recon.append(self._decode(self.model, None, m, s, self.feat))
         if self._base is None:
             self._base = (copy.deepcopy(self.model.state_dict()), self.stored_bytes)
 
@@ -209,6 +219,7 @@ class ContinualCodec(FieldCodec):
             raise ValueError("branch() needs the base frame first")
         c = ContinualCodec(self.n, cfg or self.cfg, self.seed, rank)
         c.model.load_state_dict(self._base[0])
+        c.feat = c._features(c.model)
         c.stored_bytes = self._base[1]
         c.kept_idx, c.recon, c.fits = self.kept_idx[:1], self.recon[:1], self.fits[:1]
         c.norms = self.norms[:1]
@@ -244,12 +255,13 @@ class ScratchCodec(FieldCodec):
         torch.manual_seed(self.seed * 1000 + len(self.kept_idx))
         model = CoordinateMLP(2, 1, width=self.width, depth=cfg["depth"], n_features=cfg["n_features"],
                               sigma=cfg["sigma"], seed=self.seed)
-        self._run(list(model.parameters()), lambda idx: ((model(self.x[idx]) - y[idx]) ** 2).mean(),
+        feat = self._features(model)
+        self._run(list(model.parameters()), lambda idx: ((model.net(feat[idx]) - y[idx]) ** 2).mean(),
                   "scratch_steps", "scratch_lr", "scratch", i)
         round_half_(model)
         self.stored_bytes += BYTES_STORED * n_params(model)
         self.kept_idx.append(i)
-        self.recon.append(self._decode(model, None, m, s))
+        self.recon.append(self._decode(model, None, m, s, feat))
 
 
 def _architecture(cfg: dict) -> CoordinateMLP:
