@@ -329,3 +329,15 @@ def test_every_head_and_encoder_shares_one_training_rule():
         assert "lr" not in cfg[key] and len(fit["lr_grid"]) >= 3 and fit["min_steps"] < fit["max_steps"]
         assert fit.get("lr_drop", 0.1) == 0.1 and fit["flat_tol"] <= 0.01
     assert cfg["head"]["fit"]["lr_grid"] == cfg["coast_head"]["fit"]["lr_grid"]
+
+
+def test_knn_probe_disc_land_fraction():
+    """The probe's smoothed label: the land share of a disc of samples is 0 mid-ocean, 1 deep inland,
+    mixed on a coast; at radius 0 it is the mask itself; the pole (no east direction) is handled."""
+    from reprozoo.methods.slepian.data import is_land
+    from reprozoo.methods.slepian.knn_probe import disc_land_fraction
+
+    lat, lon = np.array([30.0, 45.0, 35.68, 90.0]), np.array([150.0, 100.0, 139.69, 0.0])
+    f = disc_land_fraction(lat, lon, 100.0)  # the Pacific, Mongolia, Tokyo (on its bay), the North Pole (sea)
+    assert f[0] == 0 and f[1] == 1 and 0 < f[2] < 1 and f[3] == 0 and np.all(np.isfinite(f))
+    np.testing.assert_array_equal(disc_land_fraction(lat, lon, 0.0), is_land(lat, lon).astype(float))
