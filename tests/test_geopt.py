@@ -171,18 +171,19 @@ def test_per_shape_units_recompose_the_pooled_error():
 
 
 def test_plateau_test_tells_a_falling_curve_from_a_flat_one():
+    from reprozoo.claims import plateau
     from reprozoo.methods.geopt.method import _flat, steps_to
     steps = np.arange(1, 41) * 25
     falling = 1.0 / np.sqrt(steps)
-    assert not _flat(steps, falling, best_step=steps[-1], min_points=5, flat_tol=0.01)
-    # the Theil-Sen line alone rejects it too: 1/sqrt(step) still improves ~16 % over its last 30 %
-    assert not _flat(steps, falling, best_step=steps[0], min_points=5, flat_tol=0.01)
-    assert _flat(steps, falling, best_step=steps[0], min_points=5, flat_tol=0.2)
+    # 1/sqrt(step) still improves ~16 % over its last 30 %
+    assert not _flat(steps, falling, min_points=5, flat_tol=0.01)
+    assert _flat(steps, falling, min_points=5, flat_tol=0.2)
     noise = 0.1 + 0.001 * np.random.default_rng(0).standard_normal(40)
-    noise[5] = 0.09                                  # best early: the tail holds no new best
-    assert _flat(steps, noise, best_step=steps[5], min_points=5, flat_tol=0.01)
-    # a tail with a recent best is not flat, even if the line through it is
-    assert not _flat(steps, noise, best_step=steps[-1], min_points=5, flat_tol=0.01)
+    assert _flat(steps, noise, min_points=5, flat_tol=0.01)
+    # the same test as the platform's convergence gate (a stop here is a pass there)
+    for curve in (falling, noise):
+        for tol in (0.01, 0.02, 0.2):
+            assert _flat(steps, curve, min_points=5, flat_tol=tol) == plateau(steps, curve, tol)
     assert steps_to({"step": list(steps), "val": list(falling)}, 0.05, 9999) == (400, True)
     assert steps_to({"step": list(steps), "val": list(falling)}, 0.001, 9999) == (9999, False)
 
@@ -196,13 +197,39 @@ def test_fit_learns_a_planted_flow_and_keeps_the_start_untouched():
     m0 = GeometrySimulator(dim=16, pair=8, layers=1, heads=2, slices=4)
     start = {k: v.clone() for k, v in m0.state_dict().items()}
     cfg = dict(lrs=[1e-3, 3e-3], batch=4, points=16, pilot_steps=20, min_steps=100, max_steps=300,
-               eval_every=10, ema_decay=0.95, min_delta=0.002, flat_tol=0.01)
+               eval_every=10, ema_decay=0.95, flat_tol=0.01)
     split = _tensors(data, np.arange(4), "y")
     m, hist = fit(m0, data, np.arange(4), "y", cfg, 0, split)
     assert evaluate(m, split) < 0.5 and hist["best_val"] == pytest.approx(evaluate(m, split), rel=1e-5)
     assert hist["lr_chosen"] in cfg["lrs"] and set(hist["lr_pilot"]) == set(cfg["lrs"])
     assert all(torch.equal(v, m0.state_dict()[k]) for k, v in start.items())
-    assert len(set(hist["lr"])) == 1 and hist["step"][-1] == hist["stop_step"]
+    assert len(set(hist["lr"])) == 1 and hist["step"][-1] == hist["stop_step"] and hist["drop_step"] is None
+
+
+def test_fit_drops_the_rate_once_to_the_gate_floor_and_judges_the_plateau_after_it():
+    """With ``lr_drop`` and ``drop_at`` the rate falls once, at ``drop_at`` (or at the first plateau),
+    to a tenth; a plateau stop reads a window wholly after the drop; the gate's lr floor holds."""
+    pytest.importorskip("torch")
+    from reprozoo.claims import LR_FLOOR, TAIL
+    from reprozoo.methods.geopt.method import _tensors, fit, make_flow_set
+    from reprozoo.methods.geopt.model import GeometrySimulator
+    data = make_flow_set(np.random.default_rng(0), 6, 16, 24, 0.2)
+    cfg = dict(lrs=[1e-3, 3e-3], batch=4, points=16, pilot_steps=20, min_steps=60, max_steps=400,
+               eval_every=10, ema_decay=0.95, flat_tol=0.01, lr_drop=0.1, drop_at=100)
+    split = _tensors(data, np.arange(4), "y")
+    _, hist = fit(GeometrySimulator(dim=16, pair=8, layers=1, heads=2, slices=4), data, np.arange(4), "y", cfg,
+                  0, split)
+    steps, lrs = np.array(hist["step"]), np.array(hist["lr"])
+    assert hist["drop_step"] is not None and hist["drop_step"] <= cfg["drop_at"]
+    assert set(lrs[steps <= hist["drop_step"]]) == {hist["lr_chosen"]}
+    assert np.allclose(lrs[steps > hist["drop_step"]], hist["lr_chosen"] * 0.1)
+    assert lrs.min() >= LR_FLOOR * lrs.max()
+    if hist["plateau"] and hist["stop_step"] < cfg["max_steps"]:
+        assert steps[0] + (1 - TAIL) * (steps[-1] - steps[0]) >= hist["drop_step"]
+    # a drop the step limit leaves no room to judge (its window would end past max_steps) is not taken
+    _, late = fit(GeometrySimulator(dim=16, pair=8, layers=1, heads=2, slices=4), data, np.arange(4), "y",
+                  dict(cfg, max_steps=130), 0, split)
+    assert late["drop_step"] is None and len(set(late["lr"])) == 1
 
 
 def test_fine_tuning_a_fitted_backbone_trains_the_backbone_not_only_the_head():
@@ -213,7 +240,7 @@ def test_fine_tuning_a_fitted_backbone_trains_the_backbone_not_only_the_head():
     from reprozoo.methods.geopt.model import GeometrySimulator
     data = make_flow_set(np.random.default_rng(1), 5, 16, 16, 0.2)
     cfg = dict(lrs=[3e-3], batch=2, points=8, pilot_steps=5, min_steps=10, max_steps=15,
-               eval_every=5, ema_decay=0.9, min_delta=0.002, flat_tol=0.01)
+               eval_every=5, ema_decay=0.9, flat_tol=0.01)
     split = _tensors(data, np.arange(4, 5), "y")
     pre, _ = fit(GeometrySimulator(dim=8, pair=4, layers=1, heads=2, slices=2), data, np.arange(4), "y", cfg, 0, split)
     assert all(t.requires_grad for t in pre.parameters())

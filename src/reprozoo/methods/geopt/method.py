@@ -13,12 +13,17 @@ Variants (same network, initial weights, fine-tune data, learning-rate grid, sto
   scratch     random initial weights (the same ones every pre-training starts from).
 All pre-trainings see the same unlabelled shapes and query points with the same rule.
 
-One training rule for every fit (``fit``): Adam at a constant learning rate taken from one grid
-(``lrs``) on validation after ``pilot_steps`` from the same start, then training until the
-validation curve of the weight average (EMA) is flat (no new best by ``min_delta`` and a Theil-Sen
-line through the last 30 % improving by at most ``flat_tol``), at or after ``min_steps``, or to
-``max_steps``. The learning rate stays at its value, so a flat curve is a plateau, not a schedule
-that ran out. Targets are divided by their root mean square over the fit's training data.
+One training rule for every fit (``fit``), that of the shared ``reprozoo.blocks.fitting.fit_to_plateau``:
+Adam at a constant learning rate taken from one grid (``lrs``) after ``pilot_steps`` from the same
+start (ranked by the mean of the second half of each pilot's validation curve), then training until
+the validation curve of the weight average (EMA) is flat by the convergence gate's own test (a
+Theil-Sen line through the last 30 % improving by at most ``flat_tol``), at or after ``min_steps``,
+or to ``max_steps``; with ``lr_drop`` (0.1 at smoke, the shared rule's default) the rate then drops
+once to a tenth after that first plateau and the plateau is judged again on a window wholly after
+the drop (a drop whose window would not fit below ``max_steps`` is not taken; ``drop_at``, for
+probes only, forces the drop at a step). The rate never falls below a tenth of its value (the
+gate's floor), so a flat curve is a plateau, not a schedule that ran out. Targets are divided by their root mean square over the fit's
+training data.
 
 Stages and units (lengths in units of the domain box [-1, 1]^2, velocities in units of U∞):
   train_shared (per seed): draw labelled shapes, solve potential flow with the source panel
@@ -144,22 +149,18 @@ def per_shape_sq_error(model, split) -> np.ndarray:
     return (e / y.flatten(1).pow(2).sum(1).mean()).cpu().numpy()
 
 
-def _flat(steps, vals, best_step: int, min_points: int, flat_tol: float, tail: float = 0.3) -> bool:
-    """The curve is flat over its last ``tail`` (>= ``min_points`` evaluations there): the best
-    value lies before that stretch (within ``min_delta``, see ``fit``) and a Theil-Sen line through
-    it improves by at most ``flat_tol`` of its median level: the platform's convergence test,
-    :func:`reprozoo.claims.plateau`."""
+def _flat(steps, vals, min_points: int, flat_tol: float, tail: float = 0.3) -> bool:
+    """The platform's convergence test, :func:`reprozoo.claims.plateau`: a Theil-Sen line through
+    the last ``tail`` of the curve (>= ``min_points`` evaluations there) improves by at most
+    ``flat_tol`` of its median level. The same test as ``reprozoo.blocks.fitting.fit_to_plateau``."""
     from ...claims import plateau
 
-    xs, ys = np.asarray(steps, float), np.asarray(vals, float)
-    m = xs >= xs[0] + (1 - tail) * (xs[-1] - xs[0])
-    if m.sum() < min_points or best_step >= xs[m][0]:
-        return False
-    return plateau(xs, ys, flat_tol, tail=tail, min_points=min_points)
+    return plateau(np.asarray(steps, float), np.asarray(vals, float), flat_tol, tail=tail, min_points=min_points)
 
 
 class _Run:
-    """One constant-learning-rate Adam run with a weight average (EMA) that validation reads."""
+    """One Adam run at a learning rate that stays constant (until the rule's single drop), with a
+    weight average (EMA) that validation reads and whose best-validation state is kept."""
 
     def __init__(self, model, data, lr: float, cfg: dict, generator):
         import torch
@@ -171,8 +172,15 @@ class _Run:
         self.opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True)
         self.params = [t for t in model.parameters()]
         self.ema_params = [t for t in self.ema.parameters()]
-        self.step, self.best, self.best_step, self.best_state = 0, float("inf"), 0, None
+        self.step, self.best, self.best_state = 0, float("inf"), None
         self.hist = {"step": [], "val": [], "lr": []}
+
+    def current_lr(self) -> float:
+        return float(self.opt.param_groups[0]["lr"])
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = lr
 
     def advance(self, until: int, val, stop_from: int | None = None) -> bool:
         """Train to step ``until``; from ``stop_from`` on, stop (True) once the curve is flat."""
@@ -200,22 +208,37 @@ class _Run:
                 v = evaluate(self.ema, val)
                 self.hist["step"].append(self.step)
                 self.hist["val"].append(v)
-                self.hist["lr"].append(self.lr)
-                if v < self.best * (1 - cfg["min_delta"]):
-                    self.best_step = self.step
+                self.hist["lr"].append(self.current_lr())
                 if v < self.best:
                     self.best, self.best_state = v, copy.deepcopy(self.ema.state_dict())
                 if stop_from is not None and self.step >= stop_from and _flat(
-                        self.hist["step"], self.hist["val"], self.best_step, 5, cfg["flat_tol"]):
+                        self.hist["step"], self.hist["val"], 5, cfg["flat_tol"]):
                     return True
         return False
+
+    def pilot_score(self) -> float:
+        """The shared rule's pilot ranking (``pilot_score: tail``): the mean of the second half of the
+        pilot's validation points, so a noisy rate's lucky minimum does not win the grid."""
+        vals = self.hist["val"]
+        return float(np.mean(vals[len(vals) // 2:]))
 
 
 def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val):
     """The one training rule of every fit (module docstring). ``model`` is the start (not
     modified); every one of its parameters is trained (fine-tuning trains the whole backbone, not
     only the head); returns the EMA model with the best validation value and its history (curves
-    step / val / lr, lr_chosen, lr_pilot, stop_step, plateau, best_val)."""
+    step / val / lr, lr_chosen, lr_pilot, stop_step, plateau, best_val, drop_step, drop_gain).
+
+    The shared rule (``reprozoo.blocks.fitting.fit_to_plateau``): every rate of the grid is piloted
+    from the same start and ranked by the second half of its pilot curve; the chosen rate trains at
+    a constant rate to its first plateau, then drops once by ``lr_drop`` (the convergence gate's
+    floor, a tenth) and trains on until the plateau test holds on a window wholly after the drop, or
+    to ``max_steps`` (a drop whose judging window would not fit below ``max_steps`` is not taken: the
+    constant-rate plateau stands). One addition (``drop_at``): the drop also comes at step ``drop_at`` when the
+    constant-rate curve has not flattened by then (the constant rate's slow drift towards its noise
+    floor, README); without the key the drop waits for the first plateau, as in the shared rule."""
+    import math
+
     import torch
 
     train = _tensors(data, idx, ykey, device=cfg.get("device", "cpu"))
@@ -228,14 +251,30 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
         run = _Run(m, train, float(lr), cfg, torch.Generator().manual_seed(seed))
         run.advance(cfg["pilot_steps"], val)
         runs.append(run)
-    run = min(runs, key=lambda r: r.best)
-    plateau = run.advance(cfg["max_steps"], val, stop_from=cfg["min_steps"]) or _flat(
-        run.hist["step"], run.hist["val"], run.best_step, 5, cfg["flat_tol"])
+    pilot = {r.lr: r.pilot_score() for r in runs}
+    run = min(runs, key=lambda r: pilot[r.lr])
+    top = int(cfg["max_steps"])
+    factor = float(cfg.get("lr_drop") or 0.0)
+    first = min(top, int(cfg.get("drop_at") or top))
+    plateau = run.advance(first, val, stop_from=cfg["min_steps"])
+    drop_step, drop_gain = None, None
+    # the plateau test reads the last 30 % of the curve: after a drop, stop only once that window
+    # lies wholly after it, so a flat pre-drop stretch cannot vouch for the dropped rate; a drop that
+    # the step limit leaves no room to judge is not taken (the constant-rate plateau stands)
+    after = max(run.step + 5 * int(cfg["eval_every"]), math.ceil(run.step / 0.7))
+    if factor and after <= top and (plateau or run.step >= first):
+        drop_step, before = run.step, run.best
+        run.set_lr(run.lr * factor)
+        plateau = run.advance(top, val, stop_from=after)
+        drop_gain = float((before - run.best) / before)
+    elif not plateau:
+        plateau = run.advance(top, val, stop_from=cfg["min_steps"])
+    plateau = plateau or _flat(run.hist["step"], run.hist["val"], 5, cfg["flat_tol"])
     run.ema.load_state_dict(run.best_state)
     run.ema.requires_grad_(True)
     run.ema.y_scale = y_scale
-    hist = dict(run.hist, lr_chosen=run.lr, lr_pilot={r.lr: r.best for r in runs}, stop_step=run.step,
-                plateau=bool(plateau), best_val=run.best)
+    hist = dict(run.hist, lr_chosen=run.lr, lr_pilot=pilot, stop_step=run.step, plateau=bool(plateau),
+                best_val=run.best, drop_step=drop_step, drop_gain=drop_gain)
     return run.ema, hist
 
 
