@@ -294,7 +294,7 @@ def test_both_trained_variants_share_one_fit_config():
     for scale in ("ci", "smoke", "paper"):
         cfg = yaml.safe_load((folder / "configs" / f"{scale}.yaml").read_text())
         assert "train" not in cfg and {"lr_grid", "pilot_steps", "min_steps", "max_steps", "flat_tol"} <= set(cfg["fit"])
-        assert all(set(v) <= {"shells", "select", "rank_width", "cost_of"} for v in cfg["variants"].values())
+        assert all(set(v) <= {"shells", "select", "rank_width", "normalise", "cost_of"} for v in cfg["variants"].values())
     spec = get("dkmp")
     assert set(spec.training_budget) == {"fit.min_steps", "fit.max_steps"}
 
@@ -735,8 +735,11 @@ def test_soft_star_forces_invariances_and_fd_scaling(cu309):
 
     pos, num = cu309
     fr = _frames(pos, num)
-    big, small = (np.median(M.fd_consistency(m, fr, SOFT, n_dirs=4, sigma=s, seed=0)[0]) for s in (1e-3, 1e-4))
-    assert big < 0.03 and big / small > 10, (big, small)
+    # the normalised stars (this round) vary faster than the unnormalised ones on this hot model (forces
+    # 4-40x EMT Cu's): median 0.034 at 1e-3 over 16 probes, 0.011 unnormalised (a /tmp probe); the
+    # bound is the smoothness precondition's own 0.05, and the error must fall faster than the step
+    big, small = (np.median(M.fd_consistency(m, fr, SOFT, n_dirs=8, sigma=s, seed=0)[0]) for s in (1e-3, 1e-4))
+    assert big < 0.05 and big / small > 10, (big, small)
     hard = {"shells": DKMP, "select": "dilated"}
     mh = M.build_model(hard, {"n_features": 16, "n_rbf": 12, "window_width": 0.3}, 0)
     hb, hs = (np.median(M.fd_consistency(mh, fr, hard, n_dirs=4, sigma=s, seed=0)[0]) for s in (1e-3, 1e-4))
@@ -744,10 +747,9 @@ def test_soft_star_forces_invariances_and_fd_scaling(cu309):
 
 
 def test_soft_star_edges_and_leaf_weights_in_bulk():
-    """In bulk fcc Cu (12 + 6 + 24 atoms in the three shells) the soft stars' leaf weights sum to
-    about k per star (4 and 8, within 10 %); the edges with a positive weight are at most 2k per
-    star (each target splits between the two ranks around it), fewer than the full shells; the first
-    shell keeps every atom."""
+    """In bulk fcc Cu (12 + 6 + 24 atoms in the three shells) the edges with a positive weight are
+    at most 2k per star (each target splits between the two ranks around it) and fewer than the full
+    shells; the first shell keeps every atom."""
     import reprozoo.methods.dkmp.method as M
 
     c = M.bulk_cells([4], seed=0)[0]
@@ -756,9 +758,83 @@ def test_soft_star_edges_and_leaf_weights_in_bulk():
     lw = d.layer_weights(0)
     per = d.messages_per_layer(0) / n
     assert per[0] == 12 and 4 < per[1] < 7 and 8 < per[2] < 24
-    sums = [float(w.sum()) / n for _, w in lw]
-    assert abs(sums[1] / 4 - 1) < 0.1 and abs(sums[2] / 8 - 1) < 0.1, sums
-    assert all(float(w.min()) > 0 and float(w.max()) <= 1 + 1e-12 for _, w in lw)
+    assert all(float(w.min()) > 0 for _, w in lw)
+
+
+def _star_sums(cell, vcfg):
+    """Per atom and star layer: the sum of its edge weights (window x leaf weight)."""
+    import reprozoo.methods.dkmp.method as M
+
+    d = M.build_data(cell, vcfg)
+    n = len(cell["numbers"][0])
+    b = AtomsData.collate(d, [0], dtype=torch.float64)
+    out = []
+    for (idx, w), sh in zip(d.layer_weights(0), d.layer_shells):
+        if sh.k is not None:
+            out.append((sh.k, np.bincount(b.edge_index[0, idx].numpy(), weights=w.numpy(), minlength=n), w.numpy()))
+    return out
+
+
+@pytest.mark.parametrize("rattle", [0.02, 0.04, 0.08, 0.12])
+def test_normalised_soft_stars_are_k_leaf_stars_on_a_rattled_lattice(rattle):
+    """Cold review (b59ea2e) item 1: the soft star must be a k-leaf star. On rattled bulk Cu (every
+    atom N(0, rattle^2) per component; 0.08 A is about 500 K) every atom's star weights (window x leaf
+    weight) sum to k in each star shell (4 and 8), to 1e-9. Without the normalisation they do not: the
+    rank width (0.3 A) is wider than a shell's thermal spread, the soft ranks blur and the sums range
+    over more than 2 leaves in both shells (2.2-5.7 and 3.0-12.3 at 0.08 A, as the review found)."""
+    import reprozoo.methods.dkmp.method as M
+
+    c = M.bulk_cells([4], seed=0, rattle=rattle)[0]
+    for k, sums, w in _star_sums(c, SOFT):
+        np.testing.assert_allclose(sums, k, atol=1e-9)
+        assert float(w.min()) > 0 and float(w.max()) <= 2.0 / 0.25 + 1e-12  # the factor is at most 2 / floor
+    for k, sums, _ in _star_sums(c, {**SOFT, "normalise": False}):
+        assert np.ptp(sums) > 2.0, (k, sums.min(), sums.max())
+
+
+def test_normalised_soft_stars_on_the_perfect_lattice():
+    """Every distance of a shell tied (the perfect lattice): the 6-atom shell's star (k = 4) gives each
+    atom the fair share 4 / 6; in the 24-atom shell (k = 8) the tied soft ranks (all 11.5) are more
+    than 1 from every target, so that star has no leaves at all (and the normalisation, bounded, keeps
+    it empty instead of dividing by 0). A limit MD never visits (at 0.02 A rattle the sums are k, above)."""
+    import reprozoo.methods.dkmp.method as M
+
+    c = M.bulk_cells([4], seed=0, rattle=0.0)[0]
+    (k1, s1, w1), (k2, s2, w2) = _star_sums(c, SOFT)
+    np.testing.assert_allclose(s1, 4.0, atol=1e-9)
+    np.testing.assert_allclose(w1, 4.0 / 6.0, atol=1e-9)
+    assert len(w2) == 0 and np.all(s2 == 0.0)
+
+
+def test_star_normalisation_is_c1_in_its_blends():
+    """The normalisation's two blends are C1: smooth_min (min(n, k), a cubic over n in (k - 1, k),
+    exact outside it) and the floor of the weight sum (psi). Autograd against central differences in
+    float64 on stars whose soft count n lies inside the blend (windows summing to 3.5 with k = 4) and
+    on nearly tied shells (24 distances within 0.01 A, k = 8: a weight sum far below k); and the blend
+    functions themselves: continuous value and slope at their junctions."""
+    from reprozoo.methods.dkmp.softstar import smooth_min, soft_star_weights, star_scale
+
+    rng = np.random.default_rng(3)
+    d = torch.tensor(np.concatenate([3.2 + 0.8 * rng.random(5), 4.4 + 0.01 * rng.random(24)]), dtype=torch.float64,
+                     requires_grad=True)
+    w = torch.tensor(np.concatenate([np.full(5, 0.7), 0.5 + 0.5 * rng.random(24)]), dtype=torch.float64,
+                     requires_grad=True)
+    c = torch.tensor(np.repeat([0, 1], [5, 24]))
+    for k in (4, 8):
+        assert torch.autograd.gradcheck(lambda d, w: soft_star_weights(d, w, c, k, 0.3), (d, w), eps=1e-7, atol=1e-5)
+    kk = 4.0
+    for x0 in (kk - 1.0, kk):  # value and slope continuous where the blend meets min(n, k)
+        x = torch.tensor([x0 - 1e-7, x0 + 1e-7], dtype=torch.float64, requires_grad=True)
+        y = smooth_min(x, kk)
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        assert abs(float((y[1] - y[0]).detach())) < 1e-6 and abs(float(gx[1] - gx[0])) < 1e-5
+    n = torch.tensor([8.0], dtype=torch.float64)
+    for s0 in (2.0,):  # the floor's junction at s = floor x K = 2
+        s = torch.tensor([s0 - 1e-7, s0 + 1e-7], dtype=torch.float64, requires_grad=True)
+        y = star_scale(n.expand(2), s, 8)
+        (gs,) = torch.autograd.grad(y.sum(), s)
+        assert abs(float((y[1] - y[0]).detach())) < 1e-5 and abs(float(gs[1] - gs[0])) < 1e-4
+    assert float(star_scale(n, torch.tensor([0.0], dtype=torch.float64), 8)) <= 8.0  # bounded at s = 0
 
 
 def _nve_soft(steps=150, dt=1.0, seed=0):

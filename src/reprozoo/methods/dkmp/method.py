@@ -114,8 +114,8 @@ def build_model(vcfg: dict, mcfg: dict, seed: int):
         from .softstar import SoftStarSchNet
 
         return SoftStarSchNet(layer_shells(vcfg), window_width=mcfg.get("window_width", 0.3),
-                              rank_width=vcfg.get("rank_width", 0.05), n_features=mcfg["n_features"],
-                              n_rbf=mcfg["n_rbf"])
+                              rank_width=vcfg.get("rank_width", 0.05), normalise=vcfg.get("normalise", True),
+                              n_features=mcfg["n_features"], n_rbf=mcfg["n_rbf"])
     return DilatedSchNet(layer_shells(vcfg), window_width=mcfg.get("window_width", 0.3),
                          n_features=mcfg["n_features"], n_rbf=mcfg["n_rbf"])
 
@@ -130,7 +130,7 @@ def build_data(frames: dict, vcfg: dict, device=None, mcfg: dict | None = None):
         from .softstar import SoftStarData
 
         return SoftStarData(frames, layer_shells(vcfg), (mcfg or {}).get("window_width", 0.3),
-                            vcfg.get("rank_width", 0.05), device=device)
+                            vcfg.get("rank_width", 0.05), device=device, normalise=vcfg.get("normalise", True))
     return StarGraphData(frames, layer_shells(vcfg), vcfg.get("select", "dilated"), device=device)
 
 
@@ -212,7 +212,8 @@ def all_pairs_data(frames: dict, vcfg: dict, device=None):
                                                           self.cutoff)
                 return self._graphs[k]
 
-        return AllPairsSoftData(frames, layer_shells(vcfg), rank_width=vcfg.get("rank_width", 0.05), device=device)
+        return AllPairsSoftData(frames, layer_shells(vcfg), rank_width=vcfg.get("rank_width", 0.05), device=device,
+                                normalise=vcfg.get("normalise", True))
 
     class AllPairsStarData(StarGraphData):
         def graph(self, k: int):

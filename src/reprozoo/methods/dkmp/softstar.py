@@ -19,6 +19,10 @@ window the layer multiplies its filters with):
 * targets      t_m   = (m + 1/2) n_i / k - 1/2, m = 0..k-1 (the hard rule's dilated ranks
   floor((m + 1/2) n / k), centred: with n = k every rank is a target);
 * leaf weight  g_j   = 1 - prod_m (1 - b(rho_j - t_m)),  b(x) = cos^2(pi x / 2) for |x| < 1, else 0.
+* normalised   g_j  <- g_j K / psi(s),  s = sum_j w_j g_j,  K = min(n_i, k) (C1, :func:`smooth_min`),
+  psi(s) = s where s >= K / 4 (C1 floor below, :func:`star_scale`): each star's weights sum to K,
+  a k-leaf star (cold review of b59ea2e: without it the sums ranged 2.2-5.7 and 3.0-12.3 for k = 4
+  and 8 at 0.08 A rattle, because tau is wider than a shell's thermal spread and the soft ranks blur).
 
 With hard ranks (all |d_j - d_j'| >= tau, all w = 1) rho_j is j's rank and a target on an integer
 rank picks that atom with weight 1; a target between two ranks splits between the two atoms
@@ -55,20 +59,25 @@ def bump(x):
     return torch.cos(0.5 * math.pi * torch.clamp(x, -1.0, 1.0)) ** 2 * (x.abs() < 1.0).to(x.dtype)
 
 
-def soft_star_weights(d, w, centre, k: int, tau: float):
+NORM_PATCH = 1.0  # atoms: the width of smooth_min's blend below n = k
+NORM_FLOOR = 0.25  # a star's leaf-weight sum is normalised exactly where it is at least a quarter of K
+
+
+def soft_star_weights(d, w, centre, k: int, tau: float, normalise: bool = True):
     """Leaf weights g (E,) of one shell's candidate edges (see the module docstring).
 
     ``d`` (E,) edge lengths (differentiable), ``w`` (E,) their shell windows (differentiable),
     ``centre`` (E,) int64 receiving atom of each edge, ``k`` leaves per star, ``tau`` the rank
     softness in A. Exact and O(E): the stars are laid out as rows of a padded (stars x largest star)
     table, each row sorted by distance, and the pairs closer than ``tau`` enter through prefix sums
-    of the moments of their distances (the cubic S is a polynomial on [-tau, tau])."""
+    of the moments of their distances (the cubic S is a polynomial on [-tau, tau]). ``normalise``
+    (default): each star's weights scaled so that sum w g = min(n, k) (:func:`star_scale`)."""
     E = int(d.shape[0])
     if E == 0:
         return d.new_zeros(0)
     if E > 1 and not bool((centre[1:] >= centre[:-1]).all()):  # group the stars' edges together
         order = torch.argsort(centre, stable=True)
-        g = soft_star_weights(d[order], w[order], centre[order], k, tau)
+        g = soft_star_weights(d[order], w[order], centre[order], k, tau, normalise)
         return torch.empty_like(g).index_put((order,), g)
     _, counts = torch.unique_consecutive(centre, return_counts=True)
     G, M = int(counts.shape[0]), int(counts.max())
@@ -104,10 +113,38 @@ def soft_star_weights(d, w, centre, k: int, tau: float):
         valid = (ms <= k - 1).to(rho.dtype)
     t = (ms + 0.5) * n[..., None] / k - 0.5
     g = 1.0 - torch.prod(1.0 - bump(rho[..., None] - t) * valid, dim=-1)
+    if normalise:
+        g = g * star_scale(n, (Ws * g).sum(1, keepdim=True), k)
     return torch.zeros_like(g).scatter(1, perm, g)[row, col]
 
 
-def layer_edges(dist, edge_index, r_in: float, r_out: float, k, width: float, tau: float):
+def smooth_min(n, k: float, a: float = NORM_PATCH):
+    """min(n, k), C1, exact outside n in (k - a, k): n below, k from n = k on, and between the cubic
+    (k - a) + a (t + t^2 - t^3), t = (n - k + a) / a (slope 1 at t = 0, 0 at t = 1; at most 0.15 a
+    above n), so a star of n = k atoms keeps all of them with weight 1, as the hard rule does."""
+    t = torch.clamp((n - (k - a)) / a, 0.0, 1.0)
+    mid = (k - a) + a * (t + t * t - t * t * t)
+    return torch.where(n <= k - a, n, torch.where(n >= k, torch.full_like(n, float(k)), mid))
+
+
+def star_scale(n, s, k: int, floor: float = NORM_FLOOR):
+    """The factor that normalises a star (cold review of b59ea2e, item 1): its window-weighted leaf
+    weights sum to K = min(n, k) (the hard rule's leaf count: k, or every atom of a shell with fewer
+    than k; C1 via :func:`smooth_min`), i.e. K / s with s the sum of w g over the star. Why: the soft
+    ranks blur when the rank width is wider than a shell's thermal spread (a shell's distances within
+    tau of each other), so the bumps miss the targets and s strays from k (2.2-5.7 and 3.0-12.3 for
+    k = 4 and 8 at 0.08 A rattle in bulk Cu, 1.6 and 0 on the perfect lattice). s enters as
+    psi = s for s >= floor K and (floor^2 K^2 + s^2) / (2 floor K) below (C1, >= floor K / 2): the
+    factor is at most 2 / floor, a star with almost no leaf weight is not blown up, and one with none
+    (every distance of the shell tied, e.g. the perfect lattice's 24-atom shell for k = 8) stays
+    empty. So the weights stay C1 and bounded."""
+    K = smooth_min(n, float(k))
+    fK = floor * K
+    psi = torch.where(s >= fK, s, (fK * fK + s * s) / (2.0 * fK + 1e-30))
+    return K / torch.clamp(psi, min=1e-30)
+
+
+def layer_edges(dist, edge_index, r_in: float, r_out: float, k, width: float, tau: float, normalise: bool = True):
     """One layer's edges: (positions into the candidate list, edge weight = window x leaf weight).
     ``k`` None: every atom of the shell (weight = window)."""
     d0 = dist.detach()
@@ -116,7 +153,7 @@ def layer_edges(dist, edge_index, r_in: float, r_out: float, k, width: float, ta
     env = shell_window(d, r_in, r_out, width)
     if k is None:
         return idx, env
-    g = soft_star_weights(d, env, edge_index[0, idx], int(k), tau)
+    g = soft_star_weights(d, env, edge_index[0, idx], int(k), tau, normalise)
     keep = torch.nonzero(g.detach() > 0, as_tuple=True)[0]
     return idx[keep], (env * g)[keep]
 
@@ -128,11 +165,12 @@ class SoftStarSchNet(DilatedSchNet):
     l passes messages over the edges of shell l with a positive leaf weight, each weighted by its
     shell window times its leaf weight."""
 
-    def __init__(self, layer_shells, window_width: float = 0.3, rank_width: float = 0.05, **schnet_kwargs):
+    def __init__(self, layer_shells, window_width: float = 0.3, rank_width: float = 0.05, normalise: bool = True,
+                 **schnet_kwargs):
         super().__init__(layer_shells, window_width, **schnet_kwargs)
         self.layer_ks = [s.k for s in parse_shells(layer_shells)]
-        self.rank_width = float(rank_width)
-        self.hparams.update(rank_width=self.rank_width, select="soft")
+        self.rank_width, self.normalise = float(rank_width), bool(normalise)
+        self.hparams.update(rank_width=self.rank_width, select="soft", normalise=self.normalise)
 
     def representation(self, numbers, positions, edge_index, shifts=None):
         _, dist = edge_vectors(positions, edge_index, shifts)
@@ -140,7 +178,8 @@ class SoftStarSchNet(DilatedSchNet):
         x = self.embedding(numbers)
         for (r_in, r_out), k, block in zip(self.layer_shells, self.layer_ks, self.interactions):
             if (r_in, r_out, k) not in cache:
-                idx, env = layer_edges(dist, edge_index, r_in, r_out, k, self.window_width, self.rank_width)
+                idx, env = layer_edges(dist, edge_index, r_in, r_out, k, self.window_width, self.rank_width,
+                                       self.normalise)
                 cache[(r_in, r_out, k)] = (self.rbf(dist[idx]), env, edge_index[:, idx])
             r, env, ei = cache[(r_in, r_out, k)]
             x = block(x, r, env, ei)
@@ -151,10 +190,12 @@ class SoftStarData(AtomsData):
     """The candidate list (plain radius graph at the outermost shell radius) for a
     :class:`SoftStarSchNet`, with the message counts of its layers (``messages_per_layer``)."""
 
-    def __init__(self, frames: dict, layer_shells, window_width: float = 0.3, rank_width: float = 0.05, device=None):
+    def __init__(self, frames: dict, layer_shells, window_width: float = 0.3, rank_width: float = 0.05, device=None,
+                 normalise: bool = True):
         self.layer_shells = parse_shells(layer_shells)
         self.shells = distinct_shells(self.layer_shells)
         self.window_width, self.rank_width, self.device = float(window_width), float(rank_width), device
+        self.normalise = bool(normalise)
         self.mode = "soft"
         super().__init__(frames, max(s.r_out for s in self.shells))
 
@@ -162,7 +203,7 @@ class SoftStarData(AtomsData):
         idx = [int(k) for k in idx]
         fr = {k: ([v[i] for i in idx] if isinstance(v, list) else (None if v is None else np.asarray(v)[idx]))
               for k, v in self.frames.items()}
-        out = type(self)(fr, self.layer_shells, self.window_width, self.rank_width, self.device)
+        out = type(self)(fr, self.layer_shells, self.window_width, self.rank_width, self.device, self.normalise)
         out._graphs = {new: self._graphs[old] for new, old in enumerate(idx) if old in self._graphs}
         return out
 
@@ -175,7 +216,8 @@ class SoftStarData(AtomsData):
         b = AtomsData.collate(self, [k], dtype=torch.float64)
         with torch.no_grad():
             _, dist = edge_vectors(b.positions, b.edge_index, b.shifts)
-            return [layer_edges(dist, b.edge_index, s.r_in, s.r_out, s.k, self.window_width, self.rank_width)
+            return [layer_edges(dist, b.edge_index, s.r_in, s.r_out, s.k, self.window_width, self.rank_width,
+                                self.normalise)
                     for s in self.layer_shells]
 
     def messages_per_layer(self, k: int) -> np.ndarray:
