@@ -544,3 +544,74 @@ def test_a_plateau_stopped_fit_is_within_tolerance_of_one_twice_as_long():
         M.fit("freq", 32, M.VARIANTS["sh2rf"], {"freq": freq, "arch": arch, "train": tr}, 0, rec, lambda s: None)
         accs.append(rec.s["acc_freq_L32"])
     assert accs[0] > 0.5 and abs(accs[0] - accs[1]) < 0.05, accs
+
+
+def test_periodogram_oracle_is_the_frequency_tasks_ceiling():
+    """The fixed four-bin periodogram argmax (no training) is exact without noise and at the smoke
+    setting (L = 64, noise 1) scores about 0.97: the frequency task's ceiling (review of da8475d)."""
+    rng = np.random.default_rng(0)
+    x, y = D.frequency_discrimination(256, 256, rng, noise=0.0)
+    assert np.all(D.periodogram_oracle(x) == y)
+    x, y = D.frequency_discrimination(4000, 64, np.random.default_rng(0))
+    acc = float(np.mean(D.periodogram_oracle(x) == y))
+    assert 0.95 < acc < 0.99
+    x, y = D.frequency_discrimination(4000, 64, np.random.default_rng(1), noise=4.0)
+    assert float(np.mean(D.periodogram_oracle(x) == y)) < acc - 0.2  # it is a real classifier: noise hurts
+
+
+@pytest.mark.parametrize("grid,edge", [([1e-3, 3e-3], "top"), ([1.0, 3.0], "bottom")])
+def test_bracketing_pilots_beyond_an_edge_until_a_rate_loses(grid, edge):
+    """fit_bracketed: a choice at the grid's edge gets more pilots beyond that edge (the grid's ratio)
+    until one loses; the fit is then the best piloted rate's, and lr_edge is None (bracketed). Without
+    extend_edge the shared rule's choice and its edge stand. Toy: one weight, loss (w - 1)², Adam."""
+    nn = torch.nn
+
+    def build(gen):
+        m = nn.Module()
+        m.w = nn.Parameter(torch.zeros(1))
+        return m
+
+    def train_loss(m, gen):
+        return ((m.w - 1.0) ** 2).sum()
+
+    def val_loss(m):
+        return float(((m.w.detach() - 1.0) ** 2).sum())
+
+    rule = {"lr_grid": grid, "pilot_steps": 20, "eval_every": 2, "min_steps": 40, "max_steps": 60,
+            "flat_tol": 0.01, "lr_drop": 0}
+    _, plain = M.fit_bracketed(build, train_loss, val_loss, rule, 0, "toy", lambda s: None)
+    assert plain["lr_edge"] == edge and plain["lr"] == (grid[-1] if edge == "top" else grid[0])
+    _, rec = M.fit_bracketed(build, train_loss, val_loss, dict(rule, extend_edge=6), 0, "toy", lambda s: None)
+    pilots = rec["pilot_best"]
+    assert len(pilots) > 3 and rec["lr_edge"] is None
+    assert rec["lr"] == min(pilots, key=pilots.get) and rec["lr"] not in grid
+    beyond = sorted(pilots, reverse=(edge == "bottom"))
+    assert pilots[beyond[-1]] > pilots[rec["lr"]]  # the last rate piloted lost: the choice is bracketed
+    assert rec["steps"][-1] == rec["stop"] and rec["lrs"][0] == rec["lr"]
+
+
+def test_bracketing_ignores_an_extra_rate_that_has_not_learned():
+    """On a starting plateau (validation loss never below its start) a slower rate scores lower only by
+    moving less: the extra pilot below the grid's bottom must not win (the rule's min_progress test),
+    so the grid's own choice stands, still flagged as an edge (no pilot there learned)."""
+    nn = torch.nn
+
+    def build(gen):
+        m = nn.Module()
+        m.w = nn.Parameter(torch.zeros(1))
+        return m
+
+    def train_loss(m, gen):
+        return ((m.w - 1.0) ** 2).sum()
+
+    def val_loss(m):  # a plateau: every step away from the start costs a little
+        return 1.0 + 0.001 * float(m.w.detach().abs().sum())
+
+    rule = {"lr_grid": [1e-2, 3e-2], "pilot_steps": 20, "eval_every": 2, "min_steps": 40, "max_steps": 60,
+            "flat_tol": 0.01, "lr_drop": 0, "min_progress": 0.1, "extend_edge": 2}
+    _, rec = M.fit_bracketed(build, train_loss, val_loss, rule, 0, "toy", lambda s: None)
+    pilots = rec["pilot_best"]
+    extra = min(pilots)
+    assert extra < 1e-2 and pilots[extra] < pilots[1e-2]  # it scored lower ...
+    assert rec["lr"] == 1e-2  # ... and was not chosen;
+    assert rec["lr_edge"] == "bottom"  # no pilot there learned, so the pilots cannot bracket: still flagged

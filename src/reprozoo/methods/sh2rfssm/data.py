@@ -42,6 +42,16 @@ def frequency_discrimination(n: int, length: int, rng: np.random.Generator, f0: 
     return x[:, None, :].astype(np.float32), y.astype(np.int64)
 
 
+def periodogram_oracle(x: np.ndarray, f0: float = 0.05, df: float = 0.01, n_classes: int = 4, **_) -> np.ndarray:
+    """The fixed (untrained) reference for :func:`frequency_discrimination`: the class whose frequency
+    f0 + df k carries the most periodogram power |sum_t x_t exp(-2 pi i f_k t)|^2. x (n, 1, L) -> (n,)
+    predicted classes. Its accuracy is the task's practical ceiling at a length L."""
+    t = np.arange(x.shape[-1])
+    f = f0 + df * np.arange(n_classes)
+    basis = np.exp(-2j * np.pi * f[:, None] * t[None])  # (K, L)
+    return np.argmax(np.abs(x[:, 0, :].astype(np.float64) @ basis.T) ** 2, axis=1)
+
+
 def adding_problem(n: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(x (n, 2, L), y (n,) float32): channel 0 the values, channel 1 the two markers."""
     u = rng.uniform(0, 1, (n, length))
