@@ -597,3 +597,83 @@ def test_a_rate_chosen_at_the_grid_edge_is_bracketed_by_one_more_pilot():
                                       "toy", quiet)
         assert float(rec["lr"]) == min(rec["pilot_best"], key=rec["pilot_best"].get)
         assert len(rec["pilot_best"]) == 3 or rec["lr_edge"] is None
+
+
+def test_oracle_partition_groups_the_planted_networks_and_is_frozen():
+    """rector_oraclep (round 9, cold review item R2): each planted network is one region, the other
+    channels keep anatomical groups in the remaining slots; softened at RECTOR's start logit it scores
+    near +1 on network recovery (the anatomical start: near -1); method.build_net freezes it."""
+    from reprozoo.methods.rector import simulate
+
+    names = simulate.CHANNELS
+    region = sorted(set(simulate.regions(names)))
+    anat = np.array([region.index(r) for r in simulate.regions(names)])
+    o = method.oracle_regions(anat, names)
+    assert sorted(set(o.tolist())) == list(range(5))
+    for nodes in simulate.NETWORKS.values():
+        assert len({int(o[names.index(c)]) for c in nodes}) == 1
+    assert o[names.index("C3")] != o[names.index("C4")]
+    rest = [i for i, c in enumerate(names) if all(c not in n for n in simulate.NETWORKS.values())]
+    assert not set(o[rest].tolist()) & {int(o[names.index("C3")]), int(o[names.index("C4")])}
+    assert method.network_recovery(method.soft_partition(o, 5, 6.0), names) > 0.95
+    with pytest.raises(ValueError):
+        method.oracle_regions(anat[:5], names[:5])
+    cfg = yaml.safe_load((Path(method.__file__).parent / "configs" / "smoke.yaml").read_text())
+    f = {"y": np.array([0, 1, 2]), "tokens": np.zeros((1, len(names), 4, 5), np.float32),
+         "pos": np.random.default_rng(0).normal(size=(len(names), 3)), "region_ids": anat,
+         "regions": np.array(region), "ch_names": np.array(names)}
+    net = method.build_net("rector_oraclep", f, cfg)
+    assert "part_theta" not in dict(net.named_parameters())
+    torch.testing.assert_close(net.partition.detach(),
+                               torch.as_tensor(method.soft_partition(o, 5, cfg["rector"]["anat_logit"]), dtype=torch.float32))
+
+
+def test_de_lr_chooses_c_on_validation():
+    """Round 9 (cold review item R9): DE + LR's C comes from the grid on the validation data. Many
+    noise features and few labels: a strongly regularised fit wins on validation over an
+    unregularised one, and the choice is that of the best validation weighted-F1."""
+    rng = np.random.default_rng(0)
+    n, d = 30, 200
+    w = np.zeros(d)
+    w[:3] = 1.0
+
+    def draw(m):
+        X = rng.normal(size=(m, d))
+        return X, (X @ w > 0).astype(int)
+
+    Xtr, ytr = draw(n)
+    Xva, yva = draw(400)
+    p = {"de_lr": {"C": 1.0, "C_grid": [1e-3, 1e-2, 1e-1, 1e2]}}
+    clf, C = method._lr_fit(Xtr, ytr, p, Xva, yva)
+    scores = {c: method.weighted_f1(yva, method._lr_fit(Xtr, ytr, {"de_lr": {"C": c}})[0].predict(Xva))
+              for c in p["de_lr"]["C_grid"]}
+    assert scores[C] == max(scores.values())
+    assert method._lr_fit(Xtr, ytr, {"de_lr": {"C": 0.5}})[1] == 0.5
+
+
+def test_simulator_node_jitter_keeps_defaults_and_hides_the_class_from_one_node():
+    """The round-9 simulator options are off by default (the same data as before). With the smoke
+    setting (node_jitter 0.45, node_scale 2.5) each node's view of its network's rhythm has its own
+    per-epoch gain, so one node's alpha DE separates left- from right-hand epochs less well, relative
+    to the mean over the network's four nodes, than without the jitter: pooling a network (what the
+    oracle partition groups) gains more."""
+    from reprozoo.methods.rector import simulate
+
+    a = simulate.simulate(2, 2, 64.0, 2.0, 5)[0]
+    b = simulate.simulate(2, 2, 64.0, 2.0, 5, node_jitter=0.0, node_indep=0.0)[0]
+    np.testing.assert_array_equal(a, b)
+    cfg = yaml.safe_load((Path(method.__file__).parent / "configs" / "smoke.yaml").read_text())["simulation"]
+
+    def gain_of_pooling(**kw):
+        X, y, subj, ch, _ = simulate.simulate(3, 30, seed=5, **kw)
+        _, whole, _ = features.de_features(X, 128.0)
+        w = method.per_subject_standardise(whole, subj, (0,))[:, :, list(features.BANDS).index("alpha")]
+        idx = [ch.index(c) for c in simulate.NETWORKS["left"]]
+
+        def dprime(v):
+            return abs(v[y == 2].mean() - v[y == 1].mean()) / np.sqrt(0.5 * (v[y == 1].var() + v[y == 2].var()))
+        return dprime(w[:, idx].mean(1)) / np.mean([dprime(w[:, i]) for i in idx])
+
+    plain = gain_of_pooling(node_scale=float(cfg["node_scale"]))
+    jittered = gain_of_pooling(node_scale=float(cfg["node_scale"]), node_jitter=float(cfg["node_jitter"]))
+    assert jittered > plain

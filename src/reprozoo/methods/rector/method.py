@@ -14,6 +14,9 @@ Variants (same data, same per-seed subject split, same labelled subsets, same tr
   partition frozen at a random partition of the same softness and region sizes (the anatomical labels
   shuffled over the channels, one draw per seed: ``random_regions``): the afp_helps control (does any
   frozen departure from the anatomical grouping do as well?);
+- ``rector_oraclep``: oracle (round 9), the same network pre-trained and fine-tuned the same way with
+  the partition frozen at the planted class networks (``oracle_regions``) at the same softness: the
+  precondition of the partition claims (does the right partition help this network on this data?);
 - ``rector_fixedp`` (built here, not in the smoke run since round 7): the same pre-trained network
   with the partition the hard anatomical one-hot (exactly block-sparse attention);
 - ``rector_scratch``: ablation, the RECTOR network fine-tuned from random initialisation (what the
@@ -21,7 +24,8 @@ Variants (same data, same per-seed subject split, same labelled subsets, same tr
 - ``dense_tf``: a dense transformer of about the same parameter count on the same DE tokens,
   pre-trained with the same three objectives on the same windows, then fine-tuned;
 - ``eegnet``: an EEGNet-style CNN on the raw epochs, fitted on every training label;
-- ``de_lr``: whole-window differential-entropy features (channels x 5 bands) + logistic regression.
+- ``de_lr``: whole-window differential-entropy features (channels x 5 bands) + logistic regression,
+  C chosen on the validation subjects (``_lr_fit``, round 9).
 Which label counts each variant is fitted at is the config's ``counts``.
 
 Training rule: ``reprozoo.blocks.fitting.fit_to_plateau`` for every network and stage. Pre-training
@@ -55,8 +59,8 @@ import numpy as np
 from reprozoo.figures import save_figure
 
 DATASET = "eeg_motor_imagery"  # paper scale: real EEG (PhysioNet EEGMMIDB); ci/smoke: the folder's simulator
-PRETRAINED = ("rector", "rector_softfixed", "rector_fixedp", "dense_tf", "rector_randp")
-PARTITIONED = ("rector", "rector_softfixed", "rector_fixedp", "rector_scratch", "rector_randp")
+PRETRAINED = ("rector", "rector_softfixed", "rector_fixedp", "dense_tf", "rector_randp", "rector_oraclep")
+PARTITIONED = ("rector", "rector_softfixed", "rector_fixedp", "rector_scratch", "rector_randp", "rector_oraclep")
 
 
 # --- shared per-seed work ----------------------------------------------------------------------
@@ -136,7 +140,9 @@ def simulated_features(sim: dict, segment_s: float):
     if key not in _DATA_CACHE:
         X, y, subj, ch, _ = simulate.simulate(int(sim["subjects"]), int(sim["epochs_per_class"]),
                                               float(sim.get("sfreq", 128.0)), float(sim.get("epoch_s", 4.0)),
-                                              int(sim.get("seed", 23)))
+                                              int(sim.get("seed", 23)), float(sim.get("node_scale", 1.0)),
+                                              float(sim.get("node_indep", 0.0)), float(sim.get("indep_sigma", 0.0)),
+                                              float(sim.get("node_jitter", 0.0)))
         tokens, whole, corr = de_features(X, float(sim.get("sfreq", 128.0)), float(segment_s))
         X = bandpass(X, float(sim.get("sfreq", 128.0)), 1.0, 40.0).astype(np.float32)
         _DATA_CACHE.clear()
@@ -224,11 +230,13 @@ def build_net(variant: str, f: dict, p: dict):
     cfg = dict(p["dense"] if kind == "dense" else p["rector"])
     if variant == "rector_fixedp":
         cfg["fixed_partition"] = True
-    if variant in ("rector_softfixed", "rector_randp"):
+    if variant in ("rector_softfixed", "rector_randp", "rector_oraclep"):
         cfg["learn_partition"] = False
     ids = f["region_ids"]
     if variant == "rector_randp":  # a random frozen partition of the same softness and region sizes
         ids = random_regions(ids, int(f.get("seed", 0)))
+    if variant == "rector_oraclep":  # the planted class networks as regions, frozen (the oracle)
+        ids = oracle_regions(ids, [str(c) for c in f["ch_names"]])
     _, C, T, F = f["tokens"].shape
     return TokenTransformer(kind, F, T, torch.as_tensor(f["pos"]), torch.as_tensor(ids),
                             len(f["regions"]), n_classes=n_classes, **cfg)
@@ -240,6 +248,41 @@ def random_regions(region_ids: np.ndarray, seed: int) -> np.ndarray:
     start logit and frozen it is the random-partition control (``net_recovery_rand``, variant
     ``rector_randp``)."""
     return np.random.default_rng([int(seed), 7919]).permutation(np.asarray(region_ids))
+
+
+def oracle_regions(region_ids: np.ndarray, ch_names: list[str]) -> np.ndarray:
+    """The oracle partition (variant ``rector_oraclep``, the precondition of the partition claims):
+    each planted class network (simulate.NETWORKS) is one region, the other channels keep their
+    anatomical labels. With the smoke montage the network channels leave the temporal region
+    empty and remove the central and parietal regions' lateral channels; the regions are
+    relabelled so that the two networks and the remaining anatomical groups fill the same
+    ``n_regions`` slots (left network, right network, frontal rest, occipital, central + parietal
+    rest: 5 regions). Softened with RECTOR's start logit and frozen, it asks whether the right
+    partition helps this architecture on this data at all. A montage without the network channels
+    (real data) has no oracle: ValueError."""
+    from . import simulate
+
+    ids = np.asarray(region_ids, int).copy()
+    R = int(ids.max()) + 1
+    idx = {c: i for i, c in enumerate(ch_names)}
+    nets = [[idx.get(c) for c in nodes] for nodes in simulate.NETWORKS.values()]
+    if any(i is None for n in nets for i in n):
+        raise ValueError("rector_oraclep needs the planted networks' channels (simulator montage only)")
+    in_net = np.zeros(len(ids), bool)
+    for n in nets:
+        in_net[n] = True
+    # the anatomical groups that keep channels, merged smallest-first until they fit R - len(nets) slots
+    groups = [np.flatnonzero((ids == r) & ~in_net) for r in range(R)]
+    groups = sorted((g for g in groups if len(g)), key=len)
+    while len(groups) > R - len(nets):
+        a, b = groups.pop(0), groups.pop(0)
+        groups = sorted(groups + [np.sort(np.concatenate([a, b]))], key=len)
+    out = np.empty(len(ids), int)
+    for r, n in enumerate(nets):
+        out[n] = r
+    for r, g in enumerate(sorted(groups, key=lambda g: g[0]), start=len(nets)):
+        out[g] = r
+    return out
 
 
 def soft_partition(region_ids: np.ndarray, n_regions: int, logit: float) -> np.ndarray:
@@ -394,10 +437,28 @@ def robustness(predict_fn, Xte, yte, subj, present: np.ndarray) -> np.ndarray:
     return np.array(rows)
 
 
-def _lr_fit(Xtr, ytr, p):
+def _lr_fit(Xtr, ytr, p, Xva=None, yva=None):
+    """DE + logistic regression. Round 9 (cold review item R9): the inverse regularisation C is chosen
+    from the config's ``de_lr.C_grid`` on the same validation subjects the networks choose their
+    rates on (best validation weighted-F1, ties to the lower validation cross-entropy); the chosen
+    fit (on the labelled training epochs only) is returned. Without a grid or validation data, the
+    fixed ``de_lr.C``. Returns (clf, C)."""
     from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
 
-    return LogisticRegression(C=float(p["de_lr"]["C"]), max_iter=2000).fit(Xtr.reshape(len(Xtr), -1), ytr)
+    q = p["de_lr"]
+    grid = [float(c) for c in q.get("C_grid") or [q["C"]]]
+    Xtr = Xtr.reshape(len(Xtr), -1)
+    best = None
+    for C in grid:
+        clf = LogisticRegression(C=C, max_iter=2000).fit(Xtr, ytr)
+        if Xva is None or len(grid) == 1:
+            return clf, C
+        Xv = Xva.reshape(len(Xva), -1)
+        score = (-weighted_f1(yva, clf.predict(Xv)), log_loss(yva, clf.predict_proba(Xv), labels=clf.classes_))
+        if best is None or score < best[0]:
+            best = (score, clf, C)
+    return best[1], best[2]
 
 
 def network_recovery(P: np.ndarray, ch_names: list[str]) -> float | None:
@@ -471,7 +532,8 @@ def train(ctx) -> None:
         X = f["whole"]
         for k in counts:
             idx = f[f"labels_{k}"]
-            clf = _lr_fit(X[idx], y[idx], p)
+            clf, C = _lr_fit(X[idx], y[idx], p, X[va], y[va])
+            ctx.metrics.scalar(f"C_{'ft' if k == str(main) else 'ft' + k}", C)
 
             def pred(Xs, m, clf=clf):  # a missing channel's features are set to the training mean (0)
                 return clf.predict((Xs * m[..., None]).reshape(len(Xs), -1))

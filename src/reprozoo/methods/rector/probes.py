@@ -4,6 +4,13 @@ seed 0, from the project root):
     python -m reprozoo.methods.rector.probes eegnet 16 1e-3 3e-3 1e-2   # EEGNet on 48 labels
     python -m reprozoo.methods.rector.probes eegnet all 1e-3 3e-3       # ... on every training epoch
     python -m reprozoo.methods.rector.probes pilot 40 1e-3 3e-3 1e-2 3e-2   # EEGNet's rate pilot (round 4)
+    python -m reprozoo.methods.rector.probes sim '{"node_jitter": 0.45, "node_scale": 2.5}'   # round 9
+
+The ``sim`` probe (round 9, no smoke run needed) simulates the 30 smoke subjects with the given
+simulate.simulate options and fits logistic regressions at 16 labels per class on the smoke splits of
+seeds 0-2 (test weighted-F1, mean over the 10 test subjects): on the alpha+beta DE of C3 and C4 only,
+on the network-pooled alpha+beta DE (mean over each planted network's four nodes), on all channels'
+DE, and on each left-right node pair: can a single node read the class, does pooling a network help?
 
 Why they exist: EEGNet sits at chance at 16 labels per class, and the probe shows it lacks labels,
 not steps.
@@ -82,7 +89,42 @@ def pilot(pilot_steps: int, rates: list[float]) -> None:
           f"{np.round(f1, 3).tolist()} (mean {f1.mean():.3f}); {time.process_time() - t:.1f} CPU-s")
 
 
+def sim(kw: dict) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    from . import method, simulate
+    from .features import de_features
+
+    t = time.process_time()
+    X, y, subj, ch, _ = simulate.simulate(30, 20, 128.0, 4.0, 23, **kw)
+    _, whole, _ = de_features(X, 128.0, 1.0)
+    W = method.per_subject_standardise(whole, subj, (0,))
+    idx = {c: i for i, c in enumerate(ch)}
+    L, R = ([idx[c] for c in simulate.NETWORKS[h]] for h in ("left", "right"))
+    feats = {"c3c4_ab": W[:, [idx["C3"], idx["C4"]]][:, :, 2:4].reshape(len(W), -1),
+             "netpool_ab": np.concatenate([W[:, L, 2:4].mean(1), W[:, R, 2:4].mean(1)], 1),
+             "all_C1": W.reshape(len(W), -1)}
+    for a, b in zip(simulate.NETWORKS["left"], simulate.NETWORKS["right"]):
+        feats[a + b] = W[:, [idx[a], idx[b]]][:, :, 2:4].reshape(len(W), -1)
+    subjects = [f"S{s + 1:03d}" for s in subj]
+    res = {k: [] for k in feats}
+    for seed in (0, 1, 2):
+        sp = method.subject_split(subjects, None, 10, 2, seed=seed, n_pretrain=13, step=10)
+        part = np.array([sp[s] for s in subjects])
+        tr, te = np.flatnonzero(part == "train"), np.flatnonzero(part == "test")
+        lab = method.nested_label_sets(y, tr, [16], np.random.default_rng([seed, 1]))[16]
+        for k, F in feats.items():
+            clf = LogisticRegression(C=1.0, max_iter=2000).fit(F[lab], y[lab])
+            res[k].append(round(float(method.per_subject_f1(y[te], clf.predict(F[te]), subj[te]).mean()), 3))
+    print(kw, res, f"{time.process_time() - t:.1f} CPU-s", flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["sim"]:
+        import json
+
+        sim(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
+        raise SystemExit(0)
     if sys.argv[1:2] == ["eegnet"]:
         eegnet(sys.argv[2], [float(a) for a in sys.argv[3:]])
     elif sys.argv[1:2] == ["pilot"]:

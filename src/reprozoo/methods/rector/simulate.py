@@ -23,6 +23,11 @@ the template montage, mne forward model per subject with jittered dipoles, pink 
 the grid covariance, white sensor noise); signals are drawn directly at ``sfreq`` as continuous
 recordings of back-to-back 4-s cues and cut into epochs (no EDF round trip).
 
+Round 9 (cold review item R2): with the round-8 amplitudes the class sat in each node's own power,
+which a per-channel readout reads directly, so no partition could help. ``node_jitter`` (smoke and ci:
+0.45, with ``node_scale`` 2.5) gives each node's view of the shared rhythm its own per-epoch gain, so
+a network's mean says more about the class than any one node (simulate's docstring, the README).
+
 Subjects: ``n_subjects`` (30 at smoke); the method's split (method.subject_split) sets some aside as
 unlabelled pre-training subjects, separate from the labelled training, validation and test subjects.
 The data depend on ``seed`` only (a fixed dataset seed), not on the run's seed.
@@ -67,9 +72,20 @@ def class_envelopes(y: np.ndarray, sfreq: float, epoch_s: float, rng: np.random.
     return {k: smooth(v, sfreq, 0.5) for k, v in env.items()}
 
 
-def simulate(n_subjects: int, epochs_per_class: int, sfreq: float = 128.0, epoch_s: float = 4.0, seed: int = 23):
-    """Returns X (N, C, L) uV, y (N,), subject (N,) int, ch_names, truth (per-subject parameters)."""
-    from reprozoo.data.eeg.simulate import head_model, narrowband, sensors
+def simulate(n_subjects: int, epochs_per_class: int, sfreq: float = 128.0, epoch_s: float = 4.0, seed: int = 23,
+             node_scale: float = 1.0, node_indep: float = 0.0, indep_sigma: float = 0.0, node_jitter: float = 0.0):
+    """Returns X (N, C, L) uV, y (N,), subject (N,) int, ch_names, truth (per-subject parameters).
+
+    Round 9 options (defaults: the round-8 data, bit for bit): ``node_scale`` multiplies every
+    network node's amplitude; ``node_indep`` > 0 adds at each node a local mu/beta rhythm of its own
+    (amplitude ``node_indep`` x the node amplitude, independent of the other nodes and of the
+    class) whose power varies from epoch to epoch (log-normal amplitude with log-sd ``indep_sigma``):
+    one node's band power then says little about the class, the mean over a network's four nodes
+    (where the local rhythms average out) more. ``node_jitter`` > 0 instead multiplies each node's
+    view of the shared network rhythm by its own epoch-to-epoch gain (log-normal, log-sd
+    ``node_jitter``, independent over nodes and epochs): the class effect on log power is kept in
+    full at every node, the node's own gain noise averages out over a network's nodes."""
+    from reprozoo.data.eeg.simulate import head_model, narrowband, sensors, smooth
 
     rng = np.random.default_rng([seed, 0])
     pl = planted()
@@ -88,7 +104,16 @@ def simulate(n_subjects: int, epochs_per_class: int, sfreq: float = 128.0, epoch
             gain = np.clip(1.0 - sp["erd"] * env[hemi], 0.05, None)
             osc = narrowband(n, sfreq, sp["f_mu"], 0.8, srng) + sp["beta_ratio"] * narrowband(n, sfreq, sp["f_beta"], 2.0, srng)
             for a in nodes:  # one coherent oscillator per network, seen at every node
-                src[f"net_{hemi}_{a}"] = sp["node_uv"] * gain * osc
+                src[f"net_{hemi}_{a}"] = node_scale * sp["node_uv"] * gain * osc
+                if node_jitter > 0:  # the node's own gain, drawn per epoch
+                    g = np.repeat(np.exp(node_jitter * srng.standard_normal(len(y))), L)
+                    src[f"net_{hemi}_{a}"] = src[f"net_{hemi}_{a}"] * smooth(g, sfreq, 0.25)
+                if node_indep > 0:  # the node's own rhythm, its power drawn per epoch
+                    amp = np.repeat(np.exp(indep_sigma * srng.standard_normal(len(y)) - indep_sigma ** 2), L)
+                    own = (narrowband(n, sfreq, sp["f_mu"], 0.8, srng)
+                           + sp["beta_ratio"] * narrowband(n, sfreq, sp["f_beta"], 2.0, srng))
+                    src[f"net_{hemi}_{a}"] = src[f"net_{hemi}_{a}"] + (
+                        node_indep * node_scale * sp["node_uv"] * smooth(amp, sfreq, 0.25) * own)
         for hemi in ("left", "right"):
             src[f"alpha_{hemi}"] = sp["alpha_uv"] * narrowband(n, sfreq, sp["f_alpha"], 0.7, srng)
         src["theta_frontal"] = sp["theta_uv"] * narrowband(n, sfreq, 6.0, 1.0, srng)
