@@ -13,7 +13,7 @@ import yaml
 from reprozoo.data.pde.common import march
 from reprozoo.methods.emformer.loss import CompositeLoss
 from reprozoo.methods.emformer.method import (anomaly_autocorrelation, block_speed, finetune, forecast_skill,
-                                              lookback_gain, make_data, observe, placebo_shift,
+                                              lookback_gain, make_ar2_data, make_data, observe, placebo_shift,
                                               planted_short_rmse, start_states)
 from reprozoo.methods.emformer.model import EMFormerNet, MultiBranchConv, SingleConvMultiScale, rollout
 from reprozoo.methods.emformer.qg import QG2D
@@ -106,20 +106,32 @@ def test_multiscale_conv_is_periodic():
         torch.testing.assert_close(b(torch.roll(x, (3, 5), (2, 3))), torch.roll(b(x), (3, 5), (2, 3)))
 
 
-def test_context_of_the_same_step_changes_nothing():
-    """Attention over keys/values duplicated from the same step gives the same weighted average, so a
-    context made of the current step's own (k, v) leaves the forecast unchanged; another step's does not."""
+def test_context_gate_starts_closed_so_fine_tuning_starts_from_the_pretrained_forecast():
+    """The context enters through its own attention and a zero-initialised gate (``Block.ctx_proj``):
+    with the gate closed any context, real or placebo, leaves the forecast equal to the Markov one (the
+    pretrained forecast); once the gate is open, another step's context changes it. A Markov step never
+    reaches the gate (no gradient), and rollout with window 0 is repeated Markov steps."""
     torch.manual_seed(0)
     net = EMFormerNet(dim=8, depth=2, heads=2).double()
     for p in net.head.parameters():
         torch.nn.init.normal_(p, std=0.1)
     x = torch.randn(2, 2, 32, 64, dtype=torch.float64)
     y0, kv = net(x)
-    y1, _ = net(x, [kv])
-    torch.testing.assert_close(y0, y1)
     _, kv_other = net(torch.randn_like(x))
-    y2, _ = net(x, [kv_other])
-    assert (y2 - y0).abs().max() > 1e-6
+    torch.testing.assert_close(net(x, [kv_other])[0], y0)
+    torch.testing.assert_close(rollout(net, x, 3, 2, history=torch.randn(2, 2, 2, 32, 64, dtype=torch.float64)),
+                               rollout(net, x, 3, 0))
+    y0.sum().backward()
+    assert all(b.ctx_proj.grad is None for b in net.blocks)  # Markov steps do not train the gate
+    net.zero_grad()
+    yc, _ = net(x, [kv_other])
+    yc.sum().backward()  # with a context, the closed gate gets a gradient (it can open)
+    assert all(b.ctx_proj.grad.abs().max() > 0 for b in net.blocks)
+    with torch.no_grad():
+        for b in net.blocks:
+            torch.nn.init.normal_(b.ctx_proj, std=0.3)
+        assert (net(x, [kv_other])[0] - y0).abs().max() > 1e-6
+        torch.testing.assert_close(net(x)[0], y0)  # the open gate leaves Markov steps alone
     # rollout with window 0 is repeated Markov steps
     r = rollout(net, x, 3, 0)
     z = x
@@ -266,6 +278,8 @@ def _small_net(seed):
     net = EMFormerNet(dim=8, depth=1, heads=2).double()
     for p in net.head.parameters():
         torch.nn.init.normal_(p, std=0.1)
+    for b in net.blocks:  # the context gate opened, so that a context changes the forecast
+        torch.nn.init.normal_(b.ctx_proj, std=0.3)
     return net
 
 def test_placebo_context_is_another_starts_context():
@@ -386,19 +400,60 @@ def test_observed_history_opens_the_context_and_is_ignored_without_one():
         assert (with_h[0] - rollout(net, x, 2, 2)[0]).abs().max() > 1e-6
 
 
-def test_context_age_embedding_leaves_markov_steps_alone_and_reweights_past_against_present():
-    """The keys' context-age embedding: a Markov step adds the same row to all of a query's keys, which
-    the softmax ignores, so the pretrained (Markov) forecaster does not depend on it; with a context of
-    another step, a nonzero embedding shifts each query's attention between past and present (a head
-    can attend to the previous step apart from the current one), so the forecast changes."""
+def test_context_age_embedding_leaves_markov_steps_alone_and_reweights_the_context_by_age():
+    """The context keys' age embedding: a Markov step never reads it, so the pretrained (Markov)
+    forecaster does not depend on it; with a context of two earlier steps, a nonzero embedding shifts
+    each query's attention between the older and the newer entry, so the forecast changes."""
     net = _small_net(3)
     x = torch.randn(2, 2, 32, 64, dtype=torch.float64)
     with torch.no_grad():
         y0, _ = net(x)
-        _, kv_prev = net(x + 0.5 * torch.randn_like(x))
-        y_ctx0, _ = net(x, [kv_prev])
+        _, kv_a = net(x + 0.5 * torch.randn_like(x))
+        _, kv_b = net(x + 0.5 * torch.randn_like(x))
+        y_ctx0, _ = net(x, [kv_a, kv_b])
         torch.nn.init.normal_(net.blocks[0].age, std=1.0)
         y_markov, _ = net(x)
         torch.testing.assert_close(y_markov, y0)
-        y_ctx, _ = net(x, [kv_prev])
+        y_ctx, _ = net(x, [kv_a, kv_b])
         assert (y_ctx - y_ctx0).abs().max() > 1e-6
+
+
+def test_ar2_positive_control_field_is_not_markov_and_forecastable():
+    """The planted field of the positive control (the smoke config's AR(2) parameters): a 2-frame linear
+    forecaster beats a 1-frame one by a wide margin (the oscillation's phase is in the frame before),
+    and persistence loses its skill within the skill window (the oscillation turns), so a Markov
+    forecaster has little to offer there and the observed history a lot."""
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/smoke.yaml").read_text())
+    c = {**p["planted"], "n_traj": 12, "n_val": 2, "n_test": 4, "n_frames": 60}
+    data = make_ar2_data(c, np.random.default_rng(0))
+    assert data["train"].shape == (6, 60, 2, 16, 32) and data["test"].shape == (4, 60, 2, 16, 32)
+    assert abs(float(data["train"].std()) - 1.0) < 0.05
+    g = lookback_gain(data, (2, 3))
+    assert g.min() > 0.3
+    ac = anomaly_autocorrelation(data["train"], data["clim"], 8)[:, 0]
+    assert ac[0] > 0.8 and ac[3:].min() < 0.5
+
+
+def test_trained_placebo_finetune_attends_to_another_samples_context(monkeypatch):
+    """placebo=True: the fine-tuning's forecasts read the context of the next sample of the batch
+    (placebo_shift 1) in training and validation; the real accumulative fine-tuning reads its own."""
+    import reprozoo.methods.emformer.model as model_mod
+    from reprozoo.methods.emformer.loss import CompositeLoss as CL
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
+    p["finetune"]["fit"].update(min_steps=2, max_steps=2, pilot_steps=1, eval_every=1, lr_grid=[1e-3])
+    data = make_data(p, np.random.default_rng(0))
+    seen = []
+    real_rollout = model_mod.rollout
+
+    def spy(*a, **k):
+        seen.append(k.get("placebo_shift", 0))
+        return real_rollout(*a, **k)
+
+    monkeypatch.setattr(model_mod, "rollout", spy)
+    net = EMFormerNet(dim=8, depth=1, heads=2, patch=4)
+    finetune(net, CL(2), p, data, True, 0, progress=lambda *_: None, placebo=True)
+    assert seen and set(seen) == {1}
+    seen.clear()
+    finetune(net, CL(2), p, data, True, 0, progress=lambda *_: None)
+    assert seen and set(seen) == {0}

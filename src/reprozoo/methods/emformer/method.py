@@ -38,11 +38,20 @@ its learning-rate grid, caps and batches, and the rollout length):
                   same network without context (``acc_win_nocontext``) and the block timings (zero
                   padding as in the reference code, and circular);
 * ``rollout_ft``  the same pretrained model, standard rollout fine-tuning (Markov steps);
+* ``placebo_ft``  the trained placebo: the accumulative fine-tuning of ``emformer`` with every forecast
+                  attending to another sample's context (training, validation and test): the
+                  like-for-like model without the mechanism, the control of the paper's comparison;
+* ``context_ar2`` the context claims' positive control: the whole pipeline on a planted AR(2) field
+                  (``make_ar2_data``) where the observed history certainly carries information,
+                  scored with its own and a placebo context;
 * ``pretrained``  the pretrained model, no fine-tuning (the short-lead reference); also records the
                   planted control (its lead-1 forecast made ``PLANT_FACTOR`` times worse);
 * ``persistence`` the forecast x(t + k) = x(t), no model (the anomaly autocorrelation); also
                   records the data's lookback gain (``lookback_gain``: a 2-frame linear forecaster
-                  against a 1-frame one), the context claims' precondition.
+                  against a 1-frame one; descriptive only, it passes on Markov data too).
+
+Every variant also records its forecast anomaly activity per lead (``activity``): a forecast damped
+towards climatology shows less activity than the truth.
 
 No fixed-weight loss ablation: in fine-tuning it matched ``emformer`` to four digits (README), and
 the stage where the weighting could matter (pretraining) would need a second pretraining per seed.
@@ -76,9 +85,15 @@ VARIABLES = ("psi", "zeta")
 VARIANTS = {  # id: (fine-tuning, accumulative context, loss weighting in fine-tuning)
     "emformer": ("accumulative", True, "sin"),
     "rollout_ft": ("rollout", False, "sin"),
+    "placebo_ft": ("accumulative", True, "sin"),  # trained AND evaluated on other samples' contexts
     "pretrained": (None, False, "sin"),
     "persistence": (None, False, None),
+    "context_ar2": ("accumulative", True, "sin"),  # the positive control, on the planted AR(2) field
 }
+# the trained placebo: the accumulative fine-tuning with every forecast attending to the context of
+# ANOTHER sample of its batch (same size, same statistics, wrong content), evaluated the same way on
+# the test starts (another trajectory's context): the like-for-like model without the mechanism
+PLACEBO_TRAINED = {"placebo_ft"}
 PLANT_FACTOR = 1.075  # the short-lead control: a forecast 7.5 % worse at lead 1 (within 5-10 %)
 
 
@@ -93,6 +108,39 @@ def make_data(p: dict, rng: np.random.Generator) -> dict:
         traj = observe(traj, s["obs_k"])
     n_test, n_val = s["n_test"], s["n_val"]
     train, val, test = traj[: -n_val - n_test], traj[-n_val - n_test: -n_test], traj[-n_test:]
+    mean = train.mean(axis=(0, 1, 3, 4), keepdims=True)[0]
+    std = train.std(axis=(0, 1, 3, 4), keepdims=True)[0]
+    norm = lambda a: ((a - mean) / std).astype(np.float32)  # noqa: E731
+    train, val, test = norm(train), norm(val), norm(test)
+    return {"train": train, "val": val, "test": test, "clim": train.mean(axis=(0, 1)),
+            "mean": mean[0, :, 0, 0], "std": std[0, :, 0, 0]}
+
+
+def make_ar2_data(c: dict, rng: np.random.Generator) -> dict:
+    """The context claims' POSITIVE CONTROL: a planted non-Markov field on a small grid, where the
+    observed history carries information a Markov forecaster cannot have. Per channel, ``modes``
+    large-scale plane waves cos(2 pi (ky y / ny + kx x / nx) + phase) (|ky| <= k_max[0],
+    1 <= |kx| <= k_max[1], drawn per seed), each with an amplitude following an oscillatory AR(2)
+    process z(t+1) = 2 r cos(w) z(t) - r^2 z(t-1) + e(t) (damping ``radius`` r, period 2 pi / w drawn in
+    ``period``, white noise e). One frame gives z(t) but not the phase of the oscillation; the frame
+    before gives it, so a forecaster that uses the observed history beats one that does not. Same
+    splits and standardisation as ``make_data``."""
+    ny, nx, T, n = c["ny"], c["nx"], c["n_frames"], c["n_traj"]
+    y, x = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
+    fields = np.zeros((n, T, 2, ny, nx))
+    for ch in range(2):
+        for _ in range(c["modes"]):
+            ky = rng.integers(-c["k_max"][0], c["k_max"][0] + 1)
+            kx = rng.integers(1, c["k_max"][1] + 1)
+            pat = np.cos(2 * np.pi * (ky * y / ny + kx * x / nx) + rng.uniform(0, 2 * np.pi))
+            w, r = 2 * np.pi / rng.uniform(*c["period"]), c["radius"]
+            z = np.zeros((n, T + 100))
+            e = rng.standard_normal((n, T + 100))
+            for t in range(2, T + 100):
+                z[:, t] = 2 * r * np.cos(w) * z[:, t - 1] - r * r * z[:, t - 2] + e[:, t]
+            fields[:, :, ch] += z[:, 100:, None, None] * pat
+    n_test, n_val = c["n_test"], c["n_val"]
+    train, val, test = fields[: -n_val - n_test], fields[-n_val - n_test: -n_test], fields[-n_test:]
     mean = train.mean(axis=(0, 1, 3, 4), keepdims=True)[0]
     std = train.std(axis=(0, 1, 3, 4), keepdims=True)[0]
     norm = lambda a: ((a - mean) / std).astype(np.float32)  # noqa: E731
@@ -250,7 +298,8 @@ def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print):
     return m.net, m.loss, rec
 
 
-def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, progress=print):
+def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, progress=print,
+             placebo: bool = False):
     """R-step rollout fine-tuning, one update per rollout, the composite loss over the R leads (its
     learned log-variances and weight carry over from pretraining, as in the reference, where they are
     parameters of the model); inputs of later steps are the detached forecasts. ``accumulative``:
@@ -262,7 +311,10 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
     (``fit.pilot_score``, default the shared rule's mean of the pilot's second half) continued at
     a constant rate, best-validation weights kept. The stop is the gate's test on the fine-tuning
     curve RELATIVE TO THE FINE-TUNING GAIN (``scale: range``, the spec's convergence entry): the
-    tail is judged against what the whole fine-tuning gained, not against the rollout RMSE's level. Returns the network and the record."""
+    tail is judged against what the whole fine-tuning gained, not against the rollout RMSE's level.
+    ``placebo`` (the trained placebo, with ``accumulative``): every forecast of a batch attends to the
+    context (observed history and earlier steps) of the NEXT sample of the batch, in training and in
+    validation; everything else the same. Returns the network and the record."""
     import copy
 
     import torch
@@ -278,8 +330,10 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
     lat_w = _lat_w(data)
     val = torch.from_numpy(_val_windows(data["val"], H + R + 1, cfg.get("n_val", 32)))
 
+    shift = 1 if (placebo and accumulative) else 0
+
     def forecast(net, win):
-        return rollout(net, win[:, H], R, window, history=win[:, :H] if H else None)
+        return rollout(net, win[:, H], R, window, history=win[:, :H] if H else None, placebo_shift=shift)
 
     def train_loss(m, gen):  # the same generator seed for every variant: the same batches
         win = torch.from_numpy(_draw(data["train"], H + R + 1, cfg["batch"], gen))
@@ -310,7 +364,7 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
             stopped = True
             break
     run.model.load_state_dict(run.best_state)
-    progress(f"finetune[{'accumulative' if accumulative else 'rollout'}]: lr {run.lr:g}, {run.step} updates "
+    progress(f"finetune[{'placebo' if shift else 'accumulative' if accumulative else 'rollout'}]: lr {run.lr:g}, {run.step} updates "
              f"({'plateau' if stopped else 'max steps'}), val rollout RMSE {run.vals[0]:.4f} -> best {run.best:.4f}"
              + (f"; chosen rate at the grid's {edge}" if edge else ""))
     rec = {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
@@ -333,6 +387,20 @@ def forecast_skill(net, data: dict, leads: int, window: int, starts: list[tuple[
     start (leads, C, H, W). ``placebo_shift``: each forecast attends to the context of another
     start's forecast (``model.rollout``). ``history``: observed frames before each start that open the
     context (with ``window`` > 0)."""
+    f, t = forecast_fields(net, data, leads, window, starts, placebo_shift, history)
+    return weighted_rmse(f, t), weighted_acc(f, t, data["clim"]), f[0], t[0]
+
+
+def activity(f: np.ndarray, clim: np.ndarray) -> np.ndarray:
+    """Forecast anomaly activity: the latitude-weighted RMS of the anomaly f - clim, per lead and
+    variable, averaged over starts ((starts, leads, C, H, W) -> (leads, C)). A forecast damped
+    towards climatology has less activity than the truth."""
+    return weighted_rmse(f, np.broadcast_to(clim, f.shape)).mean(axis=0)
+
+
+def forecast_fields(net, data: dict, leads: int, window: int, starts: list[tuple[int, int]],
+                    placebo_shift: int = 0, history: int = 0):
+    """The forecasts and truths of ``forecast_skill``, (starts, leads, C, H, W) each."""
     test = data["test"]
     win = np.stack([test[a, b: b + leads + 1] for a, b in starts])
     if net is None:
@@ -347,8 +415,7 @@ def forecast_skill(net, data: dict, leads: int, window: int, starts: list[tuple[
                     if history and window else None)
             f = rollout(net, torch.from_numpy(win[:, 0]), leads, window, placebo_shift=placebo_shift, history=hist)
             f = f.numpy().transpose(1, 0, 2, 3, 4)
-    t = win[:, 1:]
-    return weighted_rmse(f, t), weighted_acc(f, t, data["clim"]), f[0], t[0]
+    return f, win[:, 1:]
 
 
 def block_speed(channels: int, h: int, w: int, batch: int, repeats: int = 5, target_s: float = 0.05,
@@ -481,16 +548,80 @@ def placebo_shift(n_frames: int, leads: int, stride: int, first: int = 0) -> int
     return len(range(first, n_frames - leads, stride))
 
 
+def _record_activity(ctx, f: np.ndarray, clim: np.ndarray, suffix: str = "") -> None:
+    """Forecast anomaly activity per lead and variable (``activity``), curve ``activity_<var><suffix>``."""
+    act = activity(f, clim)
+    leads = np.arange(1, act.shape[0] + 1)
+    for i, v in enumerate(VARIABLES):
+        ctx.metrics.curve(f"activity_{v}{suffix}", leads, act[:, i])
+
+
+def _fit_and_record(ctx, p, data, net, loss_fn, accumulative: bool, placebo: bool = False):
+    t0 = time.process_time()
+    net, loss_fn, c = finetune(net, loss_fn, p, data, accumulative, ctx.seed, ctx.progress, placebo=placebo)
+    ctx.metrics.scalar("finetune_seconds", time.process_time() - t0)
+    ctx.metrics.curve("ft_val_rmse", c["steps"], c["vals"])
+    ctx.metrics.curve("ft_lr", c["steps"], c["lrs"])
+    ctx.metrics.scalar("finetune_updates", c["stop"])
+    ctx.metrics.scalar("finetune_lr", c["lr"])
+    ctx.metrics.scalar("loss_weight_final", float(loss_fn.weight().detach()))
+    return net
+
+
+def train_context_ar2(ctx) -> None:
+    """The positive control of the context claims: the same pipeline (pretraining by the shared rule,
+    accumulative fine-tuning by the same rule, grid and caps, the same evaluation windows) on the
+    planted AR(2) field (``make_ar2_data``, config ``planted``), where the observed history does carry
+    the information a Markov step lacks. Records the real-context and placebo-context window ACC per
+    start (``acc_win``, ``acc_win_placebo``) and the no-context one; the context claims require real >
+    placebo here, else the pipeline cannot show a context effect and they read untestable."""
+    import torch
+
+    p = dict(ctx.params)
+    c = p["planted"]
+    p["sim"] = {**p["sim"], "ny": c["ny"], "nx": c["nx"]}
+    t0 = time.process_time()
+    data = make_ar2_data(c, ctx.rng(7))
+    net, loss_fn, rec = pretrain(p, data, "sin", ctx.seed, ctx.progress)
+    ctx.metrics.scalar("pretrain_seconds", time.process_time() - t0)
+    ctx.metrics.curve("pre_val_rmse", rec["steps"], rec["vals"])
+    ctx.metrics.curve("pre_lr", rec["steps"], rec["lrs"])
+    ctx.metrics.scalar("pretrain_updates", rec["stop"])
+    ctx.metrics.scalar("pretrain_lr", rec["lr"])
+    e, H, window = p["eval"], int(p["finetune"].get("history", 0)), p["finetune"]["window"]
+    starts = start_states(data["test"].shape[0], data["test"].shape[1], e["leads"], e["stride"], H)
+    ctx.metrics.scalar("n_test_starts", len(starts))
+    net.eval()
+    _, acc_pre, _, _ = forecast_skill(net, data, e["leads"], 0, starts)
+    ctx.metrics.units("acc_win_pretrained", acc_pre[:, e["window"][0] - 1: e["window"][1]].mean(axis=(1, 2)))
+    net = _fit_and_record(ctx, p, data, net, loss_fn, True)
+    net.eval()
+    shift = placebo_shift(data["test"].shape[1], e["leads"], e["stride"], H)
+    lo, hi = e["window"]
+    msg = []
+    with torch.no_grad():
+        for suffix, w, sh in (("", window, 0), ("_placebo", window, shift), ("_nocontext", 0, 0)):
+            rmse, acc, _, _ = forecast_skill(net, data, e["leads"], w, starts, placebo_shift=sh, history=H)
+            _record_skill(ctx, rmse, acc, suffix)
+            msg.append(f"{suffix or '_real'} {acc[:, lo - 1: hi].mean():.4f}")
+    ctx.progress(f"positive control (AR(2) field), window ACC: pretrained {acc_pre[:, lo - 1: hi].mean():.4f}, "
+                 + ", ".join(msg))
+
+
 def train(ctx) -> None:
     p = ctx.params
     if ctx.variant not in VARIANTS:
         raise ValueError(f"emformer: unknown variant '{ctx.variant}', expected one of {sorted(VARIANTS)}")
+    if ctx.variant == "context_ar2":
+        return train_context_ar2(ctx)
     ft, accumulative, weighting = VARIANTS[ctx.variant]
+    placebo = ctx.variant in PLACEBO_TRAINED
     with np.load(ctx.shared_dir / "data.npz") as z:
         data = {k: z[k] for k in z.files}
     e = p["eval"]
     H = int(p["finetune"].get("history", 0))
     starts = start_states(data["test"].shape[0], data["test"].shape[1], e["leads"], e["stride"], H)
+    shift = placebo_shift(data["test"].shape[1], e["leads"], e["stride"], H)
     ctx.metrics.scalar("n_test_starts", len(starts))
     net, window = None, 0
     if weighting is not None:
@@ -501,24 +632,23 @@ def train(ctx) -> None:
         ctx.metrics.scalar("pretrain_updates", c["stop"])
         ctx.metrics.scalar("pretrain_lr", c["lr"])
         if ft is not None:
-            t0 = time.process_time()
-            net, loss_fn, c = finetune(net, loss_fn, p, data, accumulative, ctx.seed, ctx.progress)
-            ctx.metrics.scalar("finetune_seconds", time.process_time() - t0)
-            ctx.metrics.curve("ft_val_rmse", c["steps"], c["vals"])
-            ctx.metrics.curve("ft_lr", c["steps"], c["lrs"])
-            ctx.metrics.scalar("finetune_updates", c["stop"])
-            ctx.metrics.scalar("finetune_lr", c["lr"])
-        ctx.metrics.scalar("loss_weight_final", float(loss_fn.weight().detach()))
+            net = _fit_and_record(ctx, p, data, net, loss_fn, accumulative, placebo)
+        else:
+            ctx.metrics.scalar("loss_weight_final", float(loss_fn.weight().detach()))
         net.eval()
         window = p["finetune"]["window"] if accumulative else 0
-    rmse, acc, f0, t0_ = forecast_skill(net, data, e["leads"], window, starts, history=H)
+    # the trained placebo is scored as it was trained: each forecast with another trajectory's context
+    f, t = forecast_fields(net, data, e["leads"], window, starts, placebo_shift=shift if placebo else 0, history=H)
+    rmse, acc, f0, t0_ = weighted_rmse(f, t), weighted_acc(f, t, data["clim"]), f[0], t[0]
     _record_skill(ctx, rmse, acc)
+    _record_activity(ctx, f, data["clim"])
+    _record_activity(ctx, t, data["clim"], "_truth")
     np.savez(ctx.outdir / "forecast_example.npz", forecast=f0, truth=t0_)
     if ctx.seed == p["seeds"][0]:  # psi snapshots of the first test forecast, flattened, for plot()
         for k in snapshot_leads(e["leads"]):
             ctx.metrics.curve(f"snap_psi_lead{k}_forecast", range(f0[k - 1, 0].size), f0[k - 1, 0].ravel())
             ctx.metrics.curve(f"snap_psi_lead{k}_truth", range(t0_[k - 1, 0].size), t0_[k - 1, 0].ravel())
-    if ctx.variant == "persistence" and p["sim"].get("obs_k"):  # the data's lookback precondition
+    if ctx.variant == "persistence" and p["sim"].get("obs_k"):  # descriptive only, not a precondition
         g = lookback_gain(data, p["sim"]["obs_k"])
         ctx.metrics.units("lookback_gain", g)
         ctx.progress(f"lookback gain of a 2-frame linear forecaster over a 1-frame one: {g.mean():.3f}")
@@ -526,18 +656,12 @@ def train(ctx) -> None:
         ctx.metrics.units("rmse_short_planted", planted_short_rmse(data, net, starts, PLANT_FACTOR, ctx.seed))
     if ctx.variant == "emformer":
         # placebo context: the same fine-tuned network, each forecast attending to another trajectory's
-        shift = placebo_shift(data["test"].shape[1], e["leads"], e["stride"], H)
-        rmse_p, acc_p, _, _ = forecast_skill(net, data, e["leads"], window, starts, placebo_shift=shift, history=H)
-        _record_skill(ctx, rmse_p, acc_p, "_placebo")
-        # a second placebo of the same size (the trajectory after next): the A/A floor of the
-        # real-against-placebo comparison (two uninformative contexts, the same statistics)
-        rmse_q, acc_q, _, _ = forecast_skill(net, data, e["leads"], window, starts, placebo_shift=2 * shift,
-                                             history=H)
-        _record_skill(ctx, rmse_q, acc_q, "_placebo2")
-        # no context at all: the same fine-tuned network run as a Markov forecaster (the placebo's
-        # reference: a placebo below it means a wrong context hurts, not that the right one helps)
-        rmse_n, acc_n, _, _ = forecast_skill(net, data, e["leads"], 0, starts)
-        _record_skill(ctx, rmse_n, acc_n, "_nocontext")
+        for suffix, w, sh in (("_placebo", window, shift),  # another trajectory's context
+                              ("_placebo2", window, 2 * shift),  # the A/A floor: a second placebo
+                              ("_nocontext", 0, 0)):  # the same network as a Markov forecaster
+            fq, tq = forecast_fields(net, data, e["leads"], w, starts, placebo_shift=sh, history=H)
+            _record_skill(ctx, weighted_rmse(fq, tq), weighted_acc(fq, tq, data["clim"]), suffix)
+            _record_activity(ctx, fq, data["clim"], suffix)
         s = p["speed"]
         grids = {"_paper": (tuple(s["paper_grid"]), "zeros"),  # the reference's convolutions
                  "_paper_circ": (tuple(s["paper_grid"]), "circular")}  # our periodic model's

@@ -23,9 +23,16 @@ then a transposed patch projection returns the increment: x_{t+1} = x_t + Net(x_
 Accumulative context (``rollout(..., window > 0)``): each forecast step's attention also sees the
 keys and values of up to ``window`` earlier steps of the same forecast (the reference code's KV
 caches, ``add_kv``), the first of them observed frames before the start (``history``); window 0 is
-the Markov forecaster of standard rollout fine-tuning. The keys carry a learned context-age
-embedding (ours, zero at start; ``Block.age``) so that a head can attend to a past step apart from
-the present one.
+the Markov forecaster of standard rollout fine-tuning. The context enters through its OWN attention
+(the step's queries over the context keys/values only) and a zero-initialised output projection, the
+context gate (``Block.ctx_proj``, ours, as in gated cross-attention / zero-initialised adapters):
+
+    x += Proj(Attention(q, k, v)) + G (Attention(q, k_ctx + age, v_ctx)),   G = 0 at start
+
+so a context, real or placebo, changes nothing until fine-tuning opens the gate: the accumulative
+fine-tuning starts from the pretrained forecast, and G can take differences (x(t) - x(t-1)), which a
+softmax average over present and past alone cannot. The context keys carry a learned context-age
+embedding (ours, zero at start; ``Block.age``) so that a head can weigh the context entries by age.
 """
 from __future__ import annotations
 
@@ -102,18 +109,20 @@ class Block(nn.Module):
     def __init__(self, dim: int, heads: int, kind: str, mlp_ratio: int = 2):
         super().__init__()
         self.heads = heads
-        # context-age embedding of the keys (ours): row a is added to the keys of the step a steps
-        # back (row 0: the current step). Without it a context key of the previous frame at a given
-        # place is nearly the current frame's key there (lag-1 autocorrelation ~0.95), so no head
-        # can tell now from then and the attention can only average the two, never difference
-        # them (the tendency, the information a Markov step lacks). Zero at start, so the
-        # pretrained Markov model is unchanged; a Markov step never trains it (one shift of all of
-        # a query's keys leaves the softmax unchanged).
+        # context-age embedding of the context keys (ours): row a is added to the keys of the step a
+        # steps back (row 0, the current step, is unused since the context has its own attention), so
+        # a head can weigh the context entries by age. Zero at start; a Markov step never uses it.
         self.age = nn.Parameter(torch.zeros(MAX_AGE + 1, dim))
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.ms_qkv = multiscale(kind, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+        # the context gate (ours): the context attention's output projection, zero at start, so the
+        # forecast with any context equals the Markov (pretrained) one until fine-tuning opens it;
+        # a Markov step never uses it (no context: no gradient), so pretraining leaves it at zero
+        # (a plain zero tensor: creating it draws no random numbers, so the other weights start as
+        # they did before the gate existed)
+        self.ctx_proj = nn.Parameter(torch.zeros(dim, dim))
         self.ms_mlp = multiscale(kind, dim)
         self.fc = nn.Linear(dim, dim)
 
@@ -125,13 +134,16 @@ class Block(nn.Module):
         qkv = self.ms_qkv(qkv).reshape(b, 3 * d, n).transpose(1, 2)
         q, k, v = qkv.reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         age = self.age.reshape(MAX_AGE + 1, self.heads, 1, d // self.heads)
-        kk, vv = k + age[0], v
-        if cache:
-            n_c = len(cache)
-            kk = torch.cat([c[0] + age[min(n_c - i, MAX_AGE)] for i, c in enumerate(cache)] + [kk], dim=2)
-            vv = torch.cat([c[1] for c in cache] + [v], dim=2)
-        a = F.scaled_dot_product_attention(q, kk, vv).transpose(1, 2).reshape(b, n, d)
+        # age[0] shifts all of a query's keys alike (softmax-invariant); kept so that the Markov step
+        # computes exactly what it did before the gate existed
+        a = F.scaled_dot_product_attention(q, k + age[0], v).transpose(1, 2).reshape(b, n, d)
         x = x + self.proj(a)
+        if cache:  # the context's own attention, through the zero-initialised gate
+            n_c = len(cache)
+            kc = torch.cat([c[0] + age[min(n_c - i, MAX_AGE)] for i, c in enumerate(cache)], dim=2)
+            vc = torch.cat([c[1] for c in cache], dim=2)
+            ac = F.scaled_dot_product_attention(q, kc, vc).transpose(1, 2).reshape(b, n, d)
+            x = x + F.linear(ac, self.ctx_proj)
         y = self.norm2(x).transpose(1, 2).reshape(b, d, h, w)
         y = self.ms_mlp(y).reshape(b, d, n).transpose(1, 2)
         return x + self.fc(F.gelu(y)), (k, v)

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .method import VARIABLES, VARIANTS, snapshot_leads
+from .method import VARIABLES, snapshot_leads
 from reprozoo.figures import save_figure
 
 LABELS = {"psi": "streamfunction ψ", "zeta": "vorticity ζ"}
-COLORS = {"emformer": "C0", "rollout_ft": "C1", "pretrained": "C7", "persistence": "k"}
+COLORS = {"emformer": "C0", "rollout_ft": "C1", "placebo_ft": "C2", "pretrained": "C7", "persistence": "k"}
+# context_ar2 (the positive control) forecasts another field: not drawn with the QG variants
 
 
 def _plt():
@@ -27,7 +28,7 @@ def plot_skill(table, plots_dir: Path, metric: str, ylabel: str, question: str, 
     fig, axes = plt.subplots(1, len(VARIABLES), figsize=(10, 3.8))
     for ax, var in zip(axes, VARIABLES):
         sub = table[table.metric == f"{metric}_{var}"]
-        for v in VARIANTS:
+        for v in COLORS:
             d = sub[sub.variant == v]
             if d.empty:
                 continue
@@ -35,6 +36,11 @@ def plot_skill(table, plots_dir: Path, metric: str, ylabel: str, question: str, 
             m, lo, hi = g.mean(axis=1), g.min(axis=1), g.max(axis=1)
             ax.plot(g.index, m, color=COLORS[v], label=f"{v} (n={g.shape[1]})")
             ax.fill_between(g.index, lo, hi, color=COLORS[v], alpha=0.2)
+        if metric == "activity":  # the truth's anomaly activity at the same verifying times
+            d = table[(table.metric == f"activity_{var}_truth") & (table.variant == "persistence")]
+            if not d.empty:
+                g = d.pivot_table(index="x", columns="seed", values="value")
+                ax.plot(g.index, g.mean(axis=1), color="k", ls="--", label="truth")
         if window is not None:
             ax.axvspan(window[0] - 0.5, window[1] + 0.5, color="0.9", zorder=0, label="claim window")
         ax.set_xlabel("lead (steps of 0.5 model time units)")
@@ -87,4 +93,6 @@ def plot_all(table, plots_dir, params) -> None:
                "Does accumulative context lower RMSE?", window)
     plot_skill(table, plots_dir, "acc", "latitude-weighted ACC (1)",
                "Does accumulative context keep anomaly correlation in the skill window?", window)
+    plot_skill(table, plots_dir, "activity", "forecast anomaly activity (std units)",
+               "Is a forecast damped towards climatology? (truth dashed)", window)
     plot_snapshots(table, plots_dir, params)
