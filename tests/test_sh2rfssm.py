@@ -559,29 +559,30 @@ def test_periodogram_oracle_is_the_frequency_tasks_ceiling():
     assert float(np.mean(D.periodogram_oracle(x) == y)) < acc - 0.2  # it is a real classifier: noise hurts
 
 
+def _toy_build(gen):
+    """The bracketing tests' toy model: one weight, started at 0."""
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(torch.zeros(1))
+    return m
+
+
+def _toy_train_loss(m, gen):
+    return ((m.w - 1.0) ** 2).sum()
+
+
 @pytest.mark.parametrize("grid,edge", [([1e-3, 3e-3], "top"), ([1.0, 3.0], "bottom")])
 def test_bracketing_pilots_beyond_an_edge_until_a_rate_loses(grid, edge):
     """fit_bracketed: a choice at the grid's edge gets more pilots beyond that edge (the grid's ratio)
     until one loses; the fit is then the best piloted rate's, and lr_edge is None (bracketed). Without
     extend_edge the shared rule's choice and its edge stand. Toy: one weight, loss (w - 1)², Adam."""
-    nn = torch.nn
-
-    def build(gen):
-        m = nn.Module()
-        m.w = nn.Parameter(torch.zeros(1))
-        return m
-
-    def train_loss(m, gen):
-        return ((m.w - 1.0) ** 2).sum()
-
     def val_loss(m):
         return float(((m.w.detach() - 1.0) ** 2).sum())
 
     rule = {"lr_grid": grid, "pilot_steps": 20, "eval_every": 2, "min_steps": 40, "max_steps": 60,
             "flat_tol": 0.01, "lr_drop": 0}
-    _, plain = M.fit_bracketed(build, train_loss, val_loss, rule, 0, "toy", lambda s: None)
+    _, plain = M.fit_bracketed(_toy_build, _toy_train_loss, val_loss, rule, 0, "toy", lambda s: None)
     assert plain["lr_edge"] == edge and plain["lr"] == (grid[-1] if edge == "top" else grid[0])
-    _, rec = M.fit_bracketed(build, train_loss, val_loss, dict(rule, extend_edge=6), 0, "toy", lambda s: None)
+    _, rec = M.fit_bracketed(_toy_build, _toy_train_loss, val_loss, dict(rule, extend_edge=6), 0, "toy", lambda s: None)
     pilots = rec["pilot_best"]
     assert len(pilots) > 3 and rec["lr_edge"] is None
     assert rec["lr"] == min(pilots, key=pilots.get) and rec["lr"] not in grid
@@ -594,22 +595,12 @@ def test_bracketing_ignores_an_extra_rate_that_has_not_learned():
     """On a starting plateau (validation loss never below its start) a slower rate scores lower only by
     moving less: the extra pilot below the grid's bottom must not win (the rule's min_progress test),
     so the grid's own choice stands, still flagged as an edge (no pilot there learned)."""
-    nn = torch.nn
-
-    def build(gen):
-        m = nn.Module()
-        m.w = nn.Parameter(torch.zeros(1))
-        return m
-
-    def train_loss(m, gen):
-        return ((m.w - 1.0) ** 2).sum()
-
     def val_loss(m):  # a plateau: every step away from the start costs a little
         return 1.0 + 0.001 * float(m.w.detach().abs().sum())
 
     rule = {"lr_grid": [1e-2, 3e-2], "pilot_steps": 20, "eval_every": 2, "min_steps": 40, "max_steps": 60,
             "flat_tol": 0.01, "lr_drop": 0, "min_progress": 0.1, "extend_edge": 2}
-    _, rec = M.fit_bracketed(build, train_loss, val_loss, rule, 0, "toy", lambda s: None)
+    _, rec = M.fit_bracketed(_toy_build, _toy_train_loss, val_loss, rule, 0, "toy", lambda s: None)
     pilots = rec["pilot_best"]
     extra = min(pilots)
     assert extra < 1e-2 and pilots[extra] < pilots[1e-2]  # it scored lower ...

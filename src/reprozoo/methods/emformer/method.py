@@ -99,14 +99,10 @@ PLANT_FACTOR = 1.075  # the short-lead control: a forecast 7.5 % worse at lead 1
 
 # --- data ----------------------------------------------------------------------------------------
 
-def make_data(p: dict, rng: np.random.Generator) -> dict:
-    s = p["sim"]
-    sim = QG2D(ny=s["ny"], nx=s["nx"], beta=s["beta"], ld=s["ld"], mu=s["mu"], nu=s["nu"],
-               forcing_amp=s["forcing_amp"])
-    traj = simulate(sim, rng, s["n_traj"], s["n_frames"], s["dt_save"], s["dt_max"], s["spinup"])
-    if s.get("obs_k"):
-        traj = observe(traj, s["obs_k"])
-    n_test, n_val = s["n_test"], s["n_val"]
+def split_standardise(traj: np.ndarray, n_val: int, n_test: int) -> dict:
+    """Trajectories (n, T, channels, ny, nx) -> train / validation / test splits (the last ``n_test``
+    trajectories test, the ``n_val`` before them validation), each channel standardised with the
+    training split's mean and std, the training climatology, and the scales (to undo it)."""
     train, val, test = traj[: -n_val - n_test], traj[-n_val - n_test: -n_test], traj[-n_test:]
     mean = train.mean(axis=(0, 1, 3, 4), keepdims=True)[0]
     std = train.std(axis=(0, 1, 3, 4), keepdims=True)[0]
@@ -114,6 +110,16 @@ def make_data(p: dict, rng: np.random.Generator) -> dict:
     train, val, test = norm(train), norm(val), norm(test)
     return {"train": train, "val": val, "test": test, "clim": train.mean(axis=(0, 1)),
             "mean": mean[0, :, 0, 0], "std": std[0, :, 0, 0]}
+
+
+def make_data(p: dict, rng: np.random.Generator) -> dict:
+    s = p["sim"]
+    sim = QG2D(ny=s["ny"], nx=s["nx"], beta=s["beta"], ld=s["ld"], mu=s["mu"], nu=s["nu"],
+               forcing_amp=s["forcing_amp"])
+    traj = simulate(sim, rng, s["n_traj"], s["n_frames"], s["dt_save"], s["dt_max"], s["spinup"])
+    if s.get("obs_k"):
+        traj = observe(traj, s["obs_k"])
+    return split_standardise(traj, s["n_val"], s["n_test"])
 
 
 def make_ar2_data(c: dict, rng: np.random.Generator) -> dict:
@@ -124,7 +130,7 @@ def make_ar2_data(c: dict, rng: np.random.Generator) -> dict:
     process z(t+1) = 2 r cos(w) z(t) - r^2 z(t-1) + e(t) (damping ``radius`` r, period 2 pi / w drawn in
     ``period``, white noise e). One frame gives z(t) but not the phase of the oscillation; the frame
     before gives it, so a forecaster that uses the observed history beats one that does not. Same
-    splits and standardisation as ``make_data``."""
+    splits and standardisation as ``make_data`` (``split_standardise``)."""
     ny, nx, T, n = c["ny"], c["nx"], c["n_frames"], c["n_traj"]
     y, x = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
     fields = np.zeros((n, T, 2, ny, nx))
@@ -139,14 +145,7 @@ def make_ar2_data(c: dict, rng: np.random.Generator) -> dict:
             for t in range(2, T + 100):
                 z[:, t] = 2 * r * np.cos(w) * z[:, t - 1] - r * r * z[:, t - 2] + e[:, t]
             fields[:, :, ch] += z[:, 100:, None, None] * pat
-    n_test, n_val = c["n_test"], c["n_val"]
-    train, val, test = fields[: -n_val - n_test], fields[-n_val - n_test: -n_test], fields[-n_test:]
-    mean = train.mean(axis=(0, 1, 3, 4), keepdims=True)[0]
-    std = train.std(axis=(0, 1, 3, 4), keepdims=True)[0]
-    norm = lambda a: ((a - mean) / std).astype(np.float32)  # noqa: E731
-    train, val, test = norm(train), norm(val), norm(test)
-    return {"train": train, "val": val, "test": test, "clim": train.mean(axis=(0, 1)),
-            "mean": mean[0, :, 0, 0], "std": std[0, :, 0, 0]}
+    return split_standardise(fields, c["n_val"], c["n_test"])
 
 
 def observe(traj: np.ndarray, obs_k) -> np.ndarray:
