@@ -16,13 +16,22 @@ stationary process and every test episode is an independent test unit.
 * a stochastic damped oscillator, an AR(2) process with a random period and pole radius r:
   o_t = 2 r cos(2 pi / period) o_{t-1} - r^2 o_{t-2} + eps_t (scaled by its stationary std).
 
-Each of ``n_drivers`` targets y is driven by one driver (a seed-dependent permutation) through one
-coupling law, with observation noise sigma on every channel:
+Each of ``n_drivers`` targets y *echoes* one driver (a seed-dependent permutation) through one
+coupling law at its own lag (drawn per target from ``lags`` = [lo, hi], seed-dependent), with
+observation noise sigma on every channel:
 
-    linear        y_t =  a d_{t - lag}                 (a = 0.9, lag = short_lag)
-    delayed       y_t =  d_{t - long_lag}
+    linear        y_t =  a d_{t - lag}                 (a = 0.9)
+    delayed       y_t =  d_{t - lag}                   (a plain delayed copy)
     sign_flipped  y_t = -d_{t - lag}
-    nonlinear     y_t =  (d_{t - lag}^2 - 1) / sqrt(2)  (frequency doubling; zero mean, unit variance)
+    nonlinear     y_t =  d_{t - lag} |d_{t - lag}| / sqrt(3)  (a signed square: invertible, so the echo
+                                                        keeps the driver's sign; unit variance)
+
+With lags near 40 a short window still holds last cycle of every driver, but only on its echo: a
+lookback L sees d_{t+h-P} on the driver itself when P - h <= L - 1, and on the echo (row
+t + h - P + lag) when P - h - lag <= L - 1 (and P - h - lag >= 0). For P = 90, lags 34-42 and
+L = 58 that is every h <= 48 on the echo and none on the driver; L = 96 sees it on both. So the
+short lookback can reach last cycle only across channels, through the pair (driver, its echo):
+the relation prime attention is built to model (``test_last_cycle_reachable_only_across_channels``).
 
 Channels are ordered [drivers..., targets...]. The (N, N) map of the true law for (query = target
 i, key = source j) is 0 where channel j does not drive channel i: the map the learned pairwise
@@ -77,20 +86,21 @@ def seasonal_ar(rng: np.random.Generator, n_episodes: int, length: int, n: int, 
     return s
 
 
-def draw_system(rng: np.random.Generator, n_drivers: int = 4, short_lag: int = 6, long_lag: int = 72,
-                noise: float = 0.1, season_period: int = 90, season_phi: float = 0.9, season_smooth: int = 5,
+def draw_system(rng: np.random.Generator, n_drivers: int = 4, lags=(34, 42), noise: float = 0.1,
+                season_period: int = 90, season_phi: float = 0.9, season_smooth: int = 5,
                 season_share: float = 0.5, osc_periods=(12.0, 60.0), osc_radius=(0.95, 0.99)) -> dict:
     """Everything that defines one coupled system except the noise realisation."""
     P = rng.uniform(*osc_periods, size=n_drivers)
     r = rng.uniform(*osc_radius, size=n_drivers)
     types = [1 + (k % 4) for k in range(n_drivers)]  # linear, delayed, sign_flipped, nonlinear, ...
     source = rng.permutation(n_drivers)
+    lag = rng.integers(int(lags[0]), int(lags[1]) + 1, size=n_drivers)
     N = 2 * n_drivers
     cmap = np.zeros((N, N), dtype=int)
     for k, (law, s) in enumerate(zip(types, source)):
         cmap[n_drivers + k, s] = law
     return {"a1": 2 * r * np.cos(2 * np.pi / P), "a2": -r ** 2, "types": types, "source": source, "cmap": cmap,
-            "short_lag": int(short_lag), "long_lag": int(long_lag), "noise": float(noise),
+            "lag": [int(x) for x in lag], "noise": float(noise),
             "season_period": int(season_period), "season_phi": float(season_phi),
             "season_smooth": int(season_smooth), "season_share": float(season_share)}
 
@@ -98,28 +108,27 @@ def draw_system(rng: np.random.Generator, n_drivers: int = 4, short_lag: int = 6
 def simulate(system: dict, rng: np.random.Generator, n_episodes: int, length: int) -> np.ndarray:
     """(n_episodes, length, 2 n_drivers) float32 independent realisations of ``system``."""
     n = len(system["a1"])
-    pad = max(system["short_lag"], system["long_lag"])
+    pad = max(system["lag"])
     w = system["season_share"]
     s = seasonal_ar(rng, n_episodes, length + pad, n, system["season_period"], system["season_phi"],
                     system["season_smooth"])
     o = ar2_oscillators(rng, system["a1"], system["a2"], n_episodes, length + pad)
     d = np.sqrt(w) * s + np.sqrt(1 - w) * o
     y = np.zeros((n_episodes, length, n))
-    for k, (law, src) in enumerate(zip(system["types"], system["source"])):
-        lag = system["long_lag"] if LAWS[law] == "delayed" else system["short_lag"]
+    for k, (law, src, lag) in enumerate(zip(system["types"], system["source"], system["lag"])):
         x = d[:, pad - lag: pad - lag + length, src]
         y[:, :, k] = {"linear": 0.9 * x, "delayed": x, "sign_flipped": -x,
-                      "nonlinear": (x ** 2 - 1) / np.sqrt(2)}[LAWS[law]]
+                      "nonlinear": x * np.abs(x) / np.sqrt(3)}[LAWS[law]]
     series = np.concatenate([d[:, pad:], y], axis=2)
     series = series + system["noise"] * rng.standard_normal(series.shape)
     return series.astype(np.float32)
 
 
-def coupled_system(rng: np.random.Generator, length: int, n_drivers: int = 4, short_lag: int = 6,
-                   long_lag: int = 72, noise: float = 0.1, **season) -> tuple[np.ndarray, np.ndarray]:
-    """One (length, 2 n_drivers) series of a freshly drawn system and its (N, N) coupling map."""
-    system = draw_system(rng, n_drivers, short_lag, long_lag, noise, **season)
-    return simulate(system, rng, 1, length)[0], system["cmap"]
+def coupled_system(rng: np.random.Generator, length: int, n_drivers: int = 4, lags=(34, 42), noise: float = 0.1,
+                   **season) -> tuple[np.ndarray, dict]:
+    """One (length, 2 n_drivers) series of a freshly drawn system, and the system."""
+    system = draw_system(rng, n_drivers, lags, noise, **season)
+    return simulate(system, rng, 1, length)[0], system
 
 
 def load_macrodata(folder: Path | str | None) -> tuple[np.ndarray, list[str]]:

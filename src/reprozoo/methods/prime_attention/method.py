@@ -8,16 +8,13 @@ Variants (one training cell = one variant x one seed, covering every dataset x l
   standard_wide  standard attention, width raised until its parameter count matches the prime
                  model's (``matched_width``): an extra row, not the baseline
 
-Stages per (dataset, lookback L, horizon H) and variant: Adam at a constant learning rate on the
-MSE of standardised values, validation
-MSE every ``train.eval_every`` steps, stopped at the first evaluation past ``train.min_steps`` where
-the validation curve is flat by the convergence gate's own test (``reprozoo.claims.plateau``) and
-no new best came in its last 30 % (``stop_here``), or at ``train.max_steps``; the best-validation
-weights are scored on the test windows. The learning rate: one grid (``train.lr_grid``) for every
-variant, run on the dataset's largest (L, H), the rate with the lowest validation MSE kept for the
-dataset's other configs. The rate is constant, so a plateau is one at a learning rate that is
-still up (recorded as the ``lr_<cfg>`` curve for the gate). ``train.per_dataset`` overrides the
-evaluation cadence per dataset (macrodata overfits within ~100 steps).
+Stages per (dataset, lookback L, horizon H) and variant: the platform's training rule
+(``blocks.fitting.fit_to_plateau``, the same for every variant): the learning-rate grid ``fit.lr_grid``
+piloted on validation MSE, the chosen rate held constant until the validation curve passes the gate's
+plateau test, one drop to a tenth and a second plateau; the best-validation weights are scored on the
+test windows. ``fit.per_dataset`` overrides the cadence per dataset (macrodata overfits within ~100
+steps). In the ``standard`` cell the linear references are fitted too (``ridge``: all channels, and
+each channel on its own past), closed form, deterministic given the seed's data.
 
 Test units (``ctx.metrics.units``): on the synthetic system, independent test episodes (one forecast
 origin each, the same episodes for every variant, lookback and horizon); on macrodata, the 12
@@ -26,8 +23,9 @@ channels (MSE over every test window of the channel).
 Metrics (standardised units, so an MSE of 1 is the variance of the channel):
   mse_<ds>_L<L>_H<H>   test MSE of one config        mse_<ds>       mean over the configs (units)
   mse_<ds>_short/long  mean over H at the shorter / longer lookback (units; datasets with two lookbacks)
-  params_/steps_<ds>_L<L>_H<H>  parameter count, steps trained;  lr_chosen_<ds>, lr_grid_val_<ds>
-  val_<ds>_L<L>_H<H>, lr_<ds>_L<L>_H<H>  validation curve and learning rate of the chosen run
+  params_<ds>_L<L>_H<H>  parameter count;  (blocks.fitting.log_fit) val_/lr_<ds>_L<L>_H<H>: validation
+  curve and learning rate of the chosen run, lr_chosen_, steps_, drop_gain_<ds>_L<L>_H<H>
+  mse_ridge_*, mse_ridgeown_* (standard cell only): the linear references, per config and as units
 """
 from __future__ import annotations
 
@@ -40,22 +38,21 @@ from reprozoo.figures import save_figure
 
 VARIANTS = ("prime", "standard", "standard_wide")
 COLORS = {"prime": "tab:red", "standard": "tab:blue", "standard_wide": "tab:cyan"}
-GENERIC_CURVES = {"val_syn_L96_H48": ("training step", "validation MSE (standardised units^2)"),
-                  "val_macro_L25_H8": ("training step", "validation MSE (standardised units^2)"),
-                  "lr_grid_val_syn": ("learning rate", "best validation MSE on the largest (L, H)"),
-                  "lr_grid_val_macro": ("learning rate", "best validation MSE on the largest (L, H)")}
+GENERIC_CURVES = {"val_syn_L96_H24": ("training step", "validation MSE (standardised units^2)"),
+                  "val_macro_L25_H8": ("training step", "validation MSE (standardised units^2)")}
 
 
 # ------------------------------------------------------------------------------------------ data
 
 class Task:
-    """One (dataset, L, H): a training series to sample windows from, validation and test windows,
-    and the per-unit grouping of the test windows (``unit_of``: test window -> unit index, or
-    None for one unit per window)."""
+    """One (dataset, L, H): a training array to sample windows from (rows ``starts`` begin a window
+    that lies wholly inside one training episode), validation and test windows, and the per-unit
+    grouping of the test windows (``unit_axis``: ``window``, one unit per test window, or
+    ``channel``)."""
 
-    def __init__(self, train, L, H, Xva, Yva, Xte, Yte, unit_axis):
+    def __init__(self, train, L, H, Xva, Yva, Xte, Yte, unit_axis, starts=None):
         self.train, self.L, self.H = train, L, H
-        self.tr = D.window_starts(0, len(train), L, H)
+        self.tr = D.window_starts(0, len(train), L, H) if starts is None else np.asarray(starts)
         self.Xva, self.Yva, self.Xte, self.Yte = Xva, Yva, Xte, Yte
         self.unit_axis = unit_axis  # "window" (one unit per test window) or "channel"
         if min(len(self.tr), len(Xva), len(Xte)) == 0:
@@ -66,26 +63,39 @@ class Task:
         err = (pred - self.Yte) ** 2  # (windows, H, N)
         return err.mean(axis=(1, 2)) if self.unit_axis == "window" else err.mean(axis=(0, 1))
 
+    def train_windows(self, starts: np.ndarray):
+        idx = np.asarray(starts)[:, None] + np.arange(self.L + self.H)[None]
+        w = self.train[idx]
+        return w[:, :self.L], w[:, self.L:]
+
+
+SYSTEM_KEYS = ("n_drivers", "lags", "noise", "season_period", "season_phi", "season_smooth", "season_share")
+
 
 def synthetic_tasks(p: dict, rng_of) -> tuple[dict, np.ndarray, dict]:
-    """{(L, H): Task} for the coupled seasonal system, the test episodes and the system."""
+    """{(L, H): Task} for the coupled seasonal system, the test episodes and the system.
+
+    Training: ``train_episodes`` independent episodes of ``train_length`` steps each (windows at
+    every origin inside an episode); validation and test: independent episodes, one forecast origin
+    each (row max L), the same for every variant, lookback and horizon."""
     s, cfg = p["synthetic"], p["configs"]["syn"]
     Ls, Hs = sorted(int(x) for x in cfg["lookbacks"]), sorted(int(x) for x in cfg["horizons"])
-    keys = ("n_drivers", "short_lag", "long_lag", "noise", "season_period", "season_phi", "season_smooth",
-            "season_share")
-    system = D.draw_system(rng_of(11), **{k: s[k] for k in keys})
-    train = D.simulate(system, rng_of(12), 1, int(s["train_length"]))[0]
+    system = D.draw_system(rng_of(11), **{k: s[k] for k in SYSTEM_KEYS})
+    pool = D.simulate(system, rng_of(12), int(s["train_episodes"]), int(s["train_length"]))
     length = max(Ls) + max(Hs)
     val = D.simulate(system, rng_of(13), int(s["val_episodes"]), length)
     test = D.simulate(system, rng_of(14), int(s["test_episodes"]), length)
-    mu, sd = train.mean(0), train.std(0) + 1e-8
-    train, val, test = ((a - mu) / sd for a in (train, val, test))
+    mu, sd = pool.mean((0, 1)), pool.std((0, 1)) + 1e-8
+    pool, val, test = ((a - mu) / sd for a in (pool, val, test))
+    E, T, N = pool.shape
+    flat = np.ascontiguousarray(pool.reshape(E * T, N))
     tasks = {}
     for L in Ls:
         for H in Hs:
+            starts = (np.arange(E)[:, None] * T + D.window_starts(0, T, L, H)[None]).ravel()
             Xva, Yva = D.episode_windows(val, max(Ls), L, H)
             Xte, Yte = D.episode_windows(test, max(Ls), L, H)
-            tasks[(L, H)] = Task(train, L, H, Xva, Yva, Xte, Yte, "window")
+            tasks[(L, H)] = Task(flat, L, H, Xva, Yva, Xte, Yte, "window", starts)
     return tasks, test, system
 
 
@@ -104,57 +114,55 @@ def macro_tasks(p: dict, folder) -> dict:
     return tasks
 
 
+# ------------------------------------------------------------------------------------- reference
+
+def ridge(task: Task, alphas, n_fit: int, rng: np.random.Generator, own: bool = False) -> dict:
+    """Ridge regression of the H future values on the L past values (standardised units, an intercept,
+    no per-window normalisation), closed form on up to ``n_fit`` training windows, the penalty
+    ``alpha`` chosen on the validation windows. ``own=False``: all H x N futures on all L x N pasts,
+    the linear reference that reads every channel at every lag (so it uses the echoes, and the
+    nonlinear echo only linearly). ``own=True``: each channel on its own past alone (one ridge per
+    channel, the same penalty for all): the univariate reference a trained forecaster must beat."""
+    starts = task.tr if len(task.tr) <= n_fit else rng.choice(task.tr, n_fit, replace=False)
+    X, Y = task.train_windows(starts)
+    n, L, N = X.shape
+    H = Y.shape[1]
+
+    def feats(x):  # (groups, windows, features + 1)
+        x = np.asarray(x, np.float64)
+        x = x.transpose(2, 0, 1) if own else x.reshape(1, len(x), -1)
+        return np.concatenate([x, np.ones(x.shape[:2] + (1,))], axis=2)
+
+    def targ(y):
+        y = np.asarray(y, np.float64)
+        return y.transpose(2, 0, 1) if own else y.reshape(1, len(y), -1)
+
+    A, B = feats(X), targ(Y)
+    G, R = A.transpose(0, 2, 1) @ A / n, A.transpose(0, 2, 1) @ B / n
+    eye = np.eye(G.shape[1])
+    eye[-1, -1] = 0.0  # no penalty on the intercept
+    Fva, Tva, best = feats(task.Xva), targ(task.Yva), None
+    for a in alphas:
+        W = np.linalg.solve(G + float(a) * eye, R)
+        v = float(((Fva @ W - Tva) ** 2).mean())
+        if best is None or v < best[0]:
+            best = (v, float(a), W)
+    v, a, W = best
+    P = feats(task.Xte) @ W  # (groups, windows, outputs)
+    pred = (P.transpose(1, 2, 0) if own else P[0].reshape(len(task.Xte), H, N)).astype(np.float32)
+    return {"alpha": a, "val": v, "pred": pred, "units": task.unit_mse(pred)}
+
+
 # ------------------------------------------------------------------------------------- training
 
-def fit(task: Task, model, lr: float, tp: dict, seed: int, torch):
-    """Adam at a constant ``lr`` until :func:`stop_here` (past ``min_steps``) or ``max_steps``;
-    returns (best val MSE, best state, steps, vals, stopped_flat)."""
-    from reprozoo.claims import plateau
+def fit_and_score(task: Task, variant: str, mp: dict, fp: dict, seed: int, label: str, progress=print,
+                  norm: bool = True) -> dict:
+    """One (task, variant) by the platform's rule (``blocks.fitting.fit_to_plateau``: the learning-rate
+    grid piloted on validation MSE, the chosen rate to a plateau, one drop, a second plateau; the same
+    for every variant), the best-validation weights scored on the test windows."""
+    import torch
 
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    xz = torch.from_numpy(task.train)
-    Xva, Yva = torch.from_numpy(task.Xva), torch.from_numpy(task.Yva)
-    g = np.random.default_rng(seed)
-    L, H = task.L, task.H
-    max_steps, min_steps = int(tp["max_steps"]), int(tp["min_steps"])
-    every, bs = int(tp["eval_every"]), int(tp["batch"])
-    xs, vals, best, best_state, flat = [], [], np.inf, None, False
-    ar = torch.arange(L + H)[None]
-    for step in range(1, max_steps + 1):
-        b = torch.from_numpy(task.tr[g.integers(0, len(task.tr), bs)])
-        w = xz[b[:, None] + ar]
-        loss = ((model(w[:, :L]) - w[:, L:]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % every == 0 or step == max_steps:
-            model.eval()
-            with torch.no_grad():
-                v = float(((model(Xva) - Yva) ** 2).mean())
-            model.train()
-            xs.append(step)
-            vals.append(v)
-            if v < best:
-                best, best_state = v, {k: t.clone() for k, t in model.state_dict().items()}
-            if step >= min_steps and stop_here(xs, vals, plateau):
-                flat = True
-                break
-    return best, best_state, xs, vals, flat
-
-
-def stop_here(xs, vals, plateau, tail: float = 0.3) -> bool:
-    """Stop where the validation curve is flat by the convergence gate's own test (``plateau``)
-    *and* its best value lies before the last ``tail`` of training (no new best there): a slow
-    phase that the slope test alone calls flat, while the best keeps creeping down, goes on."""
-    if not plateau(xs, vals, tail=tail):
-        return False
-    start = xs[0] + (1 - tail) * (xs[-1] - xs[0])
-    return xs[int(np.argmin(vals))] < start
-
-
-def fit_and_score(task: Task, variant: str, mp: dict, tp: dict, seed: int, torch, lrs) -> dict:
-    """One (task, variant) at every learning rate of ``lrs``: the best-validation run, scored on the
-    test windows (``grid_vals``: the best validation MSE at each rate)."""
+    from ...blocks.fitting import fit_to_plateau
     from .model import build, matched_width, n_params
 
     N = task.train.shape[1]
@@ -163,33 +171,52 @@ def fit_and_score(task: Task, variant: str, mp: dict, tp: dict, seed: int, torch
     if variant == "standard_wide":
         (dim, d_ff), _, _ = matched_width(N, task.L, task.H, int(mp["dim"]), int(mp["n_heads"]),
                                           int(mp["n_layers"]), float(mp["ff_mult"]), rank)
-    runs = []
-    for lr in lrs:
-        torch.manual_seed(seed)
-        model = build(N, task.L, task.H, dim, int(mp["n_heads"]), int(mp["n_layers"]), float(mp["ff_mult"]),
-                      variant == "prime", rank, d_ff=d_ff)
-        best, state, xs, vals, flat = fit(task, model, lr, tp, seed, torch)
-        runs.append({"lr": lr, "val": best, "state": state, "xs": xs, "vals": vals, "flat": flat, "model": model})
-    run = min(runs, key=lambda r: r["val"])
-    model = run["model"]
-    model.load_state_dict(run["state"])
+    xz = torch.from_numpy(task.train)
+    tr = torch.from_numpy(np.asarray(task.tr, dtype=np.int64))
+    Xva, Yva = torch.from_numpy(task.Xva), torch.from_numpy(task.Yva)
+    ar = torch.arange(task.L + task.H)[None]
+    L, bs = task.L, int(fp["batch"])
+
+    def make(gen):
+        torch.manual_seed(seed)  # the same initial weights for every rate
+        return build(N, task.L, task.H, dim, int(mp["n_heads"]), int(mp["n_layers"]), float(mp["ff_mult"]),
+                     variant == "prime", rank, d_ff=d_ff, norm=norm)
+
+    def train_loss(model, gen):
+        b = tr[torch.randint(len(tr), (bs,), generator=gen)]
+        w = xz[b[:, None] + ar]
+        return ((model(w[:, :L]) - w[:, L:]) ** 2).mean()
+
+    def val_loss(model):
+        with torch.no_grad():
+            return float(((model(Xva) - Yva) ** 2).mean())
+
+    fit = {k: v for k, v in fp.items() if k != "batch"}
+    model, rec = fit_to_plateau(make, train_loss, val_loss, fit, seed, label=label, progress=progress)
     model.eval()
     with torch.no_grad():
         pred = model(torch.from_numpy(task.Xte)).numpy()
-    run.update(pred=pred, units=task.unit_mse(pred), params=n_params(model),
-               grid_vals=[r["val"] for r in runs])
-    return run
+    rec.update(model=model, pred=pred, units=task.unit_mse(pred), params=n_params(model))
+    return rec
+
+
+def window_norm(mp: dict, ds: str) -> bool:
+    """iTransformer's per-window normalisation on dataset ``ds`` (``model.norm``: a bool or {ds: bool})."""
+    norm = mp.get("norm", True)
+    return bool(norm.get(ds, True) if isinstance(norm, dict) else norm)
 
 
 def train(ctx):
     import torch
 
+    from ...blocks.fitting import log_fit
+
     torch.set_num_threads(max(1, ctx.threads))
     p = ctx.params
     mp = p["model"]
     for ds in p["datasets"]:
-        tp = {k: v for k, v in p["train"].items() if k != "per_dataset"}
-        tp.update((p["train"].get("per_dataset") or {}).get(ds) or {})
+        fp = {k: v for k, v in p["fit"].items() if k != "per_dataset"}
+        fp.update((p["fit"].get("per_dataset") or {}).get(ds) or {})
         if ds == "syn":
             tasks, test, system = synthetic_tasks(p, ctx.rng)
         elif ds == "macro":
@@ -201,36 +228,40 @@ def train(ctx):
             raise KeyError(f"unknown dataset '{ds}' (known: syn, macro)")
         Ls = sorted({L for L, _ in tasks})
         Hs = sorted({H for _, H in tasks})
-        # the learning rate: the grid on the largest (L, H), chosen on validation, then kept for the
-        # dataset's other configs (the same protocol for every variant)
-        order = sorted(tasks, key=lambda k: (k != (max(Ls), max(Hs)), k))
-        units, lr_ds = {}, None
-        for (L, H) in order:
+        units, ridge_units = {}, {}
+        for (L, H) in sorted(tasks):
             task = tasks[(L, H)]
-            t0 = time.perf_counter()
-            lrs = [float(x) for x in tp["lr_grid"]] if lr_ds is None else [lr_ds]
-            run = fit_and_score(task, ctx.variant, mp, tp, ctx.seed * 7919 + L * 31 + H, torch, lrs)
-            if lr_ds is None:
-                lr_ds = run["lr"]
-                ctx.metrics.scalar(f"lr_chosen_{ds}", lr_ds)
-                ctx.metrics.curve(f"lr_grid_val_{ds}", lrs, run["grid_vals"])
-            units[(L, H)] = run["units"]
             tag = f"{ds}_L{L}_H{H}"
+            t0 = time.perf_counter()
+            # one learning-rate grid, piloted on validation, for every model (blocks.fitting)
+            run = fit_and_score(task, ctx.variant, mp, fp, ctx.seed * 7919 + L * 31 + H, tag, ctx.progress,
+                                norm=window_norm(mp, ds))
+            units[(L, H)] = run["units"]
             ctx.metrics.scalar(f"mse_{tag}", float(run["units"].mean()))
             ctx.metrics.scalar(f"params_{tag}", run["params"])
-            ctx.metrics.scalar(f"steps_{tag}", run["xs"][-1])
-            ctx.metrics.curve(f"val_{tag}", run["xs"], run["vals"])
-            ctx.metrics.curve(f"lr_{tag}", run["xs"], [run["lr"]] * len(run["xs"]))
+            log_fit(ctx.metrics, tag, run)
             ctx.progress(f"{tag}: test MSE {run['units'].mean():.4f}, {run['params']} params, lr {run['lr']:g} "
-                         f"(val {', '.join(f'{v:.4f}' for v in run['grid_vals'])}), stopped at step {run['xs'][-1]} "
-                         f"({'flat' if run['flat'] else 'max_steps'}), best val at step "
-                         f"{run['xs'][int(np.argmin(run['vals']))]}, {time.perf_counter() - t0:.1f}s")
+                         f"(pilots {', '.join(f'{k:g}: {v:.4f}' for k, v in run['pilot_best'].items())}), "
+                         f"{run['stop']} steps ({'plateau' if run['plateau'] else 'max_steps'}), "
+                         f"{time.perf_counter() - t0:.1f}s")
+            if ctx.variant == "standard":
+                # the linear references (closed form, deterministic given the seed's data): recorded once,
+                # in the baseline's cell, where the preconditions read them
+                for name, own in (("ridge", False), ("ridgeown", True)):
+                    r = ridge(task, p["ridge"]["alphas"], int(p["ridge"]["n_fit"]), ctx.rng(20 + L + H), own=own)
+                    ridge_units.setdefault(name, {})[(L, H)] = r["units"]
+                    ctx.metrics.scalar(f"mse_{name}_{tag}", float(r["units"].mean()))
+                    ctx.metrics.scalar(f"{name}_alpha_{tag}", r["alpha"])
+                    ctx.progress(f"{tag}: {name} test MSE {r['units'].mean():.4f} (alpha {r['alpha']:g})")
             if ds == "syn" and (L, H) == (max(Ls), min(Hs)):
                 _syn_extras(ctx, run, system, task, L, H)
-        ctx.metrics.units(f"mse_{ds}", np.mean([units[k] for k in sorted(units)], axis=0))
-        if len(Ls) > 1:
-            ctx.metrics.units(f"mse_{ds}_short", np.mean([units[(min(Ls), H)] for H in Hs], axis=0))
-            ctx.metrics.units(f"mse_{ds}_long", np.mean([units[(max(Ls), H)] for H in Hs], axis=0))
+        for name, u in [("mse", units)] + [(f"mse_{k}", u) for k, u in ridge_units.items()]:
+            if not u:
+                continue
+            ctx.metrics.units(f"{name}_{ds}", np.mean([u[k] for k in sorted(u)], axis=0))
+            if len(Ls) > 1:
+                ctx.metrics.units(f"{name}_{ds}_short", np.mean([u[(min(Ls), H)] for H in Hs], axis=0))
+                ctx.metrics.units(f"{name}_{ds}_long", np.mean([u[(max(Ls), H)] for H in Hs], axis=0))
 
 
 def _syn_extras(ctx, run, system, task, L, H):
@@ -247,6 +278,7 @@ def _syn_extras(ctx, run, system, task, L, H):
     ctx.metrics.curve("example_context", range(-L, 0), task.Xte[0, :, ch])
     ctx.metrics.curve("example_truth", range(H), task.Yte[0, :, ch])
     ctx.metrics.curve("example_pred", range(H), run["pred"][0, :, ch])
+    ctx.metrics.curve("lag_of_target", range(len(system["lag"])), system["lag"])
     ctx.metrics.scalar("example_channel", ch)
 
 
@@ -267,27 +299,40 @@ def plot(table, plots_dir, params: dict) -> None:
     dss = list(params["datasets"])
     titles = {"syn": "coupled seasonal system (test: independent episodes)", "macro": "statsmodels macrodata"}
 
-    # 1) test MSE per horizon and lookback, mean +- std over seeds, every seed as a dot
+    # 1) test MSE per horizon (or per lookback, with one horizon), mean +- std over seeds, every seed as a dot
     fig, axes = plt.subplots(1, len(dss), figsize=(5.4 * len(dss), 3.9), squeeze=False)
     for ax, ds in zip(axes[0], dss):
         cfg = params["configs"][ds]
         Ls, Hs = sorted(cfg["lookbacks"]), sorted(cfg["horizons"])
-        for k, L in enumerate(Ls):
+        by_lookback = len(Hs) == 1 and len(Ls) > 1  # one horizon: the lookback on the x axis
+        if by_lookback:
+            series = [("", Ls, [f"{{}}_{ds}_L{L}_H{Hs[0]}" for L in Ls], "-")]
+        else:
+            series = [(f", L={L}", Hs, [f"{{}}_{ds}_L{L}_H{H}" for H in Hs], "--" if k == 0 and len(Ls) > 1 else "-")
+                      for k, L in enumerate(Ls)]
+        for suffix, xs, names, ls in series:
             for v in variants:
-                m = [_vals(table, f"mse_{ds}_L{L}_H{H}", v) for H in Hs]
+                m = [_vals(table, n.format("mse"), v) for n in names]
                 if any(len(a) == 0 for a in m):
                     continue
                 mean = np.array([a.mean() for a in m])
                 sd = np.array([a.std(ddof=1) if len(a) > 1 else 0.0 for a in m])
-                ls = "--" if k == 0 and len(Ls) > 1 else "-"
-                ax.plot(Hs, mean, ls, marker="o", color=COLORS[v], label=f"{v}, L={L}")
-                ax.fill_between(Hs, mean - sd, mean + sd, color=COLORS[v], alpha=0.12)
-                for H, a in zip(Hs, m):
-                    ax.plot(np.full(len(a), H), a, ".", color=COLORS[v], ms=3, alpha=0.6)
-        ax.set_xticks(Hs)
-        ax.set_xlabel("horizon H (time steps)" if ds == "syn" else "horizon H (quarters)")
+                ax.plot(xs, mean, ls, marker="o", color=COLORS[v], label=f"{v}{suffix}")
+                ax.fill_between(xs, mean - sd, mean + sd, color=COLORS[v], alpha=0.12)
+                for x, a in zip(xs, m):
+                    ax.plot(np.full(len(a), x), a, ".", color=COLORS[v], ms=3, alpha=0.6)
+            for ref, color in (("ridge", "0.2"), ("ridgeown", "0.6")):  # the linear references
+                m = [_vals(table, n.format(f"mse_{ref}"), "standard") for n in names]
+                if any(len(a) == 0 for a in m):
+                    continue
+                ax.plot(xs, [a.mean() for a in m], ls, marker="s", ms=4, color=color,
+                        label=f"{ref} ({'all channels' if ref == 'ridge' else 'own channel'}){suffix}")
+        unit = "time steps" if ds == "syn" else "quarters"
+        ax.set_xticks(Ls if by_lookback else Hs)
+        ax.set_xlabel(f"lookback L ({unit}; horizon {Hs[0]})" if by_lookback else f"horizon H ({unit})")
         ax.set_ylabel("test MSE (standardised units^2)")
-        ax.set_title(titles.get(ds, ds) + ("; dashed: short lookback" if len(Ls) > 1 else ""), fontsize=9)
+        ax.set_title(titles.get(ds, ds) + ("; dashed: short lookback" if len(Ls) > 1 and not by_lookback else ""),
+                     fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6.5)
     fig.suptitle("Does prime attention forecast better than standard attention of the same width, and does it "

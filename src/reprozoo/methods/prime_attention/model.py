@@ -105,14 +105,20 @@ class ChannelTokenForecaster(nn.Module):
     """x (B, L, N) -> forecast (B, H, N)."""
 
     def __init__(self, n_channels, lookback, horizon, dim, n_heads, n_layers, d_ff, prime,
-                 filter_rank=None, dropout=0.0):
+                 filter_rank=None, dropout=0.0, norm: bool = True):
         super().__init__()
+        self.norm = bool(norm)
         self.embed = nn.Linear(lookback, dim)
         self.layers = nn.ModuleList(EncoderLayer(n_channels, dim, n_heads, d_ff, prime, filter_rank, dropout)
                                     for _ in range(n_layers))
         self.head = nn.Linear(dim, horizon)
 
     def forward(self, x):
+        if not self.norm:  # stationary, already standardised series: the window's mean is noise, not level
+            e = self.embed(x.transpose(1, 2))
+            for layer in self.layers:
+                e = layer(e)
+            return self.head(e).transpose(1, 2)
         mu = x.mean(1, keepdim=True)
         sd = (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
         e = self.embed(((x - mu) / sd).transpose(1, 2))  # (B, N, d)
@@ -135,11 +141,12 @@ def n_params(model: nn.Module) -> int:
 
 
 def build(n_channels, lookback, horizon, dim, n_heads, n_layers, ff_mult, prime, filter_rank=None,
-          d_ff: int | None = None, dropout: float = 0.0):
-    """The forecaster; FFN width ``d_ff`` (default ff_mult * dim)."""
+          d_ff: int | None = None, dropout: float = 0.0, norm: bool = True):
+    """The forecaster; FFN width ``d_ff`` (default ff_mult * dim); ``norm``: iTransformer's per-window
+    normalisation (``use_norm``)."""
     return ChannelTokenForecaster(n_channels, lookback, horizon, dim, n_heads, n_layers,
                                   int(d_ff) if d_ff is not None else int(ff_mult * dim), prime, filter_rank,
-                                  dropout)
+                                  dropout, norm)
 
 
 def matched_width(n_channels, lookback, horizon, prime_dim, n_heads, n_layers, ff_mult, filter_rank=None,
