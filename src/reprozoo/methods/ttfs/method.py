@@ -1,22 +1,25 @@
-"""TTFS framework in miniature: the ablation plain -> +init -> +norm -> +decoder.
+"""TTFS framework in miniature: the ablation plain -> +init -> +norm -> +decoder, in a 4-layer network.
 
 Variants (one cell = one variant x seed, trained on both datasets with the same rule):
 
-    plain      PyTorch default init, no normalisation, final-potential decoder, avg pooling
-    init       + the closed-form TTFS init (ttfs_net.ttfs_init_moments)
-    init_norm  + weight normalisation with learnable affine (ttfs_net.WNConv2d)
-    full       + the temporal-weighting output decoder: the paper's framework (avg pooling)
+    plain          PyTorch default init, no normalisation, final-potential readout, avg pooling
+    init           + the closed-form TTFS init (ttfs_net.ttfs_init_moments)
+    init_norm      + weight normalisation with learnable affine (ttfs_net.WNConv2d)
+    full           + the temporal-weighting output decoder: the paper's framework (avg pooling)
+    plain_shallow  plain at 2 layers: the reference of the precondition "depth slows plain"
 
+Every readout has one learnable output gain, and the temporal decoder is rescaled at construction
+so that its initial logit scale equals the final-potential readout's (scale-neutral readouts).
 Max pooling is no variant: that it breaks the single-spike rule holds by construction (a test).
 
 Stages: train_shared (per seed) draws the digits split and the procedural glyph set, so every
-variant sees the same images; train fits the SNN with Adam (cross-entropy, constant learning rate
-chosen per variant from one grid on validation by ``lr_sweep.py``), validates every
-``eval_every`` steps and stops at a plateau of the validation loss by the convergence gate's own
-test (between ``min_steps`` and ``max_steps``, the same for all). On the test split it records
-accuracy and mean first-spike latency per example (units of the claims), firing fractions, spikes
-per neuron, the spikes of the sending units (max per unit, fraction above one), synaptic
-operations per example, and one example's raster.
+variant sees the same images; train fits every variant by the shared rule
+``blocks.fitting.fit_to_plateau`` (one learning-rate grid piloted on this seed's validation loss,
+the best rate constant until the validation loss is flat at ``fit.flat_tol``, one drop to a tenth,
+flat again). On the test split it records accuracy, three latencies per example (first-spike time
+over the firing neurons, over all neurons with silent ones at T, and the output decision time),
+firing fractions, spikes per neuron, the spikes of the sending units (max per unit, fraction above
+one), synaptic operations per example, and one example's raster.
 """
 from __future__ import annotations
 
@@ -24,16 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ...claims import tail_fit
 from . import data as D
-
-PLATEAU_TOL = 0.02  # the convergence gate's tolerance (spec: convergence)
 
 VARIANTS = {
     "plain": dict(init="default", norm=False, decoder="final", pool="avg"),
     "init": dict(init="ttfs", norm=False, decoder="final", pool="avg"),
     "init_norm": dict(init="ttfs", norm=True, decoder="final", pool="avg"),
     "full": dict(init="ttfs", norm=True, decoder="temporal", pool="avg"),
+    # the precondition's reference: plain at the shallow depth of the earlier miniature (2 layers)
+    "plain_shallow": dict(init="default", norm=False, decoder="final", pool="avg", shallow=True),
 }
 
 # curves drawn generically (the raster and histograms are drawn by plot())
@@ -72,21 +74,18 @@ def _fan_outs(net) -> list[int]:
     return [c.out_channels * 9 for c in convs] + [net.fc.out_features]
 
 
-def lr_for(params: dict, variant: str, name: str) -> float:
-    """The (constant) learning rate of ``variant`` on data set ``name``: ``lr_by_variant[variant][name]``
-    when the config fixes it (chosen by ``lr_sweep.py`` from ``lr_grid`` on seed 0's validation
-    split, the same grid for every variant), else the scalar ``lr``."""
-    chosen = (params.get("lr_by_variant") or {}).get(variant, {})
-    return float(chosen.get(name, params["lr"])) if isinstance(chosen, dict) else float(chosen)
+def fit_config(params: dict) -> dict:
+    """The shared training rule's keys (``blocks.fitting.fit_to_plateau``): ``params["fit"]``."""
+    return dict(params["fit"])
 
 
-def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: int, metrics, progress,
-                    lr: float | None = None) -> None:
+def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: int, metrics, progress) -> None:
     import torch
     import torch.nn.functional as F
 
+    from ...blocks.fitting import fit_to_plateau
     from ...blocks.spiking import first_spike_time, synaptic_ops
-    from .ttfs_net import TTFSNet, spike_statistics
+    from .ttfs_net import TTFSNet, decision_time, spike_statistics, temporal_step_weights
 
     torch.manual_seed(seed)
     device = params.get("device", "cpu")  # `paper`: cuda
@@ -94,62 +93,63 @@ def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: 
     xtr, ytr = t["x_train"], t["y_train"]
     T = int(params["T"])
     p_in = float((xtr > 0).float().mean())  # fraction of input pixels that fire (for the init)
-    net = TTFSNet(tuple(xtr.shape[1:]), tuple(params["channels"]), 10, T, p_in=p_in,
-                  kappa=params["kappa"], rho=params["rho"], surrogate_alpha=params["surrogate_alpha"], **options).to(device)
-    with torch.no_grad():  # signal at initialisation: does the last hidden layer fire at all?
-        st0 = spike_statistics(net(xtr[:256]), T)
-    metrics.scalar(f"fire_frac_last_init_{name}", st0["fire_frac_last"])
-    peak = float(params["lr"]) if lr is None else float(lr)
-    opt = torch.optim.Adam(net.parameters(), lr=peak)  # constant rate: the plateau is shown at the peak rate
-    bs = int(params["batch"])
-    per_epoch = len(xtr) // bs
-    every, min_steps, max_steps = int(params["eval_every"]), int(params["min_steps"]), int(params["max_steps"])
-    gen = torch.Generator().manual_seed(seed)
+    options = dict(options)
+    if options.pop("shallow", False):
+        channels, pool_after = params["channels_shallow"], params.get("pool_after_shallow")
+    else:
+        channels, pool_after = params["channels"], params.get("pool_after")
+    fit = fit_config(params)
+    fit["select"], fit["stop_on"] = "loss", ["loss"]  # stop and keep on the validation loss
+    calib = {}
 
-    def validate():
-        net.eval()
+    def build(gen):
+        # the same initial weights for every rate of the grid (the generator is seeded with the seed)
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        net = TTFSNet(tuple(xtr.shape[1:]), tuple(channels), 10, T, p_in=p_in, kappa=params["kappa"],
+                      rho=params["rho"], surrogate_alpha=params["surrogate_alpha"], pool_after=pool_after,
+                      **options).to(device)
+        calib["k"] = net.calibrate_decoder(xtr[:256])  # scale-neutral readout (1 for the final decoder)
+        return net
+
+    bs = int(params["batch"])
+
+    def train_loss(net, gen):
+        idx = torch.randint(0, len(xtr), (bs,), generator=gen).to(device)
+        return F.cross_entropy(net(xtr[idx])["logits"], ytr[idx])
+
+    def val_loss(net):
         with torch.no_grad():
             lg = net(t["x_val"])["logits"]
-        net.train()
-        return float(F.cross_entropy(lg, t["y_val"])), float((lg.argmax(1) == t["y_val"]).float().mean())
+        return {"loss": float(F.cross_entropy(lg, t["y_val"])), "acc": float((lg.argmax(1) == t["y_val"]).float().mean())}
 
-    steps, val_loss, val_acc, train_loss, lrs = [], [], [], [], []
-    perm, pos, run, nrun, flat = None, per_epoch, 0.0, 0, 0
-    net.train()
-    for step in range(1, max_steps + 1):
-        if pos >= per_epoch:
-            perm, pos = torch.randperm(len(xtr), generator=gen).to(device), 0
-        idx = perm[pos * bs:(pos + 1) * bs]
-        pos += 1
-        loss = F.cross_entropy(net(xtr[idx])["logits"], ytr[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run, nrun = run + float(loss.detach()), nrun + 1
-        if step % every == 0 or step == max_steps:
-            vl, va = validate()
-            steps.append(step)
-            val_loss.append(vl)
-            val_acc.append(va)
-            train_loss.append(run / nrun)
-            lrs.append(peak)
-            run, nrun = 0.0, 0
-            # stop at a plateau by the gate's own test, seen at two evaluations in a row
-            fit = tail_fit(steps, val_loss, "min", min_points=int(params.get("min_tail_points", 6)))
-            flat = flat + 1 if step >= min_steps and fit["improvement"] <= PLATEAU_TOL else 0
-            if flat >= 2:
-                break
-    progress(f"{name}: lr {peak:g}, {steps[-1]} steps, val acc {val_acc[-1]:.3f}, val loss {val_loss[-1]:.3f}")
-    metrics.curve(f"val_loss_{name}", steps, val_loss)
-    metrics.curve(f"val_acc_{name}", steps, val_acc)
-    metrics.curve(f"train_loss_{name}", steps, train_loss)
-    metrics.curve(f"lr_{name}", steps, lrs)
-    metrics.scalar(f"lr_peak_{name}", peak)
-    metrics.scalar(f"steps_{name}", steps[-1])
-    # training speed: mean validation accuracy over the evaluations of the first min_steps, a window
-    # every variant trains through (early stopping cannot lengthen or shorten it)
-    metrics.scalar(f"mean_val_acc_{name}", float(np.mean([a for s_, a in zip(steps, val_acc) if s_ <= min_steps])))
-    metrics.scalar(f"train_loss_{name}", train_loss[-1])
+    net0 = build(torch.Generator().manual_seed(seed))
+    with torch.no_grad():  # signal at initialisation: does the last hidden layer fire at all?
+        st0 = spike_statistics(net0(xtr[:256]), T)
+        lg0 = net0(xtr[:256])["logits"]
+    metrics.scalar(f"fire_frac_last_init_{name}", st0["fire_frac_last"])
+    metrics.scalar(f"logit_std_init_{name}", float(lg0.std()))
+    metrics.scalar(f"decoder_scale_{name}", calib["k"])
+    net, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed, label=name, progress=progress)
+    steps, vl, va = rec["steps"], rec["curves"]["loss"], rec["curves"]["acc"]
+    progress(f"{name}: lr {rec['lr']:g}, {rec['stop']} steps, best val loss {min(vl):.3f}, "
+             f"val acc at the kept weights {va[int(np.argmin(vl))]:.3f}")
+    metrics.curve(f"val_loss_{name}", steps, vl)
+    metrics.curve(f"val_acc_{name}", steps, va)
+    metrics.curve(f"lr_{name}", steps, rec["lrs"])
+    metrics.scalar(f"lr_peak_{name}", float(rec["lr"]))
+    metrics.scalar(f"steps_{name}", float(rec["stop"]))
+    if rec.get("drop_gain") is not None:
+        metrics.scalar(f"drop_gain_{name}", float(rec["drop_gain"]))
+    losses = np.asarray(rec["losses"], float)
+    k = int(fit["eval_every"])
+    metrics.curve(f"train_loss_{name}", list(range(k, len(losses) + 1, k)),
+                  [float(losses[i - k:i].mean()) for i in range(k, len(losses) + 1, k)])
+    # training speed: mean validation accuracy over the evaluations up to the fixed ``speed_window``
+    # (a config key outside the training budget, below min_steps: every fit trains through it)
+    window = int(params["speed_window"])
+    metrics.scalar(f"mean_val_acc_{name}", float(np.mean([a for s_, a in zip(steps, va) if s_ <= window])))
+    # stability: spread of the training loss over the speed window's minibatches (per seed)
+    metrics.scalar(f"train_loss_spread_{name}", float(np.std(np.diff(losses[:window]))))
 
     net.eval()
     with torch.no_grad():
@@ -161,8 +161,17 @@ def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: 
     hidden = torch.cat([s.flatten(2) for s in out["spikes"]], dim=2)  # (T, B, N)
     tf = first_spike_time(hidden)
     fired = tf < T
+    # first-spike latency per example, three readings: over the neurons that fire (confounded by how
+    # many fire), with silent neurons counted as T, and the output decision time (the earliest step
+    # from which the partial readout's argmax stays at the final prediction)
     per_ex = torch.where(fired.any(1), (tf * fired).sum(1) / fired.sum(1).clamp(min=1), torch.tensor(float(T)))
-    metrics.units(f"latency_{name}", per_ex.tolist())
+    metrics.units(f"latency_fired_{name}", per_ex.tolist())
+    metrics.units(f"latency_all_{name}", tf.mean(1).tolist())
+    metrics.units(f"decision_{name}", decision_time(out["partial"]).tolist())
+    # diagnostic: the decision time of the same trained network read through the temporal decoder's
+    # step weights (for `full` its own readout): how much of a decision-time gain is the readout alone
+    w_tw = temporal_step_weights(T).view(T, 1, 1)
+    metrics.units(f"decision_tw_{name}", decision_time(torch.cumsum(w_tw * out["current"], 0)).tolist())
     st = spike_statistics(out, T)
     for k in ("fire_frac", "fire_frac_last", "spikes_per_neuron", "max_spikes_per_unit", "frac_multi_spike"):
         metrics.scalar(f"{k}_{name}", st[k])
@@ -193,8 +202,7 @@ def train(ctx) -> None:
                 arrays = {k: z[k] for k in z.files}
         else:  # a cell run on its own: the same deterministic draw as train_shared
             arrays = _load_dataset(name, ctx.params, ctx.rng(i))
-        fit_and_measure(name, arrays, VARIANTS[ctx.variant], ctx.params, ctx.seed, ctx.metrics, ctx.progress,
-                        lr=lr_for(ctx.params, ctx.variant, name))
+        fit_and_measure(name, arrays, VARIANTS[ctx.variant], ctx.params, ctx.seed, ctx.metrics, ctx.progress)
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:

@@ -40,7 +40,7 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
             ax.scatter(tt.value.values, u.value.values, s=4, marker="|", color="k")
         ax.set_xlim(-0.5, T - 0.5)
         ax.set_xlabel("time step t")
-        ax.set_ylabel("unit index (hidden IF neurons, layer 1 then 2)")
+        ax.set_ylabel("unit index (hidden IF neurons, layer 1 first)")
         ax.set_title(f"When does each neuron fire for one {ds} test example? (full, seed {seed0})", fontsize=9)
         save_figure(fig, plots_dir / f"raster_{ds}.png", dpi=110)
         # latency histogram, decoder vs none
@@ -51,9 +51,11 @@ def draw_all(table, plots_dir: Path, params: dict) -> None:
             if sub.empty:
                 continue
             g = sub.groupby("x").value
-            lat = table[(table.metric == f"latency_{ds}") & (table.variant == v)].value
+            lat = table[(table.metric == f"latency_all_{ds}") & (table.variant == v)].value
+            dec = table[(table.metric == f"decision_{ds}") & (table.variant == v)].value
             ax.bar(g.mean().index + (k - 0.5) * w, g.mean().values, w, yerr=g.std().fillna(0).values,
-                   label=f"{lab}: mean {lat.mean():.2f} steps", alpha=0.8)
+                   label=f"{lab}: mean latency (silent = T) {lat.mean():.2f}, decision time {dec.mean():.2f} steps",
+                   alpha=0.8)
         ax.set_xlabel("first-spike time of hidden neurons (time steps)")
         ax.set_ylabel("fraction of first spikes (test set, mean ± std over seeds)")
         ax.set_title(f"Does the temporal decoder make neurons fire earlier? ({ds})", fontsize=10)

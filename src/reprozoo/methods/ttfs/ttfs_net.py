@@ -5,9 +5,13 @@ x in (0, 1] fires once at t = round((1 - x)(T - 1)), x = 0 never. Each hidden la
 
     I^l_t = W^l * a^{l-1}_t (+ b^l)          (conv, weights shared over time)
     v^l_t = v^l_{t-1} + I^l_t,   s^l_t = H(v^l_t - θ) while not yet fired   (blocks.spiking.if_single_spike)
-    a^l_t = pool(s^l_t)                      (2x2 average or max pooling, per step)
+    a^l_t = pool(s^l_t)                      (2x2 average or max pooling, per step, after the
+                                              layers named in ``pool_after``; else a^l_t = s^l_t)
 
-and the output is a non-spiking integrator U_t = Σ_{t'<=t} (W^o a^L_{t'} + b^o). θ = 1.
+and the output is a non-spiking integrator of the currents c_t = W^o a^L_t + b^o,
+U_t = Σ_{t'<=t} c_{t'}. θ = 1. Every readout is logits = g Σ_τ W_τ c_τ with one learnable gain g
+(started at 1, in every variant) and step weights W_τ set by the decoder; the partial readout at
+step t is the same sum over τ <= t (its argmax gives the output decision time).
 
 The ingredients (variants switch them on one at a time; see the method's README):
 
@@ -32,8 +36,13 @@ The ingredients (variants switch them on one at a time; see the method's README)
   that fall linearly over time, w_t = (T - t) / Σ_s (T - s), on the output potential U_t. A hidden
   spike at step τ enters U_t for every t >= τ, so it weighs Σ_{t>=τ} w_t = (T - τ)(T - τ + 1) /
   (T (T + 1)): evidence that arrives early counts (quadratically) more, and the gradient rewards
-  firing early. The baseline decoder reads the final potential U_{T-1}, where the timing of a
-  spike before the end does not matter.
+  firing early. The baseline decoder reads the final potential U_{T-1} (W_τ = 1), where the timing
+  of a spike before the end does not matter. The linear form is ours (the paper's exact weights
+  could not be read offline). Because the W_τ are below 1, the raw decoder would start at a lower
+  logit scale than the final potential (a temperature effect, not a decoding one); so
+  ``calibrate_decoder`` multiplies them by one constant, at construction, that makes the initial
+  logit standard deviation equal to the final-potential readout's of the same network, and the
+  gain g then learns the temperature in every variant alike.
 * **pool** (``pool="avg"`` vs ``"max"``): average pooling is linear, so it merges into the next
   layer's synapses and each IF neuron still sends one spike. Max pooling per step emits a spike
   at every step at which any neuron of its window fires, up to 4 spikes from one pooled unit:
@@ -108,20 +117,29 @@ def temporal_weights(T: int) -> torch.Tensor:
     return w / w.sum()
 
 
+def temporal_step_weights(T: int) -> torch.Tensor:
+    """The temporal decoder's weight on the output current of step τ: W_τ = Σ_{t>=τ} w_t =
+    (T - τ)(T - τ + 1)/(T (T + 1)) (before the calibration constant)."""
+    return torch.flip(torch.cumsum(torch.flip(temporal_weights(T), [0]), 0), [0])
+
+
 class TTFSNet(nn.Module):
-    """conv3x3-IF-pool2 blocks, then a non-spiking linear integrator (see module docstring)."""
+    """conv3x3-IF blocks, 2x2 pooling after the layers named in ``pool_after`` (default: after every
+    layer), then a non-spiking linear integrator and the decoder (see module docstring)."""
 
     def __init__(self, in_shape=(1, 8, 8), channels=(8, 16), n_classes: int = 10, T: int = 8,
                  init: str = "default", norm: bool = False, decoder: str = "final", pool: str = "avg",
-                 p_in: float = 0.5, kappa: float = 1.0, rho: float = 1.0, surrogate_alpha: float = 2.0):
+                 p_in: float = 0.5, kappa: float = 1.0, rho: float = 1.0, surrogate_alpha: float = 2.0,
+                 pool_after=None):
         super().__init__()
         if init not in ("default", "ttfs") or decoder not in ("final", "temporal") or pool not in ("avg", "max"):
             raise ValueError(f"unknown option: init={init!r}, decoder={decoder!r}, pool={pool!r}")
         self.T, self.decoder, self.pool, self.surrogate = T, decoder, pool, arctan(surrogate_alpha)
+        self.pool_after = set(range(len(channels)) if pool_after is None else (int(i) for i in pool_after))
         c_prev, hw = in_shape[0], in_shape[1]
         self.convs = nn.ModuleList()
         m1 = m2 = p_in  # a TTFS input spike: a in {0, 1}
-        for c in channels:
+        for i, c in enumerate(channels):
             conv = nn.Conv2d(c_prev, c, 3, padding=1)
             if init == "ttfs":
                 mu, sd = ttfs_init_moments(c_prev * 9, m1, m2, kappa, rho)
@@ -130,37 +148,79 @@ class TTFSNet(nn.Module):
                     if conv.bias is not None:
                         conv.bias.zero_()
             self.convs.append(WNConv2d(conv) if norm else conv)
-            m1, m2 = pooled_moments(0.5, pool)  # κ = 1: half the neurons fire by T
-            c_prev, hw = c, hw // 2
+            if i in self.pool_after:  # κ = 1: half the neurons fire by T
+                m1, m2 = pooled_moments(0.5, pool)
+                hw //= 2
+            else:
+                m1 = m2 = 0.5
+            c_prev = c
         self.fc = nn.Linear(c_prev * hw * hw, n_classes)
         if init == "ttfs":
             with torch.no_grad():
                 self.fc.weight.normal_(0.0, 1.0 / math.sqrt(self.fc.in_features * m2))
                 self.fc.bias.zero_()
+        # the readout's weight on the output current of step τ (1 for the final potential; the
+        # temporal decoder's W_τ times a calibration constant, see ``calibrate_decoder``)
+        w = torch.ones(T) if decoder == "final" else temporal_step_weights(T)
+        self.register_buffer("step_weight", w)
+        # one learnable output gain (temperature) for every variant, started at 1
+        self.gain = nn.Parameter(torch.ones(()))
+
+    @torch.no_grad()
+    def calibrate_decoder(self, x: torch.Tensor) -> float:
+        """Scale-neutral readout: rescale the temporal decoder's step weights by one constant so that
+        the logits' standard deviation over the batch ``x`` equals that of the final-potential readout
+        of the same network (at initialisation: both decoders then start at the same temperature).
+        A no-op for the final-potential decoder. Returns the constant."""
+        if self.decoder == "final":
+            return 1.0
+        c = self.currents(x)
+        ref = float(c.sum(0).std())
+        got = float((self.step_weight.view(-1, 1, 1) * c).sum(0).std())
+        k = ref / got if got > 0 and ref > 0 else 1.0
+        self.step_weight.mul_(k)
+        return k
+
+    def currents(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-step output currents c_τ = W^o a^L_τ + b^o, (T, B, K)."""
+        return self(x)["current"]
 
     def forward(self, x: torch.Tensor) -> dict:
-        """x: images (B, C, H, W) in [0, 1]. Returns logits, output potentials U (T, B, K), the IF
-        spikes of each layer (T, B, C, H, W), the pooled signals sent on (T, B, C, H/2, W/2) and the
-        sending units' spikes (the IF spikes with average pooling, the pooled spikes with max)."""
+        """x: images (B, C, H, W) in [0, 1]. Returns logits, output potentials U (T, B, K), the
+        per-step output currents, the partial readouts (T, B, K: the logits from the currents up to
+        step t, whose last entry is the logits), the IF spikes of each layer (T, B, C, H, W), the
+        signals sent on (T, B, C, H', W') and the sending units' spikes (the IF spikes with average
+        pooling or none, the pooled spikes with max)."""
         a = encode(x, self.T)
-        spikes, sent = [a], []
-        for conv in self.convs:
+        spikes, sent, senders = [a], [], []
+        for i, conv in enumerate(self.convs):
             T, B = a.shape[:2]
             cur = conv(a.flatten(0, 1)).unflatten(0, (T, B))
             s, _ = if_single_spike(cur, THETA, self.surrogate)
-            pool = F.avg_pool2d if self.pool == "avg" else F.max_pool2d
-            a = pool(s.flatten(0, 1), 2).unflatten(0, (T, B))
+            if i in self.pool_after:
+                pool = F.avg_pool2d if self.pool == "avg" else F.max_pool2d
+                a = pool(s.flatten(0, 1), 2).unflatten(0, (T, B))
+            else:
+                a = s
             spikes.append(s)
             sent.append(a)
+            senders.append(a if (i in self.pool_after and self.pool == "max") else s)
         T, B = a.shape[:2]
-        U = torch.cumsum(self.fc(a.flatten(2)), dim=0)  # (T, B, K)
-        if self.decoder == "final":
-            logits = U[-1]
-        else:
-            logits = (temporal_weights(T).to(U).view(T, 1, 1) * U).sum(0)
-        senders = spikes[1:] if self.pool == "avg" else sent  # whose spikes reach the next layer
-        return {"logits": logits, "U": U, "spikes": spikes[1:], "input": spikes[0], "sent": sent,
-                "senders": senders}
+        c = self.fc(a.flatten(2))  # (T, B, K) output current per step
+        U = torch.cumsum(c, dim=0)
+        partial = self.gain * torch.cumsum(self.step_weight.view(T, 1, 1) * c, dim=0)
+        return {"logits": partial[-1], "U": U, "current": c, "partial": partial, "spikes": spikes[1:],
+                "input": spikes[0], "sent": sent, "senders": senders}
+
+
+def decision_time(partial: torch.Tensor) -> torch.Tensor:
+    """Output decision time per example: the earliest step t from which on the argmax of the partial
+    readout equals the final prediction (at every step t' >= t). partial: (T, B, K) -> (B,) in 0..T-1."""
+    T = partial.shape[0]
+    agree = partial.argmax(2) == partial[-1].argmax(1).unsqueeze(0)  # (T, B)
+    # last step at which it disagrees, + 1 (0 where it always agrees)
+    t = torch.arange(1, T + 1, device=partial.device).view(T, 1)
+    return torch.where(agree, torch.zeros_like(t), t).max(0).values.float()
 
 
 @torch.no_grad()
