@@ -121,6 +121,22 @@ def test_st_asg_search_picks_the_papers_argmin_sgv_and_argmax_tgc(shape):
     assert sur.history and sur.history[-1][1] == chosen
 
 
+def test_st_asg_grid_top_end_follows_beta_max():
+    assert STAdaptive(1, 4).grid.numpy() == pytest.approx([0.5 * 2 ** (k / 4) for k in range(-8, 7)])
+    for top in (0.7071, 1.0, 1.4142, 2.0):
+        g = STAdaptive(1, 4, beta_max=top).grid
+        assert float(g.min()) == pytest.approx(0.125) and float(g.max()) == pytest.approx(top, rel=1e-3)
+
+
+def test_make_surrogate_reads_the_config_entry_and_ignores_the_width_sweep():
+    from reprozoo.methods.a2sg.surrogates import make_surrogate
+
+    s = make_surrogate({"kind": "fixed_window", "shape": "asy", "beta": 1.0, "h": 0.5, "width_grid": [0.5, 1.0]}, 2, 4)
+    assert isinstance(s, FixedWindow) and s.widths() == [[1.0] * 4] * 2
+    a = make_surrogate({"kind": "st_asg", "shape": "tri", "beta_max": 2.0}, 2, 4)
+    assert isinstance(a, STAdaptive) and float(a.grid.max()) == pytest.approx(2.0)
+
+
 def test_st_asg_search_keeps_the_start_width_where_no_gradient_arrives():
     sur = STAdaptive(1, 2, shape="tri", beta0=0.5, beta_grid=[0.25, 0.5, 1.0])
     zeros = [torch.zeros(10), torch.zeros(10)]
@@ -173,6 +189,10 @@ def test_sops_per_sample_sum_to_the_block_count():
     assert sum(ev["sops_units"]) == pytest.approx(total, rel=1e-6)
     assert len(ev["sops_units"]) == len(ev["correct"]) == 20
     assert ev["acc"] == pytest.approx(np.mean(ev["correct"]))
+    # energy per sample: layer 1's MACs (T x C1 x k x L, C_in = 1) at 4.6 pJ + every SOP at 0.9 pJ
+    macs = 4 * m.conv1.out_channels * m.conv1.kernel_size[0] * 40
+    assert ev["macs_l1"] == macs
+    assert ev["energy_units"] == pytest.approx([4.6 * macs + 0.9 * s for s in ev["sops_units"]], rel=1e-6)
 
 
 def test_per_step_gradients_sum_to_the_full_gradient():

@@ -1,7 +1,7 @@
-"""A2SG in miniature: one LIF CNN (T = 4) on procedural MNIST-1D, seven surrogate variants.
+"""A2SG in miniature: one LIF CNN (T = 4) on procedural MNIST-1D, ten surrogate variants.
 
-Variants (same network, data, steps, optimiser, learning-rate grid, batch order and
-initialisation per seed; only the backward pass of the spike differs):
+Variants (same network, data, optimiser, learning-rate grid, batch order and initialisation per
+seed; only the backward pass of the spike differs):
 
 * ``a2sg``: the paper's rule, ST-ASG (β per layer and time step: min SGV at the final step,
   max TGC before it, re-chosen every ``update_every`` steps) with the asymmetric ASY window.
@@ -9,22 +9,23 @@ initialisation per seed; only the backward pass of the spike differs):
 * ``asy_fixed``: ablation, the ASY window at the paper's fixed β = 0.5 (asymmetric only).
 * ``tri_fixed``: baseline, TRI at β = 0.5 (neither): with the three above, a 2 x 2 factorial
   {fixed, adaptive} x {symmetric, asymmetric}.
+* ``tri_fixed_max`` / ``asy_fixed_max``: the fixed windows at the top of the adaptive grid
+  (β = 1.414), where the search mostly lands: width without adaptivity (controls).
+* ``tri_width_best`` / ``asy_width_best``: the fixed window at the best width of one sweep
+  (``width_grid``), chosen jointly with the rate on the same validation pilots: adaptivity
+  against the best fixed width, not against β = 0.5 alone.
 * ``rectangular`` (BOX, width 2β = 1) and ``arctan`` (α = 2): fixed symmetric baselines.
-* ``guess_membrane``: our earlier guess at "adaptive" (window from the membrane spread, two-sided
-  asymmetric triangle), kept as an ablation row and read by no claim.
 
-Training (the same grid and rule for every variant), batches of ``batch`` samples, validation
-every ``eval_every`` steps. Phase 1: Adam at each rate of ``lr_grid`` for ``phase1`` steps; the
-rate with the lowest validation loss over the last 30 % of phase 1 goes on (successive halving of
-the grid). Phase 2: that run at ``lr_drop`` x its rate (0.25, well above the convergence gate's
-floor of 0.1) until its validation accuracy, the convergence curve, is on a plateau by the gate's
-own test (``claims.plateau``) over a tail wholly in phase 2 with no new best for ``patience``
-evaluations, or until ``max_steps``.
+Training: the shared rule, ``reprozoo.blocks.fitting.fit_to_plateau``, on the validation
+cross-entropy (rate pilots, plateau, one rate drop, second plateau, best-validation weights); the
+ST-ASG search runs inside the training loss (before the backward pass of a due step).
 
-Records (each variant and seed): test accuracy and SOPs as per-sample units (``acc``, ``sops``),
-sharpness, weight-gradient cross-step cosine, the paper's SGV / CV / TGC of the local gradients,
-firing rates, the validation curves, the learning rate, the chosen β per layer and step (adaptive
-variants), and the CPU time (the β search included).
+Records (each variant and seed): test accuracy, SOPs and energy as per-sample units (``acc``,
+``sops``, ``energy_pj``), sharpness, weight-gradient cross-step cosine, the paper's SGV / CV / TGC
+of the local gradients (and, for the fixed windows, both shapes' CV on the same trained weights),
+firing rates, the validation curves, the learning rate and its place in the grid (``lr_edge``), the
+chosen β per layer and step and how often the search chose an end of its grid (``beta_edge_frac``),
+and the CPU time (the β search included).
 """
 from __future__ import annotations
 
@@ -45,137 +46,141 @@ def train_shared(ctx) -> None:
     np.savez(ctx.outdir / "mnist1d.npz", **D.split(x, y, p["n_train"], p["n_val"], p["n_test"]))
 
 
-def _tail_mean(xs, ys, tail: float = 0.3) -> float:
-    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
-    start = xs[0] + (1 - tail) * (xs[-1] - xs[0])
-    return float(ys[xs >= start].mean())
+def _fit_one(ctx, t: dict, variant_cfg: dict, fit: dict, label: str, lr_grid=None):
+    """One variant's surrogate trained by the shared rule (``blocks.fitting.fit_to_plateau``) on the
+    validation cross-entropy. ``variant_cfg`` is its ``surrogates`` entry (a width sweep's entry
+    with ``beta`` set to one width). Returns (model, record); ``model.sur`` is its surrogate."""
+    import torch
+    import torch.nn.functional as F
 
+    from ...blocks.fitting import fit_to_plateau
+    from .measures import loss_acc
+    from .snn import SpikingCNN
+    from .surrogates import STAdaptive, make_surrogate
 
-class _Run:
-    """One training run at one learning rate, continued in phases (see ``train``)."""
+    p, net = ctx.params, ctx.params["net"]
+    n, batch = len(t["y_train"]), int(fit["batch"])
+    dev = t["y_train"].device
 
-    def __init__(self, ctx, t: dict, lr: float):
-        import torch
-
-        from .snn import SpikingCNN
-        from .surrogates import STAdaptive, make_surrogate
-
-        p, net = ctx.params, ctx.params["net"]
-        self.ctx, self.t, self.lr = ctx, t, lr
+    def build(gen):
         torch.manual_seed(ctx.seed * 7919 + 1)      # identical initialisation for every variant and rate
-        self.model = SpikingCNN(1, t["x_train"].shape[-1], channels=tuple(net["channels"]), kernel=net["kernel"],
-                                T=net["T"], beta=net["beta"], threshold=net["threshold"]).to(t["y_train"].device)
-        self.sur = make_surrogate(ctx.variant, len(net["channels"]), net["T"], p)
-        self.adaptive = isinstance(self.sur, STAdaptive)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.gen = torch.Generator().manual_seed(ctx.seed * 104729 + 1)   # identical batch order
-        self.step = 0
-        self.xs, self.val_loss, self.val_acc, self.lrs = [], [], [], []
-        self.search_s = 0.0
-        self.evaluate()
+        model = SpikingCNN(1, t["x_train"].shape[-1], channels=tuple(net["channels"]), kernel=net["kernel"],
+                           T=net["T"], beta=net["beta"], threshold=net["threshold"]).to(dev)
+        model.sur = make_surrogate(variant_cfg, len(net["channels"]), net["T"])
+        model.n_step, model.search_s = 0, 0.0
+        return model
 
-    def evaluate(self) -> None:
-        from .measures import loss_acc
+    def train_loss(model, gen):
+        sur = model.sur
+        model.train()
+        sur.training = True
+        sur.progress = model.n_step / fit["max_steps"]
+        idx = torch.randint(n, (batch,), generator=gen).to(dev)   # gen: the same batch order for every run
+        adaptive = isinstance(sur, STAdaptive)
+        trace: dict | None = {} if adaptive and sur.due(model.n_step) else None
+        loss = F.cross_entropy(model(t["x_train"][idx], sur, trace=trace), t["y_train"][idx])
+        if trace is not None:                      # ST-ASG: choose the windows on this batch's graph
+            t0 = time.process_time()
+            sur.search(loss, trace, leak=net["beta"], threshold=net["threshold"], step=model.n_step)
+            model.search_s += time.process_time() - t0
+        model.n_step += 1
+        return loss
 
-        self.sur.training = False
-        vl, va = loss_acc(self.model, self.sur, self.t["x_val"], self.t["y_val"])
-        self.xs.append(self.step)
-        self.val_loss.append(vl)
-        self.val_acc.append(va)
-        self.lrs.append(self.opt.param_groups[0]["lr"])
+    def val_loss(model):
+        model.sur.training = False
+        vl, va = loss_acc(model, model.sur, t["x_val"], t["y_val"])
+        return {"loss": vl, "acc": va}
 
-    def set_lr(self, lr: float) -> None:
-        for g in self.opt.param_groups:
-            g["lr"] = lr
+    cfg = dict(fit)
+    if lr_grid is not None:
+        cfg["lr_grid"] = list(lr_grid)
+    return fit_to_plateau(build, train_loss, val_loss, cfg, ctx.seed, label=label, progress=ctx.progress)
 
-    def train_until(self, last: int, stop=None) -> None:
-        """Train to step ``last``, evaluating every ``eval_every`` steps; ``stop(run)`` after an
-        evaluation ends the phase early."""
-        import torch
-        import torch.nn.functional as F
 
-        net, tr, t = self.ctx.params["net"], self.ctx.params["train"], self.t
-        n = len(t["y_train"])
-        while self.step < last:
-            self.model.train()
-            self.sur.training = True
-            self.sur.progress = self.step / tr["max_steps"]
-            idx = torch.randint(n, (tr["batch"],), generator=self.gen).to(t["y_train"].device)
-            trace: dict | None = {} if self.adaptive and self.sur.due(self.step) else None
-            loss = F.cross_entropy(self.model(t["x_train"][idx], self.sur, trace=trace), t["y_train"][idx])
-            if trace is not None:                  # ST-ASG: choose the windows on this batch's graph
-                t0 = time.process_time()
-                self.sur.search(loss, trace, leak=net["beta"], threshold=net["threshold"], step=self.step)
-                self.search_s += time.process_time() - t0
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            self.step += 1
-            if self.step % tr["eval_every"] == 0 or self.step == last:
-                self.evaluate()
-                if stop is not None and stop(self):
-                    break
-        self.sur.training = False
-
-    def tail(self) -> float:
-        return _tail_mean(self.xs, self.val_loss)
+def _pilot_width(ctx, t: dict, sweep_cfg: dict, fit: dict):
+    """Width sweep (``*_width_best``): every (width, rate) pair of ``width_grid`` x ``lr_grid``
+    piloted for ``pilot_steps`` exactly as the shared rule pilots its rates (the same build,
+    batches and validation; scored by the mean of the second half of the validation losses, the
+    rule's ``pilot_score: tail``); the pair with the lowest score goes on. Returns (width, rate,
+    scores)."""
+    scores = {}
+    pilot = {**fit, "max_steps": fit["pilot_steps"], "min_steps": fit["pilot_steps"], "lr_drop": 0}
+    for w in sweep_cfg["width_grid"]:
+        cfg = {k: v for k, v in sweep_cfg.items() if k != "width_grid"}
+        cfg["beta"] = float(w)
+        for lr in fit["lr_grid"]:
+            _, rec = _fit_one(ctx, t, cfg, pilot, label=f"pilot width {float(w):g}", lr_grid=[lr])
+            scores[(float(w), float(lr))] = float(np.mean(rec["vals"][len(rec["vals"]) // 2:]))
+    (w, lr), _ = min(scores.items(), key=lambda kv: kv[1])
+    return w, lr, scores
 
 
 def train(ctx) -> None:
     import torch
 
-    from ...claims import plateau, tail_fit
-    from .measures import evaluate, gradient_cosine, local_gradient_stats, local_gradients, per_step_gradients, sharpness
-    from .surrogates import STAdaptive
+    from ...blocks.fitting import log_fit
+    from ...claims import tail_fit
+    from .measures import (evaluate, gradient_cosine, local_gradient_stats, local_gradients, per_step_gradients,
+                           sharpness)
+    from .surrogates import STAdaptive, make_surrogate
 
     torch.set_num_threads(max(1, ctx.threads))
     t0 = time.process_time()
-    p, net, tr = ctx.params, ctx.params["net"], ctx.params["train"]
+    p, net, fit = ctx.params, ctx.params["net"], ctx.params["fit"]
     with np.load(Path(ctx.shared_dir) / "mnist1d.npz") as arrays:
         t = {k: torch.from_numpy(arrays[k]).to(p.get("device", "cpu")) for k in arrays.files}
     m = ctx.metrics
-    # phase 1: every rate of the grid at a constant rate for ``phase1`` steps; the rate with the
-    # lowest validation loss over the last 30 % of phase 1 goes on (successive halving of the grid)
-    runs = [_Run(ctx, t, float(lr)) for lr in tr["lr_grid"]]
-    for i, run in enumerate(runs):
-        run.train_until(tr["phase1"])
-        m.scalar(f"val_tail_lr{i}", run.tail())
-        ctx.progress(f"lr {run.lr:g}: validation loss over the last 30 % of phase 1 {run.tail():.4f}")
-    best = min(runs, key=lambda r: r.tail())
-    m.curve("val_loss_grid", [r.lr for r in runs], [r.tail() for r in runs])
-    m.scalar("lr_chosen", best.lr)
-    # phase 2: the chosen run at lr_drop x lr until its validation accuracy (the convergence
-    # curve) is on a plateau by the gate's own test (claims.plateau) over a tail that lies wholly
-    # in phase 2 and has made no new best for ``patience`` evaluations, or until max_steps
-    earliest = int(np.ceil(tr["phase1"] / 0.7))
-
-    def stop(r) -> bool:
-        since_best = len(r.val_acc) - 1 - int(np.argmax(r.val_acc))
-        return r.step >= earliest and since_best >= tr["patience"] and plateau(r.xs, r.val_acc, mode="max")
-
-    best.set_lr(best.lr * tr["lr_drop"])
-    best.train_until(tr["max_steps"], stop=stop)
-    model, sur = best.model, best.sur
-    m.scalar("steps_trained", best.step)
-    m.scalar("val_loss_tail_improvement", tail_fit(best.xs, best.val_loss)["improvement"])
-    m.curve("val_loss", best.xs, best.val_loss)
-    m.curve("val_acc", best.xs, best.val_acc)
-    m.curve("lr", best.xs, best.lrs)
+    vcfg = dict(p["surrogates"][ctx.variant])
+    grid = sorted(float(x) for x in fit["lr_grid"])
+    if "width_grid" in vcfg:
+        # the best fixed width of a small sweep, chosen jointly with the rate on the pilots' validation
+        # loss (the same sweep for TRI and ASY); then the shared rule at that pair
+        width, lr, scores = _pilot_width(ctx, t, vcfg, fit)
+        widths = sorted(float(w) for w in vcfg["width_grid"])
+        m.scalar("width_chosen", width)
+        m.scalar("width_edge", 1.0 if width == widths[-1] else -1.0 if width == widths[0] else 0.0)
+        for (w, r), s in scores.items():
+            m.scalar(f"pilot_w{w:g}_lr{r:g}", s)
+        vcfg = {k: v for k, v in vcfg.items() if k != "width_grid"}
+        vcfg["beta"] = width
+        model, rec = _fit_one(ctx, t, vcfg, fit, label=ctx.variant, lr_grid=[lr])
+    else:
+        model, rec = _fit_one(ctx, t, vcfg, fit, label=ctx.variant)
+        lr = float(rec["lr"])
+        for r, s in rec["pilot_best"].items():     # each rate's pilot score (validation loss, 2nd half)
+            m.scalar(f"pilot_lr{r:g}", s)
+    sur = model.sur
+    # the rate's position in the grid: +1 top, -1 bottom, 0 inside (the grid brackets it)
+    m.scalar("lr_edge", 1.0 if lr == grid[-1] else -1.0 if lr == grid[0] else 0.0)
+    log_fit(m, "model", rec)
+    m.scalar("lr_chosen", lr)
+    m.scalar("steps_trained", float(rec["stop"]))
+    m.scalar("plateau_reached", float(bool(rec["plateau"])))
+    m.scalar("val_loss_tail_improvement", tail_fit(rec["steps"], rec["vals"])["improvement"])
+    m.curve("val_acc", rec["steps"], rec["curves"]["acc"])
 
     ev = evaluate(model, sur, t["x_test"], t["y_test"])
     m.units("acc", ev["correct"])                  # per test sample: 1 correct, 0 wrong
     m.units("sops", ev["sops_units"])              # per test sample: synaptic operations
-    for k in ("loss", "fr_l1", "fr_l2", "fr"):
+    m.units("energy_pj", ev["energy_units"])       # per test sample: 4.6 pJ / MAC (layer 1) + 0.9 pJ / AC
+    for k in ("loss", "fr_l1", "fr_l2", "fr", "macs_l1"):
         m.scalar(k, ev[k])
     for l in (1, 2):
         m.curve(f"fr_l{l}_t", range(1, net["T"] + 1), ev[f"fr_l{l}_t"])
-    cb, nb = tr["cos_batch"], tr["cos_batches"]
+    cb, nb = fit["cos_batch"], fit["cos_batches"]
     xt, yt = t["x_test"], t["y_test"]
     m.scalar("grad_cos", float(np.mean([gradient_cosine(per_step_gradients(model, sur, xt[i:i + cb], yt[i:i + cb]))
                                         for i in range(0, cb * nb, cb)])))
     stats = [local_gradient_stats(local_gradients(model, sur, xt[i:i + cb], yt[i:i + cb])) for i in range(0, cb * nb, cb)]
     for k in ("sgv", "cv", "tgc"):
         m.scalar(k, float(np.nanmean([s[k] for s in stats])))
+    if vcfg.get("kind") == "fixed_window":
+        # Theorem 4.2 paired: both shapes' local gradients on the SAME trained weights, at this width
+        for shape in ("tri", "asy"):
+            other = make_surrogate({**vcfg, "shape": shape}, len(net["channels"]), net["T"])
+            st = [local_gradient_stats(local_gradients(model, other, xt[i:i + cb], yt[i:i + cb]))
+                  for i in range(0, cb * nb, cb)]
+            m.scalar(f"cv_{shape}_same", float(np.nanmean([s["cv"] for s in st])))
     sh = p["sharpness"]
     m.scalar("sharp", sharpness(model, sur, t["x_train"][:sh["n"]], t["y_train"][:sh["n"]], sh["rho"], sh["dirs"],
                                 torch.Generator().manual_seed(ctx.seed * 31 + 1)))
@@ -187,9 +192,16 @@ def train(ctx) -> None:
         steps = [s for s, _ in sur.history]
         for l in range(len(net["channels"])):
             m.curve(f"window_mean_l{l + 1}", steps, [float(np.mean(w[l])) for _, w in sur.history])
-        m.scalar("search_cpu_seconds", sum(r.search_s for r in runs))
+        # how often the search chose an end of its grid (every layer, step and search of the chosen run):
+        # a search pinned at an edge says the range, not the objective, chose the window
+        lo, hi = float(sur.grid.min()), float(sur.grid.max())
+        chosen = np.array([b for _, w in sur.history for row in w for b in row])
+        m.scalar("beta_edge_frac", float(np.mean(np.isclose(chosen, lo) | np.isclose(chosen, hi))))
+        m.scalar("beta_top_frac", float(np.mean(np.isclose(chosen, hi))))
+        m.scalar("beta_bottom_frac", float(np.mean(np.isclose(chosen, lo))))
+        m.scalar("search_cpu_seconds", float(model.search_s))
     m.scalar("cpu_seconds", time.process_time() - t0)
-    ctx.progress(f"lr {best.lr:g}, {best.step} steps: acc {ev['acc']:.3f} sops {ev['sops']:.0f} sharp {m.scalars['sharp']:.4f} "
+    ctx.progress(f"lr {lr:g}, {rec['stop']} steps: acc {ev['acc']:.4f} sops {ev['sops']:.0f} sharp {m.scalars['sharp']:.4f} "
                  f"cos {m.scalars['grad_cos']:.3f} tgc {m.scalars['tgc']:.3f} cv {m.scalars['cv']:.3f}")
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 from reprozoo.figures import save_figure
 
-ORDER = ["a2sg", "st_asg_tri", "asy_fixed", "tri_fixed", "rectangular", "arctan", "guess_membrane"]
+ORDER = ["a2sg", "st_asg_tri", "asy_fixed", "tri_fixed", "asy_width_best", "tri_width_best", "asy_fixed_max",
+         "tri_fixed_max", "rectangular", "arctan"]
 
 
 def _variants(table):
@@ -111,18 +112,19 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     plots_dir = Path(plots_dir)
     _shapes(table, params, plots_dir / "surrogate_shapes.png")
     _bars(table, [("acc", "test accuracy (fraction, 2000 samples at smoke)"),
-                  ("sops", "synaptic operations per test sample")],
+                  ("sops", "synaptic operations per test sample"),
+                  ("energy_pj", "energy per test sample (pJ; 4.6 pJ/MAC layer 1, 0.9 pJ/AC)")],
           "Is A2SG more accurate, and does it need fewer synaptic operations?", plots_dir / "bar_accuracy_sops.png")
     _bars(table, [("sharp", "sharpness: loss rise under ρ-relative weight noise (nats)"),
                   ("grad_cos", "mean cosine between per-time-step weight gradients"),
                   ("cv", "CV of the local gradient ∂L/∂v at the final step")],
           "Flatter minima, aligned time steps, lower gradient variation?", plots_dir / "bar_sharp_cos_cv.png")
     _firing_per_step(table, plots_dir / "firing_rate_per_step.png")
-    curve_plot(table, "val_acc", plots_dir / "curve_val_acc.png", xlabel="training step",
-               ylabel="validation accuracy (the convergence curve)",
+    curve_plot(table, "val_model", plots_dir / "curve_val_loss.png", xlabel="training step",
+               ylabel="validation cross-entropy (nats; the convergence curve)",
                title="Has every variant converged? (chosen learning rate)")
-    curve_plot(table, "val_loss", plots_dir / "curve_val_loss.png", xlabel="training step",
-               ylabel="validation cross-entropy (nats)", title="Validation loss (chosen learning rate)")
+    curve_plot(table, "val_acc", plots_dir / "curve_val_acc.png", xlabel="training step",
+               ylabel="validation accuracy", title="Validation accuracy (chosen learning rate)")
     for layer in (1, 2):
         curve_plot(table, f"window_mean_l{layer}", plots_dir / f"curve_window_mean_l{layer}.png",
                    xlabel="training step", ylabel="mean β over time steps",

@@ -39,6 +39,8 @@ training, with the block's two-sided asymmetric triangle (area 1) of above/below
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...blocks.spiking import SURROGATES, asymmetric
@@ -110,9 +112,12 @@ class STAdaptive(FixedWindow):
     the same graph takes effect at once (the search itself relies on this for the lower layers)."""
 
     def __init__(self, n_layers: int, T: int, shape: str = "asy", beta0: float = 0.5, h: float = 0.5,
-                 beta_grid=None, update_every: int = 12):
+                 beta_grid=None, update_every: int = 12, beta_max: float | None = None):
         super().__init__(n_layers, T, shape, beta0, h)
-        grid = beta_grid if beta_grid is not None else [0.5 * 2 ** (k / 4) for k in range(-8, 7)]
+        # default grid 0.5 * 2^(k/4), k = -8..6 (0.125 to 1.414); ``beta_max`` moves its top end
+        # (the paper does not publish its range: the pilots sweep it)
+        k_max = 6 if beta_max is None else int(round(4 * math.log2(float(beta_max) / 0.5)))
+        grid = beta_grid if beta_grid is not None else [0.5 * 2 ** (k / 4) for k in range(-8, k_max + 1)]
         self.grid = torch.tensor(sorted(float(b) for b in grid))
         self.update_every = int(update_every)
         self.beta_default = float(beta0)
@@ -214,9 +219,10 @@ class LibrarySurrogate:
         return self.g
 
 
-def make_surrogate(variant: str, n_layers: int, T: int, p: dict):
-    """The surrogate provider of a variant; hyper-parameters from the config's ``surrogates``."""
-    cfg = dict(p["surrogates"][variant])
+def make_surrogate(cfg: dict, n_layers: int, T: int):
+    """The surrogate provider of a config's ``surrogates`` entry (``kind`` and its hyper-parameters;
+    a width sweep's ``width_grid`` is read by the training loop, not here)."""
+    cfg = {k: v for k, v in cfg.items() if k != "width_grid"}
     kind = cfg.pop("kind")
     if kind == "st_asg":
         return STAdaptive(n_layers, T, **cfg)
