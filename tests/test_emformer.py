@@ -426,7 +426,8 @@ def test_ar2_positive_control_field_is_not_markov_and_forecastable():
     p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/smoke.yaml").read_text())
     c = {**p["planted"], "n_traj": 12, "n_val": 2, "n_test": 4, "n_frames": 60}
     data = make_ar2_data(c, np.random.default_rng(0))
-    assert data["train"].shape == (6, 60, 2, 16, 32) and data["test"].shape == (4, 60, 2, 16, 32)
+    shape = (60, 2, c["ny"], c["nx"])
+    assert data["train"].shape == (6, *shape) and data["test"].shape == (4, *shape)
     assert abs(float(data["train"].std()) - 1.0) < 0.05
     g = lookback_gain(data, (2, 3))
     assert g.min() > 0.3
@@ -457,3 +458,106 @@ def test_trained_placebo_finetune_attends_to_another_samples_context(monkeypatch
     seen.clear()
     finetune(net, CL(2), p, data, True, 0, progress=lambda *_: None)
     assert seen and set(seen) == {0}
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_context_opening_frames_skip_only_discarded_work(depth):
+    """The observed frames that open the context run only up to their keys/values (``kv_only``): the
+    forecast and every gradient are bitwise those of running the whole network on them and discarding
+    its output (the committed path until af91adb), real and placebo context."""
+    torch.manual_seed(depth)
+    net = EMFormerNet(dim=8, depth=depth, heads=2)
+    for p in net.head.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    for b in net.blocks:
+        torch.nn.init.normal_(b.ctx_proj, std=0.3)
+        torch.nn.init.normal_(b.age, std=0.3)
+    x, h = torch.randn(3, 2, 32, 64), torch.randn(3, 2, 2, 32, 64)
+    full = EMFormerNet.forward
+
+    def run(shift, whole):
+        net.zero_grad()
+        if whole:
+            net.forward = lambda x, c=None, kv_only=False: full(net, x, c)
+        try:
+            r = rollout(net, x, 3, 2, history=h, placebo_shift=shift)
+        finally:
+            net.__dict__.pop("forward", None)
+        r.square().mean().backward()
+        return r.detach(), [p.grad.clone() for p in net.parameters()]
+
+    for shift in (0, 1):
+        (a, ga), (b, gb) = run(shift, False), run(shift, True)
+        assert torch.equal(a, b)
+        assert all(torch.equal(u, v) for u, v in zip(ga, gb))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| (norm-wise relative difference)."""
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("n_keys", [128, 256])
+def test_attention_fused_kernel_within_1e5_of_reference_math_path(n_keys):
+    """``model.attention_math`` (the reference-math operations of ``F.scaled_dot_product_attention``
+    without its fully-masked-row guard) is bitwise ``F.scaled_dot_product_attention`` on the block's
+    old strided q, k, v layout (which routed torch to that path on CPU; the model's attention until
+    this round), and ``model.attention`` (contiguous q, k, v: torch's fused CPU kernel, other rounding)
+    gives outputs and gradients within 1e-5 relative of it, for the step's own keys and for a two-entry
+    context."""
+    import torch.nn.functional as F
+
+    from reprozoo.methods.emformer.model import attention, attention_math
+
+    b, n, d, heads = 4, 128, 16, 2
+    assert torch._fused_sdp_choice(*(torch.randn(3, b, heads, n, d // heads).requires_grad_(True))) != 0
+    res = []
+    for fn in (F.scaled_dot_product_attention, attention_math, attention):
+        x = torch.randn(b, 3 * d, n, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        y = torch.randn(b, 3 * d, n_keys, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+        q = x.transpose(1, 2).reshape(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)[0]
+        k, v = y.transpose(1, 2).reshape(b, n_keys, 3, heads, d // heads).permute(2, 0, 3, 1, 4)[1:]
+        out = fn(q, k + 0.1, v)
+        out.square().sum().backward()
+        res.append((out.detach(), x.grad, y.grad))
+    assert all(torch.equal(u, v) for u, v in zip(res[0], res[1]))
+    assert max(_rel(u, v) for u, v in zip(res[2], res[1])) < 1e-5
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_network_within_1e5_of_reference_math_and_nchw_path(depth, monkeypatch):
+    """The whole forecaster (fused attention kernel on contiguous q, k, v, channels-last depthwise
+    convolutions: same maths, other rounding) gives forecasts and every gradient within 1e-5 relative
+    of the path used until this round (reference-math attention, NCHW convolutions), for context
+    rollouts (real and placebo, with observed history) and Markov rollouts."""
+    from reprozoo.methods.emformer import model as mdl
+
+    torch.manual_seed(depth)
+    net = EMFormerNet(dim=8, depth=depth, heads=2)
+    for p in net.head.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    for b in net.blocks:
+        torch.nn.init.normal_(b.ctx_proj, std=0.3)
+        torch.nn.init.normal_(b.age, std=0.3)
+    x, h = torch.randn(3, 2, 32, 64), torch.randn(3, 2, 2, 32, 64)
+    conv = mdl._conv
+
+    def run(window, shift, ref):
+        if ref:
+            monkeypatch.setattr(mdl, "attention", mdl.attention_math)
+            monkeypatch.setattr(mdl, "_conv", lambda x, w, g, pad: conv(x.contiguous(), w, g, pad))
+        net.zero_grad()
+        r = rollout(net, x, 3, window, history=h if window else None, placebo_shift=shift)
+        r.square().mean().backward()
+        monkeypatch.undo()
+        grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+        # row 0 of each age embedding shifts all of a query's keys alike: its gradient is zero in exact
+        # arithmetic (rounding noise, about 1e-10 here), compared in absolute terms below
+        age0 = [grads.pop(n)[0] for n in list(grads) if n.endswith(".age")]
+        return [r.detach()] + list(grads.values()), age0
+
+    for window, shift in ((2, 0), (2, 1), (0, 0)):
+        (new, new0), (ref, ref0) = run(window, shift, False), run(window, shift, True)
+        assert len(new) == len(ref) == len(net.state_dict()) - depth + 1 - (window == 0) * depth
+        assert max(float(a.abs().max()) for a in new0 + ref0) < 1e-7
+        assert max(_rel(u, v) for u, v in zip(new, ref)) < 1e-5

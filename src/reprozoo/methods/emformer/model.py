@@ -36,6 +36,8 @@ embedding (ours, zero at start; ``Block.age``) so that a head can weigh the cont
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,7 +58,14 @@ def _conv(x: torch.Tensor, w: torch.Tensor, groups: int, padding: str) -> torch.
     the padding inside the convolution call)."""
     p = w.shape[-1] // 2
     if padding == "circular":
-        return F.conv2d(_circular(x, p), w, groups=groups)
+        xp = _circular(x, p)
+        if p and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            # the model's token maps are channels-last views of (B, N, C) tokens; the circular pad
+            # returns NCHW, which would send the depthwise convolution (and its backward) through
+            # two layout copies: keep the input's layout (same maths, other rounding; the block
+            # timing's NCHW inputs are untouched)
+            xp = xp.contiguous(memory_format=torch.channels_last)
+        return F.conv2d(xp, w, groups=groups)
     if padding == "zeros":
         return F.conv2d(x, w, padding=p, groups=groups)
     raise ValueError(f"padding '{padding}': expected one of {PADDINGS}")
@@ -102,6 +111,23 @@ def multiscale(kind: str, channels: int) -> nn.Module:
     raise ValueError(f"multi-scale block '{kind}': expected 'single' or 'multibranch'")
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(E)) v by ``F.scaled_dot_product_attention`` on contiguous q, k, v, which
+    routes torch to its fused CPU kernel (flash attention: the same maths in blocks with an online
+    softmax, other rounding: outputs and gradients within 1e-5 relative of ``attention_math``,
+    tests/test_emformer.py); the strided layout of the model's q, k, v until this round sent it to the
+    reference-math path at about twice the cost."""
+    return F.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous())
+
+
+def attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The reference: the operations of torch's reference-math path of
+    ``F.scaled_dot_product_attention`` (q and k each scaled by E^(-1/4), matmul, softmax, matmul;
+    no mask, so its guard for fully masked rows never acts), which the model used until this round."""
+    sf = math.sqrt(1.0 / math.sqrt(q.shape[-1]))
+    return torch.matmul(torch.softmax(torch.matmul(q * sf, k.transpose(-2, -1) * sf), -1), v)
+
+
 MAX_AGE = 8  # context entries older than this share the last age embedding
 
 
@@ -126,23 +152,29 @@ class Block(nn.Module):
         self.ms_mlp = multiscale(kind, dim)
         self.fc = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, h: int, w: int, cache: list | None = None):
+    def forward(self, x: torch.Tensor, h: int, w: int, cache: list | None = None, kv_only: bool = False):
         """``cache``: (k, v) of earlier forecast steps; the queries of this step attend to them too
-        (the accumulated context). Returns the block output and this step's (k, v)."""
+        (the accumulated context). Returns the block output and this step's (k, v); ``kv_only``:
+        (None, (k, v)), the rest of the block skipped (an observed frame that only opens the context:
+        the same k, v, by the same operations)."""
         b, n, d = x.shape
         qkv = self.qkv(self.norm1(x)).transpose(1, 2).reshape(b, 3 * d, h, w)
         qkv = self.ms_qkv(qkv).reshape(b, 3 * d, n).transpose(1, 2)
-        q, k, v = qkv.reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        # one copy to contiguous (3, B, heads, N, E): q, k, v and the context's cached k, v are then
+        # contiguous, which sends attention to torch's fused CPU kernel (``attention``)
+        q, k, v = qkv.reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).contiguous()
+        if kv_only:
+            return None, (k, v)
         age = self.age.reshape(MAX_AGE + 1, self.heads, 1, d // self.heads)
         # age[0] shifts all of a query's keys alike (softmax-invariant); kept so that the Markov step
         # computes exactly what it did before the gate existed
-        a = F.scaled_dot_product_attention(q, k + age[0], v).transpose(1, 2).reshape(b, n, d)
+        a = attention(q, k + age[0], v).transpose(1, 2).reshape(b, n, d)
         x = x + self.proj(a)
         if cache:  # the context's own attention, through the zero-initialised gate
             n_c = len(cache)
             kc = torch.cat([c[0] + age[min(n_c - i, MAX_AGE)] for i, c in enumerate(cache)], dim=2)
             vc = torch.cat([c[1] for c in cache], dim=2)
-            ac = F.scaled_dot_product_attention(q, kc, vc).transpose(1, 2).reshape(b, n, d)
+            ac = attention(q, kc, vc).transpose(1, 2).reshape(b, n, d)
             x = x + F.linear(ac, self.ctx_proj)
         y = self.norm2(x).transpose(1, 2).reshape(b, d, h, w)
         y = self.ms_mlp(y).reshape(b, d, n).transpose(1, 2)
@@ -165,16 +197,22 @@ class EMFormerNet(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, x: torch.Tensor, context: list | None = None):
+    def forward(self, x: torch.Tensor, context: list | None = None, kv_only: bool = False):
         """One forecast step. ``context``: per earlier step, the list of per-block (k, v), or None
-        (Markov step). Returns x_{t+1} and this step's per-block (k, v)."""
+        (Markov step). Returns x_{t+1} and this step's per-block (k, v). ``kv_only``: returns
+        (None, per-block (k, v)) without the last block's attention, MLP and the head, whose outputs
+        a frame that only opens the context discards (same k, v, same operations: exact)."""
         z = self.embed(x) + self.pos_embed
         b, d, h, w = z.shape
         z = z.flatten(2).transpose(1, 2)
         kv = []
+        last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
-            z, kv_i = blk(z, h, w, None if context is None else [c[i] for c in context])
+            z, kv_i = blk(z, h, w, None if context is None else [c[i] for c in context],
+                          kv_only=kv_only and i == last)
             kv.append(kv_i)
+        if kv_only:
+            return None, kv
         z = self.norm(z).transpose(1, 2).reshape(b, d, h, w)
         return x + self.head(z), kv
 
@@ -204,7 +242,7 @@ def rollout(net: EMFormerNet, x0: torch.Tensor, steps: int, window: int = 0, det
 
     if history is not None and window > 0:  # observed frames before x_0 enter the context first
         for j in range(history.shape[1]):
-            _, kv = net(history[:, j], ctx[-window:] or None)
+            _, kv = net(history[:, j], ctx[-window:] or None, kv_only=True)  # outputs discarded
             remember(kv)
     for _ in range(steps):
         x, kv = net(x, (ctx[-window:] or None) if window > 0 else None)
