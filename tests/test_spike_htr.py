@@ -37,9 +37,11 @@ def _random_case(seed, B=6, L=30, K=5, d=4):
 
 
 @pytest.mark.parametrize("tau", [0.5, 0.9, 0.99])
-def test_reducer_keeps_every_nonblank_argmax_position(tau):
+def test_runs_rule_keeps_every_nonblank_argmax_position_and_one_per_run(tau):
+    """The former rule (ablation ``mode="runs"``): kept positions pass unmerged, every
+    confident-blank run becomes ONE position holding its mean."""
     feat, logp = _random_case(int(tau * 100))
-    pooled, n, keep, seg = ctc_guided_reduce(feat, logp, tau)
+    pooled, n, keep, seg = ctc_guided_reduce(feat, logp, tau, mode="runs")
     nonblank = logp.argmax(-1) != 0
     for b in range(feat.shape[0]):
         counts = torch.bincount(seg[b], minlength=int(n[b]))
@@ -47,48 +49,133 @@ def test_reducer_keeps_every_nonblank_argmax_position(tau):
             assert keep[b, w]
             assert counts[seg[b, w]] == 1                                # its own position, unmerged
             assert torch.allclose(pooled[b, seg[b, w]], feat[b, w])
-        # every confident-blank run became ONE position holding its mean
         runs = sum(1 for w in range(feat.shape[1]) if not keep[b, w] and (w == 0 or keep[b, w - 1]))
         assert int(n[b]) == int(keep[b].sum()) + runs
         for s in range(int(n[b])):
             members = seg[b] == s
             assert torch.allclose(pooled[b, s], feat[b, members].mean(0), atol=1e-6)
-        # order is preserved: segment ids are non-decreasing along the width
         assert (seg[b, 1:] >= seg[b, :-1]).all()
 
 
-def test_reducer_all_blank_line_is_one_position_and_keeps_double_letters():
-    L, K = 10, 3
-    logp = torch.full((1, L, K + 1), -20.0)
-    logp[..., 0] = 0.0
-    _, n, _, _ = ctc_guided_reduce(torch.randn(1, L, 2), logp, 0.9)
+@pytest.mark.parametrize("tau", [0.5, 0.9, 0.99])
+def test_ctc_aware_reducer_segments(tau):
+    """The method's rule on random heads: every kept position anchors its own segment; a
+    confident-blank run is its own segment only between two kept positions with the same
+    character argmax (else it joins the nearer kept neighbour); segments are contiguous, ordered,
+    and pooled as means; the reducer never keeps more than the former rule."""
+    feat, logp = _random_case(int(tau * 100) + 1)
+    pooled, n, keep, seg = ctc_guided_reduce(feat, logp, tau)
+    _, n_runs, _, _ = ctc_guided_reduce(feat, logp, tau, mode="runs")
+    lab = logp.argmax(-1)
+    L = feat.shape[1]
+    for b in range(feat.shape[0]):
+        assert (seg[b, 1:] - seg[b, :-1]).le(1).all() and (seg[b, 1:] >= seg[b, :-1]).all()
+        assert int(seg[b, 0]) == 0 and int(seg[b, -1]) == int(n[b]) - 1
+        kept = torch.nonzero(keep[b]).flatten().tolist()
+        assert len(set(seg[b, kept].tolist())) == len(kept)            # one kept position per segment
+        own = 0
+        for w in range(L):
+            if keep[b, w]:
+                continue
+            left = max([k for k in kept if k < w], default=None)
+            right = min([k for k in kept if k > w], default=None)
+            if left is not None and right is not None and lab[b, left] != 0 and lab[b, left] == lab[b, right]:
+                assert not (seg[b] == seg[b, w])[kept].any()            # a blank segment of its own
+                own += int(bool(keep[b, w - 1]))                          # first of its run
+            elif left is None and right is None:
+                own += int(w == 0)
+            else:
+                near = right if left is None else left if right is None else (left if w - left <= right - w else right)
+                assert seg[b, w] == seg[b, near]
+        assert int(n[b]) == len(kept) + own
+        assert int(n[b]) <= int(n_runs[b])
+        for s in range(int(n[b])):
+            assert torch.allclose(pooled[b, s], feat[b, seg[b] == s].mean(0), atol=1e-6)
+
+
+def _one_hot_case(path, K):
+    """A confident aux head on a hand-made best path, and features that are the one-hot of the
+    path's characters (zero at blanks): the argmax of a pooled segment is the character it holds
+    (blank for a segment of blanks only)."""
+    p = torch.tensor([path])
+    logp = torch.nn.functional.one_hot(p, K + 1).float().mul(30).log_softmax(-1)
+    feat = torch.nn.functional.one_hot(p, K + 1).float() * (p != 0).unsqueeze(-1)
+    return feat, logp
+
+
+def test_ctc_aware_reducer_hand_made_path_length_and_decoding():
+    """A hand-made CTC path with a known reduced length: "1 _ _ _ 1 _ 2 2 _ _ 3 _ 3 _ _" decodes
+    to 1 1 2 3 3 (n = 5, 2 repeats); the CTC-aware reducer keeps the 6 character positions and the
+    2 blank runs between equal characters (8 = n + repeats + 1: "2 2" spans two positions), merges
+    the leading, trailing and unequal-neighbour runs, and the reduced path decodes to the same
+    string as the full path. The former rule keeps one position per run: 6 + 6 = 12."""
+    K = 4
+    path = [0, 1, 0, 0, 0, 1, 0, 2, 2, 0, 0, 3, 0, 3, 0, 0]
+    feat, logp = _one_hot_case(path, K)
+    pooled, n, keep, seg = ctc_guided_reduce(feat, logp, 0.9)
+    assert int(n[0]) == 8
+    reduced = pooled[0, :int(n[0])].argmax(-1).tolist()
+    assert reduced == [1, 0, 1, 2, 2, 3, 0, 3]
+    assert C.greedy_collapse(reduced) == C.greedy_collapse(path) == [1, 1, 2, 3, 3]
+    _, n_runs, _, _ = ctc_guided_reduce(feat, logp, 0.9, mode="runs")
+    assert int(n_runs[0]) == 12
+    # an all-blank line is one position; a line without equal neighbours keeps its characters only
+    _, n, _, _ = ctc_guided_reduce(*_one_hot_case([0] * 7, K), 0.9)
     assert int(n[0]) == 1
-    # "1 1" separated by a blank run: the blank must survive so that CTC can still emit "11"
-    path = torch.tensor([[0, 0, 1, 0, 0, 0, 1, 0, 0, 0]])
-    logp = torch.nn.functional.one_hot(path, K + 1).float().mul(30).log_softmax(-1)
-    pooled, n, keep, seg = ctc_guided_reduce(torch.randn(1, L, 2), logp, 0.9)
-    reduced_path = [int(path[0][seg[0] == s][0]) for s in range(int(n[0]))]
-    assert reduced_path == [0, 1, 0, 1, 0]
-    assert C.greedy_collapse(reduced_path) == [1, 1]
+    feat, logp = _one_hot_case([0, 0, 1, 0, 0, 2, 0, 3, 0, 4, 0, 0], K)
+    pooled, n, _, _ = ctc_guided_reduce(feat, logp, 0.9)
+    assert pooled[0, :int(n[0])].argmax(-1).tolist() == [1, 2, 3, 4]
+
+
+def test_ctc_aware_reducer_preserves_decoding_on_random_paths():
+    """On random confident best paths the reduced path decodes like the full path, its length is
+    at least what CTC needs (n + repeats) and at most the former rule's."""
+    from reprozoo.methods.spike_htr.method import ctc_need
+
+    g = torch.Generator().manual_seed(3)
+    K = 3                                                     # few classes: many equal neighbours
+    for _ in range(200):
+        L = int(torch.randint(3, 25, (1,), generator=g))
+        path = torch.randint(1, K + 1, (L,), generator=g) * (torch.rand(L, generator=g) < 0.4)
+        path = path.tolist()
+        feat, logp = _one_hot_case(path, K)
+        pooled, n, _, _ = ctc_guided_reduce(feat, logp, 0.9)
+        reduced = pooled[0, :int(n[0])].argmax(-1).tolist()
+        text = C.greedy_collapse(path)
+        assert C.greedy_collapse(reduced) == text
+        assert int(n[0]) >= max(1, ctc_need([text])[0])
+        assert int(n[0]) <= int(ctc_guided_reduce(feat, logp, 0.9, mode="runs")[1][0])
+
+
+def test_uniform_pool_control_has_the_given_length_and_ignores_the_head():
+    from reprozoo.methods.spike_htr.model import uniform_pool
+
+    feat = torch.arange(12.0).view(1, 12, 1).repeat(2, 1, 1)
+    pooled, n, seg = uniform_pool(feat, torch.tensor([4, 12]))
+    assert n.tolist() == [4, 12]
+    assert seg[0].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert pooled[0, :4, 0].tolist() == [1.0, 4.0, 7.0, 10.0]
+    assert torch.equal(pooled[1, :, 0], feat[1, :, 0])
+    # through the network: the uniform control has the reducer's lengths, not its segments
+    m = Recognizer(8, 10, (4, 4, 4), 8, heads=2, mlp=8, blocks=1, reducer=True, T=2, threshold=0.5)
+    x = torch.rand(3, 1, 8, 32)
+    with torch.no_grad():
+        a, u = m(x), m(x, reduce="uniform")
+    assert torch.equal(a["lengths"], u["lengths"])
 
 
 def test_drop_reducer_loses_double_letters_merge_keeps_them():
-    """The control of reducer_cer_margin: removing the confident-blank runs (instead of merging
-    each into one position) lets two equal characters touch, and CTC then reads one."""
+    """The former control of reducer_cer_margin: removing the confident-blank runs lets two equal
+    characters touch, and CTC then reads one; the CTC-aware merge keeps their blank."""
     K = 3
-    path = torch.tensor([[0, 0, 1, 0, 0, 0, 1, 0, 2, 0]])
-    logp = torch.nn.functional.one_hot(path, K + 1).float().mul(30).log_softmax(-1)
-    feat = torch.randn(1, path.shape[1], 2)
-    _, n, keep, seg = ctc_guided_reduce(feat, logp, 0.9, mode="drop")
+    path = [0, 0, 1, 0, 0, 0, 1, 0, 2, 0]
+    feat, logp = _one_hot_case(path, K)
+    pooled, n, keep, seg = ctc_guided_reduce(feat, logp, 0.9, mode="drop")
     assert int(n[0]) == 3 and (seg[0][~keep[0]] == -1).all()
-    dropped_path = [int(path[0][seg[0] == s][0]) for s in range(int(n[0]))]
-    assert C.greedy_collapse(dropped_path) == [1, 2]                # "1 1 2" read as "1 2"
+    assert C.greedy_collapse(pooled[0, :3].argmax(-1).tolist()) == [1, 2]    # "1 1 2" read as "1 2"
+    assert torch.allclose(pooled[0, :3], feat[0, keep[0]])                   # kept positions unchanged
     pooled, n, keep, seg = ctc_guided_reduce(feat, logp, 0.9, mode="merge")
-    merged_path = [int(path[0][seg[0] == s][0]) for s in range(int(n[0]))]
-    assert C.greedy_collapse(merged_path) == [1, 1, 2]
-    # kept positions pass through unchanged in both modes
-    pooled_d, *_ = ctc_guided_reduce(feat, logp, 0.9, mode="drop")
-    assert torch.allclose(pooled_d[0], feat[0, keep[0]])
+    assert C.greedy_collapse(pooled[0, :int(n[0])].argmax(-1).tolist()) == [1, 1, 2]
     # an all-blank line keeps one position when dropping (the mixer needs a non-empty sequence)
     blank = torch.full((1, 6, K + 1), -30.0)
     blank[..., 0] = 0.0
@@ -106,6 +193,28 @@ def _response(coder, n=64):
         k = torch.roll(k, -coder.radius)                           # centred: a real, even kernel
         out.append(d + (1 - d) * torch.fft.rfft(k).real)
     return torch.stack(out)
+
+
+def test_blur_as_matrices_equals_the_padded_separable_convolution():
+    """The blur (since round 11: two matrix products with the replicate padding folded into the
+    border rows) gives the same values and sigma-gradient as the padded 1 x k / k x 1 convolution."""
+    def padded_conv(x, sigma, radius):
+        k = gaussian_kernel(sigma, radius)
+        y = torch.nn.functional.pad(x, (radius, radius, radius, radius), mode="replicate")
+        y = torch.nn.functional.conv2d(y, k.view(1, 1, 1, -1))
+        return torch.nn.functional.conv2d(y, k.view(1, 1, -1, 1))
+
+    torch.manual_seed(0)
+    x = torch.rand(5, 1, 8, 30)
+    for sigma in (0.0, 0.15, 0.7, 2.0):
+        for radius in (1, 3, 6, 12):                    # 12: the kernel is wider than the image
+            assert torch.allclose(blur(x, sigma, radius), padded_conv(x, sigma, radius), atol=1e-6)
+    grads = []
+    for fn in (blur, padded_conv):
+        s = torch.tensor(0.7, requires_grad=True)
+        fn(x, s, 6).pow(2).sum().backward()
+        grads.append(float(s.grad))
+    assert grads[0] == pytest.approx(grads[1], rel=1e-4)
 
 
 def test_learned_inkcoder_is_coarse_to_fine_by_construction():

@@ -16,17 +16,20 @@ Stages and units:
 
 Recorded on the test lines (greedy decoding, no LM), per line: edit distance and reference
 length (units, so claims read corpus CER = Σ edits / Σ chars with a line-level interval), the
-fraction of width positions the mixer sees, the confident-reducer bound (2n + 1)/L, the fraction
+fraction of width positions the mixer sees, the former rule's bound (2n + 1)/L and CTC's floor
+(n + repeats)/L, the fraction
 a weak ink-column reducer keeps; AC / MAC counts, energy (nJ per line) and the mixer's part.
 Controls, measured in the same job: the test edits of the same network after ``control_step``
 steps (an under-trained SNN), and for the reducer variants the test edits with the
-confident-blank runs dropped instead of merged, the energy with the reducer keeping every
-position, and a sweep of the reducer's threshold τ at test time.
+confident-blank runs dropped instead of merged, the test edits and energy with each line pooled
+uniformly to the reducer's length (no CTC guidance), the energy with the reducer keeping every
+position, the kept fraction and CER of the former rule (one position per blank run; ablation),
+and a sweep of the reducer's threshold τ at test time.
 
 Variants:
 
-* ``spike_htr`` (method): learned InkCoder stream (T = 2) -> LIF CNN -> CTC-guided length reducer
-  -> spiking transformer (2 blocks, spiking self-attention) -> CTC;
+* ``spike_htr`` (method): learned InkCoder stream (T = 2) -> LIF CNN -> CTC-aware length reducer
+  -> spiking transformer (spiking self-attention; 1 block at smoke) -> CTC;
 * ``snn_full`` (baseline): the same without the reducer (the mixer sees all L positions);
 * ``ann`` (baseline): the ANN counterpart: the same CNN with ReLU on the static image (one step),
   the same transformer with softmax attention and ReLU, no reducer;
@@ -105,7 +108,7 @@ def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, b
 
     was = model.training
     model.eval()
-    preds, loss, kept, cost_rows = [], 0.0, [], []
+    preds, losses, kept, cost_rows = [], [], [], []
     with torch.no_grad():
         for i in range(0, len(X), batch):
             xb, tb = X[i:i + batch], texts[i:i + batch]
@@ -116,7 +119,7 @@ def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, b
             else:
                 out = model(xb, tau, reduce)
             y, ylen = _targets(tb)
-            loss += float(ctc_loss(out["logp"].transpose(0, 1), y, out["lengths"], ylen))
+            losses.append(float(ctc_loss(out["logp"].transpose(0, 1), y, out["lengths"], ylen)))
             preds += greedy_decode(out["logp"], out["lengths"])
             kept.append(out["lengths"].float() / out["L"])
     model.train(was)
@@ -126,7 +129,7 @@ def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, b
     chars = [len(r) for r in refs]
     tot = {k: sum(c[k] for c in cost_rows) / n for k in cost_rows[0]} if costs else {}
     kept = torch.cat(kept)
-    return {"loss": loss / n, "cer": sum(edits) / max(1, sum(chars)), "edits": edits, "chars": chars,
+    return {"loss": sum(losses) / n, "batch_losses": losses, "cer": sum(edits) / max(1, sum(chars)), "edits": edits, "chars": chars,
             "kept_lines": kept.tolist(), "kept": float(kept.mean()), "preds": preds, **tot}
 
 
@@ -141,11 +144,15 @@ def build(params: dict, variant: str, height: int):
                       sigma_cap=m.get("sigma_cap", 2.0), **VARIANTS[variant])
 
 
+def ctc_need(texts) -> list[int]:
+    """The fewest input positions CTC can align each target to: n + (adjacent repeats)."""
+    return [len(t) + sum(1 for a, b in zip(t[:-1], t[1:]) if a == b) for t in texts]
+
+
 def ctc_feasible(lengths, texts) -> list[bool]:
     """Can CTC align each target to its input length? It needs n + (adjacent repeats) positions; a
     line that cannot is a loss of +inf, which ``zero_infinity=True`` silently zeroes (counted)."""
-    need = [len(t) + sum(1 for a, b in zip(t[:-1], t[1:]) if a == b) for t in texts]
-    return [int(n) >= k for n, k in zip(lengths, need)]
+    return [int(n) >= k for n, k in zip(lengths, ctc_need(texts))]
 
 
 class Averaged:
@@ -198,7 +205,7 @@ def train_model(params: dict, variant: str, splits: dict, seed: int, progress=pr
     Xva, Tva = splits["val"]
     height = Xtr.shape[2]
     ctc_sum = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
-    val_ctc, val_cer, early, zeroed = {}, {}, {}, {}
+    val_ctc, val_cer, val_half, early, zeroed = {}, {}, {}, {}, {}
 
     def build_fn(gen):
         torch.manual_seed(int(gen.initial_seed()))
@@ -219,12 +226,18 @@ def train_model(params: dict, variant: str, splits: dict, seed: int, progress=pr
                                                        torch.full((B,), L, dtype=torch.long), ylen) / B
 
     n_chars = max(1, sum(len(t) for t in Tva))
+    half = len(Tva) // 2
+    n_half = max(1, sum(len(t) for t in Tva[:half]))
     tie = float(f.get("ctc_tiebreak", 0.0))
 
     def val_loss(model):
-        ev = _evaluate(model.ema, Xva, Tva, ctc_sum, costs=False)
+        # two batches of half the validation lines: the first half's score is recorded beside the
+        # full one (val_score_half, a diagnostic of the validation noise at half the lines)
+        ev = _evaluate(model.ema, Xva, Tva, ctc_sum, costs=False, batch=max(1, half))
         val_ctc.setdefault(id(model), []).append(ev["loss"])
         val_cer.setdefault(id(model), []).append(ev["cer"])
+        val_half.setdefault(id(model), []).append(UNTRAINED if model.n == 0 else
+                                                  sum(ev["edits"][:half]) / n_half + tie * ev["batch_losses"][0] / n_half)
         if model.n == 0:      # the untrained network is never a candidate: its random outputs can read
             return UNTRAINED  # below the CER 1 of the CTC blank plateau and would win every pilot
         # validation CER, ties broken by the CTC loss (nats per character x ctc_tiebreak): on the
@@ -232,7 +245,7 @@ def train_model(params: dict, variant: str, splits: dict, seed: int, progress=pr
         return ev["cer"] + tie * ev["loss"] * len(Tva) / n_chars
 
     model, rec = fit_to_plateau(build_fn, train_loss, val_loss, f, seed, label=variant, progress=progress)
-    rec["val_ctc"], rec["val_cer"] = val_ctc[id(model)], val_cer[id(model)]
+    rec["val_ctc"], rec["val_cer"], rec["val_half"] = val_ctc[id(model)], val_cer[id(model)], val_half[id(model)]
     return model.ema, rec, early.get(id(model)), zeroed.get(id(model), 0)
 
 
@@ -255,6 +268,9 @@ def train(ctx) -> None:
     log_fit(ctx.metrics, "score", rec)                       # curves val_score, lr_score (the gate's)
     ctx.metrics.curve("val_cer", rec["steps"], rec["val_cer"])
     ctx.metrics.curve("val_ctc", rec["steps"], rec["val_ctc"])
+    ctx.metrics.curve("val_score_half", rec["steps"], rec["val_half"])   # diagnostic: half the lines
+    for name, curve in (("score", rec["vals"]), ("score_half", rec["val_half"])):
+        ctx.metrics.scalar(f"val_{name}_tail_improvement", tail_fit(rec["steps"], curve, "min")["improvement"])
     for lr, v in rec["pilot_best"].items():
         ctx.metrics.scalar(f"pilot_val_score_lr{lr:g}", v)
     ctx.metrics.scalar("val_cer_tail_improvement", tail_fit(rec["steps"], rec["val_cer"], "min")["improvement"])
@@ -267,7 +283,8 @@ def train(ctx) -> None:
     ctx.metrics.units("edits", ev["edits"])                  # per test line: edit distance
     ctx.metrics.units("chars", ev["chars"])                  # per test line: reference length
     ctx.metrics.units("kept_fraction", ev["kept_lines"])     # per test line: positions the mixer sees / L
-    ctx.metrics.units("kept_bound", [(2 * n + 1) / L for n in ev["chars"]])   # a confident reducer's count
+    ctx.metrics.units("kept_bound", [(2 * n + 1) / L for n in ev["chars"]])   # the former rule's floor
+    ctx.metrics.units("kept_floor_ctc", [k / L for k in ctc_need(Tte)])      # what CTC needs: n + repeats
     ink = ink_reduce_lengths(Xte, model.stride, float(p.get("ink_threshold", 0.5))).float() / L
     ctx.metrics.units("kept_fraction_ink", ink.tolist())     # the weak ink-column reducer
     ctx.metrics.scalar("cer", ev["cer"])
@@ -297,6 +314,18 @@ def train(ctx) -> None:
         drop = _evaluate(model, Xte, Tte, ctc_sum, reduce="drop", costs=False)
         ctx.metrics.units("edits_drop", drop["edits"])
         ctx.metrics.scalar("cer_drop", drop["cer"])
+        # the control of reducer_cer_margin: the same trained network pooling each line uniformly
+        # to the length the reducer gives it (no CTC guidance), energy through the same code path
+        uni = _evaluate(model, Xte, Tte, ctc_sum, reduce="uniform")
+        ctx.metrics.units("edits_uniform", uni["edits"])
+        ctx.metrics.scalar("cer_uniform", uni["cer"])
+        ctx.metrics.scalar("energy_uniform", uni["energy_nj"])
+        ctx.metrics.scalar("kept_uniform", uni["kept"])
+        # ablation at test time: the former rule (one position per blank run, also between
+        # different characters) on the same trained network
+        runs = _evaluate(model, Xte, Tte, ctc_sum, reduce="runs", costs=False)
+        ctx.metrics.units("kept_fraction_runs", runs["kept_lines"])
+        ctx.metrics.scalar("cer_runs", runs["cer"])
         off = _evaluate(model, Xte, Tte, ctc_sum, reduce="off")
         ctx.metrics.scalar("energy_keepall", off["energy_nj"])
         ctx.metrics.scalar("cer_keepall", off["cer"])
@@ -383,7 +412,9 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     # 4. what each model reads and what it costs: test CER (with the controls) and energy per line
     fig, (ax1, ax2) = pl.subplots(1, 2, figsize=(10, 3.4))
     rows = [(v, "cer", v) for v in variants] + [("spike_htr", "cer_early", "spike_htr, early (control)"),
-                                                ("spike_htr", "cer_drop", "spike_htr, runs dropped (control)")]
+                                                ("spike_htr", "cer_drop", "spike_htr, runs dropped (control)"),
+                                                ("spike_htr", "cer_uniform", "spike_htr, uniform pooling (control)"),
+                                                ("spike_htr", "cer_runs", "spike_htr, one position per run (ablation)")]
     labels = []
     for v, metric, label in rows:
         s_ = table[(table.metric == metric) & (table.variant == v)].value
@@ -396,8 +427,9 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax1.set_xlabel("test CER (%), mean ± std over seeds")
     ax1.set_title("How well does each model read?", fontsize=9)
     labels = []
-    for v, metric, label in [(v, "energy_nj", v) for v in variants] + [("spike_htr", "energy_keepall",
-                                                                        "spike_htr, reducer off (control)")]:
+    for v, metric, label in [(v, "energy_nj", v) for v in variants] + [
+            ("spike_htr", "energy_keepall", "spike_htr, reducer off (control)"),
+            ("spike_htr", "energy_uniform", "spike_htr, uniform pooling (control)")]:
         s_ = table[(table.metric == metric) & (table.variant == v)].value
         if s_.empty:
             continue
