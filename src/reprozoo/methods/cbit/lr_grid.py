@@ -1,11 +1,17 @@
-"""The learning-rate grid on validation data: the same grid and protocol for every learned model.
+"""The pipeline's fits outside the pipeline, on validation data only: the same grid and protocol for
+every learned model.
 
     python -m reprozoo.methods.cbit.lr_grid [--scale smoke] [--seed 0] [--lrs 1e-3 3e-3 1e-2]
                                            [--variants cbit brits saits] [--set key=value ...]
 
-Each (model, peak rate) is trained with ``method.fit`` exactly as in the pipeline (warm-up, constant
-rate, stop at the gate's plateau or ``max_steps``) on every series of the scale's config, and scored
-by its best validation masked MAE, averaged over the series (no test data is read). Prints linear
+Each model is trained with ``method.fit`` exactly as in the pipeline (``blocks.fitting.fit_to_plateau``:
+the config's rate grid piloted, the chosen rate to a plateau, one drop) on every series of the scale's
+config, piloting the config's grid ``fit.lr_grid`` (the config's ``lr`` table, the rates the pipeline
+trains at, is ignored here: this script is how that table was chosen, with ``max_steps`` set to
+``pilot_steps`` so that only the pilots run; see configs/smoke.yaml); ``--lrs`` replaces the grid (one
+rate: that rate alone, no pilot choice). Prints each rate's pilot
+score, the chosen rate, the steps, whether it stopped on a plateau, the best validation masked MAE (no
+test data is read). Prints linear
 interpolation's error on the same validation windows and holes first (``--variants`` with no
 model prints only that), then one row per (model, rate): validation MAE per series and mean, steps, whether it stopped on a plateau, CPU
 seconds. Needs the scale's datasets in ``results/data`` (``reprozoo datasets fetch NAME --scale S``).
@@ -19,6 +25,7 @@ import yaml
 
 
 def main(argv=None) -> list[dict]:
+    from ...claims import tail_fit
     from ...runtime import RunContext
     from ...blocks.imputation import linear_interpolation
     from .method import fit, impute_classical, load_series, val_masks, window_errors, windows
@@ -26,7 +33,7 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", default="smoke")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
+    ap.add_argument("--lrs", type=float, nargs="+", default=None)
     ap.add_argument("--variants", nargs="*", default=["cbit", "brits", "saits"])
     ap.add_argument("--root", default=".")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys (YAML values)")
@@ -55,26 +62,26 @@ def main(argv=None) -> list[dict]:
     print("linear interpolation (reference): val MAE " + ", ".join(f"{k} {x:.3f}" for k, x in ref.items()),
           flush=True)
     for v in a.variants:
-        for lr in a.lrs:
+        for lrs in ([a.lrs] if a.lrs is None or len(a.lrs) > 1 else [[x] for x in a.lrs]):
             ctx = RunContext(method="cbit", variant=v, seed=a.seed, scale=a.scale, params=params, data=data,
                              outdir=Path("/tmp"))
-            row = {"variant": v, "lr": lr, "val": {}, "steps": {}, "flat": {}, "cpu_s": 0.0}
+            row = {"variant": v, "grid": lrs or params["fit"]["lr_grid"], "val": {}, "steps": {}, "flat": {},
+                   "lr": {}, "pilots": {}, "cpu_s": 0.0}
             for name in params["series"]:
-                _, rec = fit(ctx, v, name, load_series(ctx, name), lr=lr)
-                row["val"][name] = rec["best_val"]
-                row["steps"][name] = rec["steps"][-1]
-                row["flat"][name] = rec["stopped"]
+                _, rec = fit(ctx, v, name, load_series(ctx, name), lr_grid=lrs or params["fit"]["lr_grid"])
+                row["val"][name] = float(min(rec["vals"]))
+                row["steps"][name] = rec["stop"]
+                row["flat"][name] = rec["plateau"]
+                row["lr"][name] = rec["lr"]
+                row["pilots"][name] = rec["pilot_best"]
+                row.setdefault("tail", {})[name] = float(tail_fit(rec["steps"], rec["vals"])["improvement"])
                 row["cpu_s"] += rec["cpu_s"]
             row["mean"] = sum(row["val"].values()) / len(row["val"])
             rows.append(row)
-            print(f"{v:6s} lr {lr:.0e}: val MAE " + ", ".join(f"{k} {x:.3f}" for k, x in row["val"].items())
-                  + f", mean {row['mean']:.3f}; steps " + ", ".join(f"{k} {row['steps'][k]}"
-                                                                     f"{'' if row['flat'][k] else ' (cap)'}"
-                                                                     for k in row["steps"])
-                  + f"; {row['cpu_s']:.1f} CPU-s", flush=True)
-    for v in a.variants:
-        best = min((r for r in rows if r["variant"] == v), key=lambda r: r["mean"])
-        print(f"best peak lr for {v}: {best['lr']:.0e} (mean validation MAE {best['mean']:.3f})")
+            print(f"{v:10s}: " + "; ".join(f"{k}: lr {row['lr'][k]:g}, val MAE {row['val'][k]:.3f}, {row['steps'][k]} steps"
+                                         f"{'' if row['flat'][k] else ' (cap)'}, tail {100 * row['tail'][k]:+.1f} %, pilots "
+                                         + ", ".join(f"{r:g} {x:.3f}" for r, x in row["pilots"][k].items())
+                                         for k in row["val"]) + f"; {row['cpu_s']:.1f} CPU-s", flush=True)
     print(yaml.safe_dump({"linear_reference": ref, "rows": rows}, sort_keys=False))
     return rows
 

@@ -1,9 +1,10 @@
 """CBiT in miniature: imputation as conditional inference forward in time, against interpolation,
-carry-forward, BRITS and SAITS, on a real series (statsmodels El Nino SST) and on Lorenz-96.
+carry-forward, BRITS and SAITS, on a real series (statsmodels' weekly Mauna Loa CO2) and on Lorenz-96.
 
 Variants (one cell = one variant x seed, all scored on the same hidden entries of the same windows):
 
 * ``cbit``: history-compressed partitioned transformer (``models.CBiT``), linear in T;
+* ``cbit_nomem``: the ablation, the same model with its memory never updated;
 * ``brits``: bidirectional recurrent imputation (``models.BRITS``);
 * ``saits``: diagonally-masked self-attention (``models.SAITS``);
 * ``linear``, ``locf``: ``blocks.imputation.linear_interpolation`` / ``carry_forward``;
@@ -13,25 +14,26 @@ Variants (one cell = one variant x seed, all scored on the same hidden entries o
 Every model sees the same context: the test (and validation) segment is cut into non-overlapping
 windows of ``window`` steps, the training length, and each window is imputed on its own (learned
 models as one batch, the classical baselines window by window). The windows are the test units
-(``ctx.metrics.units``): El Nino 5 windows of 48 months, Lorenz-96 20 windows of 48 samples.
+(``ctx.metrics.units``): CO2 9 windows of 48 weeks, Lorenz-96 20 windows of 48 samples.
 
-Stages of a cell, per dataset (elnino: monthly SST, one channel; lorenz96: 40 variables sampled
-every ``lorenz_every`` x 0.05 time units):
+Stages of a cell, per dataset (co2: weekly, one channel, interleaved blocks of ``window`` weeks for
+train / validation / test and a polynomial trend fitted on the training weeks removed; lorenz96: a
+section of ``lorenz_vars`` variables sampled every ``lorenz_every`` x 0.05 time units):
   1. split into train / validation / test, z-score each channel on train;
   2. (learned models) train on random windows with artificial holes (random or block, missing
-     rate drawn in [0.1, 0.6]), all models alike: batch, Adam, linear warm-up then a constant
-     learning rate (each model's best of one grid on validation), gradient clipping, at most
-     ``max_steps``; every ``eval_every`` steps the validation masked MAE (mean of a 30 % random and a
-     30 % block mask on the validation windows; curve ``val_mae_<dataset>``, learning rate
-     ``lr_<dataset>``). Training stops when that curve is flat by the convergence gate's own test
-     (``reprozoo.claims.plateau``, after ``min_steps``); the best validation checkpoint is kept;
+     rate drawn in [0.1, 0.6]), all models alike with the platform's rule
+     (``blocks.fitting.fit_to_plateau``, config ``fit``: the rate of the config's ``lr`` table, chosen
+     once on seed 0's validation windows from one grid for every model by ``lr_grid.py``, to a
+     plateau, one drop to a tenth, a second plateau); every
+     ``eval_every`` steps the validation masked MAE (mean of a 30 % random and a 30 % block mask on
+     the validation windows; curve ``val_mae_<dataset>``, learning rate ``lr_<dataset>``); the best
+     validation checkpoint is kept;
   3. test: for each pattern (random, block) and rate (10/30/50 %) per-window masks drawn from the
      seed and dataset only (the same for every variant); masked MAE / RMSE per window on the
-     hidden, truly known entries, in z-units.
+     hidden, truly known entries, in z-units (and the number and fraction of hidden entries).
 """
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 
@@ -40,7 +42,7 @@ import numpy as np
 from ...blocks.imputation import block_mask, carry_forward, linear_interpolation
 from reprozoo.figures import save_figure
 
-LEARNED = ("cbit", "brits", "saits")
+LEARNED = ("cbit", "cbit_nomem", "brits", "saits")
 UNTRAINED = "cbit_untrained"
 STATSMODELS_COLUMN = {"elnino": "sst", "co2": "co2", "sunspots": "sunactivity"}  # univariate real series
 GENERIC_CURVES = {f"val_mae_{n}": ("training step", "validation masked MAE (z-units)")
@@ -67,11 +69,42 @@ def load_series(ctx, name: str) -> dict:
         df = load(_need(ctx, "ts_statsmodels"))[name]
         x = df[STATSMODELS_COLUMN[name]].to_numpy(float)[:, None]
         known = np.isfinite(x)  # co2's real gaps: never shown, never scored
-        a, b = p["split"][name]  # row indices: train < a <= val < b <= test
-        parts = {"train": slice(0, a), "val": slice(a, b), "test": slice(b, len(x))}
-        segs = {k: x[s] for k, s in parts.items()}
-        obs = {k: known[s] for k, s in parts.items()}
-        trains, otrains = [segs["train"]], [obs["train"]]
+        sp = p["split"][name]
+        if isinstance(sp, dict):  # interleaved blocks of `window` steps (co2: the trend stays in range)
+            W, per = int(p["window"]), int(sp["period"])
+            n = len(x) // W
+            role = ["test" if i % per == int(sp["test"]) else "val" if i % per == int(sp["val"]) else "train"
+                    for i in range(n)] + ["train"]  # the remainder after the last whole block trains
+            edges = [i * W for i in range(n)] + [n * W, len(x)]
+            runs, cur = [], None  # contiguous runs of blocks of one role
+            for i, r in enumerate(role):
+                a, b = edges[i], edges[i + 1]
+                if b <= a:
+                    continue
+                if cur and cur[0] == r and cur[2] == a:
+                    cur[2] = b
+                else:
+                    cur = [r, a, b]
+                    runs.append(cur)
+            segs = {k: np.concatenate([x[a:b] for r, a, b in runs if r == k]) for k in ("val", "test")}
+            obs = {k: np.concatenate([known[a:b] for r, a, b in runs if r == k]) for k in ("val", "test")}
+            trains = [x[a:b] for r, a, b in runs if r == "train" and b - a >= W]
+            otrains = [known[a:b] for r, a, b in runs if r == "train" and b - a >= W]
+            t_tr = np.concatenate([np.arange(a, b) for r, a, b in runs if r == "train" and b - a >= W])
+            deg = int(p.get("detrend", {}).get(name, -1))
+            if deg >= 0:  # a polynomial trend in time fitted on the known training steps, removed everywhere
+                ok = np.concatenate(otrains)[:, 0]
+                coef = np.polyfit(t_tr[ok], np.concatenate(trains)[ok, 0], deg)
+                trend = np.polyval(coef, np.arange(len(x)))[:, None]
+                xd = x - trend
+                segs = {k: np.concatenate([xd[a:b] for r, a, b in runs if r == k]) for k in ("val", "test")}
+                trains = [xd[a:b] for r, a, b in runs if r == "train" and b - a >= W]
+        else:
+            a, b = sp  # row indices: train < a <= val < b <= test
+            parts = {"train": slice(0, a), "val": slice(a, b), "test": slice(b, len(x))}
+            segs = {k: x[s] for k, s in parts.items()}
+            obs = {k: known[s] for k, s in parts.items()}
+            trains, otrains = [segs["train"]], [obs["train"]]
     elif name == "lorenz96":
         from ...data.timeseries.lorenz96 import load
 
@@ -205,75 +238,55 @@ def train_windows(rng, trains, otrains, n: int, W: int, block: int):
     return x, seen, known & ~seen
 
 
-def lr_factor(step: int, warmup_steps: int) -> float:
-    """Learning-rate multiplier: linear warm-up over ``warmup_steps``, then constant (no decay: the
-    convergence gate must see the plateau while the rate is still up)."""
-    return (step + 1) / warmup_steps if step < warmup_steps else 1.0
-
-
-def peak_lr(p: dict, variant: str) -> float:
-    lr = p["lr"]
-    return float(lr[variant] if isinstance(lr, dict) else lr)
-
-
-def fit(ctx, variant: str, name: str, ds: dict, lr: float | None = None):
-    """Train one learned model on one dataset; the same protocol for every model. Returns the model
-    (best validation checkpoint) and a record of the run."""
+def fit(ctx, variant: str, name: str, ds: dict, lr_grid=None):
+    """Train one learned model on one dataset with the platform's shared rule
+    (``blocks.fitting.fit_to_plateau``, config ``fit``) at the rate of the config's ``lr`` table (chosen
+    once on seed 0's validation windows by ``lr_grid.py``, the same grid for every model): trained on
+    until the validation curve is flat (``flat_tol``, half the gate's tolerance), one drop to a tenth of
+    the rate and a second plateau after it. Without an ``lr`` table (or with ``lr_grid`` given, as
+    ``lr_grid.py`` does) the grid ``fit.lr_grid`` is piloted ``pilot_steps`` steps per rate from the same
+    initial weights on the same batches and ranked on validation. Returns the model (best validation
+    checkpoint) and the fit's record (plus ``cpu_s``)."""
     import torch
 
-    from ...claims import plateau
+    from ...blocks.fitting import fit_to_plateau
     from .models import build, loss_fn
 
     p = ctx.params
-    torch.manual_seed(ctx.seed)
-    W = int(p["window"])
+    f = dict(p["fit"])
+    if lr_grid is not None:  # lr_grid.py: the grid (or rates) to pilot
+        f["lr_grid"] = list(lr_grid)
+    elif p.get("lr"):  # the rate chosen once on seed 0's validation windows (configs: `lr`, lr_grid.py)
+        table = p["lr"].get(variant, {})
+        if name not in table:
+            raise KeyError(f"cbit: config `lr` has no rate for {variant} on {name}; run lr_grid.py and add it")
+        f["lr_grid"] = [float(table[name])]
+    W, B, blk = int(p["window"]), int(p["batch"]), int(p["block"])
     C = ds["val"].shape[1]
-    model = build(variant, C, p)
-    lr = peak_lr(p, variant) if lr is None else float(lr)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    max_steps, min_steps = int(p["max_steps"]), int(p["min_steps"])
-    warm = int(p.get("warmup_steps", 0))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warm))
-    clip, tol = float(p.get("clip", 0.0)), float(p.get("stop_tol", 0.02))
-    rng = ctx.rng(17 + sum(map(ord, name)))
     xv = windows(ds["val"], W)
     vmasks = val_masks(ctx, name, xv.shape, windows(ds["obs_val"], W))
+    base = 17 + sum(map(ord, name))
 
-    def val_mae():
-        model.eval()
-        errs = [window_errors(impute_learned(model, xv, seen), xv, ev)[0].mean() for seen, ev in vmasks]
-        model.train()
-        return float(np.mean(errs))
+    def make(gen):  # the seed's initial weights, the same for every rate
+        torch.manual_seed(ctx.seed)
+        return build(variant, C, p)
 
-    xs, ys, lrs = [], [], []
-    best = (np.inf, None, 0)
-    stopped = False
-    t0 = time.process_time()
-    for step in range(max_steps + 1):
-        if step % int(p["eval_every"]) == 0 or step == max_steps:
-            xs.append(step)
-            ys.append(val_mae())
-            lrs.append(opt.param_groups[0]["lr"])
-            if ys[-1] < best[0]:
-                best = (ys[-1], copy.deepcopy(model.state_dict()), step)
-            if step >= min_steps and plateau(xs, ys, tol=tol):
-                stopped = True
-                break
-        if step == max_steps:
-            break
-        x, seen, hidden = train_windows(rng, ds["train"], ds["obs_train"], int(p["batch"]), W, int(p["block"]))
+    def train_loss(model, gen):  # the batch stream is a function of the generator: the same for every rate
+        rng = np.random.default_rng([base, int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen))])
+        x, seen, hidden = train_windows(rng, ds["train"], ds["obs_train"], B, W, blk)
         xt, st, ht = (torch.tensor(a, dtype=torch.float32) for a in (x, seen, hidden))
-        loss = loss_fn(model(xt * st, st), xt, st, ht)
-        opt.zero_grad()
-        loss.backward()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        sched.step()
-    model.load_state_dict(best[1])
+        return loss_fn(model(xt * st, st), xt, st, ht)
+
+    def val_loss(model):
+        return float(np.mean([window_errors(impute_learned(model, xv, seen), xv, ev)[0].mean()
+                              for seen, ev in vmasks]))
+
+    t0 = time.process_time()
+    model, rec = fit_to_plateau(make, train_loss, val_loss, f, ctx.seed, label=f"{variant} {name}",
+                                progress=getattr(ctx, "progress", print))
     model.eval()
-    return model, {"steps": xs, "val": ys, "lr": lrs, "stopped": stopped, "best_step": best[2],
-                   "best_val": best[0], "cpu_s": time.process_time() - t0}
+    rec["cpu_s"] = time.process_time() - t0
+    return model, rec
 
 
 # --- cell ---------------------------------------------------------------------------------------
@@ -290,14 +303,18 @@ def train(ctx) -> None:
         ds = load_series(ctx, name)
         if v in LEARNED:
             model, rec = fit(ctx, v, name, ds)
-            ctx.metrics.curve(f"val_mae_{name}", rec["steps"], rec["val"])
-            ctx.metrics.curve(f"lr_{name}", rec["steps"], rec["lr"])
-            ctx.metrics.scalar(f"steps_{name}", rec["steps"][-1])
-            ctx.metrics.scalar(f"stopped_flat_{name}", float(rec["stopped"]))
-            ctx.metrics.scalar(f"best_step_{name}", rec["best_step"])
+            ctx.metrics.curve(f"val_mae_{name}", rec["steps"], rec["vals"])
+            ctx.metrics.curve(f"lr_{name}", rec["steps"], rec["lrs"])
+            ctx.metrics.scalar(f"steps_{name}", rec["stop"])
+            ctx.metrics.scalar(f"stopped_flat_{name}", float(rec["plateau"]))
+            ctx.metrics.scalar(f"lr_chosen_{name}", float(rec["lr"]))
+            if rec.get("drop_gain") is not None:
+                ctx.metrics.scalar(f"drop_gain_{name}", float(rec["drop_gain"]))
+            ctx.metrics.scalar(f"best_val_{name}", float(min(rec["vals"])))
             ctx.metrics.scalar(f"train_cpu_s_{name}", rec["cpu_s"])
-            ctx.progress(f"{name}: {rec['steps'][-1]} steps ({'flat' if rec['stopped'] else 'max_steps'}), "
-                         f"best val MAE {rec['best_val']:.3f} at {rec['best_step']}, {rec['cpu_s']:.1f} CPU-s")
+            ctx.progress(f"{name}: lr {rec['lr']:g}, {rec['stop']} steps ({'flat' if rec['plateau'] else 'max_steps'}), "
+                         f"pilots " + ", ".join(f"{k:g}: {x:.3f}" for k, x in rec["pilot_best"].items())
+                         + f", best val MAE {min(rec['vals']):.3f}, {rec['cpu_s']:.1f} CPU-s")
             impute = lambda xw, seen, m=model: impute_learned(m, xw, seen)  # noqa: E731
         elif v == UNTRAINED:
             from .models import build
@@ -317,6 +334,8 @@ def train(ctx) -> None:
             y = impute(xw, seen)
             key = f"{pattern}_{int(round(100 * rate))}"
             mae, rmse = window_errors(y, xw, ev)
+            ctx.metrics.scalar(f"hidden_n_{name}_{key}", float(ev.sum()))  # hidden, truly known entries
+            ctx.metrics.scalar(f"hidden_frac_{name}_{key}", float(ev.sum() / known.sum()))  # of the known ones
             ctx.metrics.units(f"mae_{name}_{key}", mae)
             ctx.metrics.units(f"rmse_{name}_{key}", rmse)
             per.setdefault(key, []).append((mae.mean(), rmse.mean()))
@@ -345,8 +364,8 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     plots_dir = Path(plots_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
     t = table
-    order = [v for v in ("cbit", "brits", "saits", "linear", "locf", UNTRAINED) if v in set(t.variant)]
-    series = params.get("series", ["elnino", "lorenz96"])
+    order = [v for v in ("cbit", "cbit_nomem", "brits", "saits", "linear", "locf", UNTRAINED) if v in set(t.variant)]
+    series = params.get("series", ["co2", "lorenz96"])
     fig, axes = plt.subplots(len(series), 2, figsize=(11, 3.6 * len(series)), squeeze=False)
     for r, name in enumerate(series):
         for ax, pattern in zip(axes[r], PATTERNS):
@@ -385,7 +404,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             e = t[(t.metric == f"example_imputed_{name}") & (t.seed == seed0) & (t.variant == v)].sort_values("x")
             ax.plot(e.x, e.value, lw=0.9, label=v)
         dt = 0.05 * int(params.get("lorenz_every", 1))
-        ax.set_xlabel(f"test time step (elnino: months; lorenz96: {dt:g} model time units); dashed: window edges")
+        ax.set_xlabel(f"test time step (co2: weeks, test blocks joined; lorenz96: {dt:g} model time units); dashed: window edges")
         ax.set_ylabel("value (z-units of channel 0)")
         ax.set_title(f"{name}, block holes {int(100 * params.get('rates', [0, 0.3])[1])} % (hidden steps shaded): "
                      "which imputation follows the truth through the gaps?", fontsize=9)

@@ -15,7 +15,9 @@ CBiT (conditional temporal inference with history compression; our reading of th
         g         = sigmoid(W_g [M_k, U]);  M_{k+1} = LN(g * U + (1 - g) * M_k)
 
     Each partition costs O((S + 2 chunk)^2 d), there are T / chunk of them, so inference is linear
-    in T. "Partitioned modelling" = role embeddings that separate the compressed history, the
+    in T. ``memory=False`` (variant ``cbit_nomem``, the ablation) never updates the slots: M_k = M_0, a
+    learned constant, so partition k sees only itself and its look-ahead; everything else is the same.
+    "Partitioned modelling" = role embeddings that separate the compressed history, the
     target partition and the observed look-ahead partition. The look-ahead partition is our
     assumption (the abstract does not say how right context enters); it is observed data only.
 
@@ -57,21 +59,27 @@ class AttnLayer(nn.Module):
         self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
 
-    def forward(self, z, block_diag: bool = False):
+    def forward(self, z, block_diag: bool = False, need_weights: bool = True):
         B, T, d = z.shape
         q, k, v = self.qkv(self.n1(z)).view(B, T, 3, self.h, self.dk).permute(2, 0, 3, 1, 4)
-        s = q @ k.transpose(-1, -2) / math.sqrt(self.dk)
-        if block_diag:  # SAITS: a step may not attend to itself
-            s = s.masked_fill(torch.eye(T, dtype=torch.bool), float("-inf"))
-        a = s.softmax(-1)
-        z = z + self.o((a @ v).transpose(1, 2).reshape(B, T, d))
-        return z + self.ff(self.n2(z)), a.mean(1)
+        if not need_weights:  # the same attention through the fused kernel (no weights returned)
+            mask = ~torch.eye(T, dtype=torch.bool) if block_diag else None
+            o, a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
+        else:
+            s = q @ k.transpose(-1, -2) / math.sqrt(self.dk)
+            if block_diag:  # SAITS: a step may not attend to itself
+                s = s.masked_fill(torch.eye(T, dtype=torch.bool), float("-inf"))
+            a = s.softmax(-1)
+            o, a = a @ v, a.mean(1)
+        z = z + self.o(o.transpose(1, 2).reshape(B, T, d))
+        return z + self.ff(self.n2(z)), a
 
 
 class CBiT(nn.Module):
-    def __init__(self, C: int, d: int = 32, heads: int = 2, chunk: int = 16, slots: int = 4, layers: int = 1):
+    def __init__(self, C: int, d: int = 32, heads: int = 2, chunk: int = 16, slots: int = 4, layers: int = 1,
+                 memory: bool = True):
         super().__init__()
-        self.C, self.chunk, self.slots = C, chunk, slots
+        self.C, self.chunk, self.slots, self.memory = C, chunk, slots, memory
         self.embed = nn.Linear(2 * C, d)
         self.register_buffer("pos", sinusoid(chunk, d))
         self.role = nn.Parameter(0.02 * torch.randn(3, d))  # 0 history memory, 1 target, 2 look-ahead
@@ -81,6 +89,18 @@ class CBiT(nn.Module):
         self.gate = nn.Linear(2 * d, d)
         self.mem_norm = nn.LayerNorm(d)
         self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, C))
+
+    def _compress(self, mem, h):
+        """``self.compress(mem, h, h)`` (nn.MultiheadAttention, its own weights) written out: queries the
+        slots, keys and values the partition's encoded tokens; the same maths without the module's
+        per-call argument handling."""
+        mha, B, dk = self.compress, mem.shape[0], mem.shape[-1] // self.compress.num_heads
+        w, b = mha.in_proj_weight, mha.in_proj_bias
+        d = mem.shape[-1]
+        q = F.linear(mem, w[:d], b[:d]).view(B, -1, mha.num_heads, dk).transpose(1, 2)
+        k, v = F.linear(h, w[d:], b[d:]).view(B, -1, 2, mha.num_heads, dk).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, -1, d)
+        return mha.out_proj(o)
 
     def forward(self, x, m):
         B, T, C = x.shape
@@ -95,13 +115,15 @@ class CBiT(nn.Module):
         for k in range(K):
             z = torch.cat([mem + self.role[0], tok[:, k] + self.role[1], tok[:, k + 1] + self.role[2]], 1)
             for layer in self.enc:
-                z, _ = layer(z)
+                z, _ = layer(z, need_weights=False)
             h = z[:, S:S + L]
-            outs.append(self.out(h))
-            upd, _ = self.compress(mem, h, h, need_weights=False)
+            outs.append(h)
+            if not self.memory:  # ablation cbit_nomem: the slots stay at their learned initial value
+                continue
+            upd = self._compress(mem, h)
             g = torch.sigmoid(self.gate(torch.cat([mem, upd], -1)))
             mem = self.mem_norm(g * upd + (1 - g) * mem)
-        y = torch.cat(outs, 1)[:, :T]
+        y = self.out(torch.cat(outs, 1)[:, :T])  # the output head per step, applied once to all partitions
         return {"impute": y, "aux": []}
 
 
@@ -121,12 +143,12 @@ class SAITS(nn.Module):
         pe = sinusoid(T, self.d)
         z = self.in1(torch.cat([x * m, m], -1)) + pe
         for layer in self.b1:
-            z, _ = layer(z, block_diag=True)
+            z, _ = layer(z, block_diag=True, need_weights=False)
         x1 = self.out1(z)
         xc = m * x + (1 - m) * x1
         z = self.in2(torch.cat([xc, m], -1)) + pe
-        for layer in self.b2:
-            z, a = layer(z, block_diag=True)
+        for i, layer in enumerate(self.b2):  # the mixing weights read the last layer's attention map
+            z, a = layer(z, block_diag=True, need_weights=i == len(self.b2) - 1)
         x2 = self.out2(z)
         eta = torch.sigmoid(self.mix(torch.cat([m, a.mean(1, keepdim=True).transpose(1, 2) * T], -1)))
         x3 = (1 - eta) * x2 + eta * x1
@@ -189,24 +211,25 @@ class BRITS(nn.Module):
         gx = torch.exp(-F.relu(delta * self.w_dx[:, None, None] + self.b_dx))
         alpha = torch.sigmoid(torch.einsum("kbtc,koc->kbto", torch.cat([gx, ms], -1), self.w_comb) + self.b_comb)
         w_feat_t = (self.w_feat * self.offdiag).transpose(1, 2)
-        w_hist_t, w_hh_t = self.w_hist.transpose(1, 2), self.w_hh.transpose(1, 2)
+        # the decayed state feeds the history regression and the GRU's hidden gates: one product for both
+        w_h_t = torch.cat([self.w_hist, self.w_hh], 1).transpose(1, 2)      # (2, d, C + 3d)
+        b_h = torch.cat([self.b_hist, self.b_hh], -1)
         w_ic_t = self.w_ih[:, :, :C].transpose(1, 2)        # GRU input weights of the completed x
         gi_m = torch.einsum("kbtc,koc->kbto", ms, self.w_ih[:, :, C:]) + self.b_ih[:, None]  # of the mask
-        mx, nm = ms * xs, 1 - ms
+        # per-step slices taken once (unbind: one autograd node, not one select per step and tensor)
+        steps = zip(*(a.unbind(2) for a in (gh, ms * xs, 1 - ms, alpha, gi_m)))
         h = x.new_zeros(2, B, d)
         out = []
-        for t in range(T):
-            h = h * gh[:, :, t]
-            xh = torch.baddbmm(self.b_hist, h, w_hist_t)
-            xc = mx[:, :, t] + nm[:, :, t] * xh
-            zh = torch.baddbmm(self.b_feat, xc, w_feat_t)
-            ch = torch.lerp(xh, zh, alpha[:, :, t])
+        for gh_t, mx_t, nm_t, a_t, gim_t in steps:
+            h = h * gh_t
+            hh = torch.baddbmm(b_h, h, w_h_t)
+            xh, gg = hh[..., :C], hh[..., C:]
+            zh = torch.baddbmm(self.b_feat, torch.addcmul(mx_t, nm_t, xh), w_feat_t)
+            ch = torch.lerp(xh, zh, a_t)
             out.append(ch)
-            cc = mx[:, :, t] + nm[:, :, t] * ch
-            gi = torch.baddbmm(gi_m[:, :, t], cc, w_ic_t)
-            gg = torch.baddbmm(self.b_hh, h, w_hh_t)
+            gi = torch.baddbmm(gim_t, torch.addcmul(mx_t, nm_t, ch), w_ic_t)
             r, z = torch.sigmoid(gi[..., :2 * d] + gg[..., :2 * d]).chunk(2, -1)
-            n = torch.tanh(gi[..., 2 * d:] + r * gg[..., 2 * d:])
+            n = torch.tanh(torch.addcmul(gi[..., 2 * d:], r, gg[..., 2 * d:]))
             h = torch.lerp(n, h, z)
         y = torch.stack(out, 2)                               # (2, B, T, C)
         return y[0], y[1].flip(1)
@@ -218,13 +241,13 @@ class BRITS(nn.Module):
 
 def build(variant: str, C: int, p: dict) -> nn.Module:
     d, heads = int(p["d_model"]), int(p["heads"])
-    if variant == "cbit":
-        return CBiT(C, d, heads, int(p["chunk"]), int(p["slots"]), int(p["layers"]))
+    if variant in ("cbit", "cbit_nomem"):
+        return CBiT(C, d, heads, int(p["chunk"]), int(p["slots"]), int(p["layers"]), memory=variant == "cbit")
     if variant == "saits":
         return SAITS(C, d, heads, int(p["layers"]))
     if variant == "brits":
         return BRITS(C, d)
-    raise KeyError(f"no learned model for variant '{variant}'; known: cbit, saits, brits")
+    raise KeyError(f"no learned model for variant '{variant}'; known: cbit, cbit_nomem, saits, brits")
 
 
 def loss_fn(out: dict, x, m_in, m_hidden):
