@@ -91,6 +91,41 @@ def test_channel_permutation_equivariance():
     assert torch.allclose(m(x[..., perm]), y[..., perm], atol=1e-12)
 
 
+def test_channel_embedding_breaks_the_channel_symmetry():
+    """Standard attention without a channel embedding is permutation-equivariant (its channels are
+    interchangeable: a target cannot tell which channel is its driver); ``standard_id``'s learned per-channel
+    embedding breaks that, with N x d extra parameters, and permuting the embedding with the channels
+    restores equivariance."""
+    torch.manual_seed(5)
+    N, L, H, d = 4, 10, 3, 8
+    std = build(N, L, H, d, 2, 1, 2, prime=False, norm=False).double()
+    sid = build(N, L, H, d, 2, 1, 2, prime=False, norm=False, channel_id=True).double()
+    assert n_params(sid) - n_params(std) == N * d
+    x = torch.randn(2, L, N, dtype=torch.float64)
+    perm = torch.tensor([2, 0, 3, 1])
+    assert torch.allclose(std(x[..., perm]), std(x)[..., perm], atol=1e-12)
+    with torch.no_grad():
+        sid.chan.normal_(0, 1.0)
+    y = sid(x)
+    assert not torch.allclose(sid(x[..., perm]), y[..., perm], atol=1e-3)
+    with torch.no_grad():
+        sid.chan.copy_(sid.chan[perm])
+    assert torch.allclose(sid(x[..., perm]), y[..., perm], atol=1e-12)
+
+
+def test_homogeneous_system_one_law_one_lag():
+    """The control system: every target is a delayed copy of its driver at one common lag."""
+    rng = np.random.default_rng(3)
+    system = D.draw_system(rng, 4, lags=(34, 42), noise=0.05, homogeneous=True)
+    assert len(set(system["lag"])) == 1 and 34 <= system["lag"][0] <= 42
+    cmap = system["cmap"]
+    assert set(cmap[cmap > 0].tolist()) == {D.LAWS.index("delayed")} and (cmap > 0).sum() == 4
+    x = D.simulate(system, rng, 1, 20000)[0]
+    lag = system["lag"][0]
+    for i, j in np.argwhere(cmap > 0):
+        assert np.corrcoef(x[:-lag, j], x[lag:, i])[0, 1] > 0.95
+
+
 def test_matched_width_counts():
     """Standard width is the one whose count is closest to the prime model's; prime adds 2 N^2 d per layer."""
     N, L, H, d, heads, layers = 8, 58, 24, 24, 4, 2

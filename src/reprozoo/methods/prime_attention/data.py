@@ -35,7 +35,9 @@ the relation prime attention is built to model (``test_last_cycle_reachable_only
 
 Channels are ordered [drivers..., targets...]. The (N, N) map of the true law for (query = target
 i, key = source j) is 0 where channel j does not drive channel i: the map the learned pairwise
-filters are compared with.
+filters are compared with. The *homogeneous* system (``homogeneous=True``) is the same but for one
+law (a delayed copy) and one lag for every pair: the control on which priming per pair has nothing to
+add over a standard model that knows which channel is which.
 
 Macrodata (statsmodels, 203 quarters, 12 variables): level series that grow (GDP, consumption,
 investment, government spending, income, CPI, M1, population) enter as quarterly log-growth
@@ -88,13 +90,20 @@ def seasonal_ar(rng: np.random.Generator, n_episodes: int, length: int, n: int, 
 
 def draw_system(rng: np.random.Generator, n_drivers: int = 4, lags=(34, 42), noise: float = 0.1,
                 season_period: int = 90, season_phi: float = 0.9, season_smooth: int = 5,
-                season_share: float = 0.5, osc_periods=(12.0, 60.0), osc_radius=(0.95, 0.99)) -> dict:
-    """Everything that defines one coupled system except the noise realisation."""
+                season_share: float = 0.5, osc_periods=(12.0, 60.0), osc_radius=(0.95, 0.99),
+                homogeneous: bool = False) -> dict:
+    """Everything that defines one coupled system except the noise realisation.
+
+    ``homogeneous``: every (driver, echo) pair has the same law (a delayed copy) and the same lag (one
+    draw from ``lags``): the control system, where one static value per key serves every pair."""
     P = rng.uniform(*osc_periods, size=n_drivers)
     r = rng.uniform(*osc_radius, size=n_drivers)
     types = [1 + (k % 4) for k in range(n_drivers)]  # linear, delayed, sign_flipped, nonlinear, ...
     source = rng.permutation(n_drivers)
     lag = rng.integers(int(lags[0]), int(lags[1]) + 1, size=n_drivers)
+    if homogeneous:
+        types = [LAWS.index("delayed")] * n_drivers
+        lag = np.full(n_drivers, lag[0])
     N = 2 * n_drivers
     cmap = np.zeros((N, N), dtype=int)
     for k, (law, s) in enumerate(zip(types, source)):

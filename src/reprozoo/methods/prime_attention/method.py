@@ -3,10 +3,15 @@
 Variants (one training cell = one variant x one seed, covering every dataset x lookback x horizon):
   prime          iTransformer-style forecaster whose attention primes keys and values per channel
                  pair (model.py), width ``model.dim``
-  standard       the same forecaster with standard attention at the same width (the paper's baseline;
-                 the claims read it)
+  standard       the same forecaster with standard attention at the same width (the paper's baseline)
+  standard_id    ``standard`` plus a learned per-channel embedding added to the tokens (round 4): the
+                 claims read min(standard, standard_id)
   standard_wide  standard attention, width raised until its parameter count matches the prime
-                 model's (``matched_width``): an extra row, not the baseline
+                 model's (``matched_width``): round 3's extra row, no longer in the spec
+
+Datasets: ``syn`` (the heterogeneous echo system), ``homo`` (its homogeneous control: one law, one lag
+for every pair; trained only by the variants its ``configs.homo.variants`` names) and ``macro``.
+``filter_dev_<ds>`` (prime cell): the mean over pairs and configs of the filters' deviation from 1.
 
 Stages per (dataset, lookback L, horizon H) and variant: the platform's training rule
 (``blocks.fitting.fit_to_plateau``, the same for every variant): the learning-rate grid ``fit.lr_grid``
@@ -36,8 +41,8 @@ import numpy as np
 from . import data as D
 from reprozoo.figures import save_figure
 
-VARIANTS = ("prime", "standard", "standard_wide")
-COLORS = {"prime": "tab:red", "standard": "tab:blue", "standard_wide": "tab:cyan"}
+VARIANTS = ("prime", "standard", "standard_id", "standard_wide")
+COLORS = {"prime": "tab:red", "standard": "tab:blue", "standard_id": "tab:green", "standard_wide": "tab:cyan"}
 GENERIC_CURVES = {"val_syn_L96_H24": ("training step", "validation MSE (standardised units^2)"),
                   "val_macro_L25_H8": ("training step", "validation MSE (standardised units^2)")}
 
@@ -72,19 +77,22 @@ class Task:
 SYSTEM_KEYS = ("n_drivers", "lags", "noise", "season_period", "season_phi", "season_smooth", "season_share")
 
 
-def synthetic_tasks(p: dict, rng_of) -> tuple[dict, np.ndarray, dict]:
-    """{(L, H): Task} for the coupled seasonal system, the test episodes and the system.
+def synthetic_tasks(p: dict, rng_of, ds: str = "syn") -> tuple[dict, np.ndarray, dict]:
+    """{(L, H): Task} for the coupled seasonal system (``ds`` = ``syn``) or its homogeneous control
+    (``homo``: one law and one lag for every pair), the test episodes and the system.
 
     Training: ``train_episodes`` independent episodes of ``train_length`` steps each (windows at
     every origin inside an episode); validation and test: independent episodes, one forecast origin
     each (row max L), the same for every variant, lookback and horizon."""
-    s, cfg = p["synthetic"], p["configs"]["syn"]
+    s, cfg = p["synthetic"], p["configs"][ds]
     Ls, Hs = sorted(int(x) for x in cfg["lookbacks"]), sorted(int(x) for x in cfg["horizons"])
-    system = D.draw_system(rng_of(11), **{k: s[k] for k in SYSTEM_KEYS})
-    pool = D.simulate(system, rng_of(12), int(s["train_episodes"]), int(s["train_length"]))
+    homo = ds == "homo"
+    o = 20 if homo else 0  # independent draws for the control system
+    system = D.draw_system(rng_of(11 + o), homogeneous=homo, **{k: s[k] for k in SYSTEM_KEYS})
+    pool = D.simulate(system, rng_of(12 + o), int(s["train_episodes"]), int(s["train_length"]))
     length = max(Ls) + max(Hs)
-    val = D.simulate(system, rng_of(13), int(s["val_episodes"]), length)
-    test = D.simulate(system, rng_of(14), int(s["test_episodes"]), length)
+    val = D.simulate(system, rng_of(13 + o), int(s["val_episodes"]), length)
+    test = D.simulate(system, rng_of(14 + o), int(s["test_episodes"]), length)
     mu, sd = pool.mean((0, 1)), pool.std((0, 1)) + 1e-8
     pool, val, test = ((a - mu) / sd for a in (pool, val, test))
     E, T, N = pool.shape
@@ -180,7 +188,7 @@ def fit_and_score(task: Task, variant: str, mp: dict, fp: dict, seed: int, label
     def make(gen):
         torch.manual_seed(seed)  # the same initial weights for every rate
         return build(N, task.L, task.H, dim, int(mp["n_heads"]), int(mp["n_layers"]), float(mp["ff_mult"]),
-                     variant == "prime", rank, d_ff=d_ff, norm=norm)
+                     variant == "prime", rank, d_ff=d_ff, norm=norm, channel_id=variant == "standard_id")
 
     def train_loss(model, gen):
         b = tr[torch.randint(len(tr), (bs,), generator=gen)]
@@ -215,20 +223,23 @@ def train(ctx):
     p = ctx.params
     mp = p["model"]
     for ds in p["datasets"]:
+        only = p["configs"][ds].get("variants")  # a dataset only some variants train on (the control system)
+        if only is not None and ctx.variant not in only:
+            continue
         fp = {k: v for k, v in p["fit"].items() if k != "per_dataset"}
         fp.update((p["fit"].get("per_dataset") or {}).get(ds) or {})
-        if ds == "syn":
-            tasks, test, system = synthetic_tasks(p, ctx.rng)
+        if ds in ("syn", "homo"):
+            tasks, test, system = synthetic_tasks(p, ctx.rng, ds)
         elif ds == "macro":
             if "ts_statsmodels" not in ctx.data:
                 raise KeyError(f"dataset 'ts_statsmodels' is not among this method's datasets {sorted(ctx.data)}; "
                                "add it to spec.datasets")
             tasks = macro_tasks(p, ctx.data["ts_statsmodels"])
         else:
-            raise KeyError(f"unknown dataset '{ds}' (known: syn, macro)")
+            raise KeyError(f"unknown dataset '{ds}' (known: syn, homo, macro)")
         Ls = sorted({L for L, _ in tasks})
         Hs = sorted({H for _, H in tasks})
-        units, ridge_units = {}, {}
+        units, ridge_units, devs = {}, {}, []
         for (L, H) in sorted(tasks):
             task = tasks[(L, H)]
             tag = f"{ds}_L{L}_H{H}"
@@ -240,6 +251,10 @@ def train(ctx):
             ctx.metrics.scalar(f"mse_{tag}", float(run["units"].mean()))
             ctx.metrics.scalar(f"params_{tag}", run["params"])
             log_fit(ctx.metrics, tag, run)
+            if ctx.variant == "prime":  # how far the pair filters moved from F = 1 (mean over pairs)
+                dev = float(run["model"].filter_deviation().detach().mean())
+                ctx.metrics.scalar(f"filter_dev_{tag}", dev)
+                devs.append(dev)
             ctx.progress(f"{tag}: test MSE {run['units'].mean():.4f}, {run['params']} params, lr {run['lr']:g} "
                          f"(pilots {', '.join(f'{k:g}: {v:.4f}' for k, v in run['pilot_best'].items())}), "
                          f"{run['stop']} steps ({'plateau' if run['plateau'] else 'max_steps'}), "
@@ -252,9 +267,13 @@ def train(ctx):
                     ridge_units.setdefault(name, {})[(L, H)] = r["units"]
                     ctx.metrics.scalar(f"mse_{name}_{tag}", float(r["units"].mean()))
                     ctx.metrics.scalar(f"{name}_alpha_{tag}", r["alpha"])
+                    alphas = sorted(float(x) for x in p["ridge"]["alphas"])  # 1: the grid does not bracket it
+                    ctx.metrics.scalar(f"{name}_alpha_edge_{tag}", float(r["alpha"] in (alphas[0], alphas[-1])))
                     ctx.progress(f"{tag}: {name} test MSE {r['units'].mean():.4f} (alpha {r['alpha']:g})")
             if ds == "syn" and (L, H) == (max(Ls), min(Hs)):
                 _syn_extras(ctx, run, system, task, L, H)
+        if devs:
+            ctx.metrics.scalar(f"filter_dev_{ds}", float(np.mean(devs)))
         for name, u in [("mse", units)] + [(f"mse_{k}", u) for k, u in ridge_units.items()]:
             if not u:
                 continue
@@ -271,7 +290,7 @@ def _syn_extras(ctx, run, system, task, L, H):
     if ctx.variant == "prime":
         dev = run["model"].filter_deviation().detach().numpy()
         ctx.metrics.curve("filter_map", range(N * N), dev.ravel())
-        coupled = cmap > 0
+        coupled = (cmap > 0) | (cmap.T > 0)  # both directions of a (driver, echo) pair
         ctx.metrics.scalar("filter_contrast", float(dev[coupled].mean() / dev[~coupled].mean()))
     ctx.metrics.curve("coupling_type", range(N * N), cmap.ravel())
     ch = int(np.argwhere(cmap == D.LAWS.index("delayed"))[0, 0])
@@ -297,7 +316,8 @@ def plot(table, plots_dir, params: dict) -> None:
     plots_dir = Path(plots_dir)
     variants = [v for v in VARIANTS if v in set(table.variant)]
     dss = list(params["datasets"])
-    titles = {"syn": "coupled seasonal system (test: independent episodes)", "macro": "statsmodels macrodata"}
+    titles = {"syn": "coupled seasonal system (test: independent episodes)",
+              "homo": "homogeneous control system (one law, one lag for every pair)", "macro": "statsmodels macrodata"}
 
     # 1) test MSE per horizon (or per lookback, with one horizon), mean +- std over seeds, every seed as a dot
     fig, axes = plt.subplots(1, len(dss), figsize=(5.4 * len(dss), 3.9), squeeze=False)
@@ -327,7 +347,7 @@ def plot(table, plots_dir, params: dict) -> None:
                     continue
                 ax.plot(xs, [a.mean() for a in m], ls, marker="s", ms=4, color=color,
                         label=f"{ref} ({'all channels' if ref == 'ridge' else 'own channel'}){suffix}")
-        unit = "time steps" if ds == "syn" else "quarters"
+        unit = "time steps" if ds in ("syn", "homo") else "quarters"
         ax.set_xticks(Ls if by_lookback else Hs)
         ax.set_xlabel(f"lookback L ({unit}; horizon {Hs[0]})" if by_lookback else f"horizon H ({unit})")
         ax.set_ylabel("test MSE (standardised units^2)")

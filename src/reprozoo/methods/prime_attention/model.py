@@ -105,26 +105,33 @@ class ChannelTokenForecaster(nn.Module):
     """x (B, L, N) -> forecast (B, H, N)."""
 
     def __init__(self, n_channels, lookback, horizon, dim, n_heads, n_layers, d_ff, prime,
-                 filter_rank=None, dropout=0.0, norm: bool = True):
+                 filter_rank=None, dropout=0.0, norm: bool = True, channel_id: bool = False):
         super().__init__()
         self.norm = bool(norm)
         self.embed = nn.Linear(lookback, dim)
+        # a learned per-channel embedding added to every token (N x d parameters): without it the channels
+        # are interchangeable to standard attention (one shared embedding, value projection and head)
+        self.chan = nn.Parameter(0.02 * torch.randn(n_channels, dim)) if channel_id else None
         self.layers = nn.ModuleList(EncoderLayer(n_channels, dim, n_heads, d_ff, prime, filter_rank, dropout)
                                     for _ in range(n_layers))
         self.head = nn.Linear(dim, horizon)
 
     def forward(self, x):
         if not self.norm:  # stationary, already standardised series: the window's mean is noise, not level
-            e = self.embed(x.transpose(1, 2))
+            e = self._tokens(x.transpose(1, 2))
             for layer in self.layers:
                 e = layer(e)
             return self.head(e).transpose(1, 2)
         mu = x.mean(1, keepdim=True)
         sd = (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
-        e = self.embed(((x - mu) / sd).transpose(1, 2))  # (B, N, d)
+        e = self._tokens(((x - mu) / sd).transpose(1, 2))  # (B, N, d)
         for layer in self.layers:
             e = layer(e)
         return self.head(e).transpose(1, 2) * sd + mu
+
+    def _tokens(self, xt):
+        e = self.embed(xt)
+        return e if self.chan is None else e + self.chan
 
     def filter_deviation(self) -> torch.Tensor:
         """(N, N): mean over layers of ||F^K_ij - 1|| + ||F^V_ij - 1|| / sqrt(d), the learned pair map."""
@@ -141,12 +148,12 @@ def n_params(model: nn.Module) -> int:
 
 
 def build(n_channels, lookback, horizon, dim, n_heads, n_layers, ff_mult, prime, filter_rank=None,
-          d_ff: int | None = None, dropout: float = 0.0, norm: bool = True):
+          d_ff: int | None = None, dropout: float = 0.0, norm: bool = True, channel_id: bool = False):
     """The forecaster; FFN width ``d_ff`` (default ff_mult * dim); ``norm``: iTransformer's per-window
-    normalisation (``use_norm``)."""
+    normalisation (``use_norm``); ``channel_id``: a learned per-channel embedding added to the tokens."""
     return ChannelTokenForecaster(n_channels, lookback, horizon, dim, n_heads, n_layers,
                                   int(d_ff) if d_ff is not None else int(ff_mult * dim), prime, filter_rank,
-                                  dropout, norm)
+                                  dropout, norm, channel_id)
 
 
 def matched_width(n_channels, lookback, horizon, prime_dim, n_heads, n_layers, ff_mult, filter_rank=None,
