@@ -435,6 +435,59 @@ def test_ar2_positive_control_field_is_not_markov_and_forecastable():
     assert ac[0] > 0.8 and ac[3:].min() < 0.5
 
 
+def test_finetune_table_rate_trains_without_pilots_and_the_grid_still_pilots(monkeypatch):
+    """A variant named in ``finetune.lr`` trains at the table's rate with one PlateauRun (no pilots),
+    the same run the grid path continues when the grid holds that rate alone (same batches, stop and
+    best weights); a variant the table does not name, or no table, pilots every rate of the grid; a
+    table giving the trained placebo another rate than emformer's is refused."""
+    import reprozoo.blocks.fitting as fitting
+    from reprozoo.methods.emformer.loss import CompositeLoss as CL
+    from reprozoo.methods.emformer.method import finetune_table_rate
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
+    p["finetune"]["fit"].update(min_steps=4, max_steps=6, pilot_steps=2, eval_every=1, lr_grid=[3e-4, 1e-3])
+    p["finetune"]["lr"] = {"emformer": 3e-4, "placebo_ft": 3e-4}  # 3e-4: not the grid's last rate
+    data = make_data(p, np.random.default_rng(0))
+    made = []
+    real = fitting.PlateauRun
+
+    class Spy(real):
+        def __init__(self, model, lr, *a, **k):
+            made.append(float(lr))
+            super().__init__(model, lr, *a, **k)
+
+    monkeypatch.setattr(fitting, "PlateauRun", Spy)
+    torch.manual_seed(0)
+    net = EMFormerNet(dim=8, depth=1, heads=2, patch=4)
+    quiet = lambda *_: None  # noqa: E731
+    _, _, rec = finetune(net, CL(2), p, data, True, 0, progress=quiet, variant="emformer")
+    assert made == [3e-4] and rec["lr_source"] == "table" and rec["pilot_best"] == {} and rec["lr_edge"] is None
+    assert rec["lr"] == 3e-4 and set(rec["lrs"]) == {3e-4} and rec["steps"][0] == 0
+    # the same rule: equal to the grid path's continued run when the grid holds the table's rate alone
+    q = {**p, "finetune": {**p["finetune"], "lr": {}, "fit": {**p["finetune"]["fit"], "lr_grid": [3e-4]}}}
+    made.clear()
+    _, _, one = finetune(net, CL(2), q, data, True, 0, progress=quiet, variant="emformer")
+    assert made == [3e-4] and one["lr_source"] == "grid"
+    assert one["vals"] == rec["vals"] and one["stop"] == rec["stop"] and one["plateau"] == rec["plateau"]
+    # a variant the table does not name, and no table at all: the grid's pilots, as before
+    for variant, cfg in (("rollout_ft", p), ("emformer", {**p, "finetune": {k: v for k, v in p["finetune"].items()
+                                                                            if k != "lr"}})):
+        made.clear()
+        _, _, g = finetune(net, CL(2), cfg, data, variant != "rollout_ft", 0, progress=quiet, variant=variant)
+        assert made == [3e-4, 1e-3] and g["lr_source"] == "grid" and set(g["pilot_best"]) == {3e-4, 1e-3}
+    made.clear()
+    _, _, g = finetune(net, CL(2), p, data, True, 0, progress=quiet)  # no variant given: the grid
+    assert made == [3e-4, 1e-3] and g["lr_source"] == "grid"
+    with pytest.raises(ValueError, match="placebo"):
+        finetune_table_rate({"lr": {"emformer": 1e-3, "placebo_ft": 3e-4}}, "rollout_ft")
+    # the committed smoke and ci tables: every fine-tuned variant named, the placebo at emformer's rate
+    for scale in ("smoke", "ci"):
+        c = yaml.safe_load((Path(__file__).parents[1] / f"src/reprozoo/methods/emformer/configs/{scale}.yaml").read_text())
+        t = c["finetune"]["lr"]
+        assert set(t) == {"emformer", "placebo_ft", "rollout_ft", "context_ar2"} and t["placebo_ft"] == t["emformer"]
+        assert all(float(r) in [float(x) for x in c["finetune"]["fit"]["lr_grid"]] for r in t.values())
+
+
 def test_trained_placebo_finetune_attends_to_another_samples_context(monkeypatch):
     """placebo=True: the fine-tuning's forecasts read the context of the next sample of the batch
     (placebo_shift 1) in training and validation; the real accumulative fine-tuning reads its own."""

@@ -11,7 +11,8 @@ is in standard deviations; one lead step = ``sim.dt_save`` model time units):
   composite loss (learned sinusoidal weight, ``loss.py``); every variant of the seed starts from it.
 * train (per variant x seed): fine-tune a pretrained forecaster on R-step rollouts (R = 8 at smoke: the
   whole evaluated forecast, so the loss covers the skill window; the reference's ``t_out_train`` is 5 of
-  its 40 leads) by the same rule (learning-rate grid ranked by the pilots' second half, constant rate to
+  its 40 leads) by the same rule (learning-rate grid ranked by the pilots' second half, or the rate of
+  the config's ``finetune.lr`` table, chosen once on validation, with no pilots; constant rate to
   the plateau of the fine-tuning curve relative to its gain),
   then forecast from the test start states (16 trajectories x 6 starts, stride = forecast length)
   autoregressively to ``eval.leads`` and record latitude-weighted RMSE and ACC per start state (the
@@ -66,7 +67,8 @@ Training: one rule for every model (``blocks.fitting``): a learning-rate grid pi
 validation trajectories from the same weights, the best rate continued at a constant rate to the
 convergence gate's own plateau test (pretraining: ``fit_to_plateau`` with its default rate drop after the
 first plateau; fine-tuning: ``PlateauRun`` with the plateau judged relative to the
-fine-tuning gain, ``scale: range``), best-validation weights kept. No schedule reaches zero.
+fine-tuning gain, ``scale: range``, at the ``finetune.lr`` table's rate where the config names the
+variant there), best-validation weights kept. No schedule reaches zero.
 """
 from __future__ import annotations
 
@@ -297,8 +299,22 @@ def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print):
     return m.net, m.loss, rec
 
 
+def finetune_table_rate(cfg: dict, variant: str | None) -> float | None:
+    """The fine-tuning rate of ``variant`` in the config's ``finetune.lr`` table (chosen once on
+    validation by the grid pilots and fixed), or None (no table, no variant, or a variant the table
+    does not name: the grid pilots run). The trained placebo is emformer's like-for-like control and
+    must train at emformer's rate: a table that gives them different rates is refused."""
+    table = cfg.get("lr") or {}
+    if "emformer" in table and "placebo_ft" in table and float(table["emformer"]) != float(table["placebo_ft"]):
+        raise ValueError(f"emformer: finetune.lr gives placebo_ft {table['placebo_ft']} and emformer "
+                         f"{table['emformer']}; the trained placebo must share emformer's rate")
+    if variant is None or variant not in table:
+        return None
+    return float(table[variant])
+
+
 def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, progress=print,
-             placebo: bool = False):
+             placebo: bool = False, variant: str | None = None):
     """R-step rollout fine-tuning, one update per rollout, the composite loss over the R leads (its
     learned log-variances and weight carry over from pretraining, as in the reference, where they are
     parameters of the model); inputs of later steps are the detached forecasts. ``accumulative``:
@@ -313,7 +329,12 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
     tail is judged against what the whole fine-tuning gained, not against the rollout RMSE's level.
     ``placebo`` (the trained placebo, with ``accumulative``): every forecast of a batch attends to the
     context (observed history and earlier steps) of the NEXT sample of the batch, in training and in
-    validation; everything else the same. Returns the network and the record."""
+    validation; everything else the same.
+
+    ``variant`` named in the config's ``finetune.lr`` table (``finetune_table_rate``): that one rate,
+    chosen once on validation, runs under the same rule (the same ``PlateauRun``, batches, plateau stop
+    and best-validation weights) with no pilots; the record's ``lr_source`` says which happened
+    ("table" or "grid"). Returns the network and the record."""
     import copy
 
     import torch
@@ -343,18 +364,27 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
             return _val_rmse(forecast(m.net, val), val[:, H + 1:].transpose(0, 1), lat_w)
 
     every = int(fit["eval_every"])
-    runs = []
-    for lr in fit["lr_grid"]:
-        m = _Trainable.make(copy.deepcopy(net), copy.deepcopy(loss_fn))  # every rate from the same weights
-        run = PlateauRun(m, float(lr), train_loss, val_loss, every, torch.Generator().manual_seed(seed + 29),
-                         fit.get("optimizer", "adamw"), float(fit.get("weight_decay", 0.0)))
-        run.advance(int(fit["pilot_steps"]))
-        runs.append(run)
-    how = fit.get("pilot_score", "tail")  # the shared rule's ranking: the mean of the pilot's second half
-    pilots = {float(r.lr): r.pilot_score(how) for r in runs}
-    run = min(runs, key=lambda r: pilots[float(r.lr)])
-    grid = sorted(float(x) for x in fit["lr_grid"])
-    edge = None if len(grid) < 2 else ("top" if run.lr == grid[-1] else "bottom" if run.lr == grid[0] else None)
+
+    def start(lr):  # every rate from the same pretrained weights, on the same batches
+        m = _Trainable.make(copy.deepcopy(net), copy.deepcopy(loss_fn))
+        return PlateauRun(m, float(lr), train_loss, val_loss, every, torch.Generator().manual_seed(seed + 29),
+                          fit.get("optimizer", "adamw"), float(fit.get("weight_decay", 0.0)))
+
+    fixed = finetune_table_rate(cfg, variant)
+    if fixed is not None:  # the rate chosen once on validation (config `finetune.lr`): no pilots
+        run, pilots, edge, source = start(fixed), {}, None, "table"
+    else:
+        runs = []
+        for lr in fit["lr_grid"]:
+            run = start(lr)
+            run.advance(int(fit["pilot_steps"]))
+            runs.append(run)
+        how = fit.get("pilot_score", "tail")  # the shared rule's ranking: the mean of the pilot's second half
+        pilots = {float(r.lr): r.pilot_score(how) for r in runs}
+        run = min(runs, key=lambda r: pilots[float(r.lr)])
+        grid = sorted(float(x) for x in fit["lr_grid"])
+        edge = None if len(grid) < 2 else ("top" if run.lr == grid[-1] else "bottom" if run.lr == grid[0] else None)
+        source = "grid"
     tol, scale = float(fit["flat_tol"]), fit.get("scale", "range")
     stopped = False
     while run.step < int(fit["max_steps"]):
@@ -363,11 +393,11 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
             stopped = True
             break
     run.model.load_state_dict(run.best_state)
-    progress(f"finetune[{'placebo' if shift else 'accumulative' if accumulative else 'rollout'}]: lr {run.lr:g}, {run.step} updates "
+    progress(f"finetune[{'placebo' if shift else 'accumulative' if accumulative else 'rollout'}]: lr {run.lr:g} ({source}), {run.step} updates "
              f"({'plateau' if stopped else 'max steps'}), val rollout RMSE {run.vals[0]:.4f} -> best {run.best:.4f}"
              + (f"; chosen rate at the grid's {edge}" if edge else ""))
     rec = {"steps": run.steps, "vals": run.vals, "lrs": run.lrs, "lr": run.lr, "stop": run.step,
-           "plateau": stopped, "pilot_best": pilots, "lr_edge": edge}
+           "plateau": stopped, "pilot_best": pilots, "lr_edge": edge, "lr_source": source}
     return run.model.net, run.model.loss, rec
 
 
@@ -557,12 +587,15 @@ def _record_activity(ctx, f: np.ndarray, clim: np.ndarray, suffix: str = "") -> 
 
 def _fit_and_record(ctx, p, data, net, loss_fn, accumulative: bool, placebo: bool = False):
     t0 = time.process_time()
-    net, loss_fn, c = finetune(net, loss_fn, p, data, accumulative, ctx.seed, ctx.progress, placebo=placebo)
+    net, loss_fn, c = finetune(net, loss_fn, p, data, accumulative, ctx.seed, ctx.progress, placebo=placebo,
+                               variant=ctx.variant)
     ctx.metrics.scalar("finetune_seconds", time.process_time() - t0)
     ctx.metrics.curve("ft_val_rmse", c["steps"], c["vals"])
     ctx.metrics.curve("ft_lr", c["steps"], c["lrs"])
     ctx.metrics.scalar("finetune_updates", c["stop"])
     ctx.metrics.scalar("finetune_lr", c["lr"])
+    # where the rate came from: 1 = the config's `finetune.lr` table (no pilots), 0 = the grid's pilots
+    ctx.metrics.scalar("finetune_lr_source", 1.0 if c["lr_source"] == "table" else 0.0)
     ctx.metrics.scalar("loss_weight_final", float(loss_fn.weight().detach()))
     return net
 
