@@ -513,11 +513,9 @@ def test_trained_placebo_finetune_attends_to_another_samples_context(monkeypatch
     assert seen and set(seen) == {0}
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_context_opening_frames_skip_only_discarded_work(depth):
-    """The observed frames that open the context run only up to their keys/values (``kv_only``): the
-    forecast and every gradient are bitwise those of running the whole network on them and discarding
-    its output (the committed path until af91adb), real and placebo context."""
+def _opened_net(depth: int):
+    """A small forecaster whose zero-initialised head, context gate and age embedding are drawn away
+    from zero (so context, placebo and every gradient matter), with a batch of starts and history."""
     torch.manual_seed(depth)
     net = EMFormerNet(dim=8, depth=depth, heads=2)
     for p in net.head.parameters():
@@ -525,7 +523,15 @@ def test_context_opening_frames_skip_only_discarded_work(depth):
     for b in net.blocks:
         torch.nn.init.normal_(b.ctx_proj, std=0.3)
         torch.nn.init.normal_(b.age, std=0.3)
-    x, h = torch.randn(3, 2, 32, 64), torch.randn(3, 2, 2, 32, 64)
+    return net, torch.randn(3, 2, 32, 64), torch.randn(3, 2, 2, 32, 64)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_context_opening_frames_skip_only_discarded_work(depth):
+    """The observed frames that open the context run only up to their keys/values (``kv_only``): the
+    forecast and every gradient are bitwise those of running the whole network on them and discarding
+    its output (the committed path until af91adb), real and placebo context."""
+    net, x, h = _opened_net(depth)
     full = EMFormerNet.forward
 
     def run(shift, whole):
@@ -585,14 +591,7 @@ def test_network_within_1e5_of_reference_math_and_nchw_path(depth, monkeypatch):
     rollouts (real and placebo, with observed history) and Markov rollouts."""
     from reprozoo.methods.emformer import model as mdl
 
-    torch.manual_seed(depth)
-    net = EMFormerNet(dim=8, depth=depth, heads=2)
-    for p in net.head.parameters():
-        torch.nn.init.normal_(p, std=0.1)
-    for b in net.blocks:
-        torch.nn.init.normal_(b.ctx_proj, std=0.3)
-        torch.nn.init.normal_(b.age, std=0.3)
-    x, h = torch.randn(3, 2, 32, 64), torch.randn(3, 2, 2, 32, 64)
+    net, x, h = _opened_net(depth)
     conv = mdl._conv
 
     def run(window, shift, ref):
