@@ -461,7 +461,8 @@ def test_finetune_table_rate_trains_without_pilots_and_the_grid_still_pilots(mon
     net = EMFormerNet(dim=8, depth=1, heads=2, patch=4)
     quiet = lambda *_: None  # noqa: E731
     _, _, rec = finetune(net, CL(2), p, data, True, 0, progress=quiet, variant="emformer")
-    assert made == [3e-4] and rec["lr_source"] == "table" and rec["pilot_best"] == {} and rec["lr_edge"] is None
+    # the table's rate still records where it sits on the grid it was chosen from (3e-4: the bottom)
+    assert made == [3e-4] and rec["lr_source"] == "table" and rec["pilot_best"] == {} and rec["lr_edge"] == "bottom"
     assert rec["lr"] == 3e-4 and set(rec["lrs"]) == {3e-4} and rec["steps"][0] == 0
     # the same rule: equal to the grid path's continued run when the grid holds the table's rate alone
     q = {**p, "finetune": {**p["finetune"], "lr": {}, "fit": {**p["finetune"]["fit"], "lr_grid": [3e-4]}}}

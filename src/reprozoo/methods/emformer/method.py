@@ -77,6 +77,7 @@ import time
 
 import numpy as np
 
+from ...blocks.rate_table import grid_edge, table_rate
 from .qg import QG2D, simulate
 from .skill import latitude_weights, weighted_acc, weighted_rmse
 
@@ -308,9 +309,9 @@ def finetune_table_rate(cfg: dict, variant: str | None) -> float | None:
     if "emformer" in table and "placebo_ft" in table and float(table["emformer"]) != float(table["placebo_ft"]):
         raise ValueError(f"emformer: finetune.lr gives placebo_ft {table['placebo_ft']} and emformer "
                          f"{table['emformer']}; the trained placebo must share emformer's rate")
-    if variant is None or variant not in table:
+    if variant is None:
         return None
-    return float(table[variant])
+    return table_rate(table, variant, required=False, where="finetune.lr")
 
 
 def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, progress=print,
@@ -372,7 +373,7 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
 
     fixed = finetune_table_rate(cfg, variant)
     if fixed is not None:  # the rate chosen once on validation (config `finetune.lr`): no pilots
-        run, pilots, edge, source = start(fixed), {}, None, "table"
+        run, pilots, edge, source = start(fixed), {}, grid_edge(fixed, fit["lr_grid"]), "table"
     else:
         runs = []
         for lr in fit["lr_grid"]:
@@ -382,9 +383,7 @@ def finetune(net, loss_fn, p: dict, data: dict, accumulative: bool, seed: int, p
         how = fit.get("pilot_score", "tail")  # the shared rule's ranking: the mean of the pilot's second half
         pilots = {float(r.lr): r.pilot_score(how) for r in runs}
         run = min(runs, key=lambda r: pilots[float(r.lr)])
-        grid = sorted(float(x) for x in fit["lr_grid"])
-        edge = None if len(grid) < 2 else ("top" if run.lr == grid[-1] else "bottom" if run.lr == grid[0] else None)
-        source = "grid"
+        edge, source = grid_edge(run.lr, fit["lr_grid"]), "grid"
     tol, scale = float(fit["flat_tol"]), fit.get("scale", "range")
     stopped = False
     while run.step < int(fit["max_steps"]):
