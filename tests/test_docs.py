@@ -86,3 +86,20 @@ def test_a_method_without_results_here_keeps_its_measured_page_and_index_row(pro
     # a page that was never measured still says so
     page.write_text(docs.replace_between(measured, docs.BEGIN, docs.END, "nothing yet"))
     assert "Not measured yet" in docs.method_page(METHOD, project / "results", "smoke", project)
+
+
+def test_named_methods_only_leave_every_other_page_and_index_row_alone(project):
+    """`reprozoo docs rex`: only the named pages and index rows are written (other pages may be
+    mid-edit); an unknown name is refused with the known ones."""
+    _claims(project)
+    page = project / "src" / "reprozoo" / "methods" / METHOD / "README.md"
+    before = page.read_text()
+    other = "| [rex](src/reprozoo/methods/rex/README.md) | diffusion | 7 holds | hand-kept row |"
+    top = project / "README.md"
+    top.write_text(f"x\n{docs.MBEGIN}\n| a | b |\n{other}\n{docs.MEND}\n")
+    assert docs.write_all(project, "smoke", methods=["rex"]) in ([], [top])
+    assert page.read_text() == before and other in top.read_text()
+    changed = docs.write_all(project, "smoke", methods=[METHOD])
+    assert page in changed and page.read_text() != before and other in top.read_text()
+    with pytest.raises(ValueError, match="unknown method.*nosuch"):
+        docs.write_all(project, "smoke", methods=["nosuch"])

@@ -415,7 +415,11 @@ def cmd_docs(args) -> int:
     from .docs import write_all
 
     refused: list[str] = []
-    changed = write_all(ROOT, args.scale, check=args.check, refused=refused)
+    try:
+        changed = write_all(ROOT, args.scale, check=args.check, refused=refused, methods=args.methods or None)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for p in changed:
         print(f"{'differs from results' if args.check else 'updated'}: {p.relative_to(ROOT)}")
     for r in refused:
@@ -496,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("snakemake_args", nargs="*", help="passed to snakemake (after --)")
     conv.set_defaults(fn=cmd_converge)
     docs = sub.add_parser("docs", help="rewrite method pages' result tables and the README method index")
+    docs.add_argument("methods", nargs="*", help="only these methods' pages and index rows (default: all)")
     docs.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"], help="results/<scale>/ to read")
     docs.add_argument("--check", action="store_true",
                       help="write nothing; list pages that differ from results/ and results refused (exit 1 if any)")

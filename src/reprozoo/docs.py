@@ -105,9 +105,10 @@ def method_page(method: str, results: Path, scale: str, root: Path) -> str | Non
     return replace_between(page.read_text(), BEGIN, END, claims_table(data))
 
 
-def methods_index(results: Path, scale: str, previous: str = "") -> str:
+def methods_index(results: Path, scale: str, previous: str = "", only: set[str] | None = None) -> str:
     """The index of method pages; a method with no results here keeps its row from ``previous``
-    (the index as it stands), as its page keeps its table."""
+    (the index as it stands), as its page keeps its table; with ``only``, every other method keeps
+    its row too."""
     kept = {m.group(1): m.group(0) for m in re.finditer(r"^\| \[(\w+)\]\(.*$", previous, re.M)}
     lines = [f"| method | wave | claims at `{scale}` | page |", "|---|---|---|---|"]
     for spec in registry.all_specs():
@@ -120,6 +121,11 @@ def methods_index(results: Path, scale: str, previous: str = "") -> str:
             "results not reproducible at this commit (rerun)" if refusal(data) else counts(c["verdict"] for c in data["claims"]))
         page = f"src/reprozoo/methods/{spec.id}/README.md"
         lines.append(f"| [{spec.id}]({page}) | {spec.wave} | {verdicts} | {spec.title.replace('|', '/')} |")
+    if only is not None:  # a subset: the index as it stands, with only the named rows replaced
+        rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| \[(\w+)\]\(.*$", "\n".join(lines), re.M)}
+        if previous.strip():
+            return re.sub(r"^\| \[(\w+)\]\(.*$", lambda m: rows[m.group(1)] if m.group(1) in only and m.group(1) in rows
+                          else m.group(0), previous, flags=re.M).strip("\n")
     return "\n".join(lines)
 
 
@@ -153,14 +159,22 @@ def budget_block(root: Path) -> str | None:
 
 
 def write_all(root: Path, scale: str = "smoke", check: bool = False,
-              refused: list[str] | None = None) -> list[Path]:
+              refused: list[str] | None = None, methods: list[str] | None = None) -> list[Path]:
     """Rewrite every method page and the top README's index; return the files changed (with
     ``check``, the files that would change, writing nothing). Methods whose results are refused
-    (:func:`refusal`) keep their page and are appended to ``refused``."""
+    (:func:`refusal`) keep their page and are appended to ``refused``. ``methods``: only those
+    pages and those rows of the index (the others stay as they are, e.g. pages being edited)."""
     results = Path(root) / "results"
     changed = []
     refused = refused if refused is not None else []
+    known = [spec.id for spec in registry.all_specs()]
+    unknown = sorted(set(methods or []) - set(known))
+    if unknown:
+        raise ValueError(f"docs: unknown method(s) {unknown}; expected some of {known}")
+    only = set(methods) if methods else None
     for spec in registry.all_specs():
+        if only is not None and spec.id not in only:
+            continue
         try:
             new = method_page(spec.id, results, scale, root)
         except StaleResults as exc:
@@ -177,8 +191,8 @@ def write_all(root: Path, scale: str = "smoke", check: bool = False,
         new = text
         if MBEGIN in new:
             new = replace_between(new, MBEGIN, MEND,
-                                  methods_index(results, scale, new.partition(MBEGIN)[2].partition(MEND)[0]))
-        block = budget_block(root) if BBEGIN in new else None
+                                  methods_index(results, scale, new.partition(MBEGIN)[2].partition(MEND)[0], only))
+        block = budget_block(root) if BBEGIN in new and only is None else None  # a subset: the suite block stays
         if block is not None:
             new = replace_between(new, BBEGIN, BEND, block)
         if new != text:
