@@ -126,6 +126,52 @@ def test_homogeneous_system_one_law_one_lag():
         assert np.corrcoef(x[:-lag, j], x[lag:, i])[0, 1] > 0.95
 
 
+def test_unpaired_system_has_no_cross_channel_information():
+    """The must-fail control (round 5): every target echoes a hidden, independent copy of its driver through
+    the same law and lag, so each channel keeps its marginal law (the echo's lag-90 memory, its variance) but
+    no observed channel predicts another at any lag; in the paired system the echo correlation is > 0.85."""
+    rng = np.random.default_rng(7)
+    system = D.draw_system(rng, 4, lags=(34, 42), noise=0.05, unpaired=True)
+    assert (system["cmap"] == 0).all()
+    # independent episodes: correlations across 3000 episodes at fixed rows (sd ~ 0.018 where there is none)
+    x = D.simulate(system, rng, 3000, 200)
+    xp = D.simulate(dict(system, unpaired=False), np.random.default_rng(8), 3000, 200)
+    t = 199
+    for k in range(4):
+        j, lag, i = system["source"][k], system["lag"][k], 4 + k
+        assert abs(np.corrcoef(xp[:, t - lag, j], xp[:, t, i])[0, 1]) > 0.85  # the pair (signed square: ~0.92)
+        assert abs(np.corrcoef(x[:, t - lag, j], x[:, t, i])[0, 1]) < 0.1  # gone without pairs
+        for lag2 in range(0, 100, 3):  # no observed driver carries the target, at any lag
+            for jj in range(4):
+                assert abs(np.corrcoef(x[:, t - lag2, jj], x[:, t, i])[0, 1]) < 0.1
+        assert abs(x[:, t, i].var() - xp[:, t, i].var()) < 0.15 * xp[:, t, i].var()  # same marginal scale
+        r90 = np.corrcoef(x[:, t - 90, i], x[:, t, i])[0, 1]
+        r90p = np.corrcoef(xp[:, t - 90, i], xp[:, t, i])[0, 1]
+        assert abs(r90 - r90p) < 0.1  # same seasonal memory
+
+
+def test_pair_bias_starts_at_standard_id_and_routes_per_pair():
+    """``standard_id_bias``: a per-pair, per-head score bias, zero at init (the model equals ``standard_id``
+    with the same weights); a large bias on (i, j) routes query i to key j alone, whatever the content;
+    it adds n_layers x heads x N^2 parameters."""
+    torch.manual_seed(6)
+    N, L, H, d, h = 4, 10, 3, 8, 2
+    sid = build(N, L, H, d, h, 1, 2, prime=False, norm=False, channel_id=True).double()
+    sib = build(N, L, H, d, h, 1, 2, prime=False, norm=False, channel_id=True, pair_bias=True).double()
+    assert n_params(sib) - n_params(sid) == h * N * N
+    sib.load_state_dict(sid.state_dict(), strict=False)
+    x = torch.randn(2, L, N, dtype=torch.float64)
+    assert torch.allclose(sib(x), sid(x), atol=1e-13)
+    att = ChannelAttention(N, d, h, prime=False, pair_bias=True).double()
+    with torch.no_grad():
+        att.bias.zero_()
+        att.bias[:, 1, 3] = 60.0
+    e = torch.randn(3, N, d, dtype=torch.float64)
+    _, a = att(e, return_attention=True)  # (b, h, i, j)
+    assert torch.allclose(a[:, :, 1, 3], torch.ones(3, h, dtype=torch.float64), atol=1e-12)
+    assert not torch.allclose(a[:, :, 0, 3], torch.ones(3, h, dtype=torch.float64), atol=1e-2)
+
+
 def test_matched_width_counts():
     """Standard width is the one whose count is closest to the prime model's; prime adds 2 N^2 d per layer."""
     N, L, H, d, heads, layers = 8, 58, 24, 24, 4, 2

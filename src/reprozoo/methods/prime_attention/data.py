@@ -38,6 +38,9 @@ i, key = source j) is 0 where channel j does not drive channel i: the map the le
 filters are compared with. The *homogeneous* system (``homogeneous=True``) is the same but for one
 law (a delayed copy) and one lag for every pair: the control on which priming per pair has nothing to
 add over a standard model that knows which channel is which.
+The *unpaired* system (``unpaired=True``, the must-fail control since round 5) keeps every law, lag and
+marginal but makes each target echo a hidden, independent realisation of its driver's process: no
+channel carries information about another, so a per-pair table has nothing to learn.
 
 Macrodata (statsmodels, 203 quarters, 12 variables): level series that grow (GDP, consumption,
 investment, government spending, income, CPI, M1, population) enter as quarterly log-growth
@@ -91,11 +94,15 @@ def seasonal_ar(rng: np.random.Generator, n_episodes: int, length: int, n: int, 
 def draw_system(rng: np.random.Generator, n_drivers: int = 4, lags=(34, 42), noise: float = 0.1,
                 season_period: int = 90, season_phi: float = 0.9, season_smooth: int = 5,
                 season_share: float = 0.5, osc_periods=(12.0, 60.0), osc_radius=(0.95, 0.99),
-                homogeneous: bool = False) -> dict:
+                homogeneous: bool = False, unpaired: bool = False) -> dict:
     """Everything that defines one coupled system except the noise realisation.
 
     ``homogeneous``: every (driver, echo) pair has the same law (a delayed copy) and the same lag (one
-    draw from ``lags``): the control system, where one static value per key serves every pair."""
+    draw from ``lags``): the control system, where one static value per key serves every pair.
+    ``unpaired``: every target echoes (through its own law and lag, as before) a *hidden* copy of its
+    driver, an independent realisation of the same process that is not among the channels: every channel
+    keeps its marginal law, and no channel carries information about another (the must-fail control
+    without pair structure; its coupling map is all zero)."""
     P = rng.uniform(*osc_periods, size=n_drivers)
     r = rng.uniform(*osc_radius, size=n_drivers)
     types = [1 + (k % 4) for k in range(n_drivers)]  # linear, delayed, sign_flipped, nonlinear, ...
@@ -107,8 +114,10 @@ def draw_system(rng: np.random.Generator, n_drivers: int = 4, lags=(34, 42), noi
     N = 2 * n_drivers
     cmap = np.zeros((N, N), dtype=int)
     for k, (law, s) in enumerate(zip(types, source)):
-        cmap[n_drivers + k, s] = law
-    return {"a1": 2 * r * np.cos(2 * np.pi / P), "a2": -r ** 2, "types": types, "source": source, "cmap": cmap,
+        if not unpaired:
+            cmap[n_drivers + k, s] = law
+    return {"unpaired": bool(unpaired), "a1": 2 * r * np.cos(2 * np.pi / P), "a2": -r ** 2, "types": types,
+            "source": source, "cmap": cmap,
             "lag": [int(x) for x in lag], "noise": float(noise),
             "season_period": int(season_period), "season_phi": float(season_phi),
             "season_smooth": int(season_smooth), "season_share": float(season_share)}
@@ -123,9 +132,15 @@ def simulate(system: dict, rng: np.random.Generator, n_episodes: int, length: in
                     system["season_smooth"])
     o = ar2_oscillators(rng, system["a1"], system["a2"], n_episodes, length + pad)
     d = np.sqrt(w) * s + np.sqrt(1 - w) * o
+    src_of = d
+    if system.get("unpaired"):  # the echoes read an independent hidden realisation of the same drivers
+        s2 = seasonal_ar(rng, n_episodes, length + pad, n, system["season_period"], system["season_phi"],
+                         system["season_smooth"])
+        o2 = ar2_oscillators(rng, system["a1"], system["a2"], n_episodes, length + pad)
+        src_of = np.sqrt(w) * s2 + np.sqrt(1 - w) * o2
     y = np.zeros((n_episodes, length, n))
     for k, (law, src, lag) in enumerate(zip(system["types"], system["source"], system["lag"])):
-        x = d[:, pad - lag: pad - lag + length, src]
+        x = src_of[:, pad - lag: pad - lag + length, src]
         y[:, :, k] = {"linear": 0.9 * x, "delayed": x, "sign_flipped": -x,
                       "nonlinear": x * np.abs(x) / np.sqrt(3)}[LAWS[law]]
     series = np.concatenate([d[:, pad:], y], axis=2)

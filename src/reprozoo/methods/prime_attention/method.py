@@ -8,9 +8,13 @@ Variants (one training cell = one variant x one seed, covering every dataset x l
                  claims read min(standard, standard_id)
   standard_wide  standard attention, width raised until its parameter count matches the prime
                  model's (``matched_width``): round 3's extra row, no longer in the spec
+  standard_id_bias  ``standard_id`` plus a learned per-pair, per-head attention bias (round 5): routing per
+                 pair without priming; piloted on one seed, not in the spec (budget, README)
 
-Datasets: ``syn`` (the heterogeneous echo system), ``homo`` (its homogeneous control: one law, one lag
-for every pair; trained only by the variants its ``configs.homo.variants`` names) and ``macro``.
+Datasets: ``syn`` (the heterogeneous echo system), ``nopair`` (its must-fail control since round 5: every
+target echoes a hidden, independent copy of its driver, so no channel informs another), ``homo`` (round 4's
+control: one law, one lag for every pair; no longer run) and ``macro``. A dataset whose
+``configs.<ds>.variants`` is set is trained only by those variants.
 ``filter_dev_<ds>`` (prime cell): the mean over pairs and configs of the filters' deviation from 1.
 
 Stages per (dataset, lookback L, horizon H) and variant: the platform's training rule
@@ -41,8 +45,9 @@ import numpy as np
 from . import data as D
 from reprozoo.figures import save_figure
 
-VARIANTS = ("prime", "standard", "standard_id", "standard_wide")
-COLORS = {"prime": "tab:red", "standard": "tab:blue", "standard_id": "tab:green", "standard_wide": "tab:cyan"}
+VARIANTS = ("prime", "standard", "standard_id", "standard_id_bias", "standard_wide")
+COLORS = {"prime": "tab:red", "standard": "tab:blue", "standard_id": "tab:green", "standard_id_bias": "tab:olive",
+          "standard_wide": "tab:cyan"}
 GENERIC_CURVES = {"val_syn_L96_H24": ("training step", "validation MSE (standardised units^2)"),
                   "val_macro_L25_H8": ("training step", "validation MSE (standardised units^2)")}
 
@@ -78,17 +83,18 @@ SYSTEM_KEYS = ("n_drivers", "lags", "noise", "season_period", "season_phi", "sea
 
 
 def synthetic_tasks(p: dict, rng_of, ds: str = "syn") -> tuple[dict, np.ndarray, dict]:
-    """{(L, H): Task} for the coupled seasonal system (``ds`` = ``syn``) or its homogeneous control
-    (``homo``: one law and one lag for every pair), the test episodes and the system.
+    """{(L, H): Task} for the coupled seasonal system (``ds`` = ``syn``), its control without pairs
+    (``nopair``: every target echoes a hidden copy of its driver) or its homogeneous variant (``homo``: one
+    law and one lag for every pair), the test episodes and the system.
 
     Training: ``train_episodes`` independent episodes of ``train_length`` steps each (windows at
     every origin inside an episode); validation and test: independent episodes, one forecast origin
     each (row max L), the same for every variant, lookback and horizon."""
     s, cfg = p["synthetic"], p["configs"][ds]
     Ls, Hs = sorted(int(x) for x in cfg["lookbacks"]), sorted(int(x) for x in cfg["horizons"])
-    homo = ds == "homo"
-    o = 20 if homo else 0  # independent draws for the control system
-    system = D.draw_system(rng_of(11 + o), homogeneous=homo, **{k: s[k] for k in SYSTEM_KEYS})
+    homo, unpaired = ds == "homo", ds == "nopair"
+    o = {"syn": 0, "homo": 20, "nopair": 40}[ds]  # independent draws for each control system
+    system = D.draw_system(rng_of(11 + o), homogeneous=homo, unpaired=unpaired, **{k: s[k] for k in SYSTEM_KEYS})
     pool = D.simulate(system, rng_of(12 + o), int(s["train_episodes"]), int(s["train_length"]))
     length = max(Ls) + max(Hs)
     val = D.simulate(system, rng_of(13 + o), int(s["val_episodes"]), length)
@@ -188,7 +194,8 @@ def fit_and_score(task: Task, variant: str, mp: dict, fp: dict, seed: int, label
     def make(gen):
         torch.manual_seed(seed)  # the same initial weights for every rate
         return build(N, task.L, task.H, dim, int(mp["n_heads"]), int(mp["n_layers"]), float(mp["ff_mult"]),
-                     variant == "prime", rank, d_ff=d_ff, norm=norm, channel_id=variant == "standard_id")
+                     variant == "prime", rank, d_ff=d_ff, norm=norm,
+                     channel_id=variant in ("standard_id", "standard_id_bias"), pair_bias=variant == "standard_id_bias")
 
     def train_loss(model, gen):
         b = tr[torch.randint(len(tr), (bs,), generator=gen)]
@@ -228,7 +235,7 @@ def train(ctx):
             continue
         fp = {k: v for k, v in p["fit"].items() if k != "per_dataset"}
         fp.update((p["fit"].get("per_dataset") or {}).get(ds) or {})
-        if ds in ("syn", "homo"):
+        if ds in ("syn", "homo", "nopair"):
             tasks, test, system = synthetic_tasks(p, ctx.rng, ds)
         elif ds == "macro":
             if "ts_statsmodels" not in ctx.data:
@@ -236,7 +243,7 @@ def train(ctx):
                                "add it to spec.datasets")
             tasks = macro_tasks(p, ctx.data["ts_statsmodels"])
         else:
-            raise KeyError(f"unknown dataset '{ds}' (known: syn, homo, macro)")
+            raise KeyError(f"unknown dataset '{ds}' (known: syn, homo, nopair, macro)")
         Ls = sorted({L for L, _ in tasks})
         Hs = sorted({H for _, H in tasks})
         units, ridge_units, devs = {}, {}, []
@@ -317,7 +324,8 @@ def plot(table, plots_dir, params: dict) -> None:
     variants = [v for v in VARIANTS if v in set(table.variant)]
     dss = list(params["datasets"])
     titles = {"syn": "coupled seasonal system (test: independent episodes)",
-              "homo": "homogeneous control system (one law, one lag for every pair)", "macro": "statsmodels macrodata"}
+              "homo": "homogeneous control system (one law, one lag for every pair)",
+              "nopair": "control system without pairs (echoes of hidden drivers)", "macro": "statsmodels macrodata"}
 
     # 1) test MSE per horizon (or per lookback, with one horizon), mean +- std over seeds, every seed as a dot
     fig, axes = plt.subplots(1, len(dss), figsize=(5.4 * len(dss), 3.9), squeeze=False)
@@ -347,7 +355,7 @@ def plot(table, plots_dir, params: dict) -> None:
                     continue
                 ax.plot(xs, [a.mean() for a in m], ls, marker="s", ms=4, color=color,
                         label=f"{ref} ({'all channels' if ref == 'ridge' else 'own channel'}){suffix}")
-        unit = "time steps" if ds in ("syn", "homo") else "quarters"
+        unit = "time steps" if ds in ("syn", "homo", "nopair") else "quarters"
         ax.set_xticks(Ls if by_lookback else Hs)
         ax.set_xlabel(f"lookback L ({unit}; horizon {Hs[0]})" if by_lookback else f"horizon H ({unit})")
         ax.set_ylabel("test MSE (standardised units^2)")

@@ -40,13 +40,17 @@ from torch import nn
 class ChannelAttention(nn.Module):
     """Multi-head attention over channel tokens; ``prime=True`` adds the per-pair filters."""
 
-    def __init__(self, n_channels: int, dim: int, n_heads: int, prime: bool, filter_rank: int | None = None):
+    def __init__(self, n_channels: int, dim: int, n_heads: int, prime: bool, filter_rank: int | None = None,
+                 pair_bias: bool = False):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"width {dim} is not divisible by {n_heads} heads")
         self.N, self.d, self.h = n_channels, dim, n_heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
         self.prime, self.rank = prime, filter_rank
+        # a learned per-pair, per-head attention bias b_hij added to the scores (zero at init): routing per pair
+        # without priming the keys or values (``standard_id_bias``, the review of round 4)
+        self.bias = nn.Parameter(torch.zeros(n_heads, n_channels, n_channels)) if pair_bias else None
         if prime:
             if filter_rank is None:
                 self.pk = nn.Parameter(torch.zeros(n_channels, n_channels, dim))
@@ -75,11 +79,15 @@ class ChannelAttention(nn.Module):
         if self.prime:  # broadcast over (b, i, j, h, c): a few times faster than a 3-operand einsum at small N
             fk, fv = (f.view(N, N, h, dh) for f in self.filters())
             s = (q[:, :, None] * k[:, None] * fk).sum(-1) / math.sqrt(dh)  # (b, i, j, h)
+            if self.bias is not None:
+                s = s + self.bias.permute(1, 2, 0)
             a = s.softmax(2)
             o = (a[..., None] * v[:, None] * fv).sum(2)  # (b, i, h, c)
             a = a.permute(0, 3, 1, 2)
         else:
             s = q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / math.sqrt(dh)  # (b, h, i, j)
+            if self.bias is not None:
+                s = s + self.bias
             a = s.softmax(-1)
             o = (a @ v.transpose(1, 2)).transpose(1, 2)  # (b, i, h, c)
         out = self.o(o.reshape(B, N, d))
@@ -89,9 +97,9 @@ class ChannelAttention(nn.Module):
 class EncoderLayer(nn.Module):
     """Post-LN encoder layer (iTransformer's): e = LN(e + Attn(e)); e = LN(e + FFN(e))."""
 
-    def __init__(self, n_channels, dim, n_heads, d_ff, prime, filter_rank=None, dropout=0.0):
+    def __init__(self, n_channels, dim, n_heads, d_ff, prime, filter_rank=None, dropout=0.0, pair_bias=False):
         super().__init__()
-        self.attn = ChannelAttention(n_channels, dim, n_heads, prime, filter_rank)
+        self.attn = ChannelAttention(n_channels, dim, n_heads, prime, filter_rank, pair_bias)
         self.ff = nn.Sequential(nn.Linear(dim, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, dim))
         self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop = nn.Dropout(dropout)
@@ -105,15 +113,16 @@ class ChannelTokenForecaster(nn.Module):
     """x (B, L, N) -> forecast (B, H, N)."""
 
     def __init__(self, n_channels, lookback, horizon, dim, n_heads, n_layers, d_ff, prime,
-                 filter_rank=None, dropout=0.0, norm: bool = True, channel_id: bool = False):
+                 filter_rank=None, dropout=0.0, norm: bool = True, channel_id: bool = False,
+                 pair_bias: bool = False):
         super().__init__()
         self.norm = bool(norm)
         self.embed = nn.Linear(lookback, dim)
         # a learned per-channel embedding added to every token (N x d parameters): without it the channels
         # are interchangeable to standard attention (one shared embedding, value projection and head)
         self.chan = nn.Parameter(0.02 * torch.randn(n_channels, dim)) if channel_id else None
-        self.layers = nn.ModuleList(EncoderLayer(n_channels, dim, n_heads, d_ff, prime, filter_rank, dropout)
-                                    for _ in range(n_layers))
+        self.layers = nn.ModuleList(EncoderLayer(n_channels, dim, n_heads, d_ff, prime, filter_rank, dropout,
+                                                 pair_bias) for _ in range(n_layers))
         self.head = nn.Linear(dim, horizon)
 
     def forward(self, x):
@@ -148,12 +157,14 @@ def n_params(model: nn.Module) -> int:
 
 
 def build(n_channels, lookback, horizon, dim, n_heads, n_layers, ff_mult, prime, filter_rank=None,
-          d_ff: int | None = None, dropout: float = 0.0, norm: bool = True, channel_id: bool = False):
+          d_ff: int | None = None, dropout: float = 0.0, norm: bool = True, channel_id: bool = False,
+          pair_bias: bool = False):
     """The forecaster; FFN width ``d_ff`` (default ff_mult * dim); ``norm``: iTransformer's per-window
-    normalisation (``use_norm``); ``channel_id``: a learned per-channel embedding added to the tokens."""
+    normalisation (``use_norm``); ``channel_id``: a learned per-channel embedding added to the tokens;
+    ``pair_bias``: a learned per-pair, per-head attention-score bias (zero at init)."""
     return ChannelTokenForecaster(n_channels, lookback, horizon, dim, n_heads, n_layers,
                                   int(d_ff) if d_ff is not None else int(ff_mult * dim), prime, filter_rank,
-                                  dropout, norm, channel_id)
+                                  dropout, norm, channel_id, pair_bias)
 
 
 def matched_width(n_channels, lookback, horizon, prime_dim, n_heads, n_layers, ff_mult, filter_rank=None,
