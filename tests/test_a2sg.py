@@ -280,3 +280,72 @@ def test_a2sg_trains_mnist1d_above_chance():
         acc = float((m(x[800:], sur).argmax(1) == y[800:]).float().mean())
     assert acc > 0.45, acc
     assert len(sur.history) == 15
+
+
+def test_random_beta_placebo_draws_from_the_search_grid_ignoring_the_objective():
+    from reprozoo.methods.a2sg.surrogates import STRandom, make_surrogate
+
+    sur = make_surrogate({"kind": "st_random", "shape": "asy", "beta_max": 0.7071, "seed": 1}, 2, 4)
+    assert isinstance(sur, STRandom) and float(sur.grid.max()) == pytest.approx(0.7071, rel=1e-3)
+    grid = set(float(b) for b in sur.grid)
+    draws = []
+    for step in range(200):
+        sur.search(None, {}, leak=0.5, threshold=1.0, step=step)    # no graph needed: the loss is ignored
+        draws += [b for row in sur.widths() for b in row]
+    assert set(draws) <= grid
+    counts = np.array([draws.count(b) for b in sorted(grid)])
+    assert counts.min() > 0.6 * counts.mean() and counts.max() < 1.4 * counts.mean()   # uniform over the grid
+    again = STRandom(2, 4, shape="asy", beta_max=0.7071)
+    again.reseed(1)
+    again.search(None, {}, leak=0.5, threshold=1.0)
+    sur.reseed(1)
+    sur.search(None, {}, leak=0.5, threshold=1.0)
+    assert again.widths() == sur.widths()                          # reproducible per seed
+
+
+@pytest.mark.parametrize("scale", ["ci", "smoke"])
+def test_config_rates_cover_every_variant_inside_the_grid(scale):
+    """Every variant trains at a table rate chosen once on validation (pilot.py); the grid brackets
+    each (none at an end at smoke), and the swept settings are values of the pilot's sweep."""
+    from pathlib import Path
+
+    import yaml
+
+    from reprozoo.blocks.rate_table import grid_edge
+
+    root = Path(__file__).parents[1] / "src/reprozoo/methods/a2sg"
+    spec = yaml.safe_load((root / "spec.yaml").read_text())
+    cfg = yaml.safe_load((root / "configs" / f"{scale}.yaml").read_text())
+    ids = [v["id"] for v in spec["variants"]]
+    assert sorted(cfg["lr"]) == sorted(ids) and sorted(cfg["surrogates"]) == sorted(ids)
+    for v in ids:
+        assert "width_grid" not in cfg["surrogates"][v]
+        if scale == "smoke":
+            assert grid_edge(cfg["lr"][v], cfg["fit"]["lr_grid"]) is None, v
+            assert cfg["lr"][v] in cfg["fit"]["lr_grid"], v
+    if scale == "smoke":
+        for v, sw in cfg["pilot"]["sweep"].items():
+            assert cfg["surrogates"][v][sw["key"]] in sw["values"], v
+
+
+def test_mirrored_asy_control_is_the_ramp_reflected_below_threshold():
+    from reprozoo.methods.a2sg.surrogates import asy_rev, shape_fn
+
+    g, r = asy(X, 0.5, 0.5), asy_rev(X, 0.5, 0.5)
+    assert torch.equal(r, asy(-X, 0.5, 0.5))
+    assert float(r.sum()) == pytest.approx(float(g.sum()), rel=1e-6)          # same area
+    assert float(r[X < 0].sum()) * DX == pytest.approx(0.75 * float(r.sum()) * DX, rel=1e-3)   # 3/4 below
+    assert torch.equal(shape_fn("asy_rev", 0.5)(X, 0.5), r)
+
+
+def test_plot_shapes_in_numpy_equal_the_torch_surrogates():
+    from reprozoo.blocks.spiking import SURROGATES
+    from reprozoo.methods.a2sg.plots import shape_np
+
+    x = np.linspace(-2, 2, 4001)
+    xt = torch.from_numpy(x)
+    for b in (0.35, 0.5, 0.71):
+        assert shape_np("tri", x, beta=b) == pytest.approx(tri(xt, b).numpy())
+        assert shape_np("asy", x, beta=b, h=0.5) == pytest.approx(asy(xt, b, 0.5).numpy())
+    assert shape_np("rectangular", x, width=1.0) == pytest.approx(SURROGATES["rectangular"](width=1.0)(xt).numpy())
+    assert shape_np("arctan", x, alpha=2.0) == pytest.approx(SURROGATES["arctan"](alpha=2.0)(xt).numpy())

@@ -9,16 +9,21 @@ seed; only the backward pass of the spike differs):
 * ``asy_fixed``: ablation, the ASY window at the paper's fixed β = 0.5 (asymmetric only).
 * ``tri_fixed``: baseline, TRI at β = 0.5 (neither): with the three above, a 2 x 2 factorial
   {fixed, adaptive} x {symmetric, asymmetric}.
-* ``tri_fixed_max`` / ``asy_fixed_max``: the fixed windows at the top of the adaptive grid
-  (β = 1.414), where the search mostly lands: width without adaptivity (controls).
-* ``tri_width_best`` / ``asy_width_best``: the fixed window at the best width of one sweep
-  (``width_grid``), chosen jointly with the rate on the same validation pilots: adaptivity
-  against the best fixed width, not against β = 0.5 alone.
+* ``tri_fixed_max``: TRI fixed at the top of ``st_asg_tri``'s β grid: width without adaptivity
+  (control).
+* ``tri_width_best`` / ``asy_width_best``: the fixed window at the best width of one sweep, chosen
+  jointly with the rate once on seed-0 validation (``pilot.py``; at paper scale, per fit from
+  ``width_grid``): adaptivity against the best fixed width, not against β = 0.5 alone. The best ASY
+  width is also the top of ``a2sg``'s β grid, so it is A2SG's width control too.
+* ``asy_random_beta``: the placebo of ST-ASG, ASY with β drawn at random from ``a2sg``'s grid on the
+  search's schedule.
 * ``rectangular`` (BOX, width 2β = 1) and ``arctan`` (α = 2): fixed symmetric baselines.
 
 Training: the shared rule, ``reprozoo.blocks.fitting.fit_to_plateau``, on the validation
-cross-entropy (rate pilots, plateau, one rate drop, second plateau, best-validation weights); the
-ST-ASG search runs inside the training loss (before the backward pass of a due step).
+cross-entropy (plateau, one rate drop, second plateau, best-validation weights) at the rate of the
+config's ``lr`` table (chosen once on seed-0 validation pilots, ``pilot.py``; without a table the rule
+pilots ``fit.lr_grid`` in every fit); the ST-ASG search runs inside the training loss (before the
+backward pass of a due step).
 
 Records (each variant and seed): test accuracy, SOPs and energy as per-sample units (``acc``,
 ``sops``, ``energy_pj``), sharpness, weight-gradient cross-step cosine, the paper's SGV / CV / TGC
@@ -67,6 +72,8 @@ def _fit_one(ctx, t: dict, variant_cfg: dict, fit: dict, label: str, lr_grid=Non
         model = SpikingCNN(1, t["x_train"].shape[-1], channels=tuple(net["channels"]), kernel=net["kernel"],
                            T=net["T"], beta=net["beta"], threshold=net["threshold"]).to(dev)
         model.sur = make_surrogate(variant_cfg, len(net["channels"]), net["T"])
+        if hasattr(model.sur, "reseed"):            # the placebo's draws: the same for every rate of a seed
+            model.sur.reseed(ctx.seed * 7919 + 3)
         model.n_step, model.search_s = 0, 0.0
         return model
 
@@ -119,6 +126,7 @@ def train(ctx) -> None:
     import torch
 
     from ...blocks.fitting import log_fit
+    from ...blocks.rate_table import fit_with_table_rate, grid_edge
     from ...claims import tail_fit
     from .measures import (evaluate, gradient_cosine, local_gradient_stats, local_gradients, per_step_gradients,
                            sharpness)
@@ -131,10 +139,14 @@ def train(ctx) -> None:
         t = {k: torch.from_numpy(arrays[k]).to(p.get("device", "cpu")) for k in arrays.files}
     m = ctx.metrics
     vcfg = dict(p["surrogates"][ctx.variant])
-    grid = sorted(float(x) for x in fit["lr_grid"])
+    # smoke and ci: the rate of the config's `lr` table, chosen once on seed-0 validation pilots of
+    # fit.lr_grid (pilot.py; its table on the page), so no fit pilots the grid again; without a table
+    # entry (paper scale) the shared rule pilots the grid in every fit
+    fit_cfg, lr_rec = fit_with_table_rate(fit, p.get("lr"), ctx.variant, required=False)
+    m.scalar("lr_from_table", 1.0 if lr_rec["lr_source"] == "table" else 0.0)
     if "width_grid" in vcfg:
-        # the best fixed width of a small sweep, chosen jointly with the rate on the pilots' validation
-        # loss (the same sweep for TRI and ASY); then the shared rule at that pair
+        # paper scale: the best fixed width of a small sweep, chosen jointly with the rate on every
+        # fit's pilots (the same sweep for TRI and ASY); then the shared rule at that pair
         width, lr, scores = _pilot_width(ctx, t, vcfg, fit)
         widths = sorted(float(w) for w in vcfg["width_grid"])
         m.scalar("width_chosen", width)
@@ -145,13 +157,20 @@ def train(ctx) -> None:
         vcfg["beta"] = width
         model, rec = _fit_one(ctx, t, vcfg, fit, label=ctx.variant, lr_grid=[lr])
     else:
-        model, rec = _fit_one(ctx, t, vcfg, fit, label=ctx.variant)
+        model, rec = _fit_one(ctx, t, vcfg, fit_cfg, label=ctx.variant)
         lr = float(rec["lr"])
-        for r, s in rec["pilot_best"].items():     # each rate's pilot score (validation loss, 2nd half)
-            m.scalar(f"pilot_lr{r:g}", s)
+        if lr_rec["lr_source"] == "grid":
+            for r, s in rec["pilot_best"].items():     # each rate's pilot score (validation loss, 2nd half)
+                m.scalar(f"pilot_lr{r:g}", s)
+    if vcfg.get("kind") == "fixed_window":
+        m.scalar("width_chosen", float(vcfg["beta"]))
+    if vcfg.get("beta_max") is not None:
+        m.scalar("beta_max", float(vcfg["beta_max"]))
     sur = model.sur
-    # the rate's position in the grid: +1 top, -1 bottom, 0 inside (the grid brackets it)
-    m.scalar("lr_edge", 1.0 if lr == grid[-1] else -1.0 if lr == grid[0] else 0.0)
+    # the rate's position in fit.lr_grid (whether piloted now or once on seed 0): +1 top, -1 bottom,
+    # 0 inside (the grid brackets it)
+    edge = grid_edge(lr, fit["lr_grid"])
+    m.scalar("lr_edge", 1.0 if edge == "top" else -1.0 if edge == "bottom" else 0.0)
     log_fit(m, "model", rec)
     m.scalar("lr_chosen", lr)
     m.scalar("steps_trained", float(rec["stop"]))
@@ -175,8 +194,9 @@ def train(ctx) -> None:
     for k in ("sgv", "cv", "tgc"):
         m.scalar(k, float(np.nanmean([s[k] for s in stats])))
     if vcfg.get("kind") == "fixed_window":
-        # Theorem 4.2 paired: both shapes' local gradients on the SAME trained weights, at this width
-        for shape in ("tri", "asy"):
+        # Theorem 4.2 paired: the shapes' local gradients on the SAME trained weights, at this width
+        # (asy_rev, the ramp mirrored, is the paired claim's control)
+        for shape in ("tri", "asy", "asy_rev"):
             other = make_surrogate({**vcfg, "shape": shape}, len(net["channels"]), net["T"])
             st = [local_gradient_stats(local_gradients(model, other, xt[i:i + cb], yt[i:i + cb]))
                   for i in range(0, cb * nb, cb)]

@@ -57,12 +57,20 @@ def asy(x: torch.Tensor, beta: float, h: float = 0.5) -> torch.Tensor:
     return ((x / (2.0 * beta) + h).clamp(min=0.0) * (x.abs() <= beta)).to(x.dtype)
 
 
+def asy_rev(x: torch.Tensor, beta: float, h: float = 0.5) -> torch.Tensor:
+    """ASY mirrored about the threshold (the larger gradient BELOW it): the control of Theorem 4.2's
+    paired claim, the same ramp and area with the direction the theorem's argument rests on reversed."""
+    return asy(-x, beta, h)
+
+
 def shape_fn(kind: str, h: float = 0.5):
     if kind == "tri":
         return tri
     if kind == "asy":
         return lambda x, beta: asy(x, beta, h)
-    raise ValueError(f"unknown window shape {kind!r} (tri, asy)")
+    if kind == "asy_rev":
+        return lambda x, beta: asy_rev(x, beta, h)
+    raise ValueError(f"unknown window shape {kind!r} (tri, asy, asy_rev)")
 
 
 def sgv(delta: torch.Tensor) -> torch.Tensor:
@@ -167,6 +175,26 @@ class STAdaptive(FixedWindow):
         self.history.append((step, self.widths()))
 
 
+class STRandom(STAdaptive):
+    """Placebo of ST-ASG (review of round 3, item 2): the same windows, grid and schedule, but at
+    every search slot each (layer, step) gets a β drawn uniformly from the search's own candidate
+    grid, ignoring SGV and TGC. An adaptivity claim must beat it: a gain that this placebo also
+    shows comes from varying β over the range, not from the paper's objective."""
+
+    def __init__(self, *args, seed: int = 0, **kw):
+        super().__init__(*args, **kw)
+        self.gen = torch.Generator().manual_seed(int(seed))
+
+    def reseed(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(int(seed))
+
+    def search(self, loss: torch.Tensor, trace: dict, leak: float, threshold: float, step: int = 0) -> None:
+        for l in range(len(self.beta)):
+            idx = torch.randint(len(self.grid), (len(self.beta[l]),), generator=self.gen)
+            self.beta[l] = [float(self.grid[int(i)]) for i in idx]
+        self.history.append((step, self.widths()))
+
+
 class MembraneGuess:
     """Our earlier guess at "adaptive" (ablation): window w_{l,t} = κ(s) σ_{l,t} from the membrane
     spread, with the block's two-sided asymmetric triangle (area 1), above/below ratio r."""
@@ -226,6 +254,8 @@ def make_surrogate(cfg: dict, n_layers: int, T: int):
     kind = cfg.pop("kind")
     if kind == "st_asg":
         return STAdaptive(n_layers, T, **cfg)
+    if kind == "st_random":
+        return STRandom(n_layers, T, **cfg)
     if kind == "fixed_window":
         return FixedWindow(n_layers, T, **cfg)
     if kind == "membrane_guess":
