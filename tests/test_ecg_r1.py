@@ -168,12 +168,31 @@ def test_grounded_regularity_follows_the_generating_class():
     assert not g[1] and not g[-1] and g[0]
 
 
-def test_units_per_record_and_per_variant_values():
-    from reprozoo.methods.ecg_r1.method import per_record, per_variant
+def test_units_per_record():
+    from reprozoo.methods.ecg_r1.method import per_record
 
     assert np.allclose(per_record([1, 0, 1, 1, 0, 0], 2), [0.5, 1.0, 0.0])
-    assert per_variant({"default": 1e-3, "image_only": 4e-3}, "image_only") == 4e-3
-    assert per_variant({"default": 1e-3}, "ecg_r1") == 1e-3 and per_variant(2e-3, "x") == 2e-3
+
+
+def test_stage1_fit_reads_the_rate_table_and_the_reward():
+    """Stage 1 runs the shared rule at the variant's table rate (no pilots), stops on and keeps the
+    validation reward as stage 2 does, and records the rate's edge on fit1's grid; without a table
+    the grid is piloted; a variant missing from a table is an error, not a silent default."""
+    from reprozoo.methods.ecg_r1.method import VARIANTS, stage1_fit
+
+    fit1 = {"lr_grid": [1e-3, 2e-3, 4e-3, 8e-3], "pilot_steps": 60, "eval_every": 10, "min_steps": 150,
+            "max_steps": 900, "flat_tol": 0.015}
+    table = {v: 2e-3 for v in VARIANTS} | {"ecg_r1": 8e-3}
+    fit, src = stage1_fit({"fit1": fit1, "lr": table}, "ecg_r1")
+    assert fit["lr_grid"] == [8e-3] and src == {"lr_source": "table", "lr_edge": "top"}
+    assert fit["select"] == "neg_reward" and fit["stop_on"] == ["neg_reward"]
+    assert {k: fit[k] for k in fit1 if k != "lr_grid"} == {k: v for k, v in fit1.items() if k != "lr_grid"}
+    fit, src = stage1_fit({"fit1": fit1, "lr": table}, "image_only")
+    assert fit["lr_grid"] == [2e-3] and src["lr_edge"] is None
+    fit, src = stage1_fit({"fit1": fit1}, "image_only")
+    assert fit["lr_grid"] == fit1["lr_grid"] and src["lr_source"] == "grid"
+    with pytest.raises(KeyError):
+        stage1_fit({"fit1": fit1, "lr": {"ecg_r1": 4e-3}}, "image_only")
 
 
 def test_eval_records_are_simulated_once_and_keyed_by_their_config(tmp_path, monkeypatch):
@@ -195,9 +214,9 @@ def test_eval_records_are_simulated_once_and_keyed_by_their_config(tmp_path, mon
         M.cached_eval_arrays({**p, "n_test": 3}, tmp_path, progress=lambda *_: None)
 
 
-def test_stage2_rule_is_the_same_for_every_variant_and_reads_the_reward():
-    """Stage 2 stops on the validation evidence reward for RL and SFT continuations alike; the
-    val_loss the stop reads is minus the greedy reports' mean reward (a perfect model scores -1)."""
+def test_stage_rule_is_the_same_for_every_variant_and_reads_the_reward():
+    """Both stages stop on the validation evidence reward, for RL and SFT alike; the val_loss the
+    stop reads is minus the greedy reports' mean reward (a perfect model scores -1)."""
     import torch
 
     from reprozoo.methods.ecg_r1 import method as M
@@ -212,13 +231,14 @@ def test_stage2_rule_is_the_same_for_every_variant_and_reads_the_reward():
     model = ReportModel(8)
     for variant in M.VARIANTS:
         setup, drop, stage2 = M.SETUP[variant]
-        train_loss, val_loss = M.stage2_losses(arr, arr, setup, drop, stage2, p)
-        out = val_loss(model)
-        assert set(out) == {"neg_reward", "ce"} and -1.0 <= out["neg_reward"] <= 0.0
-        loss = train_loss(model, torch.Generator().manual_seed(1))
-        assert loss.ndim == 0 and torch.isfinite(loss)
-        again = train_loss(model, torch.Generator().manual_seed(1))     # draws come from gen alone
-        assert torch.allclose(loss, again)
+        for objective, batch in (("sft", p["batch"]), (stage2, p["rl_batch"])):   # stage 1, stage 2
+            train_loss, val_loss = M.stage_losses(arr, arr, setup, drop, objective, p, batch)
+            out = val_loss(model)
+            assert set(out) == {"neg_reward", "ce"} and -1.0 <= out["neg_reward"] <= 0.0
+            loss = train_loss(model, torch.Generator().manual_seed(1))
+            assert loss.ndim == 0 and torch.isfinite(loss)
+            again = train_loss(model, torch.Generator().manual_seed(1))     # draws come from gen alone
+            assert torch.allclose(loss, again)
 
     class Perfect(torch.nn.Module):
         def encode(self, sig, img, ms, mi):
@@ -230,7 +250,7 @@ def test_stage2_rule_is_the_same_for_every_variant_and_reads_the_reward():
         def generate(self, z, greedy=True):
             return torch.from_numpy(rep), None
 
-    assert M.stage2_losses(arr, arr, "both", True, "rl", p)[1](Perfect())["neg_reward"] == pytest.approx(-1.0)
+    assert M.stage_losses(arr, arr, "both", True, "rl", p, 2)[1](Perfect())["neg_reward"] == pytest.approx(-1.0)
 
 
 def test_shared_stage_runs_once_per_key(tmp_path):

@@ -6,10 +6,12 @@ Stages
   observations (``views_train`` per training record, ``views_test`` per validation / test record)
   and render each as an image. Cached in ``shared_dir/data.npz``; every variant of the seed reads
   the same arrays.
-* train (per variant x seed): stage 1, ``sft_steps`` of teacher-forced SFT at the variant's rate
-  (ecg_r1 and sft_only share it exactly: ``shared_stage`` trains it once per seed); stage 2 from
-  the SFT model, by blocks.fitting.fit_to_plateau with the same grid and stop for every variant
-  (``fit2``): GRPO with the evidence reward (RL variants: ``rl_batch`` ECGs x ``group`` samples, no
+* train (per variant x seed): stage 1, teacher-forced SFT by blocks.fitting.fit_to_plateau
+  (``fit1``: the variant's rate from the ``lr`` table, chosen once on validation from
+  ``fit1.lr_grid``; to a plateau of the validation evidence reward, the best-validation EMA
+  weights kept; the smoke config turns the rate drop off and says why), ecg_r1 and sft_only sharing it exactly (``shared_stage``
+  trains it once per seed); stage 2 from the SFT model, by the same rule with one piloted grid for
+  every variant (``fit2``): GRPO with the evidence reward (RL variants: ``rl_batch`` ECGs x ``group`` samples, no
   KL, as the paper's run) or more SFT on as many ECGs per update (sft_only), until the validation
   evidence reward (of the EMA weights) is flat, best-validation average kept. Evaluation decodes
   greedily on the held-out records with both modalities, the signal only and the image only.
@@ -183,11 +185,6 @@ def _masks(setup: str, n: int):
     return (np.full(n, float(setup != "image"), np.float32), np.full(n, float(setup != "signal"), np.float32))
 
 
-def per_variant(value, variant: str):
-    """A config value, or a mapping {variant: value, default: value} chosen per variant."""
-    return value.get(variant, value["default"]) if isinstance(value, dict) else value
-
-
 def evaluate(model, arr: dict, m_sig, m_img) -> dict:
     """Greedy reports of one split, scored per observation: the grounded check (claims) and the
     reward's own scorer (``*_reward``: what RL optimised, reported, never claimed)."""
@@ -210,13 +207,14 @@ def per_record(values: np.ndarray, views: int) -> np.ndarray:
     return np.asarray(values, float).reshape(-1, views).mean(axis=1)
 
 
-def stage2_losses(tr: dict, va: dict, setup: str, use_dropout: bool, stage2: str, p: dict):
-    """The second stage's (train_loss, val_loss) for blocks.fitting.fit_to_plateau.
+def stage_losses(tr: dict, va: dict, setup: str, use_dropout: bool, objective: str, p: dict, batch: int):
+    """A stage's (train_loss, val_loss) for blocks.fitting.fit_to_plateau; both stages validate alike.
 
-    train_loss(model, gen): one RL step's GRPO surrogate (RL variants: ``rl_batch`` ECGs x ``group``
-    sampled reports) or one SFT minibatch's cross-entropy (sft_only: the same ``rl_batch`` ECGs per
-    update, with their protocol reports); the batch, the dropout masks and the policy samples all
-    come from ``gen``, so every rate of the grid sees the same draws.
+    train_loss(model, gen): one RL step's GRPO surrogate (``objective`` "rl": ``batch`` ECGs x ``group``
+    sampled reports) or one SFT minibatch's cross-entropy (``objective`` "sft": ``batch`` ECGs with
+    their protocol reports; stage 1 of every variant with ``batch``, and sft_only's stage 2 with
+    ``rl_batch``, as many ECGs per update as an RL step); the batch, the dropout masks and the policy
+    samples all come from ``gen``, so every rate of a grid sees the same draws.
     val_loss(model): {"neg_reward": minus the mean evidence reward of the greedy validation
     reports (what the stop and the kept weights follow), "ce": the validation cross-entropy}."""
     import torch
@@ -235,7 +233,7 @@ def stage2_losses(tr: dict, va: dict, setup: str, use_dropout: bool, stage2: str
         return torch.from_numpy(ms), torch.from_numpy(mi)
 
     def rl_loss(model, gen):
-        g, b = p["group"], p["rl_batch"]
+        g, b = p["group"], batch
         idx = torch.randint(0, n, (b,), generator=gen)
         zb = model.encode(T["sig"][idx], T["img"][idx], *masks(b, gen)).repeat_interleave(g, 0)
         rep, logp = model.generate(zb, greedy=False, gen=gen)
@@ -243,7 +241,7 @@ def stage2_losses(tr: dict, va: dict, setup: str, use_dropout: bool, stage2: str
         return group_policy_loss(logp, torch.from_numpy(reward).float(), g)
 
     def sft_loss(model, gen):
-        b = p["rl_batch"]              # as many ECGs per update as an RL step (like for like)
+        b = batch
         idx = torch.randint(0, n, (b,), generator=gen)
         return model.sft_loss(model.encode(T["sig"][idx], T["img"][idx], *masks(b, gen)), T["report"][idx])
 
@@ -257,7 +255,7 @@ def stage2_losses(tr: dict, va: dict, setup: str, use_dropout: bool, stage2: str
             rep = model.generate(zv, greedy=True)[0].numpy()
         return {"neg_reward": -float(P.evidence_reward(rep, va["report"]).mean()), "ce": ce}
 
-    return (rl_loss if stage2 == "rl" else sft_loss), val_loss
+    return (rl_loss if objective == "rl" else sft_loss), val_loss
 
 
 def shared_stage(shared_dir, key: dict, run):
@@ -291,82 +289,78 @@ def shared_stage(shared_dir, key: dict, run):
         return out
 
 
+def stage1_fit(p: dict, variant: str) -> tuple[dict, dict]:
+    """Stage 1's fit config for blocks.fitting.fit_to_plateau: ``fit1`` with the variant's rate from
+    the ``lr`` table (blocks.rate_table: chosen once on validation, one seed, from ``fit1.lr_grid``;
+    without a table the grid is piloted), stopping on and keeping the validation evidence reward,
+    as stage 2 does. Returns (fit config, rate record)."""
+    from ...blocks.rate_table import fit_with_table_rate
+
+    fit, src = fit_with_table_rate(p["fit1"], p.get("lr"), variant)
+    return {"select": "neg_reward", "stop_on": ["neg_reward"], **fit}, src
+
+
 def train(ctx) -> None:
     import copy
 
     import torch
 
     from ...blocks.fitting import fit_to_plateau
-    from .model import ReportModel, dropout_masks
+    from .model import ReportModel
 
     p = ctx.params
     setup, use_dropout, stage2 = SETUP[ctx.variant]
-    lr_sft = per_variant(p["lr"], ctx.variant)
     z = np.load(ctx.shared_dir / "data.npz")
     keys = ("sig", "img", "report", "feat", "ref")
     split = {s: {k: z[f"{s}_{k}"] for k in keys} for s in ("train", "val", "test")}
     tr = split["train"]
-    n = len(tr["report"])
-    T = {k: torch.from_numpy(v) for k, v in tr.items() if k in ("sig", "img", "report")}
-
-    torch.manual_seed(ctx.seed)
-    rng = ctx.rng(1)                                   # SFT batches and dropout masks
-    model = ReportModel(p["width"])
-
-    def batch_masks(b):
-        if setup == "both" and use_dropout:
-            ms, mi = dropout_masks(b, p["p_drop"], rng)
-        else:
-            ms, mi = _masks(setup, b)
-        return torch.from_numpy(ms), torch.from_numpy(mi)
-
-    train_loss, val_loss = stage2_losses(tr, split["val"], setup, use_dropout, stage2, p)
-    curves = {k: ([], []) for k in ("val_loss", "val_reward", "sft_val_loss", "lr_sft")}
+    curves = {k: ([], []) for k in ("val_loss", "val_reward")}
 
     def add(name, step, value):
         curves[name][0].append(step)
         curves[name][1].append(float(value))
 
-    def log_val(step):
-        """The SFT stage's validation CE (its gate curve) and evidence reward at ``step``."""
-        out = val_loss(model)                         # one encoding for both numbers
-        ce, rew = out["ce"], -out["neg_reward"]
-        for name, v in (("val_loss", ce), ("val_reward", rew), ("sft_val_loss", ce), ("lr_sft", lr_sft)):
-            add(name, step, v)
+    # stage 1, SFT (every variant): blocks.fitting.fit_to_plateau at the variant's table rate, validated
+    # on the evidence reward of the EMA weights' greedy reports, to a plateau (the rate drop as fit1
+    # says); the best-validation average is what stage 2 starts from (so training longer cannot hand
+    # stage 2 an over-fitted SFT model). ecg_r1 and sft_only share it exactly (same seed, setup, dropout
+    # and rate): the first of them to run trains it, the other loads it (shared_stage).
+    fit1, src1 = stage1_fit(p, ctx.variant)
+    train1, val_loss1 = stage_losses(tr, split["val"], setup, use_dropout, "sft", p, p["batch"])
 
     def sft_stage():
-        """Stage 1, SFT: sft_steps at the variant's constant rate (piloted grid), every variant."""
-        opt = torch.optim.Adam(model.parameters(), lr=lr_sft)
-        for step in range(p["sft_steps"]):
-            if step % p["eval_every"] == 0:
-                log_val(step)
-            idx = torch.from_numpy(rng.integers(n, size=p["batch"]))
-            loss = model.sft_loss(model.encode(T["sig"][idx], T["img"][idx], *batch_masks(len(idx))),
-                                  T["report"][idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        log_val(p["sft_steps"])
-        return {"state": model.state_dict(), "curves": curves}
+        def build(gen):
+            torch.manual_seed(ctx.seed)                # the same initial weights for every rate
+            return ReportModel(p["width"])
+        m, r = fit_to_plateau(build, train1, val_loss1, fit1, ctx.seed, label=f"{ctx.variant} stage 1 (sft)",
+                              progress=ctx.progress)
+        return {"state": m.state_dict(), "rec": r}
 
-    # ecg_r1 and sft_only share stage 1 exactly (same seed, setup, dropout and rate): the first of
-    # them to run trains it, the other loads it (shared_stage: keyed by everything it depends on)
-    done = shared_stage(ctx.shared_dir, {"setup": setup, "dropout": use_dropout, "lr": lr_sft, "seed": ctx.seed,
-                                         **{k: p[k] for k in ("sft_steps", "batch", "width", "eval_every", "p_drop")}},
-                        sft_stage)
+    done = shared_stage(ctx.shared_dir, {"setup": setup, "dropout": use_dropout, "seed": ctx.seed, "fit1": fit1,
+                                         **{k: p[k] for k in ("batch", "width", "p_drop")}}, sft_stage)
+    model = ReportModel(p["width"])
     model.load_state_dict(done["state"])
-    for k, (xs, ys) in done["curves"].items():
-        curves[k] = (list(xs), list(ys))
+    rec1 = done["rec"]
+    reward1 = [-v for v in rec1["vals"]]
+    ctx.metrics.curve("s1_val_reward", rec1["steps"], reward1)
+    ctx.metrics.curve("lr_s1", rec1["steps"], rec1["lrs"])
+    ctx.metrics.curve("s1_val_ce", rec1["steps"], rec1["curves"]["ce"])
+    for x, r, c in zip(rec1["steps"], reward1, rec1["curves"]["ce"]):
+        add("val_loss", x, c)
+        add("val_reward", x, r)
+    _log_stage(ctx, "s1", rec1, src1["lr_edge"] if src1["lr_source"] == "table" else rec1["lr_edge"])
+    ctx.metrics.scalar("lr_from_table_s1", float(src1["lr_source"] == "table"))
 
     # stage 2, from the SFT model: evidence-reward RL (RL variants) or more SFT (sft_only), each by
     # blocks.fitting's rule: the same rate grid piloted on the validation reward, then to a plateau
     # of the validation reward (flat_tol below the gate's), one rate drop, a second plateau; the
     # best-validation weights are kept. The gate reads exactly the curve the stop tested.
+    train_loss, val_loss = stage_losses(tr, split["val"], setup, use_dropout, stage2, p, p["rl_batch"])
     sft_model = model
     fit = {"select": "neg_reward", "stop_on": ["neg_reward"], **p["fit2"]}
     model, rec = fit_to_plateau(lambda gen: copy.deepcopy(sft_model), train_loss, val_loss, fit,
                                 ctx.seed, label=f"{ctx.variant} stage 2 ({stage2})", progress=ctx.progress)
-    x2 = [p["sft_steps"] + s for s in rec["steps"]]
+    x2 = [rec1["stop"] + s for s in rec["steps"]]
     reward2 = [-v for v in rec["vals"]]
     ctx.metrics.curve("s2_val_reward", x2, reward2)
     ctx.metrics.curve("lr_s2", x2, rec["lrs"])
@@ -374,17 +368,12 @@ def train(ctx) -> None:
     for x, r, c in zip(x2[1:], reward2[1:], rec["curves"]["ce"][1:]):   # whole-run curves for the plot
         add("val_loss", x, c)
         add("val_reward", x, r)
-    ctx.metrics.scalar("lr_chosen_s2", rec["lr"])
-    ctx.metrics.scalar("steps_s2", rec["stop"])
-    ctx.metrics.scalar("updates", p["sft_steps"] + rec["stop"])
-    ctx.metrics.scalar("plateau_s2", float(bool(rec["plateau"])))
-    ctx.metrics.scalar("lr_edge_s2", {"top": 1.0, "bottom": -1.0}.get(rec["lr_edge"], 0.0))
-    if rec["drop_gain"] is not None:
-        ctx.metrics.scalar("drop_gain_s2", rec["drop_gain"])
+    _log_stage(ctx, "s2", rec, rec["lr_edge"])
+    ctx.metrics.scalar("updates", rec1["stop"] + rec["stop"])
     for lr, score in rec["pilot_best"].items():
         ctx.metrics.scalar(f"pilot_reward_s2_lr{lr:g}", -score)
-    ctx.progress(f"SFT lr {lr_sft:g}; stage 2 lr {rec['lr']:g}, {rec['stop']} steps, "
-                 f"best val reward {-min(rec['vals']):.3f}")
+    ctx.progress(f"stage 1 lr {rec1['lr']:g}, {rec1['stop']} steps, best val reward {-min(rec1['vals']):.3f}; "
+                 f"stage 2 lr {rec['lr']:g}, {rec['stop']} steps, best val reward {-min(rec['vals']):.3f}")
     for name, (xs, ys) in curves.items():
         if xs:
             ctx.metrics.curve(name, xs, ys)
@@ -415,9 +404,21 @@ def train(ctx) -> None:
     ctx.metrics.curve("ex_signal", np.arange(te["sig"].shape[1]) / D.FS_MODEL, te["sig"][0])
 
 
+def _log_stage(ctx, tag: str, rec: dict, edge) -> None:
+    """Scalars of one fit_to_plateau stage: rate, steps, where its best validation point lies, whether
+    it stopped on its plateau, the rate's grid edge and the drop's gain."""
+    ctx.metrics.scalar(f"lr_chosen_{tag}", rec["lr"])
+    ctx.metrics.scalar(f"steps_{tag}", rec["stop"])
+    ctx.metrics.scalar(f"best_step_{tag}", rec["steps"][int(np.argmin(rec["vals"]))])
+    ctx.metrics.scalar(f"plateau_{tag}", float(bool(rec["plateau"])))
+    ctx.metrics.scalar(f"lr_edge_{tag}", {"top": 1.0, "bottom": -1.0}.get(edge, 0.0))
+    if rec["drop_gain"] is not None:
+        ctx.metrics.scalar(f"drop_gain_{tag}", rec["drop_gain"])
+
+
 # --- plots -----------------------------------------------------------------------------------
 
 def plot(table, plots_dir, params) -> None:
     from .plots import plot_all
 
-    plot_all(table, plots_dir, VARIANTS, (params or {}).get("sft_steps"))
+    plot_all(table, plots_dir, VARIANTS)

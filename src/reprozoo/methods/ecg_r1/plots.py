@@ -36,7 +36,7 @@ def _bars(ax, groups, labels, values_of, ylabel, title):
     ax.set_title(title)
 
 
-def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
+def plot_all(table, plots_dir, variants) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,9 +121,7 @@ def plot_all(table, plots_dir, variants, sft_steps=None) -> None:
             mu, sd = g.mean(), g.std().fillna(0)
             ax.plot(mu.index, mu.values, color=_COLORS.get(v), label=v)
             ax.fill_between(mu.index, mu - sd, mu + sd, color=_COLORS.get(v), alpha=0.2)
-        if sft_steps:
-            ax.axvline(sft_steps, color="k", ls="--", lw=0.8)   # end of the shared SFT stage
-        ax.set_xlabel("update step (SFT, then RL or more SFT after the dashed line)")
+        ax.set_xlabel("update step (SFT to its plateau, then RL or more SFT; stage 1's length varies per cell)")
         ax.set_ylabel(lab)
     axes[0].set_title("Has SFT converged before the second stage?")
     axes[1].set_title("Does the second stage raise the evidence reward?")
