@@ -431,3 +431,63 @@ def test_cbit_approaches_the_known_optimal_imputation_of_an_ar1_series():
     mae_lin = float((lin - xs).abs()[h].mean())
     assert 0.55 < mae_opt < 0.7 and mae_lin > 3 * mae_opt  # the planted case is what it claims to be
     assert 0.95 * mae_opt < mae < 1.10 * mae_opt, (mae, mae_opt)
+
+
+def _rows(a, d):
+    """The set of raw (un-z-scored) rows of a (T, C) array of dataset d, rounded: segments compared by
+    content across seeds (each seed z-scores with its own training statistics)."""
+    return {tuple(r) for r in np.round(np.asarray(a) * d["sd"] + d["mu"], 6)}
+
+
+def test_rate_pilot_reads_no_test_data_of_any_seed(monkeypatch):
+    """The rates are chosen once by lr_grid.py's pilots on seed 0 (configs/smoke.yaml ``lr:``). Those
+    pilots read seed 0's validation and training data; neither may share a single sample with the test
+    segment of any seed of the scale (a review found the Lorenz-96 validation trajectory of seed s was
+    the test trajectory of seed s + 1). Each stored sample is made unique (x00 = 10^4 traj + step), so a
+    shared row is a shared sample. Also each seed's own training and validation data miss its test data."""
+    import pandas as pd
+    import yaml
+    from pathlib import Path
+
+    from reprozoo.data.timeseries import lorenz96, statsmodels_series
+    from reprozoo.methods.cbit.method import load_series
+    from reprozoo.runtime import RunContext
+
+    params = yaml.safe_load((Path(models.__file__).parent / "configs" / "smoke.yaml").read_text())
+    params["detrend"] = {}  # the trend is an affine map of time; without it each value stays unique
+    n_traj, n_steps = 8, 4000  # as the smoke data
+    rows = []
+    for t in range(n_traj):
+        step = np.arange(n_steps)
+        rows.append(pd.DataFrame({"traj": t, "step": step, "t": 0.05 * step,
+                                  **{f"x{c:02d}": 1e4 * t + step + 0.1 * c for c in range(2)}}))
+    clean = pd.concat(rows, ignore_index=True)
+    co2 = np.arange(2284, dtype=float)
+    co2[::37] = np.nan
+    monkeypatch.setattr(lorenz96, "load", lambda path: {"clean": clean})
+    monkeypatch.setattr(statsmodels_series, "load", lambda path: {"co2": pd.DataFrame({"co2": co2})})
+    data = {"ts_lorenz96": Path("x"), "ts_statsmodels": Path("x")}
+
+    def ds(seed, pilot=None):
+        ctx = RunContext(method="cbit", variant="cbit", seed=seed, scale="smoke", params=params, data=data,
+                         outdir=None)
+        return {n: load_series(ctx, n, pilot_seeds=pilot) for n in ("co2", "lorenz96")}
+
+    pilot = ds(0, pilot=params["seeds"])  # what lr_grid.py reads
+    for s in range(7):  # more seeds than the smoke's three: a seed's own fit is clean for up to 7
+        own = ds(s)
+        for n in ("co2", "lorenz96"):
+            o, p = own[n], pilot[n]
+            test = _rows(o["test"][o["obs_test"].all(1)], o)
+            assert len(test) > 100
+            if s in params["seeds"]:
+                seen_by_pilot = _rows(p["val"], p) | set().union(*(_rows(a, p) for a in p["train"]))
+                assert not test & seen_by_pilot, (n, s)
+            seen_by_fit = _rows(o["val"], o) | set().union(*(_rows(a, o) for a in o["train"]))
+            assert not test & seen_by_fit, (n, s)
+    # the Lorenz-96 test window still moves with the seed (a new trajectory per seed), and the guard is not
+    # vacuous: seed 0's pipeline fit (no pilot_seeds) trains on seed 1's test trajectory
+    d0, d1 = ds(0)["lorenz96"], ds(1)["lorenz96"]
+    t1 = _rows(d1["test"], d1)
+    assert not _rows(d0["test"], d0) & t1
+    assert t1 & set().union(*(_rows(a, d0) for a in d0["train"]))

@@ -68,7 +68,9 @@ def main(argv=None) -> list[dict]:
             row = {"variant": v, "grid": lrs or params["fit"]["lr_grid"], "val": {}, "steps": {}, "flat": {},
                    "lr": {}, "pilots": {}, "cpu_s": 0.0}
             for name in params["series"]:
-                _, rec = fit(ctx, v, name, load_series(ctx, name), lr_grid=lrs or params["fit"]["lr_grid"])
+                # the pilot reads no test data of any seed of the scale (load_series' pilot_seeds)
+                ds = load_series(ctx, name, pilot_seeds=params.get("seeds", [a.seed]))
+                _, rec = fit(ctx, v, name, ds, lr_grid=lrs or params["fit"]["lr_grid"])
                 row["val"][name] = float(min(rec["vals"]))
                 row["steps"][name] = rec["stop"]
                 row["flat"][name] = rec["plateau"]

@@ -59,9 +59,14 @@ def _need(ctx, name):
     return Path(ctx.data[name])
 
 
-def load_series(ctx, name: str) -> dict:
+def load_series(ctx, name: str, pilot_seeds=None) -> dict:
     """{'train': [(T, C)], 'obs_train': [...], 'val', 'test': (T, C) in z-units; 'obs_*': True where
-    the truth is known}. Lorenz-96 is sampled every ``lorenz_every`` stored steps (0.05 each)."""
+    the truth is known}. Lorenz-96 is sampled every ``lorenz_every`` stored steps (0.05 each).
+
+    ``pilot_seeds`` (``lr_grid.py``'s rate pilots): Lorenz-96 training also leaves out the test
+    trajectory of every one of these seeds, so the pilot that fixes the rates reads no test data of any
+    seed (its validation trajectory is never a test trajectory; CO2's test blocks are the same for every
+    seed and never train or validate)."""
     p = ctx.params
     if name in STATSMODELS_COLUMN:
         from ...data.timeseries.statsmodels_series import load
@@ -114,18 +119,20 @@ def load_series(ctx, name: str) -> dict:
         trajs = sorted(clean["traj"].unique())
         arr = {t: clean[clean["traj"] == t].sort_values("step")[cols].to_numpy(float)[::k] for t in trajs}
         n_test, n_val = int(p["lorenz_test"]), int(p["lorenz_val"])
-        t0 = trajs[ctx.seed % len(trajs)]
-        segs = {"test": arr[t0][:n_test]}
-        if len(trajs) >= 3:  # validation on a trajectory of its own, training on the rest
-            tv = trajs[(ctx.seed + 1) % len(trajs)]
-            segs["val"] = arr[tv][:n_val]
+        if len(trajs) >= 3:  # validation on the last trajectory, never a test trajectory of any seed (the
+            tv = trajs[-1]   # rates chosen on seed 0's validation read no seed's test data); test on
+            t0 = trajs[ctx.seed % (len(trajs) - 1)]  # trajectory seed mod (n - 1), training on the rest
+            segs = {"test": arr[t0][:n_test], "val": arr[tv][:n_val]}
         else:  # (ci) validation after the test segment of the same trajectory
-            tv = t0
-            segs["val"] = arr[t0][n_test:n_test + n_val]
+            t0 = tv = trajs[ctx.seed % len(trajs)]
+            segs = {"test": arr[t0][:n_test], "val": arr[t0][n_test:n_test + n_val]}
         if len(segs["test"]) < n_test or len(segs["val"]) < n_val:
             raise ValueError(f"cbit: Lorenz-96 trajectories hold {len(arr[t0])} samples at lorenz_every={k}; "
                              f"need {n_test} test + {n_val} validation")
-        trains = [arr[t] for t in trajs if t not in (t0, tv)]
+        excl = {t0, tv}
+        if pilot_seeds is not None and len(trajs) >= 3:
+            excl |= {trajs[int(q) % (len(trajs) - 1)] for q in pilot_seeds}
+        trains = [arr[t] for t in trajs if t not in excl]
         otrains = [np.ones_like(s, dtype=bool) for s in trains]
         obs = {s: np.ones_like(v, dtype=bool) for s, v in segs.items()}
     else:
@@ -135,7 +142,8 @@ def load_series(ctx, name: str) -> dict:
     sd = np.array([allx[allo[:, c], c].std() for c in range(allx.shape[1])])
     z = lambda a: np.where(np.isfinite(a), (a - mu) / sd, 0.0)  # noqa: E731
     return {"train": [z(t) for t in trains], "obs_train": otrains,
-            "val": z(segs["val"]), "obs_val": obs["val"], "test": z(segs["test"]), "obs_test": obs["test"]}
+            "val": z(segs["val"]), "obs_val": obs["val"], "test": z(segs["test"]), "obs_test": obs["test"],
+            "mu": mu, "sd": sd}
 
 
 def windows(x: np.ndarray, W: int) -> np.ndarray:
