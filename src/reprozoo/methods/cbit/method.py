@@ -258,6 +258,7 @@ def fit(ctx, variant: str, name: str, ds: dict, lr_grid=None):
     import torch
 
     from ...blocks.fitting import fit_to_plateau
+    from ...blocks.rate_table import fit_with_table_rate
     from .models import build, loss_fn
 
     p = ctx.params
@@ -265,10 +266,7 @@ def fit(ctx, variant: str, name: str, ds: dict, lr_grid=None):
     if lr_grid is not None:  # lr_grid.py: the grid (or rates) to pilot
         f["lr_grid"] = list(lr_grid)
     elif p.get("lr"):  # the rate chosen once on seed 0's validation windows (configs: `lr`, lr_grid.py)
-        table = p["lr"].get(variant, {})
-        if name not in table:
-            raise KeyError(f"cbit: config `lr` has no rate for {variant} on {name}; run lr_grid.py and add it")
-        f["lr_grid"] = [float(table[name])]
+        f, _ = fit_with_table_rate(f, p["lr"], variant, name)
     W, B, blk = int(p["window"]), int(p["batch"]), int(p["block"])
     C = ds["val"].shape[1]
     xv = windows(ds["val"], W)
