@@ -472,6 +472,36 @@ def test_training_rule_keeps_the_best_averaged_network_by_validation_cer():
     assert early is not None and zeroed >= 0
 
 
+def test_a_fixed_rate_reproduces_the_run_the_grid_pilot_chose():
+    """``fit.lr`` (a rate per variant fixed once from a pilot of the grid) skips the pilots but
+    trains the same run: same initial weights, same batches, so the same validation curve as the
+    grid's chosen rate; the grid edge is still reported against ``fit.lr_grid``."""
+    from reprozoo.blocks.rate_table import grid_edge
+    from reprozoo.methods.spike_htr import method as M
+
+    p = {"alphabet": "0123456789",
+         "data": {"upsample": 1, "height": 8, "width": 40, "n_train": 64, "n_val": 16, "n_test": 8,
+                  "n_chars": [2, 4], "gap": [0, 2], "margin": 2, "noise": 0.05},
+         "model": {"T": 2, "channels": [4, 8, 8], "d_model": 16, "heads": 2, "mlp": 16, "blocks": 1,
+                   "sigma_max": 1.0, "beta": 0.5, "threshold": 0.5, "tau": 0.9},
+         "fit": {"lr_grid": [3e-3, 1e-2, 3e-2], "pilot_steps": 10, "eval_every": 5, "min_steps": 20, "max_steps": 30,
+                 "flat_tol": 0.01, "ctc_tiebreak": 0.01, "batch": 8, "ema": 0.9, "aux_weight": 0.3}}
+    raw = M._splits(p, 0)
+    splits = {s: (torch.from_numpy(raw[s][0]).unsqueeze(1), [[c + 1 for c in t] for t in raw[s][1]])
+              for s in ("train", "val")}
+    _, grid, _, _ = M.train_model(p, "snn_full", splits, 0, progress=lambda s: None)
+    p["fit"]["lr"] = {"snn_full": grid["lr"], "ann": 1.0}
+    _, fixed, _, _ = M.train_model(p, "snn_full", splits, 0, progress=lambda s: None)
+    assert list(fixed["pilot_best"]) == [grid["lr"]] and fixed["lr"] == grid["lr"]
+    assert fixed["steps"] == grid["steps"] and fixed["vals"] == pytest.approx(grid["vals"], abs=1e-6)
+    assert fixed["lr_edge"] == grid["lr_edge"] == grid_edge(grid["lr"], p["fit"]["lr_grid"])
+    p["fit"]["lr"] = {"snn_full": 3e-2}  # the grid's top rate, fixed: the edge is still reported
+    _, top, _, _ = M.train_model(p, "snn_full", splits, 0, progress=lambda s: None)
+    assert top["lr"] == 3e-2 and top["lr_edge"] == "top"
+    _, other, _, _ = M.train_model(p, "ann", splits, 0, progress=lambda s: None)  # a variant not named: the grid
+    assert sorted(other["pilot_best"]) == [3e-3, 1e-2, 3e-2]
+
+
 def test_direct_variant_feeds_the_same_image_at_every_step():
     """The `direct` ablation: no coder, the static image repeated over the T steps."""
     from reprozoo.methods.spike_htr import method as M

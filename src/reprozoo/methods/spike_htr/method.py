@@ -7,7 +7,9 @@ Stages and units:
   CTC (``torch.nn.CTCLoss``, blank = 0) by the shared rule ``blocks.fitting.fit_to_plateau``: ONE
   learning-rate grid (``fit.lr_grid``, the same for every variant) piloted on the validation
   lines, the best rate continued at a constant rate until the validation curve passes the
-  platform's plateau test. The validation curve is the validation CER (corpus CER of greedy
+  platform's plateau test. Since round 12 the rate of each variant is fixed in the config
+  (``fit.lr``), chosen once by that same grid pilot on one seed (README); the run at the fixed
+  rate is the run the pilot continued (same initial weights and batches), without the pilots. The validation curve is the validation CER (corpus CER of greedy
   decoding, what the claims read) of the moving average of the weights (``fit.ema``); the
   checkpoint kept and tested is the averaged network with the best validation CER. The
   validation CTC loss is recorded beside it (diagnostic: it rises late from over-confidence while
@@ -43,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...blocks.rate_table import fit_with_table_rate, grid_edge
 from ...claims import tail_fit
 from . import data as D
 from reprozoo.figures import save_figure
@@ -244,7 +247,11 @@ def train_model(params: dict, variant: str, splits: dict, seed: int, progress=pr
         # CTC blank plateau every rate reads CER 1 and the pilot would otherwise pick the first
         return ev["cer"] + tie * ev["loss"] * len(Tva) / n_chars
 
-    model, rec = fit_to_plateau(build_fn, train_loss, val_loss, f, seed, label=variant, progress=progress)
+    # `fit.lr`: the rate of each variant chosen once on validation (blocks.rate_table); a variant it does
+    # not name pilots the grid. The edge is read against the grid the rate was chosen from either way.
+    fv, _ = fit_with_table_rate(f, f.get("lr"), variant, required=False, where="fit.lr")
+    model, rec = fit_to_plateau(build_fn, train_loss, val_loss, fv, seed, label=variant, progress=progress)
+    rec["lr_edge"] = grid_edge(rec["lr"], f["lr_grid"])
     rec["val_ctc"], rec["val_cer"], rec["val_half"] = val_ctc[id(model)], val_cer[id(model)], val_half[id(model)]
     return model.ema, rec, early.get(id(model)), zeroed.get(id(model), 0)
 
@@ -273,6 +280,8 @@ def train(ctx) -> None:
         ctx.metrics.scalar(f"val_{name}_tail_improvement", tail_fit(rec["steps"], curve, "min")["improvement"])
     for lr, v in rec["pilot_best"].items():
         ctx.metrics.scalar(f"pilot_val_score_lr{lr:g}", v)
+    # the rate's place in the grid it was chosen from: +1 top, -1 bottom, 0 bracketed
+    ctx.metrics.scalar("lr_grid_edge", {"top": 1, "bottom": -1}.get(rec["lr_edge"], 0))
     ctx.metrics.scalar("val_cer_tail_improvement", tail_fit(rec["steps"], rec["val_cer"], "min")["improvement"])
     ctx.metrics.scalar("train_cpu_s", time.process_time() - t0)
     ctx.metrics.scalar("lines_zeroed_train", zeroed)        # CTC infeasible (input shorter than needed)
@@ -297,8 +306,13 @@ def train(ctx) -> None:
     ctx.metrics.scalar("mixer_nj", ev["mixer_nj"])
     ctx.metrics.scalar("mixer_energy_share", ev["mixer_nj"] / ev["energy_nj"])
     ctx.metrics.scalar("energy_nj", ev["energy_nj"])
-    ctx.metrics.scalar("lines_infeasible_test", sum(not ok for ok in ctc_feasible(
-        [round(k * L) for k in ev["kept_lines"]], Tte)))
+    # lines the reducer leaves too short for CTC (it merged away a position the aux head missed):
+    # per line (units, so the page can split reducer_cer_margin into these lines and the rest),
+    # their count, and the test edits made on them
+    infeasible = [float(not ok) for ok in ctc_feasible([round(k * L) for k in ev["kept_lines"]], Tte)]
+    ctx.metrics.units("infeasible_test", infeasible)
+    ctx.metrics.scalar("lines_infeasible_test", sum(infeasible))
+    ctx.metrics.scalar("edits_on_infeasible", sum(e for e, b in zip(ev["edits"], infeasible) if b))
     if early_state is not None and reducer:      # the under-trained control of close_to_ann
         net = build(p, ctx.variant, Xte.shape[2])
         net.load_state_dict(early_state)
