@@ -606,3 +606,42 @@ def test_bracketing_ignores_an_extra_rate_that_has_not_learned():
     assert extra < 1e-2 and pilots[extra] < pilots[1e-2]  # it scored lower ...
     assert rec["lr"] == 1e-2  # ... and was not chosen;
     assert rec["lr_edge"] == "bottom"  # no pilot there learned, so the pilots cannot bracket: still flagged
+
+
+def test_a_fixed_rate_reproduces_the_grids_chosen_run_without_its_pilots():
+    """train.lr_fixed (a rate chosen once on validation by a one-seed pilot of the grid) replaces the
+    grid's pilots: the fit is the shared rule with a one-rate grid, which starts from the same initial
+    weights on the same batches, so at the grid's choice it reproduces the grid's chosen run exactly
+    (the same validation curve and test metric) while training only that rate; the edge flag recorded
+    is the pilot's (train.lr_fixed_edge), and variants the config does not fix still pilot the grid."""
+    p = {"freq": {}, "arch": {"channels": 8, "omega_range": [0.05, 1.5], "zeta_range": [0.005, 0.2],
+                              "tau_range": [2.0, 200.0], "dim": 16, "depth": 1, "heads": 2},
+         "train": {"lr_grid": [1e-3, 1e-2], "pilot_steps": 20, "min_steps": 60, "max_steps": 100, "flat_tol": 0.01,
+                   "batch": 16, "eval_every": 10, "n_val": 64, "n_test": 64, "eval_batch": 64}}
+
+    class Rec:
+        def __init__(self):
+            self.s, self.c = {}, {}
+
+        def scalar(self, k, v):
+            self.s[k] = v
+
+        def curve(self, k, x, y):
+            self.c[k] = (list(x), list(y))
+
+        def units(self, k, v):
+            self.s[k] = float(np.mean(v))
+
+    steps = []
+    grid, fixed = Rec(), Rec()
+    M.fit("adding", 16, M.VARIANTS["sh2rf"], p, 0, grid, steps.append, variant="sh2rf")
+    assert grid.s["lr_fixed_adding_L16"] == 0.0 and len(grid.c["lr_pilots_adding_L16"][0]) == 2
+    chosen = grid.s["lr_chosen_adding_L16"]
+    q = dict(p, train=dict(p["train"], lr_fixed={"sh2rf": {"adding": chosen}},
+                           lr_fixed_edge={"sh2rf": {"adding": -1}}))
+    M.fit("adding", 16, M.VARIANTS["sh2rf"], q, 0, fixed, steps.append, variant="sh2rf")
+    assert fixed.s["lr_fixed_adding_L16"] == 1.0 and fixed.c["lr_pilots_adding_L16"][0] == [chosen]
+    assert fixed.c["val_adding_L16"] == grid.c["val_adding_L16"]
+    assert fixed.s["r2_adding_L16"] == grid.s["r2_adding_L16"]
+    assert fixed.s["lr_edge_adding_L16"] == -1.0
+    assert M.fixed_rate("hrf_homog", "adding", q) == (None, 0.0)  # not fixed: the grid's pilots

@@ -32,7 +32,10 @@ learning-rate grid piloted from the same initial weights on the same batches (ra
 each pilot's second half; a choice at the grid's edge is bracketed by pilots beyond it,
 :func:`fit_bracketed`), the chosen rate constant until the platform's plateau test holds at or after
 ``min_steps`` with the best point ``patience`` evaluations old, then one drop of the rate by ``lr_drop``
-(0.3 at smoke) and on to a second plateau after the drop (or ``max_steps``); the plateau test reads the
+(0.3 at smoke) and on to a second plateau after the drop (or ``max_steps``). At smoke the grid's pilots
+are replaced, for every variant but ``lif_ssm``, by a rate per task fixed in the config (``train.lr_fixed``,
+:func:`fixed_rate`), chosen once on validation by a one-seed pilot of this same rule (README; ``lif_ssm``
+still pilots the grid in every seed, README says why); the plateau test reads the
 scale the curve's gate entry reads (``STOP_SCALE``: range for adding, value else). Every model starts near the chance loss (small
 output layer; the adding target is trained standardised, ``ADD_MEAN``, ``ADD_SD``), and ``min_progress``
 refuses a plateau stop until the best validation loss is that fraction below it (0.1 at smoke). The curve ``val_<task>_L<L>`` and
@@ -165,7 +168,20 @@ def _evaluate(model, task, x, y, batch, k_classes=0):
     return loss, float(correct.mean()), (correct - chance) / (1 - chance), sops / len(x), raster
 
 
-def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, progress):
+def fixed_rate(variant: str, task: str, p: dict) -> tuple[float | None, float]:
+    """The learning rate fixed in the config for (variant, task) (``train.lr_fixed``), chosen once on
+    validation by a one-seed pilot of the shared rule (README, "Fixed learning rates"), and its edge flag
+    in that pilot (``train.lr_fixed_edge``: +1 / -1 when the pilot did not bracket it, 0 when it did);
+    (None, 0) when the config fixes none, and the fit pilots the grid itself."""
+    from ...blocks.rate_table import table_rate
+
+    tr = p["train"]
+    rate = table_rate(tr.get("lr_fixed"), variant, task, required=False, where="train.lr_fixed")
+    edge = (tr.get("lr_fixed_edge") or {}).get(variant, {}).get(task, 0.0)
+    return rate, float(edge)
+
+
+def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, progress, variant: str | None = None):
     """Train one model of ``options`` on (task, L) by the shared training rule
     (:func:`reprozoo.blocks.fitting.fit_to_plateau`: one learning-rate grid piloted on validation
     from the same initial weights and batches, the best rate continued at a constant rate until the
@@ -209,6 +225,11 @@ def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, prog
     # adding task, whose noise-free target lets the loss fall towards 0, so that its value test (relative
     # to a level near 0) never holds and every adding fit ran to max_steps (smoke at 69ef2d3); value else
     rule = dict(tr, scale=STOP_SCALE.get(task, "value"))
+    # a rate fixed in the config (chosen once on validation, train.lr_fixed) replaces the grid's pilots:
+    # the fit is the shared rule with a one-rate grid, so its first pilot_steps are the run's own start
+    rate, fixed_edge = fixed_rate(variant, task, p) if variant else (None, 0.0)
+    if rate is not None:
+        rule.update(lr_grid=[rate], extend_edge=0)
     t0 = time.process_time()
     model, rec = fit_bracketed(make_model, train_loss, val_loss, rule, data.base, label=f"{task}_L{length}",
                                progress=progress)
@@ -216,7 +237,10 @@ def fit(task: str, length: int, options: dict, p: dict, seed: int, metrics, prog
     tag = f"{task}_L{length}"
     log_fit(metrics, tag, rec)
     # the grid's bracket: +1 / -1 when the chosen rate is still the top / bottom of the extended grid
-    metrics.scalar(f"lr_edge_{tag}", {"top": 1.0, "bottom": -1.0}.get(rec["lr_edge"], 0.0))
+    # (a fixed rate: its flag in the pilot that chose it, train.lr_fixed_edge)
+    edge = fixed_edge if rate is not None else {"top": 1.0, "bottom": -1.0}.get(rec["lr_edge"], 0.0)
+    metrics.scalar(f"lr_edge_{tag}", edge)
+    metrics.scalar(f"lr_fixed_{tag}", float(rate is not None))
     piloted = sorted(rec["pilot_best"])
     metrics.curve(f"lr_pilots_{tag}", piloted, [rec["pilot_best"][r] for r in piloted])
     matched = ([], [])
@@ -413,7 +437,7 @@ def train(ctx) -> None:
         task_units, task_short = [], []
         for L in lengths:
             model, skill, metric, s, raster, (levels, s_at) = fit(task, L, options, p, ctx.seed, ctx.metrics,
-                                                                  ctx.progress)
+                                                                  ctx.progress, variant=ctx.variant)
             task_units.extend(skill)
             if L in _short(task, p):
                 short_units.extend(skill)
