@@ -184,6 +184,33 @@ def test_training_stops_at_a_plateau_the_gate_accepts():
     assert m.s["mean_val_acc_glyphs"] == pytest.approx(np.mean([a for s_, a in zip(steps, va) if s_ <= 20]))
     assert m.s["acc_glyphs"] > 0.3
     assert 0 <= m.s["decision_glyphs"] <= 3 and m.s["latency_all_glyphs"] >= m.s["latency_fired_glyphs"] - 1e-9
+    # the decision floor (the last hidden layer's first spike) and the grid's record
+    assert 0 <= m.s["decision_floor_glyphs"] <= 4 and 0 <= m.s["frac_decided_before_onset_glyphs"] <= 1
+    assert m.s["lr_edge_glyphs"] in (-1.0, 0.0, 1.0)
+    xs, ys = m.c["lr_pilot_glyphs"]
+    assert xs == pytest.approx([-2.0, np.log10(3e-2)]) and len(ys) == 2
+
+
+def test_fixed_rate_comes_from_the_selection_grid_and_reports_its_edge():
+    """lr_fixed replaces the grid by one rate that must be in the selection grid (fit.lr_grid); its place
+    there is reported (bottom / top / inside); without an entry the grid runs unchanged."""
+    params = dict(fit=dict(lr_grid=[1e-3, 3e-3, 1e-2], pilot_steps=5, eval_every=1, min_steps=5, max_steps=9,
+                           flat_tol=0.01),
+                  lr_fixed={"digits": {"full": 1e-3, "init": 3e-3, "plain": 1e-2}})
+    for v, edge in (("full", "bottom"), ("init", None), ("plain", "top")):
+        f = M.fit_config(params, "digits", v)
+        assert f["lr_grid"] == [params["lr_fixed"]["digits"][v]] and f["_edge"] == edge and f["_fixed"]
+    f = M.fit_config(params, "glyphs", "full")
+    assert f["lr_grid"] == [1e-3, 3e-3, 1e-2] and not f["_fixed"]
+    with pytest.raises(ValueError):
+        M.fit_config(dict(params, lr_fixed={"digits": {"full": 5e-3}}), "digits", "full")
+
+
+def test_shallow_references_train_on_digits_only():
+    """The depth precondition reads digits only, so the 2-layer references train nothing else."""
+    for v in ("plain_shallow", "init_shallow"):
+        assert M.VARIANTS[v]["datasets"] == ("digits",) and M.VARIANTS[v]["shallow"]
+    assert M.VARIANTS["init_shallow"]["init"] == "ttfs" and M.VARIANTS["plain_shallow"]["init"] == "default"
 
 
 def test_decision_time_is_the_step_from_which_the_readout_stays_on_its_final_class():

@@ -1,12 +1,13 @@
 """TTFS framework in miniature: the ablation plain -> +init -> +norm -> +decoder, in a 4-layer network.
 
-Variants (one cell = one variant x seed, trained on both datasets with the same rule):
+Variants (one cell = one variant x seed, trained on its data sets with the same rule):
 
     plain          PyTorch default init, no normalisation, final-potential readout, avg pooling
     init           + the closed-form TTFS init (ttfs_net.ttfs_init_moments)
     init_norm      + weight normalisation with learnable affine (ttfs_net.WNConv2d)
     full           + the temporal-weighting output decoder: the paper's framework (avg pooling)
-    plain_shallow  plain at 2 layers: the reference of the precondition "depth slows plain"
+    plain_shallow  plain at 2 layers, digits only  } the depth x init difference-in-differences of the
+    init_shallow   init at 2 layers, digits only   } precondition of init_prevents_signal_diminishing
 
 Every readout has one learnable output gain, and the temporal decoder is rescaled at construction
 so that its initial logit scale equals the final-potential readout's (scale-neutral readouts).
@@ -34,8 +35,13 @@ VARIANTS = {
     "init": dict(init="ttfs", norm=False, decoder="final", pool="avg"),
     "init_norm": dict(init="ttfs", norm=True, decoder="final", pool="avg"),
     "full": dict(init="ttfs", norm=True, decoder="temporal", pool="avg"),
-    # the precondition's reference: plain at the shallow depth of the earlier miniature (2 layers)
-    "plain_shallow": dict(init="default", norm=False, decoder="final", pool="avg", shallow=True),
+    # the precondition's references (depth x init difference-in-differences): plain and init at the
+    # shallow depth of the earlier miniature (2 layers); only the digits claim reads them, so they train
+    # on digits only
+    "plain_shallow": dict(init="default", norm=False, decoder="final", pool="avg", shallow=True,
+                          datasets=("digits",)),
+    "init_shallow": dict(init="ttfs", norm=False, decoder="final", pool="avg", shallow=True,
+                         datasets=("digits",)),
 }
 
 # curves drawn generically (the raster and histograms are drawn by plot())
@@ -74,12 +80,28 @@ def _fan_outs(net) -> list[int]:
     return [c.out_channels * 9 for c in convs] + [net.fc.out_features]
 
 
-def fit_config(params: dict) -> dict:
-    """The shared training rule's keys (``blocks.fitting.fit_to_plateau``): ``params["fit"]``."""
-    return dict(params["fit"])
+def fit_config(params: dict, dataset: str | None = None, variant: str | None = None) -> dict:
+    """The shared training rule's keys (``blocks.fitting.fit_to_plateau``): ``params["fit"]``.
+
+    With ``lr_fixed: {dataset: {variant: rate}}`` in the config the grid is replaced by that one rate
+    (chosen once on validation by a one-seed run of the same rule over ``fit.lr_grid``: the selection
+    grid stays in the config so that deleting ``lr_fixed`` reruns the selection). Returns the fit keys
+    and, as ``_edge``, where the rate sits in the selection grid (``top``, ``bottom`` or None) and, as
+    ``_fixed``, whether it is fixed (both to be popped before ``fit_to_plateau``)."""
+    from ...blocks.rate_table import fit_with_table_rate
+
+    grid = sorted(float(r) for r in params["fit"]["lr_grid"])
+    fit, how = fit_with_table_rate(dict(params["fit"]), params.get("lr_fixed"), str(dataset), str(variant),
+                                   required=False, where="lr_fixed")
+    if how["lr_source"] == "table" and fit["lr_grid"][0] not in grid:
+        raise ValueError(f"ttfs: lr_fixed[{dataset}][{variant}] = {fit['lr_grid'][0]} is not in fit.lr_grid {grid}")
+    fit = dict(fit)
+    fit["_edge"], fit["_fixed"] = how["lr_edge"], how["lr_source"] == "table"
+    return fit
 
 
-def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: int, metrics, progress) -> None:
+def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: int, metrics, progress,
+                    variant: str | None = None) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -94,11 +116,13 @@ def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: 
     T = int(params["T"])
     p_in = float((xtr > 0).float().mean())  # fraction of input pixels that fire (for the init)
     options = dict(options)
+    options.pop("datasets", None)
     if options.pop("shallow", False):
         channels, pool_after = params["channels_shallow"], params.get("pool_after_shallow")
     else:
         channels, pool_after = params["channels"], params.get("pool_after")
-    fit = fit_config(params)
+    fit = fit_config(params, name, variant)
+    fixed_edge, fixed = fit.pop("_edge"), fit.pop("_fixed")
     fit["select"], fit["stop_on"] = "loss", ["loss"]  # stop and keep on the validation loss
     calib = {}
 
@@ -137,6 +161,14 @@ def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: 
     metrics.curve(f"val_acc_{name}", steps, va)
     metrics.curve(f"lr_{name}", steps, rec["lrs"])
     metrics.scalar(f"lr_peak_{name}", float(rec["lr"]))
+    # where the rate sits in the selection grid (-1 bottom, 0 inside, +1 top): with a fixed rate, its
+    # place in the grid it was chosen from; with the grid, the rule's own flag. Without a fixed rate the
+    # pilot's score of every rate is recorded too (what the fixed rates were chosen from)
+    edge = fixed_edge if fixed else rec.get("lr_edge")
+    metrics.scalar(f"lr_edge_{name}", {"top": 1.0, "bottom": -1.0}.get(edge, 0.0))
+    if not fixed and len(rec.get("pilot_best") or {}) > 1:
+        pb = sorted(rec["pilot_best"].items())
+        metrics.curve(f"lr_pilot_{name}", [float(np.log10(r)) for r, _ in pb], [float(v) for _, v in pb])
     metrics.scalar(f"steps_{name}", float(rec["stop"]))
     if rec.get("drop_gain") is not None:
         metrics.scalar(f"drop_gain_{name}", float(rec["drop_gain"]))
@@ -167,7 +199,15 @@ def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: 
     per_ex = torch.where(fired.any(1), (tf * fired).sum(1) / fired.sum(1).clamp(min=1), torch.tensor(float(T)))
     metrics.units(f"latency_fired_{name}", per_ex.tolist())
     metrics.units(f"latency_all_{name}", tf.mean(1).tolist())
-    metrics.units(f"decision_{name}", decision_time(out["partial"]).tolist())
+    dec = decision_time(out["partial"])
+    metrics.units(f"decision_{name}", dec.tolist())
+    # the decision time's floor: before the last hidden layer's first spike the output current is its
+    # bias alone, so no decoder can decide on evidence earlier (a decision "before" it is the bias's
+    # argmax agreeing with the final class). Per example: that onset step (T if the layer stays silent)
+    onset = first_spike_time(out["spikes"][-1].flatten(2)).min(1).values
+    metrics.units(f"decision_floor_{name}", onset.tolist())
+    metrics.scalar(f"frac_decided_at_0_{name}", float((dec == 0).float().mean()))
+    metrics.scalar(f"frac_decided_before_onset_{name}", float((dec < onset).float().mean()))
     # diagnostic: the decision time of the same trained network read through the temporal decoder's
     # step weights (for `full` its own readout): how much of a decision-time gain is the readout alone
     w_tw = temporal_step_weights(T).view(T, 1, 1)
@@ -195,14 +235,18 @@ def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: 
 def train(ctx) -> None:
     if ctx.variant not in VARIANTS:
         raise ValueError(f"ttfs: unknown variant {ctx.variant!r}; known: {sorted(VARIANTS)}")
+    only = VARIANTS[ctx.variant].get("datasets")
     for i, name in enumerate(ctx.params["datasets"]):
+        if only is not None and name not in only:
+            continue
         path = Path(ctx.shared_dir) / f"{name}.npz"
         if path.exists():
             with np.load(path) as z:
                 arrays = {k: z[k] for k in z.files}
         else:  # a cell run on its own: the same deterministic draw as train_shared
             arrays = _load_dataset(name, ctx.params, ctx.rng(i))
-        fit_and_measure(name, arrays, VARIANTS[ctx.variant], ctx.params, ctx.seed, ctx.metrics, ctx.progress)
+        fit_and_measure(name, arrays, VARIANTS[ctx.variant], ctx.params, ctx.seed, ctx.metrics, ctx.progress,
+                        variant=ctx.variant)
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:
