@@ -112,6 +112,46 @@ def local_gradient_stats(deltas: list[list[torch.Tensor]]) -> dict:
     return {"sgv": mean(sg), "cv": mean(cv), "tgc": mean(tg)}
 
 
+def final_step_local(model, surrogate, x, y) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, (δ^l[T], u^l[T]) flattened over batch and neurons: the final step's local gradient
+    ∂L/∂v^l[T] under ``surrogate`` and the membrane potential minus the threshold, BN in eval mode.
+    The forward pass (so u) does not depend on the surrogate; δ does."""
+    model.eval()
+    trace: dict = {}
+    loss = F.cross_entropy(model(x, surrogate, trace=trace), y)
+    last = [layer[-1] for layer in trace["v"]]
+    grads = torch.autograd.grad(loss, last)
+    return [(g.reshape(-1), (v.detach() - model.threshold).reshape(-1)) for g, v in zip(grads, last)]
+
+
+def window_cv(delta: torch.Tensor, u: torch.Tensor, beta: float) -> float:
+    """The coefficient of variation std/Mean|.| of δ over the entries inside the window |u| <= β only
+    (outside it every window shape gives δ = 0 at the final step, and those zeros would dominate the
+    CV: cold review after the budget round, item 3). NaN when no entry is inside."""
+    d = delta[u.abs() <= beta]
+    m = float(d.abs().mean()) if d.numel() else 0.0
+    return float(d.std(unbiased=False)) / m if m > 0 else float("nan")
+
+
+def theorem_condition(u: torch.Tensor, beta: float) -> dict:
+    """Theorem 4.2's precondition as it applies to the shapes here, from the membrane distribution
+    alone. For δ = a g_β(u) with a independent of u (the theorem's setting), CV(δ)² + 1 =
+    (E a² / (E|a|)²) · E g² / (E g)², so on the in-window entries ASY's CV is below TRI's exactly when
+    R(ASY) < R(TRI), R(g) = E g(u)² / (E g(u))² over the in-window membrane potentials. ``margin`` =
+    R(TRI) - R(ASY) > 0 is the condition (for a density linear in the window, p(u) ∝ 1 + c u / β, it
+    holds iff c > 0: more neurons just above threshold than just below; a uniform density ties).
+    ``mean_x`` = E[u / β] over the window (c / 3 for the linear density), ``frac`` the share of entries
+    inside the window."""
+    from .surrogates import asy, tri
+
+    inside = u[u.abs() <= beta]
+    if inside.numel() < 2:
+        return {"margin": float("nan"), "mean_x": float("nan"), "frac": 0.0}
+    r = lambda g: float((g ** 2).mean() / g.mean() ** 2)  # noqa: E731
+    return {"margin": r(tri(inside, beta)) - r(asy(inside, beta, 0.5)), "mean_x": float((inside / beta).mean()),
+            "frac": float(inside.numel() / u.numel())}
+
+
 @torch.no_grad()
 def evaluate(model, surrogate, x, y) -> dict:
     """Accuracy and SOPs per sample (test units), loss, firing rate per layer and per step."""

@@ -1,4 +1,4 @@
-"""A2SG in miniature: one LIF CNN (T = 4) on procedural MNIST-1D, ten surrogate variants.
+"""A2SG in miniature: one LIF CNN (T = 4) on procedural MNIST-1D, eleven surrogate variants.
 
 Variants (same network, data, optimiser, learning-rate grid, batch order and initialisation per
 seed; only the backward pass of the spike differs):
@@ -9,19 +9,20 @@ seed; only the backward pass of the spike differs):
 * ``asy_fixed``: ablation, the ASY window at the paper's fixed β = 0.5 (asymmetric only).
 * ``tri_fixed``: baseline, TRI at β = 0.5 (neither): with the three above, a 2 x 2 factorial
   {fixed, adaptive} x {symmetric, asymmetric}.
-* ``tri_fixed_max``: TRI fixed at the top of ``st_asg_tri``'s β grid: width without adaptivity
-  (control).
 * ``tri_width_best`` / ``asy_width_best``: the fixed window at the best width of one sweep, chosen
-  jointly with the rate once on seed-0 validation (``pilot.py``; at paper scale, per fit from
-  ``width_grid``): adaptivity against the best fixed width, not against β = 0.5 alone. The best ASY
-  width is also the top of ``a2sg``'s β grid, so it is A2SG's width control too.
-* ``asy_random_beta``: the placebo of ST-ASG, ASY with β drawn at random from ``a2sg``'s grid on the
-  search's schedule.
+  jointly with the rate once on validation of the pilot seed (``pilot.py``, seed 100, outside the
+  claim seeds; at paper scale, per fit from ``width_grid``): adaptivity against the best fixed width,
+  not against β = 0.5 alone; ``asy_width_best`` is A2SG's width control.
+* ``asy_random_beta``: the width-matched placebo of ST-ASG, ASY whose β per (layer, step) is dealt on
+  the search's schedule from A2SG's own choices for that slot (a fit on the pilot seed, permuted;
+  ``surrogates.STMatched``), ignoring the objective; ``tri_random_beta`` the same for ``st_asg_tri``.
+* ``asy_rev_fixed``: ASY mirrored about the threshold at β = 0.5 (the larger gradient below it): the
+  control of the asymmetry claims.
 * ``rectangular`` (BOX, width 2β = 1) and ``arctan`` (α = 2): fixed symmetric baselines.
 
 Training: the shared rule, ``reprozoo.blocks.fitting.fit_to_plateau``, on the validation
 cross-entropy (plateau, one rate drop, second plateau, best-validation weights) at the rate of the
-config's ``lr`` table (chosen once on seed-0 validation pilots, ``pilot.py``; without a table the rule
+config's ``lr`` table (chosen once on validation pilots of the pilot seed, ``pilot.py``; without a table the rule
 pilots ``fit.lr_grid`` in every fit); the ST-ASG search runs inside the training loss (before the
 backward pass of a due step).
 
@@ -128,8 +129,8 @@ def train(ctx) -> None:
     from ...blocks.fitting import log_fit
     from ...blocks.rate_table import fit_with_table_rate, grid_edge
     from ...claims import tail_fit
-    from .measures import (evaluate, gradient_cosine, local_gradient_stats, local_gradients, per_step_gradients,
-                           sharpness)
+    from .measures import (evaluate, final_step_local, gradient_cosine, local_gradient_stats, local_gradients,
+                           per_step_gradients, sharpness, theorem_condition, window_cv)
     from .surrogates import STAdaptive, make_surrogate
 
     torch.set_num_threads(max(1, ctx.threads))
@@ -139,7 +140,7 @@ def train(ctx) -> None:
         t = {k: torch.from_numpy(arrays[k]).to(p.get("device", "cpu")) for k in arrays.files}
     m = ctx.metrics
     vcfg = dict(p["surrogates"][ctx.variant])
-    # smoke and ci: the rate of the config's `lr` table, chosen once on seed-0 validation pilots of
+    # smoke and ci: the rate of the config's `lr` table, chosen once on validation pilots (pilot seed) of
     # fit.lr_grid (pilot.py; its table on the page), so no fit pilots the grid again; without a table
     # entry (paper scale) the shared rule pilots the grid in every fit
     fit_cfg, lr_rec = fit_with_table_rate(fit, p.get("lr"), ctx.variant, required=False)
@@ -167,7 +168,7 @@ def train(ctx) -> None:
     if vcfg.get("beta_max") is not None:
         m.scalar("beta_max", float(vcfg["beta_max"]))
     sur = model.sur
-    # the rate's position in fit.lr_grid (whether piloted now or once on seed 0): +1 top, -1 bottom,
+    # the rate's position in fit.lr_grid (whether piloted now or once on the pilot seed): +1 top, -1 bottom,
     # 0 inside (the grid brackets it)
     edge = grid_edge(lr, fit["lr_grid"])
     m.scalar("lr_edge", 1.0 if edge == "top" else -1.0 if edge == "bottom" else 0.0)
@@ -194,13 +195,35 @@ def train(ctx) -> None:
     for k in ("sgv", "cv", "tgc"):
         m.scalar(k, float(np.nanmean([s[k] for s in stats])))
     if vcfg.get("kind") == "fixed_window":
-        # Theorem 4.2 paired: the shapes' local gradients on the SAME trained weights, at this width
-        # (asy_rev, the ramp mirrored, is the paired claim's control)
+        # Theorem 4.2 paired: the shapes' final-step local gradients on the SAME trained weights, at
+        # this width (asy_rev, the ramp mirrored, is the paired claims' control). Per layer: the CV over
+        # all entries (cv_<shape>_same, layer mean, as before) and over the in-window entries only
+        # (cv_<shape>_win_l<l>); the theorem's condition from the membrane distribution (thm_cond_l<l>,
+        # measures.theorem_condition); the ratios to TRI's in-window CV, layer means (cv_ratio_*_win).
+        beta_w, L = float(vcfg["beta"]), len(net["channels"])
+        batches = [(xt[i:i + cb], yt[i:i + cb]) for i in range(0, cb * nb, cb)]
+        win, alls = {}, {}
         for shape in ("tri", "asy", "asy_rev"):
-            other = make_surrogate({**vcfg, "shape": shape}, len(net["channels"]), net["T"])
-            st = [local_gradient_stats(local_gradients(model, other, xt[i:i + cb], yt[i:i + cb]))
-                  for i in range(0, cb * nb, cb)]
-            m.scalar(f"cv_{shape}_same", float(np.nanmean([s["cv"] for s in st])))
+            other = make_surrogate({**vcfg, "shape": shape}, L, net["T"])
+            per = [final_step_local(model, other, xb, yb) for xb, yb in batches]
+            win[shape] = [float(np.nanmean([window_cv(b[l][0], b[l][1], beta_w) for b in per])) for l in range(L)]
+            alls[shape] = float(np.nanmean([float(b[l][0].std(unbiased=False)) / float(b[l][0].abs().mean())
+                                            for b in per for l in range(L) if float(b[l][0].abs().mean()) > 0]))
+            m.scalar(f"cv_{shape}_same", alls[shape])
+            for l in range(L):
+                m.scalar(f"cv_{shape}_win_l{l + 1}", win[shape][l])
+            if shape == "tri":
+                for l in range(L):
+                    u_all = torch.cat([b[l][1] for b in per])
+                    cond = theorem_condition(u_all, beta_w)
+                    m.scalar(f"thm_cond_l{l + 1}", cond["margin"])
+                    m.scalar(f"win_mean_x_l{l + 1}", cond["mean_x"])
+                    m.scalar(f"win_frac_l{l + 1}", cond["frac"])
+        for shape, name in (("asy", "asy"), ("asy_rev", "rev")):
+            ratios = [win[shape][l] / win["tri"][l] for l in range(L)]
+            for l in range(L):
+                m.scalar(f"cv_ratio_{name}_win_l{l + 1}", ratios[l])
+            m.scalar(f"cv_ratio_{name}_win", float(np.mean(ratios)))
     sh = p["sharpness"]
     m.scalar("sharp", sharpness(model, sur, t["x_train"][:sh["n"]], t["y_train"][:sh["n"]], sh["rho"], sh["dirs"],
                                 torch.Generator().manual_seed(ctx.seed * 31 + 1)))

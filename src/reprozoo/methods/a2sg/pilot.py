@@ -11,6 +11,10 @@ The sweep of a fixed-window row sets its ``beta`` (the best fixed width), of an 
 row its ``beta_max`` (the top of the search's grid, which the paper does not publish); a variant with
 no sweep pilots the rates only. Validation data only: the test set is never read.
 
+``--history a2sg`` instead trains A2SG's whole fit on the pilot seed (the config's settings and table
+rate, the shared rule) and prints how often its search chose each grid value per layer and step: the
+pool of the width-matched placebo (``surrogates.STMatched``, ``pool_counts`` in the config).
+
 Prints one JSON line per pilot and a table per variant; appends the lines to
 ``results/smoke/a2sg/partial/pilot/runs.jsonl``."""
 from __future__ import annotations
@@ -42,7 +46,7 @@ def pilots(variant: str, params: dict, ctx_factory) -> list[dict]:
             ctx = ctx_factory(variant)
             t0 = time.process_time()
             _, rec = M._fit_one(ctx, ctx.tensors, vcfg, pilot, label=f"pilot {key}={v} lr={lr:g}", lr_grid=[lr])
-            out.append({"variant": variant, "key": key, "value": None if v is None else float(v), "lr": float(lr),
+            out.append({"variant": variant, "seed": int(ctx.seed), "key": key, "value": None if v is None else float(v), "lr": float(lr),
                         "score": float(np.mean(rec["vals"][len(rec["vals"]) // 2:])),
                         "cpu_s": time.process_time() - t0})
             print(json.dumps(out[-1]), flush=True)
@@ -89,6 +93,27 @@ def main(argv: list[str]) -> None:
         ctx.tensors = tensors
         return ctx
 
+    if argv[:1] == ["--history"]:
+        # the width-matched placebo's pool: A2SG's own choices over one whole fit on the pilot seed, at
+        # the config's settings and table rate, under the shared rule (validation only, as the pilots)
+        from ...blocks.rate_table import fit_with_table_rate
+        from .surrogates import pool_counts
+
+        variant = argv[1] if len(argv) > 1 else "a2sg"
+        ctx = ctx_factory(variant)
+        fit_cfg, _ = fit_with_table_rate(params["fit"], params.get("lr"), variant, required=True)
+        t0 = time.process_time()
+        model, rec = M._fit_one(ctx, ctx.tensors, dict(params["surrogates"][variant]), fit_cfg, label=f"history {variant}")
+        counts = pool_counts(model.sur.history, model.sur.grid.tolist())
+        row = {"history": variant, "seed": seed, "lr": float(rec["lr"]), "steps": int(rec["stop"]),
+               "searches": len(model.sur.history), "grid": [float(b) for b in model.sur.grid],
+               "pool_counts": counts, "mean_beta": [[float(np.mean([w[l][t] for _, w in model.sur.history]))
+                                                     for t in range(len(counts[0]))] for l in range(len(counts))],
+               "cpu_s": time.process_time() - t0}
+        with open(root / "runs.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+        return
     for variant in argv:
         rows = pilots(variant, params, ctx_factory)
         with open(root / "runs.jsonl", "a") as f:

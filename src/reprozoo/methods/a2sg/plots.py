@@ -8,7 +8,7 @@ import numpy as np
 from reprozoo.figures import save_figure
 
 ORDER = ["a2sg", "st_asg_tri", "asy_random_beta", "asy_fixed", "tri_fixed", "asy_width_best", "tri_width_best",
-         "tri_fixed_max", "rectangular", "arctan"]
+         "tri_random_beta", "asy_rev_fixed", "rectangular", "arctan"]
 
 
 def _variants(table):

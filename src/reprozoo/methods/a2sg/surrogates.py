@@ -195,6 +195,67 @@ class STRandom(STAdaptive):
         self.history.append((step, self.widths()))
 
 
+class STMatched(STRandom):
+    """Width-matched placebo of ST-ASG (cold review after the budget round, item 5): the same windows,
+    grid and schedule, but at every search slot each (layer, step) gets a β dealt from A2SG's OWN
+    choices for that (layer, step), ignoring SGV and TGC. ``pool_counts[l][t][k]`` is how often A2SG's
+    search chose grid value k at (layer l, step t) over a whole fit on the pilot seed (``pilot.py
+    --history``; a fit on a claim seed cannot serve: at paper scale every variant of a seed is its
+    own job, with no order between them). The values are dealt from a shuffled deck of that multiset
+    (a permutation of A2SG's history, reshuffled when it runs out), so the placebo's windows have
+    A2SG's distribution per (layer, step) (the same mean width) but no link to the current state."""
+
+    def __init__(self, *args, pool_counts=None, **kw):
+        super().__init__(*args, **kw)
+        if pool_counts is None:
+            raise ValueError("st_matched needs pool_counts (A2SG's chosen-β counts per layer, step and grid value)")
+        self.pool = []
+        for l, row in enumerate(pool_counts):
+            per = []
+            for t, counts in enumerate(row):
+                if len(counts) != len(self.grid):
+                    raise ValueError(f"pool_counts[{l}][{t}] has {len(counts)} counts for a grid of {len(self.grid)}")
+                deck = [float(self.grid[k]) for k, c in enumerate(counts) for _ in range(int(c))]
+                if not deck:
+                    raise ValueError(f"pool_counts[{l}][{t}] is empty")
+                per.append(deck)
+            self.pool.append(per)
+        if len(self.pool) != len(self.beta) or any(len(r) != len(b) for r, b in zip(self.pool, self.beta)):
+            raise ValueError("pool_counts must have one row per layer and one count list per time step")
+        self._decks = [[[] for _ in row] for row in self.pool]
+
+    def reseed(self, seed: int) -> None:
+        super().reseed(seed)
+        self._decks = [[[] for _ in row] for row in self.pool]
+
+    def _deal(self, l: int, t: int) -> float:
+        deck = self._decks[l][t]
+        if not deck:
+            src = self.pool[l][t]
+            order = torch.randperm(len(src), generator=self.gen).tolist()
+            deck.extend(src[i] for i in order)
+        return deck.pop()
+
+    def search(self, loss: torch.Tensor, trace: dict, leak: float, threshold: float, step: int = 0) -> None:
+        for l in range(len(self.beta)):
+            self.beta[l] = [self._deal(l, t) for t in range(len(self.beta[l]))]
+        self.history.append((step, self.widths()))
+
+
+def pool_counts(history, grid) -> list[list[list[int]]]:
+    """``STMatched``'s pool from an ST-ASG history [(step, widths[l][t]), ...]: per layer and step, how
+    often each grid value was chosen."""
+    g = [float(b) for b in grid]
+    L, T = len(history[0][1]), len(history[0][1][0])
+    out = [[[0] * len(g) for _ in range(T)] for _ in range(L)]
+    for _, w in history:
+        for l in range(L):
+            for t in range(T):
+                k = min(range(len(g)), key=lambda i: abs(g[i] - w[l][t]))
+                out[l][t][k] += 1
+    return out
+
+
 class MembraneGuess:
     """Our earlier guess at "adaptive" (ablation): window w_{l,t} = κ(s) σ_{l,t} from the membrane
     spread, with the block's two-sided asymmetric triangle (area 1), above/below ratio r."""
@@ -256,6 +317,8 @@ def make_surrogate(cfg: dict, n_layers: int, T: int):
         return STAdaptive(n_layers, T, **cfg)
     if kind == "st_random":
         return STRandom(n_layers, T, **cfg)
+    if kind == "st_matched":
+        return STMatched(n_layers, T, **cfg)
     if kind == "fixed_window":
         return FixedWindow(n_layers, T, **cfg)
     if kind == "membrane_guess":
