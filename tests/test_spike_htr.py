@@ -515,3 +515,47 @@ def test_direct_variant_feeds_the_same_image_at_every_step():
     assert m.coder is None and st.shape == (2, 3, 1, 8, 16)
     assert torch.equal(st[0], x) and torch.equal(st[1], x)
     assert M.build(p, "spike_htr", 8).coder.learned and not M.build(p, "fixed_inkcoder", 8).coder.learned
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 3, 4, 6), (3, 4, 7)])
+def test_lif_fast_equals_the_shared_lif(shape):
+    """Round 13 (budget): the encoder and the mixer use ``model.lif_fast``, which skips the shared
+    ``lif``'s work at t = 1 on a zero state; spikes, membranes and gradients are the same."""
+    from reprozoo.blocks.spiking import arctan, lif
+    from reprozoo.methods.spike_htr.model import lif_fast
+
+    torch.manual_seed(0)
+    cur = (torch.randn(*shape) * 0.8).requires_grad_(True)
+    sur = arctan(2.0)
+    s, v = lif(cur, 0.5, 0.5, sur)
+    s2, v2 = lif_fast(cur, 0.5, 0.5, sur, mems=True)
+    assert torch.equal(s, s2) and torch.equal(v, v2) and s.sum() > 0 and s.sum() < s.numel()
+    w = torch.randn(*shape)
+    g = torch.autograd.grad(((s + v) * w).sum(), cur)[0]
+    g2 = torch.autograd.grad(((s2 + v2) * w).sum(), cur)[0]
+    assert torch.allclose(g, g2, atol=0, rtol=0)
+    assert torch.equal(lif_fast(cur, 0.5, 0.5, sur), s2)
+
+
+def test_test_passes_sharing_one_encoder_pass_give_the_same_numbers():
+    """Round 13 (budget): the seven test passes of a reducer network share one encoder pass
+    (``method.encode_batches``); every mode gives the numbers of a pass that encodes afresh."""
+    from reprozoo.methods.spike_htr.method import _evaluate, encode_batches
+
+    torch.manual_seed(0)
+    x = torch.rand(7, 1, 8, 24)
+    texts = [[1, 2, 2, 3], [4], [5, 6, 7], [1, 1], [2, 3, 4, 5, 6], [7, 8], [9]]
+    net = Recognizer(8, 10, (4, 6, 8), 12, heads=2, mlp=16, spiking=True, reducer=True, threshold=0.5)
+    for _ in range(2):                      # batch-norm statistics away from their initial values
+        net(x)
+    ctc = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
+    encs = encode_batches(net, x, batch=3)
+    assert net.training                     # the model's mode is restored
+    for kw in (dict(), dict(reduce="drop", costs=False), dict(reduce="uniform"), dict(reduce="runs", costs=False),
+               dict(reduce="off"), dict(tau=0.5, costs=False)):
+        a = _evaluate(net, x, texts, ctc, batch=3, **kw)
+        b = _evaluate(net, x, texts, ctc, batch=3, encs=encs, **kw)
+        for k in ("edits", "chars", "kept_lines", "preds"):
+            assert a[k] == b[k], (kw, k)
+        for k in ("loss", "cer") + (("ac", "mac", "mixer_ac", "energy_nj") if kw.get("costs", True) else ()):
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (kw, k)

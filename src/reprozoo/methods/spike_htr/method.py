@@ -102,9 +102,24 @@ def _targets(texts):
             torch.tensor([len(t) for t in texts], dtype=torch.long))
 
 
-def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, batch=500):
+def encode_batches(model, X, batch=500) -> list:
+    """The encoder's output (``model.encode``, eval mode) for each batch of ``_evaluate``: the test
+    passes of one trained network (reducer modes, τ sweep) differ only after the encoder, so they
+    share one encoder pass (round 13, budget; the same numbers, tested)."""
+    import torch
+
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        encs = [model.encode(X[i:i + batch]) for i in range(0, len(X), batch)]
+    model.train(was)
+    return encs
+
+
+def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, batch=500, encs=None):
     """Val/test pass: CTC loss (nats per line), corpus CER, per-line edits / reference lengths /
-    kept fractions, costs per line."""
+    kept fractions, costs per line. ``encs``: the encoder's output per batch (``encode_batches``
+    with the same ``batch``), else computed here."""
     import torch
 
     from .ctc import edit_distance, greedy_decode
@@ -113,14 +128,15 @@ def _evaluate(model, X, texts, ctc_loss, tau=None, reduce="merge", costs=True, b
     model.eval()
     preds, losses, kept, cost_rows = [], [], [], []
     with torch.no_grad():
-        for i in range(0, len(X), batch):
+        for j, i in enumerate(range(0, len(X), batch)):
             xb, tb = X[i:i + batch], texts[i:i + batch]
+            enc = None if encs is None else encs[j]
             if costs:
-                c = model.costs(xb, tau, reduce)
+                c = model.costs(xb, tau, reduce, enc=enc)
                 out = c.pop("out")
                 cost_rows.append({k: v * len(xb) for k, v in c.items()})
             else:
-                out = model(xb, tau, reduce)
+                out = model(xb, tau, reduce, enc=enc)
             y, ylen = _targets(tb)
             losses.append(float(ctc_loss(out["logp"].transpose(0, 1), y, out["lengths"], ylen)))
             preds += greedy_decode(out["logp"], out["lengths"])
@@ -287,7 +303,9 @@ def train(ctx) -> None:
     ctx.metrics.scalar("lines_zeroed_train", zeroed)        # CTC infeasible (input shorter than needed)
     ctx.metrics.scalar("val_ctc_tail_improvement", tail_fit(rec["steps"], rec["val_ctc"], "min")["improvement"])
 
-    ev = _evaluate(model, Xte, Tte, ctc_sum)
+    # the reducer variants test one trained network six times (modes, τ sweep): one encoder pass
+    encs = encode_batches(model, Xte) if reducer else None
+    ev = _evaluate(model, Xte, Tte, ctc_sum, encs=encs)
     L = int(Xte.shape[3]) // model.stride
     ctx.metrics.units("edits", ev["edits"])                  # per test line: edit distance
     ctx.metrics.units("chars", ev["chars"])                  # per test line: reference length
@@ -325,26 +343,26 @@ def train(ctx) -> None:
         for t, d in enumerate(model.coder.details().detach().tolist(), 1):
             ctx.metrics.scalar(f"inkcoder_detail_{t}", d)
     if reducer:
-        drop = _evaluate(model, Xte, Tte, ctc_sum, reduce="drop", costs=False)
+        drop = _evaluate(model, Xte, Tte, ctc_sum, reduce="drop", costs=False, encs=encs)
         ctx.metrics.units("edits_drop", drop["edits"])
         ctx.metrics.scalar("cer_drop", drop["cer"])
         # the control of reducer_cer_margin: the same trained network pooling each line uniformly
         # to the length the reducer gives it (no CTC guidance), energy through the same code path
-        uni = _evaluate(model, Xte, Tte, ctc_sum, reduce="uniform")
+        uni = _evaluate(model, Xte, Tte, ctc_sum, reduce="uniform", encs=encs)
         ctx.metrics.units("edits_uniform", uni["edits"])
         ctx.metrics.scalar("cer_uniform", uni["cer"])
         ctx.metrics.scalar("energy_uniform", uni["energy_nj"])
         ctx.metrics.scalar("kept_uniform", uni["kept"])
         # ablation at test time: the former rule (one position per blank run, also between
         # different characters) on the same trained network
-        runs = _evaluate(model, Xte, Tte, ctc_sum, reduce="runs", costs=False)
+        runs = _evaluate(model, Xte, Tte, ctc_sum, reduce="runs", costs=False, encs=encs)
         ctx.metrics.units("kept_fraction_runs", runs["kept_lines"])
         ctx.metrics.scalar("cer_runs", runs["cer"])
-        off = _evaluate(model, Xte, Tte, ctc_sum, reduce="off")
+        off = _evaluate(model, Xte, Tte, ctc_sum, reduce="off", encs=encs)
         ctx.metrics.scalar("energy_keepall", off["energy_nj"])
         ctx.metrics.scalar("cer_keepall", off["cer"])
         taus = sorted(set(p["tau_sweep"]) | {p["model"]["tau"]})
-        sweep = [ev if t == p["model"]["tau"] else _evaluate(model, Xte, Tte, ctc_sum, tau=t, costs=False)
+        sweep = [ev if t == p["model"]["tau"] else _evaluate(model, Xte, Tte, ctc_sum, tau=t, costs=False, encs=encs)
                  for t in taus]
         ctx.metrics.curve("cer_vs_tau", taus, [s["cer"] for s in sweep])
         ctx.metrics.curve("kept_vs_tau", taus, [s["kept"] for s in sweep])

@@ -16,7 +16,7 @@ Shapes: a line image x is (B, 1, H, W); the spiking path is time-major (T, B, C,
   cover broad stroke regions, later steps emphasise sharper stroke details". Blurring conserves
   ink (kernel sums to 1).
 * Spiking encoder: three 3x3 conv + BatchNorm (statistics over T·B) + LIF layers
-  (``blocks.spiking.lif``, v_t = β v_{t-1}(1 - s_{t-1}) + I_t, s_t = H(v_t - θ), arctan surrogate),
+  (``blocks.spiking.lif``, run as ``lif_fast``: v_t = β v_{t-1}(1 - s_{t-1}) + I_t, s_t = H(v_t - θ), arctan surrogate),
   max-pooling after the first two (2x2 then 2x1 by default; pooling binary spikes keeps them
   binary); the height is flattened into channels and a linear map gives d-dim features at every
   step at L = W/2 width positions. The ANN CRNN has the same convolutions with ReLU, one step.
@@ -52,7 +52,23 @@ import math
 import torch
 from torch import nn
 
-from ...blocks.spiking import arctan, lif, synaptic_ops
+from ...blocks.spiking import arctan, spike, synaptic_ops
+
+
+def lif_fast(current: torch.Tensor, beta: float, threshold: float, surrogate, mems: bool = False):
+    """``blocks.spiking.lif`` (reset to zero, detached reset) without its work at t = 1 on a zero
+    state: there v_1 = β·0·(1 − 0) + I_1 = I_1, so the same spikes, membranes and gradients (up to
+    the sign of a zero; tested against ``lif``), for fewer operations per step (round 13, budget).
+    Returns the spikes (T, ...), and the membranes before reset too with ``mems``."""
+    v = current[0]
+    s = spike(v - threshold, surrogate)
+    spikes, vs = [s], [v]
+    for t in range(1, current.shape[0]):
+        v = beta * v * (1 - s.detach()) + current[t]
+        s = spike(v - threshold, surrogate)
+        spikes.append(s)
+        vs.append(v)
+    return (torch.stack(spikes), torch.stack(vs)) if mems else torch.stack(spikes)
 
 E_AC_PJ, E_MAC_PJ = 0.9, 4.6  # Horowitz (ISSCC 2014), 45 nm, 32-bit float
 
@@ -283,7 +299,7 @@ class SpikingBlock(nn.Module):
         self.scale = 1.0 / (d // heads)
 
     def _lif(self, cur, thr=None):
-        return lif(cur, self.beta, self.threshold if thr is None else thr, self.surrogate)[0]
+        return lif_fast(cur, self.beta, self.threshold if thr is None else thr, self.surrogate)
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor, ops: list | None = None) -> torch.Tensor:
         T, B, L, d = x.shape
@@ -383,9 +399,10 @@ class Recognizer(nn.Module):
             T, B = h.shape[:2]
             for i, (conv, bn, pool) in enumerate(zip(self.convs, self.bns, self.pools)):
                 cur = bn(conv(h.flatten(0, 1)))
-                s, v = lif(cur.view(T, B, *cur.shape[1:]), self.beta, self.threshold, self.surrogate)
-                if i == len(self.convs) - 1 and self.readout == "membrane":
-                    s = v                              # last layer read out by its membrane potential
+                last = i == len(self.convs) - 1 and self.readout == "membrane"
+                s = lif_fast(cur.view(T, B, *cur.shape[1:]), self.beta, self.threshold, self.surrogate, mems=last)
+                if last:
+                    s = s[1]                           # last layer read out by its membrane potential
                 if pool != (1, 1):
                     s = nn.functional.max_pool2d(s.flatten(0, 1), pool)
                     s = s.view(T, B, *s.shape[1:])
@@ -402,15 +419,17 @@ class Recognizer(nn.Module):
         feat = self.proj(h.flatten(2, 3).transpose(2, 3))   # (T, B, L, d)
         return feat + self.pe[:feat.shape[2]], acts
 
-    def forward(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge", ops: list | None = None):
+    def forward(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge", ops: list | None = None,
+                enc: tuple | None = None):
         """Returns dict: log-probs of the head (B, L', K+1), lengths L', aux log-probs (B, L, K+1),
         keep mask, the encoder activations (for cost counting). ``reduce`` (reducer variants only):
         "merge" (the method, CTC-aware), "runs" (ablation: one position per blank run), "drop"
         (control: blank runs removed), "uniform" (control: uniform pooling to the length "merge"
         gives), "off" (every position kept).
         The reducer runs on the time-mean features (aux head) and pools every step with the same
-        segments."""
-        feat, acts = self.encode(x)                    # (T, B, L, d), positions added
+        segments. ``enc``: the output of ``self.encode(x)`` computed before (eval mode; the test
+        passes of one trained network share one encoder pass, round 13), else it is computed here."""
+        feat, acts = self.encode(x) if enc is None else enc   # (T, B, L, d), positions added
         T, B, L, d = feat.shape
         aux_logp = self.aux_head(feat.mean(0)).log_softmax(-1)
         if self.use_reducer and reduce != "off":
@@ -439,11 +458,11 @@ class Recognizer(nn.Module):
         return self.norm(seq.mean(0))
 
     @torch.no_grad()
-    def costs(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge") -> dict:
+    def costs(self, x: torch.Tensor, tau: float | None = None, reduce: str = "merge", enc: tuple | None = None) -> dict:
         """Mean operations per line (runs the network): AC (spike-driven), MAC (real-valued),
-        energy in nJ, and the mixer's part (what the reducer saves)."""
+        energy in nJ, and the mixer's part (what the reducer saves). ``enc``: as in ``forward``."""
         ops: list = []
-        out = self(x, tau, reduce, ops=ops)
+        out = self(x, tau, reduce, ops=ops, enc=enc)
         B, _, H, W = x.shape
         ac = mac = 0.0
         c1 = self.convs[0].out_channels
