@@ -388,3 +388,128 @@ def test_fit_stops_on_the_gates_plateau_independent_of_the_cap():
     tail = [lr for s, lr in zip(r1["steps"], r1["lrs"]) if s >= 0.7 * r1["steps"][-1]]
     assert min(tail) >= LR_FLOOR * max(r1["lrs"]) - 1e-12
     assert r1["units"].mean() < float((task.Yte ** 2).mean())  # better than the zero forecast
+
+
+# ------------------------------------------------------------------ round 6 (cold review of 6d9c01f)
+
+def _configs():
+    from pathlib import Path
+
+    import yaml
+
+    folder = Path(__file__).parents[1] / "src/reprozoo/methods/prime_attention/configs"
+    return {f.stem: yaml.safe_load(f.read_text()) for f in sorted(folder.glob("*.yaml"))}
+
+
+def test_window_norm_names_every_dataset_and_is_off_on_every_synthetic_system():
+    """Review item 1: the control without pairs fell through to a default of ``on`` while the system it
+    controls ran with it off. A dataset the ``model.norm`` table does not name now raises, and every
+    config runs every synthetic system (the claim's and its controls) with the normalisation off."""
+    from reprozoo.methods.prime_attention.method import window_norm
+
+    with pytest.raises(KeyError, match="nopair"):
+        window_norm({"norm": {"syn": False, "macro": True}}, "nopair")
+    assert window_norm({"norm": False}, "anything") is False
+    for name, p in _configs().items():
+        for ds in p["datasets"]:
+            assert window_norm(p["model"], ds) is (ds == "macro"), (name, ds)
+
+
+def test_every_dataset_records_both_ridges_in_a_cell_that_trains_it():
+    """The linear references are recorded in ``configs.<ds>.ridge_in`` (default ``standard``): on the system
+    without pairs (trained by prime and prime_sep only) that cell must be one of its variants, so both
+    ridges exist there (review item 1)."""
+    for name, p in _configs().items():
+        for ds in p["datasets"]:
+            cfg = p["configs"][ds]
+            assert cfg.get("ridge_in", "standard") in (cfg.get("variants") or ["standard"]), (name, ds)
+
+
+def test_separable_filters_start_as_standard_attention_and_have_no_pair_term():
+    """``prime_sep``: F_ij = (1 + a_i)(1 + b_j), 4 N d parameters per layer, zero at init (the standard model's
+    output with its weights); its output matches the pair-by-pair definition; and every separable table
+    obeys F_11 * F_22 = F_12 * F_21 (elementwise), the identity that a per-pair table breaks."""
+    torch.manual_seed(7)
+    N, d, h = 4, 8, 2
+    std = ChannelAttention(N, d, h, prime=False).double()
+    sep = ChannelAttention(N, d, h, prime=True, separable=True).double()
+    full = ChannelAttention(N, d, h, prime=True).double()
+    assert n_params(sep) - n_params(std) == 4 * N * d
+    assert n_params(full) - n_params(std) == 2 * N * N * d
+    sep.load_state_dict(std.state_dict(), strict=False)
+    e = torch.randn(3, N, d, dtype=torch.float64)
+    assert torch.allclose(sep(e), std(e), atol=1e-13)
+    with torch.no_grad():
+        for n in ("ak", "bk", "av", "bv"):
+            getattr(sep, n).normal_(0, 0.7)
+    assert torch.allclose(sep(e), _pair_loop(sep, e), atol=1e-12)
+    for f in sep.filters():
+        assert torch.allclose(f[0, 0] * f[1, 1], f[0, 1] * f[1, 0], atol=1e-12)
+        assert torch.allclose(f[1, 2] * f[3, 0], f[1, 0] * f[3, 2], atol=1e-12)
+    m = build(N, 10, 3, d, h, 1, 2, prime=True, separable=True)
+    assert {n for n, _ in m.named_parameters() if n.startswith("layers.0.attn.")} >= {
+        "layers.0.attn.ak", "layers.0.attn.bk", "layers.0.attn.av", "layers.0.attn.bv"}
+    assert not any(n.endswith((".pk", ".pv")) for n, _ in m.named_parameters())
+
+
+def test_planted_sign_table_only_a_per_pair_filter_represents():
+    """Review item 7, a pattern only a per-pair filter represents. Two targets read two drivers through
+    the value filter with signs (+, +) and (+, -). (The review's pattern, (+, -) and (-, +), is the outer
+    product (1, -1)^T (1, -1): separable, so it would not separate the two.) Fitting only the filters of
+    a fixed attention layer to the messages of the planted table: the per-pair table reaches them, the
+    separable one cannot get below a clear floor, because (1+a_1)(1+b_1)(1+a_2)(1+b_2) is the same product
+    for the pairs (1,1)(2,2) as for (1,2)(2,1), while the plant's products have opposite signs."""
+    torch.manual_seed(8)
+    N, d, h = 2, 4, 1
+    teacher = ChannelAttention(N, d, h, prime=True).double()
+    sign = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+    with torch.no_grad():
+        teacher.pv.copy_(sign[:, :, None].expand(N, N, d) - 1)  # F^V_ij = sign_ij, F^K = 1
+    e = torch.randn(256, N, d, dtype=torch.float64)
+    with torch.no_grad():
+        target = teacher(e)
+    losses = {}
+    for separable in (False, True):
+        student = ChannelAttention(N, d, h, prime=True, separable=separable).double()
+        student.load_state_dict({k: v for k, v in teacher.state_dict().items() if k[:2] in ("q.", "k.", "v.", "o.")},
+                                strict=False)
+        filt = [p for n, p in student.named_parameters() if n in ("pk", "pv", "ak", "bk", "av", "bv")]
+        for p in student.parameters():
+            p.requires_grad_(any(p is q for q in filt))
+        opt = torch.optim.Adam(filt, lr=0.05)
+        for _ in range(600):
+            opt.zero_grad()
+            loss = ((student(e) - target) ** 2).mean()
+            loss.backward()
+            opt.step()
+        losses[separable] = loss.item()
+    scale = float((target - teacher.o.bias.detach()).pow(2).mean())
+    assert losses[False] < 1e-6 * scale
+    assert losses[True] > 0.05 * scale  # 0.027 of 0.094 (29 %) when written
+
+
+def test_rate_table_covers_every_trained_model_and_records_its_edge():
+    """Review item 4: each model's rate is chosen once on validation (``pilot_rates.py``, pilot seed 100, a
+    full fit to plateau per rate) and read from the config's ``lr`` table through ``blocks.rate_table``; the
+    grid stays in the config. Every (dataset, variant) a config with a table trains has an entry inside its
+    grid; a missing entry raises; the edge of a table rate is the grid's, not the one-rate grid's None."""
+    from reprozoo.methods.prime_attention.method import VARIANTS, fit_config
+
+    p = {"fit": {"lr_grid": [1e-3, 1e-2], "batch": 8, "per_dataset": {"macro": {"lr_grid": [1e-4, 1e-3, 1e-2]}}},
+         "lr": {"syn": {"prime": 1e-2}, "macro": {"prime": 1e-3}}}
+    fp, how = fit_config(p, "syn", "prime")
+    assert fp["lr_grid"] == [1e-2] and how == {"lr_source": "table", "lr_edge": "top"} and fp["batch"] == 8
+    fp, how = fit_config(p, "macro", "prime")
+    assert fp["lr_grid"] == [1e-3] and how["lr_edge"] is None
+    with pytest.raises(KeyError, match="standard"):
+        fit_config(p, "syn", "standard")
+    fp, how = fit_config({"fit": p["fit"]}, "syn", "standard")  # no table: the grid is piloted in every fit
+    assert fp["lr_grid"] == [1e-3, 1e-2] and how["lr_source"] == "grid"
+    for name, cfg in _configs().items():
+        if "lr" not in cfg:
+            continue
+        for ds in cfg["datasets"]:
+            grid = ((cfg["fit"].get("per_dataset") or {}).get(ds) or {}).get("lr_grid", cfg["fit"]["lr_grid"])
+            assert len(grid) > 1, (name, ds)  # the grid stays, so the choice can be rerun and an edge is seen
+            for v in cfg["configs"][ds].get("variants") or [v for v in VARIANTS if v != "standard_wide"]:
+                assert cfg["lr"][ds][v] in grid, (name, ds, v)

@@ -9,7 +9,10 @@ Variants (one training cell = one variant x one seed, covering every dataset x l
   standard_wide  standard attention, width raised until its parameter count matches the prime
                  model's (``matched_width``): round 3's extra row, no longer in the spec
   standard_id_bias  ``standard_id`` plus a learned per-pair, per-head attention bias (round 5): routing per
-                 pair without priming; piloted on one seed, not in the spec (budget, README)
+                 pair without priming; a comparator of the synthetic claim since round 6
+  prime_sep      prime attention whose filters have no pair term, F_ij = (1 + a_i)(1 + b_j) (round 6, the
+                 cold review of round 5): per-channel key/value scaling; a comparator of the synthetic
+                 claim and the must-fail control's reference on the system without pairs
 
 Datasets: ``syn`` (the heterogeneous echo system), ``nopair`` (its must-fail control since round 5: every
 target echoes a hidden, independent copy of its driver, so no channel informs another), ``homo`` (round 4's
@@ -22,8 +25,12 @@ Stages per (dataset, lookback L, horizon H) and variant: the platform's training
 piloted on validation MSE, the chosen rate held constant until the validation curve passes the gate's
 plateau test, one drop to a tenth and a second plateau; the best-validation weights are scored on the
 test windows. ``fit.per_dataset`` overrides the cadence per dataset (macrodata overfits within ~100
-steps). In the ``standard`` cell the linear references are fitted too (``ridge``: all channels, and
-each channel on its own past), closed form, deterministic given the seed's data.
+steps). Where the config has a rate table ``lr.<ds>.<variant>`` (round 6: chosen once on validation on a
+pilot seed no claim reads, by a full fit to plateau per rate, ``pilot_rates.py``), every fit trains at that
+one rate (``blocks.rate_table``), its edge on ``fit.lr_grid`` recorded as ``lr_edge_<ds>_L<L>_H<H>``.
+In the ``configs.<ds>.ridge_in`` cell (default ``standard``) the linear references are fitted too
+(``ridge``: all channels, and each channel on its own past), closed form, deterministic given the seed's
+data. ``model.norm`` must name every dataset (a missing one raises).
 
 Test units (``ctx.metrics.units``): on the synthetic system, independent test episodes (one forecast
 origin each, the same episodes for every variant, lookback and horizon); on macrodata, the 12
@@ -45,9 +52,10 @@ import numpy as np
 from . import data as D
 from reprozoo.figures import save_figure
 
-VARIANTS = ("prime", "standard", "standard_id", "standard_id_bias", "standard_wide")
-COLORS = {"prime": "tab:red", "standard": "tab:blue", "standard_id": "tab:green", "standard_id_bias": "tab:olive",
-          "standard_wide": "tab:cyan"}
+VARIANTS = ("prime", "prime_sep", "standard", "standard_id", "standard_id_bias", "standard_wide")
+COLORS = {"prime": "tab:red", "prime_sep": "tab:orange", "standard": "tab:blue", "standard_id": "tab:green",
+          "standard_id_bias": "tab:olive", "standard_wide": "tab:cyan"}
+PRIMED = ("prime", "prime_sep")  # the variants whose keys and values are primed by filters
 GENERIC_CURVES = {"val_syn_L96_H24": ("training step", "validation MSE (standardised units^2)"),
                   "val_macro_L25_H8": ("training step", "validation MSE (standardised units^2)")}
 
@@ -194,8 +202,9 @@ def fit_and_score(task: Task, variant: str, mp: dict, fp: dict, seed: int, label
     def make(gen):
         torch.manual_seed(seed)  # the same initial weights for every rate
         return build(N, task.L, task.H, dim, int(mp["n_heads"]), int(mp["n_layers"]), float(mp["ff_mult"]),
-                     variant == "prime", rank, d_ff=d_ff, norm=norm,
-                     channel_id=variant in ("standard_id", "standard_id_bias"), pair_bias=variant == "standard_id_bias")
+                     variant in PRIMED, rank, d_ff=d_ff, norm=norm,
+                     channel_id=variant in ("standard_id", "standard_id_bias"), pair_bias=variant == "standard_id_bias",
+                     separable=variant == "prime_sep")
 
     def train_loss(model, gen):
         b = tr[torch.randint(len(tr), (bs,), generator=gen)]
@@ -216,9 +225,29 @@ def fit_and_score(task: Task, variant: str, mp: dict, fp: dict, seed: int, label
 
 
 def window_norm(mp: dict, ds: str) -> bool:
-    """iTransformer's per-window normalisation on dataset ``ds`` (``model.norm``: a bool or {ds: bool})."""
+    """iTransformer's per-window normalisation on dataset ``ds`` (``model.norm``: a bool or {ds: bool}).
+    A dict must name every dataset it is asked about: a missing one raises (round 6, the cold review of
+    round 5: the control system without pairs fell through to a default of ``True`` while the system
+    it controls ran with the normalisation off)."""
     norm = mp.get("norm", True)
-    return bool(norm.get(ds, True) if isinstance(norm, dict) else norm)
+    if isinstance(norm, dict):
+        if ds not in norm:
+            raise KeyError(f"config `model.norm` names {sorted(norm)} but not dataset '{ds}': say whether "
+                           "per-window normalisation is on for it")
+        return bool(norm[ds])
+    return bool(norm)
+
+
+def fit_config(p: dict, ds: str, variant: str) -> tuple[dict, dict]:
+    """The ``fit`` config of (dataset, variant) and its rate record: ``fit`` with ``fit.per_dataset.<ds>``
+    over it; where the config has a rate table ``lr`` (``lr.<ds>.<variant>``, chosen once on validation by
+    ``pilot_rates.py``), that one rate (``blocks.rate_table.fit_with_table_rate``; an entry missing from a
+    table raises), its edge on ``fit.lr_grid`` recorded; without a table the grid is piloted in every fit."""
+    from ...blocks.rate_table import fit_with_table_rate
+
+    fp = {k: v for k, v in p["fit"].items() if k != "per_dataset"}
+    fp.update((p["fit"].get("per_dataset") or {}).get(ds) or {})
+    return fit_with_table_rate(fp, p.get("lr"), ds, variant, required=True)
 
 
 def train(ctx):
@@ -233,8 +262,8 @@ def train(ctx):
         only = p["configs"][ds].get("variants")  # a dataset only some variants train on (the control system)
         if only is not None and ctx.variant not in only:
             continue
-        fp = {k: v for k, v in p["fit"].items() if k != "per_dataset"}
-        fp.update((p["fit"].get("per_dataset") or {}).get(ds) or {})
+        fp, how = fit_config(p, ds, ctx.variant)
+        ref = p["configs"][ds].get("ridge_in", "standard")  # the cell that records the linear references
         if ds in ("syn", "homo", "nopair"):
             tasks, test, system = synthetic_tasks(p, ctx.rng, ds)
         elif ds == "macro":
@@ -254,6 +283,9 @@ def train(ctx):
             # one learning-rate grid, piloted on validation, for every model (blocks.fitting)
             run = fit_and_score(task, ctx.variant, mp, fp, ctx.seed * 7919 + L * 31 + H, tag, ctx.progress,
                                 norm=window_norm(mp, ds))
+            if how["lr_source"] == "table":  # a one-rate grid brackets nothing: the edge on the recorded grid
+                run["lr_edge"] = how["lr_edge"]
+            ctx.metrics.scalar(f"lr_edge_{tag}", {"top": 1.0, "bottom": -1.0}.get(run["lr_edge"], 0.0))
             units[(L, H)] = run["units"]
             ctx.metrics.scalar(f"mse_{tag}", float(run["units"].mean()))
             ctx.metrics.scalar(f"params_{tag}", run["params"])
@@ -266,9 +298,10 @@ def train(ctx):
                          f"(pilots {', '.join(f'{k:g}: {v:.4f}' for k, v in run['pilot_best'].items())}), "
                          f"{run['stop']} steps ({'plateau' if run['plateau'] else 'max_steps'}), "
                          f"{time.perf_counter() - t0:.1f}s")
-            if ctx.variant == "standard":
+            if ctx.variant == ref:
                 # the linear references (closed form, deterministic given the seed's data): recorded once,
-                # in the baseline's cell, where the preconditions read them
+                # in the baseline's cell (``configs.<ds>.ridge_in``, default ``standard``), where the
+                # preconditions read them
                 for name, own in (("ridge", False), ("ridgeown", True)):
                     r = ridge(task, p["ridge"]["alphas"], int(p["ridge"]["n_fit"]), ctx.rng(20 + L + H), own=own)
                     ridge_units.setdefault(name, {})[(L, H)] = r["units"]

@@ -19,6 +19,9 @@ so every channel pair gets its own view of j (a gain, a sign flip, a re-weightin
 directions that carry a delay or a nonlinearity). F_ij = 1 + P_ij with P initialised at 0: prime
 attention starts as standard attention. P is a free (N, N, d) table per layer (``filter_rank`` =
 None) or low-rank, P_ij = sum_r U_ir V_jr W_r (CP form, rank r), for many channels.
+Separable control (``separable=True``, variant ``prime_sep``, round 6): F_ij = (1 + a_i)(1 + b_j), a
+per-query-channel times a per-key-channel gain, i.e. the same filters without a pair term (every
+separable table obeys F_11 F_22 = F_12 F_21, which a per-pair table need not).
 Our assumption: the filter is an elementwise (diagonal) modulation of the projected keys and values,
 learned per pair and per layer, input-independent. The paper describes learnable pair-wise
 modulations of the keys and values (arXiv:2509.12196); its code (github.com/timlee0131/Prime-Attention)
@@ -41,17 +44,22 @@ class ChannelAttention(nn.Module):
     """Multi-head attention over channel tokens; ``prime=True`` adds the per-pair filters."""
 
     def __init__(self, n_channels: int, dim: int, n_heads: int, prime: bool, filter_rank: int | None = None,
-                 pair_bias: bool = False):
+                 pair_bias: bool = False, separable: bool = False):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"width {dim} is not divisible by {n_heads} heads")
         self.N, self.d, self.h = n_channels, dim, n_heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.prime, self.rank = prime, filter_rank
+        self.prime, self.rank, self.separable = prime, filter_rank, bool(separable) and prime
         # a learned per-pair, per-head attention bias b_hij added to the scores (zero at init): routing per pair
         # without priming the keys or values (``standard_id_bias``, the review of round 4)
         self.bias = nn.Parameter(torch.zeros(n_heads, n_channels, n_channels)) if pair_bias else None
-        if prime:
+        if prime and self.separable:
+            # per-channel filters, no pair term (``prime_sep``, the cold review of round 5): F_ij = (1 + a_i) * (1 + b_j),
+            # a per-query-channel times a per-key-channel gain (4 N d parameters per layer, zero at init)
+            for name in ("ak", "bk", "av", "bv"):
+                setattr(self, name, nn.Parameter(torch.zeros(n_channels, dim)))
+        elif prime:
             if filter_rank is None:
                 self.pk = nn.Parameter(torch.zeros(n_channels, n_channels, dim))
                 self.pv = nn.Parameter(torch.zeros(n_channels, n_channels, dim))
@@ -65,6 +73,8 @@ class ChannelAttention(nn.Module):
         if not self.prime:
             one = torch.ones(self.N, self.N, self.d, device=self.q.weight.device)
             return one, one
+        if self.separable:
+            return (1 + self.ak)[:, None] * (1 + self.bk)[None], (1 + self.av)[:, None] * (1 + self.bv)[None]
         if self.rank is None:
             return 1 + self.pk, 1 + self.pv
         p = torch.einsum("sir,sjr,srd->sijd", self.u, self.w, self.c)
@@ -97,9 +107,10 @@ class ChannelAttention(nn.Module):
 class EncoderLayer(nn.Module):
     """Post-LN encoder layer (iTransformer's): e = LN(e + Attn(e)); e = LN(e + FFN(e))."""
 
-    def __init__(self, n_channels, dim, n_heads, d_ff, prime, filter_rank=None, dropout=0.0, pair_bias=False):
+    def __init__(self, n_channels, dim, n_heads, d_ff, prime, filter_rank=None, dropout=0.0, pair_bias=False,
+                 separable=False):
         super().__init__()
-        self.attn = ChannelAttention(n_channels, dim, n_heads, prime, filter_rank, pair_bias)
+        self.attn = ChannelAttention(n_channels, dim, n_heads, prime, filter_rank, pair_bias, separable)
         self.ff = nn.Sequential(nn.Linear(dim, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, dim))
         self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop = nn.Dropout(dropout)
@@ -114,7 +125,7 @@ class ChannelTokenForecaster(nn.Module):
 
     def __init__(self, n_channels, lookback, horizon, dim, n_heads, n_layers, d_ff, prime,
                  filter_rank=None, dropout=0.0, norm: bool = True, channel_id: bool = False,
-                 pair_bias: bool = False):
+                 pair_bias: bool = False, separable: bool = False):
         super().__init__()
         self.norm = bool(norm)
         self.embed = nn.Linear(lookback, dim)
@@ -122,7 +133,7 @@ class ChannelTokenForecaster(nn.Module):
         # are interchangeable to standard attention (one shared embedding, value projection and head)
         self.chan = nn.Parameter(0.02 * torch.randn(n_channels, dim)) if channel_id else None
         self.layers = nn.ModuleList(EncoderLayer(n_channels, dim, n_heads, d_ff, prime, filter_rank, dropout,
-                                                 pair_bias) for _ in range(n_layers))
+                                                 pair_bias, separable) for _ in range(n_layers))
         self.head = nn.Linear(dim, horizon)
 
     def forward(self, x):
@@ -158,13 +169,14 @@ def n_params(model: nn.Module) -> int:
 
 def build(n_channels, lookback, horizon, dim, n_heads, n_layers, ff_mult, prime, filter_rank=None,
           d_ff: int | None = None, dropout: float = 0.0, norm: bool = True, channel_id: bool = False,
-          pair_bias: bool = False):
+          pair_bias: bool = False, separable: bool = False):
     """The forecaster; FFN width ``d_ff`` (default ff_mult * dim); ``norm``: iTransformer's per-window
     normalisation (``use_norm``); ``channel_id``: a learned per-channel embedding added to the tokens;
-    ``pair_bias``: a learned per-pair, per-head attention-score bias (zero at init)."""
+    ``pair_bias``: a learned per-pair, per-head attention-score bias (zero at init); ``separable`` (with
+    ``prime``): per-channel filters F_ij = (1 + a_i)(1 + b_j) instead of the per-pair table (no pair term)."""
     return ChannelTokenForecaster(n_channels, lookback, horizon, dim, n_heads, n_layers,
                                   int(d_ff) if d_ff is not None else int(ff_mult * dim), prime, filter_rank,
-                                  dropout, norm, channel_id, pair_bias)
+                                  dropout, norm, channel_id, pair_bias, separable)
 
 
 def matched_width(n_channels, lookback, horizon, prime_dim, n_heads, n_layers, ff_mult, filter_rank=None,
