@@ -286,3 +286,42 @@ def test_eval_cache_key_follows_the_simulation_code_only(monkeypatch):
     assert M._eval_cache_key(p) == key
     monkeypatch.setattr(M, "_EVAL_SRC", "changed simulation code")
     assert M._eval_cache_key(p) != key
+
+
+def test_stage2_records_are_apart_from_stage1_and_cached(tmp_path, monkeypatch):
+    """Stage 2 trains and validates on records stage 1 never sees: its own seed stream (validation
+    set B and the pool), simulated once per run and keyed by their sizes."""
+    from reprozoo.methods.ecg_r1 import method as M
+
+    p = {"n_val": 2, "n_test": 2, "n_val_b": 2, "n_rl": 3, "views_test": 1, "views_rl": 2,
+         "noise_mv": [0.02, 0.08]}
+    ev = M.eval_arrays(p, progress=lambda *_: None)
+    s2 = M.cached_stage2_arrays(p, tmp_path, progress=lambda *_: None)
+    assert s2["valb_sig"].shape[0] == 2 and s2["pool_sig"].shape[0] == 6 and s2["pool_report"].shape == (6, 6)
+    for a in ("val_ref", "test_ref"):                        # no stage-2 record is a validation-A / test record
+        assert not any(np.array_equal(x, y) for x in s2["pool_ref"] for y in ev[a])
+    monkeypatch.setattr(M, "stage2_arrays", lambda *a, **k: (_ for _ in ()).throw(AssertionError("again")))
+    again = M.cached_stage2_arrays(p, tmp_path, progress=lambda *_: None)
+    assert all(np.array_equal(again[k], s2[k]) for k in s2)
+    assert M._stage2_cache_key({**p, "n_rl": 4}) != M._stage2_cache_key(p)
+
+
+def test_rl_log_records_reward_and_zero_spread_and_picks_the_chosen_run():
+    import torch
+
+    from reprozoo.methods.ecg_r1 import method as M
+    from reprozoo.methods.ecg_r1.model import ReportModel
+
+    rng = np.random.default_rng(0)
+    rep = np.stack([P.protocol_report(_feat(hr=h)) for h in (50.0, 75.0, 120.0, 80.0)])
+    arr = {"sig": rng.standard_normal((4, 1000)).astype(np.float32),
+           "img": rng.random((4, 40, 200)).astype(np.float32), "report": rep}
+    p = {"group": 4, "rl_batch": 2, "batch": 3, "p_drop": 0.25}
+    train_loss, _ = M.stage_losses(arr, arr, "both", True, "rl", p, 2)
+    torch.manual_seed(0)
+    train_loss(ReportModel(8), torch.Generator().manual_seed(1))
+    (r, z), = train_loss.log
+    assert 0.0 <= r <= 1.0 and z in (0.0, 0.5, 1.0)
+    fit2 = {"lr_grid": [1e-4, 1e-3, 1e-2], "pilot_steps": 2}
+    log = [(k, 0.0) for k in range(10)]                     # pilots 0-1, 2-3, 4-5; then the chosen run
+    assert [x for x, _ in M.rl_run_log(log, {"lr": 1e-3, "stop": 6}, fit2)] == [2, 3, 6, 7, 8, 9]

@@ -5,15 +5,20 @@ Stages
   protocol (protocol.py: delineation -> features -> six-statement report), draw noisy
   observations (``views_train`` per training record, ``views_test`` per validation / test record)
   and render each as an image. Cached in ``shared_dir/data.npz``; every variant of the seed reads
-  the same arrays.
+  the same arrays. Besides the seed's training records (stage 1 only), three sets the same for
+  every seed, simulated once per run: validation set A and the test records (EVAL_SEED), and
+  stage 2's own records (STAGE2_SEED): validation set B and the stage-2 pool, which stage 1 never
+  sees (the paper's separate RL set).
 * train (per variant x seed): stage 1, teacher-forced SFT by blocks.fitting.fit_to_plateau
   (``fit1``: the variant's rate from the ``lr`` table, chosen once on validation from
   ``fit1.lr_grid``; to a plateau of the validation evidence reward, the best-validation EMA
   weights kept; the smoke config turns the rate drop off and says why), ecg_r1 and sft_only sharing it exactly (``shared_stage``
-  trains it once per seed); stage 2 from the SFT model, by the same rule with one piloted grid for
-  every variant (``fit2``): GRPO with the evidence reward (RL variants: ``rl_batch`` ECGs x ``group`` samples, no
-  KL, as the paper's run) or more SFT on as many ECGs per update (sft_only), until the validation
-  evidence reward (of the EMA weights) is flat, best-validation average kept. Evaluation decodes
+  trains it once per seed), validated on set A; stage 2 from the SFT model, on the stage-2 pool and
+  validated on set B, by the same rule with one piloted grid for every variant (``fit2``): GRPO
+  with the evidence reward (RL variants: ``rl_batch`` ECGs x ``group`` samples, no KL, as the
+  paper's run) or more SFT on the pool's protocol reports, as many ECGs per update (sft_only),
+  until B's evidence reward (of the EMA weights) is flat, best-validation average from step
+  ``eval_every`` on kept. Evaluation decodes
   greedily on the held-out records with both modalities, the signal only and the image only.
   The validation and test records (EVAL_SEED) are simulated once per run (cached_eval_arrays).
 
@@ -135,40 +140,94 @@ def _eval_cache_key(p: dict) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def cached_eval_arrays(p: dict, cache_dir, progress=print) -> dict:
-    """eval_arrays, simulated once per run for all seeds: the validation and test records are the
-    same for every seed (EVAL_SEED), so the first seed's train_shared writes them next to the
-    per-seed folders (under a lock, atomically) and the others read them. Keyed by
-    _eval_cache_key, so a changed size, noise or simulation code simulates afresh."""
+def _cached_arrays(cache_dir, stem: str, key: str, build, what: str, progress=print) -> dict:
+    """build() -> arrays, computed once per run for all seeds: the first seed's train_shared writes
+    them next to the per-seed folders (under a lock, atomically) and the others read them."""
     import fcntl
     import os
     from pathlib import Path
 
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _eval_cache_key(p)
-    path = cache_dir / f"eval_records_{key}.npz"
-    with open(cache_dir / f".eval_records_{key}.lock", "w") as lock:
+    path = cache_dir / f"{stem}_{key}.npz"
+    with open(cache_dir / f".{stem}_{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)                # a second seed waits here (no CPU) ...
         if path.exists():                                # ... and reads what the first wrote
             try:
                 with np.load(path) as z:
                     arrays = {k: z[k] for k in z.files}
-                progress(f"validation and test records read from {path.name}")
+                progress(f"{what} read from {path.name}")
                 return arrays
             except Exception:                            # a damaged cache: simulate again
                 pass
-        arrays = eval_arrays(p, progress)
-        tmp = cache_dir / f".eval_records_{key}.{os.getpid()}.npz"
+        arrays = build()
+        tmp = cache_dir / f".{stem}_{key}.{os.getpid()}.npz"
         np.savez_compressed(tmp, **arrays)
         os.replace(tmp, path)
         return arrays
 
 
+def cached_eval_arrays(p: dict, cache_dir, progress=print) -> dict:
+    """eval_arrays, simulated once per run for all seeds: the validation (A) and test records are the
+    same for every seed (EVAL_SEED). Keyed by _eval_cache_key, so a changed size, noise or
+    simulation code simulates afresh."""
+    return _cached_arrays(cache_dir, "eval_records", _eval_cache_key(p), lambda: eval_arrays(p, progress),
+                          "validation and test records", progress)
+
+
+# --- stage 2's own records: records stage 1 never saw (the paper's separate RL set) -------------
+
+STAGE2_SEED = EVAL_SEED + 1   # validation set B and the stage-2 pool: the same for every seed
+
+
+def stage2_arrays(p: dict, progress=print) -> dict:
+    """Stage 2's records, from STAGE2_SEED: ``valb`` (validation set B, ``n_val_b`` records x
+    ``views_test``: stage 2's pilots, stop and kept weights read it; stage 1 never sees it) and
+    ``pool`` (``n_rl`` records x ``views_rl``: what stage 2 trains on, RL on their rewards and the SFT
+    continuation on their protocol reports; stage 1 never sees them), in that order."""
+    rng = np.random.default_rng(STAGE2_SEED)
+    recs = {"valb": (simulate_records(p["n_val_b"], rng, progress), p["views_test"]),
+            "pool": (simulate_records(p["n_rl"], rng, progress), p["views_rl"])}
+    arrays = {}
+    for name, (r, views) in recs.items():
+        for k, v in make_views(r, views, rng, tuple(p["noise_mv"])).items():
+            arrays[f"{name}_{k}"] = v
+    return arrays
+
+
+def _stage2_source() -> str:
+    import inspect
+
+    return _EVAL_SRC + inspect.getsource(stage2_arrays) + str(STAGE2_SEED)
+
+
+_STAGE2_SRC = _stage2_source()       # keys the stage-2 record cache (read once, at import)
+
+
+def _stage2_cache_key(p: dict) -> str:
+    """What the stage-2 records depend on: their sizes, the noise, STAGE2_SEED, the simulation code
+    and neurokit2's version."""
+    import hashlib
+    import json
+
+    import neurokit2 as nk
+
+    key = json.dumps([STAGE2_SEED, p["n_val_b"], p["n_rl"], p["views_test"], p["views_rl"],
+                      list(p["noise_mv"]), nk.__version__, _STAGE2_SRC])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def cached_stage2_arrays(p: dict, cache_dir, progress=print) -> dict:
+    """stage2_arrays, simulated once per run for all seeds (as cached_eval_arrays)."""
+    return _cached_arrays(cache_dir, "stage2_records", _stage2_cache_key(p), lambda: stage2_arrays(p, progress),
+                          "validation-B and stage-2 pool records", progress)
+
+
 def train_shared(ctx) -> None:
-    """Training records from the seed's stream; validation and test records from EVAL_SEED, so every
-    seed is scored on the same records and per-record units pair across seeds and variants (they
-    are simulated once per run: cached_eval_arrays)."""
+    """Training records (stage 1) from the seed's stream; validation set A and test records from
+    EVAL_SEED, so every seed is scored on the same records and per-record units pair across seeds
+    and variants; validation set B and the stage-2 pool from STAGE2_SEED (all three simulated once
+    per run: cached_eval_arrays, cached_stage2_arrays)."""
     p = ctx.params
     rng = ctx.rng(0)
     arrays = {}
@@ -176,6 +235,7 @@ def train_shared(ctx) -> None:
     for k, v in make_views(recs, p["views_train"], rng, tuple(p["noise_mv"])).items():
         arrays[f"train_{k}"] = v
     arrays.update(cached_eval_arrays(p, ctx.shared_dir.parent, ctx.progress))
+    arrays.update(cached_stage2_arrays(p, ctx.shared_dir.parent, ctx.progress))
     np.savez_compressed(ctx.shared_dir / "data.npz", **arrays)
 
 
@@ -215,6 +275,8 @@ def stage_losses(tr: dict, va: dict, setup: str, use_dropout: bool, objective: s
     their protocol reports; stage 1 of every variant with ``batch``, and sft_only's stage 2 with
     ``rl_batch``, as many ECGs per update as an RL step); the batch, the dropout masks and the policy
     samples all come from ``gen``, so every rate of a grid sees the same draws.
+    ``train_loss.log`` (RL only): one (mean sampled reward, fraction of groups whose ``group`` samples
+    all score the same) per call, in call order.
     val_loss(model): {"neg_reward": minus the mean evidence reward of the greedy validation
     reports (what the stop and the kept weights follow), "ce": the validation cross-entropy}."""
     import torch
@@ -238,7 +300,11 @@ def stage_losses(tr: dict, va: dict, setup: str, use_dropout: bool, objective: s
         zb = model.encode(T["sig"][idx], T["img"][idx], *masks(b, gen)).repeat_interleave(g, 0)
         rep, logp = model.generate(zb, greedy=False, gen=gen)
         reward = P.evidence_reward(rep.numpy(), T["report"][idx].repeat_interleave(g, 0).numpy())
+        spread = reward.reshape(-1, g).std(axis=1)
+        rl_loss.log.append((float(reward.mean()), float((spread <= 1e-6).mean())))
         return group_policy_loss(logp, torch.from_numpy(reward).float(), g)
+
+    rl_loss.log = []    # per call: (mean sampled reward, fraction of groups without reward spread)
 
     def sft_loss(model, gen):
         b = batch
@@ -312,7 +378,7 @@ def train(ctx) -> None:
     setup, use_dropout, stage2 = SETUP[ctx.variant]
     z = np.load(ctx.shared_dir / "data.npz")
     keys = ("sig", "img", "report", "feat", "ref")
-    split = {s: {k: z[f"{s}_{k}"] for k in keys} for s in ("train", "val", "test")}
+    split = {s: {k: z[f"{s}_{k}"] for k in keys} for s in ("train", "val", "valb", "pool", "test")}
     tr = split["train"]
     curves = {k: ([], []) for k in ("val_loss", "val_reward")}
 
@@ -351,15 +417,28 @@ def train(ctx) -> None:
     _log_stage(ctx, "s1", rec1, src1["lr_edge"] if src1["lr_source"] == "table" else rec1["lr_edge"])
     ctx.metrics.scalar("lr_from_table_s1", float(src1["lr_source"] == "table"))
 
-    # stage 2, from the SFT model: evidence-reward RL (RL variants) or more SFT (sft_only), each by
-    # blocks.fitting's rule: the same rate grid piloted on the validation reward, then to a plateau
-    # of the validation reward (flat_tol below the gate's), one rate drop, a second plateau; the
-    # best-validation weights are kept. The gate reads exactly the curve the stop tested.
-    train_loss, val_loss = stage_losses(tr, split["val"], setup, use_dropout, stage2, p, p["rl_batch"])
+    # What stage 1 memorised: the SFT model's greedy reward on its own training observations against
+    # the stage-2 pool it never saw (the gap says how much RL on stage 1's records could still learn).
+    for name, arr in (("s1_train", tr), ("s2_pool", split["pool"])):
+        res = evaluate(model, arr, *_masks(setup, len(arr["report"])))
+        ctx.metrics.scalar(f"sft_greedy_reward_{name}", float(res["reward"].mean()))
+
+    # stage 2, from the SFT model, on records stage 1 never saw (the paper's separate RL set): the
+    # stage-2 pool (RL: its rewards; sft_only: its protocol reports) and validation set B (pilots,
+    # stop, kept weights; stage 1 stopped and chose its weights on set A, so B's first point is not
+    # the maximum stage 1 selected). Evidence-reward RL (RL variants) or more SFT (sft_only), each by
+    # blocks.fitting's rule: the same rate grid piloted on B's reward (pilots ranked on the second
+    # half of their points, never step 0), then to a plateau (flat_tol below the gate's), one rate
+    # drop, a second plateau; the best-validation weights from step eval_every on are kept (never the
+    # unchanged SFT model). The gate reads exactly the curve the stop tested.
+    train_loss, val_loss = stage_losses(split["pool"], split["valb"], setup, use_dropout, stage2, p, p["rl_batch"])
     sft_model = model
-    fit = {"select": "neg_reward", "stop_on": ["neg_reward"], **p["fit2"]}
+    fit = {"select": "neg_reward", "stop_on": ["neg_reward"], "keep_from": int(p["fit2"]["eval_every"]),
+           **p["fit2"]}
     model, rec = fit_to_plateau(lambda gen: copy.deepcopy(sft_model), train_loss, val_loss, fit,
                                 ctx.seed, label=f"{ctx.variant} stage 2 ({stage2})", progress=ctx.progress)
+    if stage2 == "rl":
+        _log_rl_training(ctx, train_loss.log, rec, p["fit2"], rec1["stop"])
     x2 = [rec1["stop"] + s for s in rec["steps"]]
     reward2 = [-v for v in rec["vals"]]
     ctx.metrics.curve("s2_val_reward", x2, reward2)
@@ -368,7 +447,7 @@ def train(ctx) -> None:
     for x, r, c in zip(x2[1:], reward2[1:], rec["curves"]["ce"][1:]):   # whole-run curves for the plot
         add("val_loss", x, c)
         add("val_reward", x, r)
-    _log_stage(ctx, "s2", rec, rec["lr_edge"])
+    _log_stage(ctx, "s2", rec, rec["lr_edge"], fit["keep_from"])
     ctx.metrics.scalar("updates", rec1["stop"] + rec["stop"])
     for lr, score in rec["pilot_best"].items():
         ctx.metrics.scalar(f"pilot_reward_s2_lr{lr:g}", -score)
@@ -404,12 +483,37 @@ def train(ctx) -> None:
     ctx.metrics.curve("ex_signal", np.arange(te["sig"].shape[1]) / D.FS_MODEL, te["sig"][0])
 
 
-def _log_stage(ctx, tag: str, rec: dict, edge) -> None:
+def rl_run_log(log: list, rec: dict, fit2: dict) -> list:
+    """The chosen run's entries of stage_losses' RL log: fit_to_plateau runs every rate's pilot in
+    grid order (pilot_steps calls each), then continues the chosen one."""
+    grid, n = [float(x) for x in fit2["lr_grid"]], int(fit2["pilot_steps"])
+    k = grid.index(float(rec["lr"]))
+    run = log[k * n:(k + 1) * n] + log[len(grid) * n:]
+    assert len(run) == rec["stop"], (len(run), rec["stop"])
+    return run
+
+
+def _log_rl_training(ctx, log: list, rec: dict, fit2: dict, offset: int) -> None:
+    """RL's training signal on the stage-2 pool: mean sampled reward and the fraction of GRPO groups
+    without reward spread (dropped: no gradient), per eval window (curves) and at start / end."""
+    run = np.asarray(rl_run_log(log, rec, fit2), float)
+    w = int(fit2["eval_every"])
+    ends = np.arange(w, len(run) + 1, w)
+    ctx.metrics.curve("s2_train_reward", [offset + e for e in ends], [run[e - w:e, 0].mean() for e in ends])
+    ctx.metrics.curve("s2_zero_spread", [offset + e for e in ends], [run[e - w:e, 1].mean() for e in ends])
+    ctx.metrics.scalar("train_reward_s2_start", float(run[:w, 0].mean()))
+    ctx.metrics.scalar("train_reward_s2_end", float(run[-w:, 0].mean()))
+    ctx.metrics.scalar("zero_spread_s2_start", float(run[:w, 1].mean()))
+    ctx.metrics.scalar("zero_spread_s2", float(run[:, 1].mean()))
+
+
+def _log_stage(ctx, tag: str, rec: dict, edge, keep_from: int = 0) -> None:
     """Scalars of one fit_to_plateau stage: rate, steps, where its best validation point lies, whether
     it stopped on its plateau, the rate's grid edge and the drop's gain."""
     ctx.metrics.scalar(f"lr_chosen_{tag}", rec["lr"])
     ctx.metrics.scalar(f"steps_{tag}", rec["stop"])
-    ctx.metrics.scalar(f"best_step_{tag}", rec["steps"][int(np.argmin(rec["vals"]))])
+    counted = [i for i, x in enumerate(rec["steps"]) if x >= keep_from]   # the points the kept weights came from
+    ctx.metrics.scalar(f"best_step_{tag}", rec["steps"][min(counted, key=lambda i: rec["vals"][i])])
     ctx.metrics.scalar(f"plateau_{tag}", float(bool(rec["plateau"])))
     ctx.metrics.scalar(f"lr_edge_{tag}", {"top": 1.0, "bottom": -1.0}.get(edge, 0.0))
     if rec["drop_gain"] is not None:
