@@ -283,3 +283,16 @@ def test_glyphs_are_deterministic_and_separable():
     means = np.stack([xa[ya[:300] == k].mean(0) for k in range(10)])
     pred = np.argmin(((xb[:, None] - means[None]) ** 2).sum(-1), axis=1)
     assert (pred == ya[300:]).mean() > 0.6
+
+
+def test_rates_are_piloted_on_a_seed_no_claim_reads():
+    """Cold review of 706c67a (F2): the fixed rates come from the pilot seed (pilot.py), not a claim
+    seed; the piloted rates are rates of the selection grid, and every fixed rate is one of them."""
+    import yaml
+    from pathlib import Path
+
+    p = yaml.safe_load((Path(M.__file__).parent / "configs" / "smoke.yaml").read_text())
+    assert p["pilot_seed"] not in p["seeds"]
+    assert set(p["pilot_grid"]) <= set(p["fit"]["lr_grid"])
+    for rates in p["lr_fixed"].values():
+        assert set(rates.values()) <= set(p["pilot_grid"])

@@ -206,6 +206,11 @@ def fit_and_measure(name: str, arrays: dict, options: dict, params: dict, seed: 
     # argmax agreeing with the final class). Per example: that onset step (T if the layer stays silent)
     onset = first_spike_time(out["spikes"][-1].flatten(2)).min(1).values
     metrics.units(f"decision_floor_{name}", onset.tolist())
+    # anytime accuracy (cold review of 706c67a, F4): the partial readout's accuracy at every step, per
+    # test example its mean over the steps (the area under the example's anytime curve, / T)
+    correct_t = (out["partial"].argmax(2) == y_test.unsqueeze(0)).float()  # (T, B)
+    metrics.units(f"anytime_acc_{name}", correct_t.mean(0).tolist())
+    metrics.curve(f"anytime_acc_curve_{name}", list(range(T)), correct_t.mean(1).tolist())
     metrics.scalar(f"frac_decided_at_0_{name}", float((dec == 0).float().mean()))
     metrics.scalar(f"frac_decided_before_onset_{name}", float((dec < onset).float().mean()))
     # diagnostic: the decision time of the same trained network read through the temporal decoder's
