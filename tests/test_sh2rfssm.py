@@ -25,6 +25,24 @@ def _fft_vs_recurrence(kernel, recurrence, seed: int) -> float:
     return float((fft - ref).abs().max() / ref.abs().max())
 
 
+class _Recorder:
+    """Stands in for the run's metrics: scalars in ``s`` (a unit metric as its mean), curves in ``c``,
+    unit values in ``u``."""
+
+    def __init__(self):
+        self.s, self.c, self.u = {}, {}, {}
+
+    def scalar(self, k, v):
+        self.s[k] = v
+
+    def curve(self, k, x, y):
+        self.c[k] = (list(x), list(y))
+
+    def units(self, k, v):
+        self.u[k] = list(v)
+        self.s[k] = float(np.mean(v))
+
+
 def test_fft_path_equals_imex_recurrence():
     """The FFT convolution with the closed-form kernel reproduces the step-by-step recurrence."""
     # the kernel is float32 (rf_kernel): ϑ = acos(tr / 2r) near cos ϑ = 1 (ω = 0.05) limits it to ~1e-4
@@ -333,21 +351,7 @@ def test_fit_chooses_lr_on_validation_and_learns_a_planted_task():
          "train": {"lr_grid": [1e-4, 1e-2], "pilot_steps": 30, "min_steps": 200, "max_steps": 600, "flat_tol": 0.01,
                    "batch": 32, "eval_every": 20, "n_val": 128, "n_test": 128, "eval_batch": 128}}
 
-    class Rec:
-        def __init__(self):
-            self.s, self.c, self.u = {}, {}, {}
-
-        def scalar(self, k, v):
-            self.s[k] = v
-
-        def curve(self, k, x, y):
-            self.c[k] = (list(x), list(y))
-
-        def units(self, k, v):
-            self.u[k] = list(v)
-            self.s[k] = float(np.mean(v))
-
-    rec = Rec()
+    rec = _Recorder()
     torch.manual_seed(0)
     M.fit("adding", 16, M.VARIANTS["transformer"], p, 0, rec, lambda s: None)
     xs, ys = rec.c["val_adding_L16"]
@@ -525,24 +529,11 @@ def test_a_plateau_stopped_fit_is_within_tolerance_of_one_twice_as_long():
             "norm_horizon": 32}
     freq = {"f0": 0.05, "df": 0.03, "n_classes": 4, "amp": [0.5, 1.5], "noise": 0.5}
 
-    class Rec:
-        def __init__(self):
-            self.s = {}
-
-        def scalar(self, k, v):
-            self.s[k] = v
-
-        def curve(self, k, x, y):
-            pass
-
-        def units(self, k, v):
-            self.s[k] = float(np.mean(v))
-
     accs = []
     for f in (1, 2):
         tr = dict(base, min_steps=base["min_steps"] * f, max_steps=base["max_steps"] * f,
                   flat_tol=base["flat_tol"] / f)
-        rec = Rec()
+        rec = _Recorder()
         M.fit("freq", 32, M.VARIANTS["sh2rf"], {"freq": freq, "arch": arch, "train": tr}, 0, rec, lambda s: None)
         accs.append(rec.s["acc_freq_L32"])
     assert accs[0] > 0.5 and abs(accs[0] - accs[1]) < 0.05, accs
@@ -621,21 +612,8 @@ def test_a_fixed_rate_reproduces_the_grids_chosen_run_without_its_pilots():
          "train": {"lr_grid": [1e-3, 1e-2], "pilot_steps": 20, "min_steps": 60, "max_steps": 100, "flat_tol": 0.01,
                    "batch": 16, "eval_every": 10, "n_val": 64, "n_test": 64, "eval_batch": 64}}
 
-    class Rec:
-        def __init__(self):
-            self.s, self.c = {}, {}
-
-        def scalar(self, k, v):
-            self.s[k] = v
-
-        def curve(self, k, x, y):
-            self.c[k] = (list(x), list(y))
-
-        def units(self, k, v):
-            self.s[k] = float(np.mean(v))
-
     steps = []
-    grid, fixed = Rec(), Rec()
+    grid, fixed = _Recorder(), _Recorder()
     M.fit("adding", 16, M.VARIANTS["sh2rf"], p, 0, grid, steps.append, variant="sh2rf")
     assert grid.s["lr_fixed_adding_L16"] == 0.0 and len(grid.c["lr_pilots_adding_L16"][0]) == 2
     chosen = grid.s["lr_chosen_adding_L16"]
