@@ -86,7 +86,12 @@ class ChannelAttention(nn.Module):
         q = self.q(e).view(B, N, h, dh)
         k = self.k(e).view(B, N, h, dh)
         v = self.v(e).view(B, N, h, dh)
-        if self.prime:  # broadcast over (b, i, j, h, c): a few times faster than a 3-operand einsum at small N
+        if self.separable:
+            # F_ij = (1 + a_i)(1 + b_j) factorises: s_bij = sum_c (q_bic (1 + a_i)_c)(k_bjc (1 + b_j)_c) and
+            # o_bi = (1 + a_i) * sum_j att_bij (1 + b_j) v_bj, i.e. standard attention on rescaled q, k, v and
+            # output: the same function as the broadcast form below at a third less compute per step
+            q, k, v = q * (1 + self.ak).view(N, h, dh), k * (1 + self.bk).view(N, h, dh), v * (1 + self.bv).view(N, h, dh)
+        if self.prime and not self.separable:  # broadcast over (b, i, j, h, c): a few times faster than a 3-operand einsum at small N
             fk, fv = (f.view(N, N, h, dh) for f in self.filters())
             s = (q[:, :, None] * k[:, None] * fk).sum(-1) / math.sqrt(dh)  # (b, i, j, h)
             if self.bias is not None:
@@ -100,6 +105,8 @@ class ChannelAttention(nn.Module):
                 s = s + self.bias
             a = s.softmax(-1)
             o = (a @ v.transpose(1, 2)).transpose(1, 2)  # (b, i, h, c)
+            if self.separable:
+                o = o * (1 + self.av).view(N, h, dh)
         out = self.o(o.reshape(B, N, d))
         return (out, a) if return_attention else out
 
