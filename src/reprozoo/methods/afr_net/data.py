@@ -1,5 +1,6 @@
 """Synthetic cohort: modular structural connectomes, FC from a gated communication model on SC,
-patients made by decoupling the gates of planted pathways from their SC (SC and FC marginals unchanged).
+patients made by decoupling the gates of planted pathways from their SC and closing them by ``closing``
+(SC's law unchanged; with ``closing = 0`` FC's law is unchanged too).
 
 Why synthetic: the question AFR-Net answers ("which structural routes carry the functional
 signal that separates two groups?") needs a ground truth for the routes, which no real cohort has.
@@ -32,7 +33,11 @@ Generative model (all quantities dimensionless; time in units of the regional ti
   coupling, k > 0.5: inverted). ``xi'_e`` is standard normal whatever rho is, so the law of the gates,
   and with it the law of FC, is the same in both groups, and so is the law of SC: the disease sits only
   in the SC-FC COUPLING of the planted edges. No model of FC alone or SC alone can beat chance; a
-  model must read S_e and F_e jointly (AFR-Net's gate input). The share ``w_e`` of the severity that
+  model must read S_e and F_e jointly (AFR-Net's gate input). ``closing`` (issue 27: the gates change in
+  patients while SC stays the same) also lowers a patient's planted gates, ``log G_e -= closing * k``,
+  which moves FC itself: part of the disease becomes visible to models that read FC alone (the
+  baselines), the coupling part stays for models that read S_e next to F_e. ``closing = 0`` is the
+  pure-coupling cohort, where every network sat at chance (README). The share ``w_e`` of the severity that
   a planted edge takes is graded geometrically from 1 down to ``grade`` over the planted edges (order
   drawn at random): some routes are hit hard, others barely (a coupling t-test misses them, so
   pathway recovery is not at its ceiling).
@@ -194,7 +199,7 @@ def couple(xi: np.ndarray, rho, rng: np.random.Generator) -> np.ndarray:
 def make_cohort(rng: np.random.Generator, n_subjects: int, n_regions: int, n_modules: int, p_in: float,
                 p_out: float, weight_sigma: float, n_pathways: int, path_edges: int, sc_noise: float,
                 global_noise: float, gate_noise: float, severity: tuple, coupling: float, n_samples: int,
-                grade: float = 1.0) -> Cohort:
+                grade: float = 1.0, closing: float = 0.0) -> Cohort:
     """Draw the whole cohort (half controls, half patients, label order shuffled)."""
     w0, modules = modular_template(n_regions, n_modules, p_in, p_out, weight_sigma, rng)
     w, pathways = plant_pathways(w0, modules, n_pathways, path_edges, rng)
@@ -218,7 +223,10 @@ def make_cohort(rng: np.random.Generator, n_subjects: int, n_regions: int, n_mod
     # the rest is a fresh deviation of the same size, so the gate's marginal (and the joint law of all
     # gates, hence of FC) is the same in both groups: only the pairing of S_e with G_e differs
     xi_g = couple(xi, 1.0 - 2.0 * sev[:, None] * share[None], rng)
-    g_e = we[None] * np.exp(sc_noise * xi_g) * glob * gain
+    # the patient's planted gates also close: log G_e drops by closing x k (0 in controls and on unplanted
+    # edges), which moves FC itself, so that the disease is visible to FC-reading models (issue 27: the
+    # gates change in patients while SC stays the same; closing = 0 keeps the pure-coupling cohort)
+    g_e = we[None] * np.exp(sc_noise * xi_g - closing * sev[:, None] * share[None]) * glob * gain
     sc = np.zeros((n_subjects, n_regions, n_regions))
     sc[:, edges[:, 0], edges[:, 1]] = s_e
     sc = sc + sc.transpose(0, 2, 1)

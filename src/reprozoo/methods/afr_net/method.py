@@ -26,8 +26,8 @@ train (per variant x seed), recorded metrics:
   logit difference, summed over the edge's SC and FC entries. ``prec_at_k_saliency`` is that same
   saliency readout for every variant (AFR-Net included), the like-for-like comparison;
 - ``sc_ttest_prec``, ``fc_ttest_prec`` (units per planted edge, as ``prec_at_k``): model-free references, precision at k of a two-sample
-  t-test on the training subjects' log SC and Fisher-z FC on the SC edges (both at chance here: the
-  disease is in neither's law), ``coupling_ttest_prec`` the same on each edge's SC-FC coupling (how
+  t-test on the training subjects' log SC and Fisher-z FC on the SC edges (SC at chance: the disease is
+  not in its law; FC finds the planted edges that ``closing`` weakens most), ``coupling_ttest_prec`` the same on each edge's SC-FC coupling (how
   hard localisation is in this cohort); ``coupling_ttest_margin`` (weakest planted |t| minus strongest
   unplanted |t|: > 0 exactly at the t-test's ceiling); ``oracle_auc`` (test AUC of a logistic
   regression told the planted edges: the cohort's reachable AUC);
@@ -113,8 +113,8 @@ def oracle_auc(fz: np.ndarray, log_sc: np.ndarray, y: np.ndarray, planted: np.nd
     """Test AUC of a model told the planted edges: L2 logistic regression (C = 1, z-scored inputs) on
     the planted edges' Fisher-z FC, log SC and their coupling (z-scored product, :func:`coupling_features`)
     of the training subjects. What a classifier can reach on this cohort without having to find the
-    edges (the cohort's reachable AUC, a precondition). The product is needed: the cohort keeps the FC and
-    SC laws equal between groups and moves only their coupling (data.py)."""
+    edges (the cohort's reachable AUC, a precondition). The product is needed: the cohort keeps the SC law equal between
+    groups and moves their coupling; ``closing`` also moves FC (data.py)."""
     from sklearn.linear_model import LogisticRegression
 
     if not planted.any():

@@ -6,6 +6,9 @@ pipeline; run from the repository root, one core, about a minute each):
     python -m reprozoo.methods.afr_net.probe_gates model "dict(severity=(0.8, 0.95), grade=1.0)" published 150
     python -m reprozoo.methods.afr_net.probe_gates model "{}" maskpool 150
     python -m reprozoo.methods.afr_net.probe_gates data "dict(sc_noise=0.8)" ...
+    python -m reprozoo.methods.afr_net.probe_gates closing 0 0.5 0.75 1.0
+
+``closing``: the data-side rule that set ``data.closing`` (:func:`probe_closing`).
 
 ``model``: the smoke cohort of seed 0 (with the data overrides given), the smoke AFR-Net built by
 ``method.build_model``, trained with Adam at 3e-3 for the given number of minibatches of 64 (0: at
@@ -115,9 +118,41 @@ def probe_data(overrides: list) -> None:
                   precision_at_k(t_fc, P), t_fc[P].min() - t_fc[~P].max(), time.time() - t), flush=True)
 
 
+def probe_closing(values: list, seed: int = 7) -> None:
+    """The rule that set ``closing`` (data-side only, before any network ran on the cohort): on a development
+    cohort (seed 7, not a smoke seed; the smoke config otherwise), for each closing value print the FC and
+    coupling t-tests' precision@12 and ceiling margins, ``oracle_auc`` and the ``linear`` variant's model
+    (L2 logistic regression on the whole Fisher-z FC triangle, C on validation: FC alone, what the
+    baselines read). Every value draws the same cohort except for the closing."""
+    from .data import make_cohort, split_indices
+    from .method import coupling_features, fit_linear, oracle_auc, precision_at_k, roc_auc, ttest_scores
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    for closing in values:
+        t = time.time()
+        d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"]), "closing": closing}
+        c = make_cohort(np.random.default_rng(seed * 1_000_003), **d)
+        sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed * 1_000_003 + 1))
+        e, y, tr, va, te, P = c.edges, c.y, sp["train"], sp["val"], sp["test"], c.planted
+        fz = np.arctanh(np.clip(c.fc[:, e[:, 0], e[:, 1]], -.999, .999))
+        ls = np.log(c.sc[:, e[:, 0], e[:, 1]])
+        t_fc = ttest_scores(fz[tr], y[tr])
+        t_cp = ttest_scores(coupling_features(fz, ls, tr)[tr], y[tr])
+        iu = np.triu_indices(c.sc.shape[1], 1)
+        X = np.arctanh(np.clip(c.fc[:, iu[0], iu[1]], -.999, .999))
+        clf, mu, sd, C, _ = fit_linear(X, y, tr, va, cfg["linear"]["c_grid"])
+        print(f"closing {closing} seed {seed}: FC t-test prec {precision_at_k(t_fc, P):.2f} margin "
+              f"{t_fc[P].min() - t_fc[~P].max():.2f} | coupling t-test prec {precision_at_k(t_cp, P):.2f} margin "
+              f"{t_cp[P].min() - t_cp[~P].max():.2f} | oracle {oracle_auc(fz, ls, y, P, tr, te):.3f} | "
+              f"linear FC {roc_auc(y[te], clf.decision_function((X[te] - mu) / sd)):.3f} (C {C:g}) | "
+              f"{time.time() - t:.0f}s", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "model":
         probe_model(eval(sys.argv[2]) if len(sys.argv) > 2 else {}, sys.argv[3] if len(sys.argv) > 3 else "published",
                     int(sys.argv[4]) if len(sys.argv) > 4 else 150)
+    elif sys.argv[1] == "closing":
+        probe_closing([float(x) for x in sys.argv[2:]])
     else:
         probe_data([eval(x) for x in sys.argv[2:]])
