@@ -33,7 +33,8 @@ with the graph given, graph construction alone, and the whole step (graph built 
 positions, then energy + forces) timed as one call, for star variants also that whole step
 with its candidates from a naive O(N^2) all-pairs search (the planted control of the scaling
 claim: the same graph, a cost that grows faster); each quantity timed as the per-call mean of a
-loop of calls lasting >= ``cost.min_loop_s`` CPU seconds, the median over ``cost.repeats`` (>= 5)
+loop of calls lasting >= ``cost.min_loop_s`` CPU seconds after a warm-up call of every cell, the
+``cost.stat`` (smoke: the minimum, contention only adds CPU time) over ``cost.repeats`` (>= 5)
 such loops reported (``cost.md_repeats`` for the whole step, the scaling claim's quantity; each
 round sweeps one variant's cells back to back) and every loop kept (the slopes' standard error for the timing-precision precondition; one
 thread: CPU time is compute time, whatever else runs on the cores); peak torch tensor memory (allocator events
@@ -345,7 +346,7 @@ def build_peak_bytes(fn) -> int:
 
 def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: dict, seed: int,
                   repeats: int = 5, device: str = "cpu", progress=print, min_loop_s: float = 0.2,
-                  md_repeats: int | None = None) -> dict:
+                  md_repeats: int | None = None, stat: str = "median") -> dict:
     """Interleaved per-cell cost of every variant, from one process.
 
     Per cell and variant: ``time_step_ms`` (energy + forces, graph given), ``time_md_step_ms`` (the
@@ -356,8 +357,12 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     edge_index int64 and shifts), ``build_mb`` (the graph build's numpy peak, :func:`build_peak_bytes`),
     ``mem_md_step_mb`` (the sum of the three), ``edges_layer``. Each timing of
     a quantity is the per-call mean of a loop of calls lasting at least ``min_loop_s`` (CPU time on
-    CPU, see :func:`loop_seconds`); the reported time is the median over ``repeats`` such loops
-    (``*_reps``: every repeat, [cell][repeat], for the timing-precision precondition);
+    CPU, see :func:`loop_seconds`); the reported time is the ``stat`` (``median`` or ``min``) over
+    ``repeats`` such loops (``*_reps``: every repeat, [cell][repeat], for the timing-precision
+    precondition). ``min`` (the smoke design since issue 24's last round): contention from other
+    jobs on the shared cores (L3 cache, memory bus) only adds CPU time to a one-thread loop, so the
+    fastest round estimates the step's own cost and a load spike in one round does not move it;
+    the median moves with the share of contended rounds, which differs between cells and seeds;
     ``time_md_step_ms``, the quantity of the scaling claim, gets ``md_repeats`` (>= ``repeats``)
     rounds. Order: per round, each variant and quantity sweeps the cells back to back (one slope's
     measurements lie within about a second, so a slow change of the machine's load scales every cell
@@ -377,6 +382,9 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     if repeats < 5:
         raise ValueError(f"cost repeats must be >= 5 (a median of loops), got {repeats}")
     md_repeats = max(int(md_repeats or repeats), repeats)
+    reduce = {"median": np.median, "min": np.min}.get(stat)
+    if reduce is None:
+        raise ValueError(f"cost stat must be 'median' or 'min', got {stat!r}")
 
     def seconds(fn):
         return loop_seconds(fn, min_loop_s, device)
@@ -387,7 +395,8 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         fit_energy_scale(m, td)
         models[v] = m.float().to(device).eval()
         batches[v] = {"train": td.collate([0], dtype=torch.float32)}
-        out[v] = {"n_atoms": sizes, "edges_layer": [], "graph_mb": [], "allocator_steady": allocator_steady}
+        out[v] = {"n_atoms": sizes, "edges_layer": [], "graph_mb": [], "allocator_steady": allocator_steady,
+                  "rounds": {"repeats": repeats, "md_repeats": md_repeats}}
         for s, c in enumerate(cells):
             d = build_data(c, variants[v], device, mcfg)
             b = fresh_data(c, variants[v], device).collate([0], dtype=torch.float32)
@@ -422,9 +431,10 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
              "time_md_step_naive_ms": naive_md_step}
     # the naive search only for the star variants (the control of the scaling claim reads DKMP's)
     kinds_of = {v: [k for k in kinds if k != "time_md_step_naive_ms" or not is_dense(variants[v])] for v in names}
-    for v in names:  # warm-up (allocator, autograd), every cell once
+    for v in names:  # warm-up (allocator, autograd, the graph build's buffers), every cell once
         for s in range(len(sizes)):
             ef(v, batches[v][s])
+            kinds["time_md_step_ms"](v, s)
         train_step(v)
     t = {k: {v: [[] for _ in sizes] for v in names} for k in kinds}
     ttrain = {v: [] for v in names}
@@ -443,7 +453,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
             progress(f"cost round {r + 1}/{md_repeats} done")
     for v in names:
         for k in kinds_of[v]:
-            out[v][k] = [1e3 * float(np.median(ts)) for ts in t[k][v]]
+            out[v][k] = [1e3 * float(reduce(ts)) for ts in t[k][v]]
             out[v][k.removesuffix("_ms") + "_reps_ms"] = [[1e3 * x for x in ts] for ts in t[k][v]]
         out[v]["graph_positive"] = bool(np.all(np.asarray(out[v]["graph_ms"]) > 0))
         if not out[v]["graph_positive"]:
@@ -457,7 +467,8 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         out[v]["build_mb"] = [build_peak_bytes(lambda: graph(v, s)) / 2**20 for s in range(len(sizes))]
         out[v]["mem_md_step_mb"] = list(np.add(np.add(out[v]["mem_step_mb"], out[v]["graph_mb"]), out[v]["build_mb"]))
         out[v]["faults_md_step"] = [minor_faults(lambda: kinds["time_md_step_ms"](v, s)) for s in range(len(sizes))]
-        out[v]["time_train_ms"] = 1e3 * float(np.median(ttrain[v]))
+        out[v]["time_train_ms"] = 1e3 * float(reduce(ttrain[v]))
+        out[v]["stat"] = stat
         out[v]["mem_train_mb"] = peak_tensor_bytes(lambda: train_step(v), device)[0] / 2**20
         out[v]["n_atoms_train"] = int(batches[v]["train"].numbers.shape[0])
         progress(f"{v}: MD step ms (graph given / with graph) {['%.1f' % x for x in out[v]['time_step_ms']]} / "
@@ -494,8 +505,8 @@ def cost_architectures(variants: dict) -> dict:
 def slope_se(n, reps) -> float:
     """Standard error of a log-log slope from the timing repeats: the slope of each repeat (repeat r
     of every cell size: one round's sweep), their standard deviation over the repeats /
-    sqrt(repeats). The claim reads the slope of the per-cell medians of the repeats (inf with fewer
-    than 2 repeats)."""
+    sqrt(repeats). The claim reads the slope of the per-cell statistic of the repeats (``cost.stat``:
+    the minimum at smoke); this spread is a proxy for that slope's precision (inf with fewer than 2 repeats)."""
     from ...blocks.atomistic.cost import loglog_slope
 
     t = np.asarray(reps, float)  # [cell][repeat]
@@ -513,7 +524,8 @@ def train_shared(ctx) -> None:
     t0 = time.perf_counter()
     cost = measure_costs(cost_architectures(p["variants"]), p["model"], cells, train_frame, ctx.seed,
                          p.get("cost", {}).get("repeats", 5), p.get("device", "cpu"), ctx.progress,
-                         p.get("cost", {}).get("min_loop_s", 0.2), p.get("cost", {}).get("md_repeats"))
+                         p.get("cost", {}).get("min_loop_s", 0.2), p.get("cost", {}).get("md_repeats"),
+                         p.get("cost", {}).get("stat", "median"))
     ctx.metrics.scalar("cost_seconds", time.perf_counter() - t0)
     (ctx.outdir / "cost.json").write_text(json.dumps(cost, indent=1))
 
