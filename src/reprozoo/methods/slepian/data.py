@@ -1,4 +1,4 @@
-"""The two tasks, from real data shipped inside pip wheels (read offline).
+"""The three tasks: two from real data shipped inside pip wheels (read offline), one planted.
 
 Land/sea (global-land-mask 1.0.0: the GLOBE 1 km land mask, 21600 x 43200 cells; lakes count as
 land). Points are drawn uniformly in area, never on a grid, so no encoder is favoured by grid
@@ -21,7 +21,18 @@ from the same training points, inverse-great-circle-distance weighted, with k ch
 compared with the encoders in the cap) -> ``local_knn_acc``, ``coast_knn_mse``; plain 1-NN is kept
 for reference (``local_nn_acc``, ``coast_nn_mse``).
 
-Both are drawn from the seed in ``train_shared`` and saved as ``tasks.npz``; every variant of the
+Regional field (issue 29; the regional classification the three local claims read, in place of
+land/sea in the cap, which a nearest-neighbour lookup answers as well as any encoder): a smooth
+random field in the cap, f(x) = sum_j a_j exp(-theta_j(x)^2 / (2 sigma^2)), a_j ~ N(0, 1), with
+``n_bumps`` = ceil(((R + 3 sigma) / sigma)^2) centres uniform in the cap widened by 3 sigma (about
+one bump per pi sigma^2, so the field is statistically the same everywhere in the cap); the label is
+f(x) > 0. The boundaries are the zero-level set of a smooth field: smooth at the scale sigma and
+non-local (the label of a point is set by the bumps around it, not by its nearest training point).
+Points uniform in the cap, train / val / test -> ``local_acc``; the same k-NN reference (k chosen on
+the validation points) -> ``local_knn_acc`` and 1-NN -> ``local_nn_acc``. Every seed draws its own
+field.
+
+All are drawn from the seed in ``train_shared`` and saved as ``tasks.npz``; every variant of the
 seed reads the same points.
 """
 from __future__ import annotations
@@ -165,14 +176,51 @@ def coast_task(p: dict, rng: np.random.Generator, field: CoastDistance | None = 
     MSE) and ``coast_test_nn_y`` (1-NN: the great-circle nearest training point's target)."""
     r, c = p["region"], p["coast"]
     field = field or CoastDistance(r, c)
+    return cap_task("coast", r, c, rng, field.index, classify=False)
+
+
+def cap_task(prefix: str, r: dict, sizes: dict, rng: np.random.Generator, target, classify: bool) -> dict[str, np.ndarray]:
+    """A task in the cap: ``sizes["n_<split>"]`` points uniform in the cap for train, val, test (keys
+    ``<prefix>_<split>_lat``/``_lon``/``_y``, ``y = target(lat, lon)``) and the proximity references of the
+    test points from the training points (:func:`knn_reference`, k chosen on validation):
+    ``<prefix>_test_knn_y``, ``<prefix>_knn_k``, ``<prefix>_test_nn_y``."""
     out = {}
     for split in ("train", "val", "test"):
-        lat, lon = lat_lon(sample_cap(int(c[f"n_{split}"]), r["lat"], r["lon"], r["radius_deg"], rng))
-        out[f"coast_{split}_lat"], out[f"coast_{split}_lon"], out[f"coast_{split}_y"] = lat, lon, field.index(lat, lon)
-    pred, k, nn = knn_reference(*(out[f"coast_{sp}_{a}"] for sp in ("train", "val") for a in ("lat", "lon", "y")),
-                                out["coast_test_lat"], out["coast_test_lon"], classify=False)
-    out["coast_test_knn_y"], out["coast_knn_k"], out["coast_test_nn_y"] = pred, np.array(k), nn
+        lat, lon = lat_lon(sample_cap(int(sizes[f"n_{split}"]), r["lat"], r["lon"], r["radius_deg"], rng))
+        out[f"{prefix}_{split}_lat"], out[f"{prefix}_{split}_lon"], out[f"{prefix}_{split}_y"] = lat, lon, target(lat, lon)
+    pred, k, nn = knn_reference(*(out[f"{prefix}_{sp}_{a}"] for sp in ("train", "val") for a in ("lat", "lon", "y")),
+                                out[f"{prefix}_test_lat"], out[f"{prefix}_test_lon"], classify=classify)
+    out[f"{prefix}_test_knn_y"], out[f"{prefix}_knn_k"], out[f"{prefix}_test_nn_y"] = pred, np.array(k), nn
     return out
+
+
+class BumpField:
+    """The planted regional field: a sum of Gaussian bumps of width ``sigma_deg`` (great-circle), random
+    N(0, 1) amplitudes, centres uniform in the cap of radius R + 3 sigma around the region's centre."""
+
+    def __init__(self, r: dict, f: dict, rng: np.random.Generator):
+        self.sigma = float(f["sigma_deg"])
+        reach = float(r["radius_deg"]) + 3 * self.sigma
+        n = int(np.ceil((reach / self.sigma) ** 2))
+        self.centres = sample_cap(n, r["lat"], r["lon"], reach, rng)
+        self.amp = rng.standard_normal(n)
+
+    def value(self, lat, lon) -> np.ndarray:
+        x = unit_vectors(lat, lon)
+        ang = np.degrees(np.arccos(np.clip(x @ self.centres.T, -1.0, 1.0)))
+        return np.exp(-0.5 * (ang / self.sigma) ** 2) @ self.amp
+
+    def label(self, lat, lon) -> np.ndarray:
+        return (self.value(lat, lon) > 0).astype(np.int64)
+
+
+def field_task(p: dict, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], BumpField]:
+    """The regional field classification: keys ``field_<split>_lat``/``_lon``/``_y`` for train, val,
+    test, the k-NN reference ``field_test_knn_y`` (k = ``field_knn_k``, chosen on the validation
+    accuracy) and 1-NN ``field_test_nn_y``; returns the field too (for the truth map)."""
+    r, f = p["region"], p["field"]
+    field = BumpField(r, f, rng)
+    return cap_task("field", r, f, rng, field.label, classify=True), field
 
 
 def box_grid(lat_range, lon_range, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Slepian location encoders in miniature: land/sea and a coastal index around Japan.
+"""Slepian location encoders in miniature: land/sea, a coastal index and a planted regional field around Japan.
 
 Variants (encoders.py), all at embedding dimension D (config ``encoder.dim``), same MLP head
 (head.py), same data, same training rule (blocks.fitting.fit_to_plateau, one rate grid):
@@ -9,23 +9,29 @@ Variants (encoders.py), all at embedding dimension D (config ``encoder.dim``), s
 
 Stages:
   train_shared (per seed): draw the land/sea points and label them from the GLOBE land mask;
-      draw the coastal-index points in the cap (target tanh(signed coast distance / scale)); the
-      proximity-only references of both tasks from the same training points (k-NN, inverse-distance
+      draw the coastal-index points in the cap (target tanh(signed coast distance / scale)); draw
+      the regional field and its points in the cap (label: field > 0); the proximity-only
+      references of all three tasks from the same training points (k-NN, inverse-distance
       weighted, k chosen on validation; and 1-NN); save ``tasks.npz``.
-  train (per variant x seed), both heads by fit_to_plateau (``head.fit`` / ``coast_head.fit``: the
+  train (per variant x seed), all three heads by fit_to_plateau (``head.fit`` / ``coast_head.fit`` /
+  ``field_head.fit``: the
   rate grid piloted on validation, plateau stop, one rate drop, best-validation weights):
       encoder   dim, pole_gap (relative embedding change over longitudes at the poles);
                 slepian/hybrid: band limit, Shannon number, λ of the last kept function and the
                 concentration spectrum (curve slepian_eigenvalues; the plot overlays pyshtools')
-      land/sea  head on train points; local_acc (test points in the cap, per point: units),
-                global_acc (test points outside it, units), local_knn_acc / local_nn_acc (the
-                references in the cap, units), val_loss_land and lr_land curves (and the fit record,
+      land/sea  head on train points; land_local_acc (test points in the cap, per point: units),
+                global_acc (test points outside it, units), land_local_knn_acc / land_local_nn_acc
+                (the references in the cap, units), val_loss_land and lr_land curves (and the fit record,
                 :func:`_log_fit`), pole_pred_gap
                 (largest change of P(land) over longitudes at a pole), map_land_prob curve (P(land)
                 on the region grid, for the maps)
       coast     regression head on the coastal index; coast_mse, coast_knn_mse and coast_nn_mse per
                 test point (units); coast_r2, val_loss_coast and lr_coast curves, map_coast_pred
                 (prediction on the region grid)
+      field     classification head on the regional field in the cap (issue 29: the task of the
+                three local claims); local_acc, local_knn_acc and local_nn_acc per test point
+                (units), val_loss_field and lr_field curves, map_field_prob (P(field > 0) on the
+                region grid)
 Accuracies are fractions in [0, 1]; angles in degrees.
 """
 from __future__ import annotations
@@ -36,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ...io import save_npz
-from .data import CoastDistance, coast_task, is_land, land_sea_knn, land_sea_points, region_grid
+from .data import CoastDistance, coast_task, field_task, is_land, land_sea_knn, land_sea_points, region_grid
 from .encoders import make_encoder, pole_gap
 from .head import final_slope, fit_classifier, fit_regressor
 from reprozoo.figures import save_figure
@@ -47,25 +53,32 @@ VARIANT_ORDER = ["slepian", "hybrid", "sh", "sinusoidal"]
 def train_shared(ctx) -> None:
     p = ctx.params
     t0 = time.perf_counter()
-    tasks = make_tasks(p, ctx.rng(11), ctx.rng(12))
-    field = tasks.pop("_field")
+    tasks = make_tasks(p, ctx.rng(11), ctx.rng(12), ctx.rng(13))
+    field, bumps = tasks.pop("_field"), tasks.pop("_bumps")
     grid = region_grid(p["region"], int(p["map_grid"]))
     tasks["map_land_truth"] = is_land(*grid).astype(np.int8)
     tasks["map_coast_truth"] = field.index(*grid)
+    tasks["map_field_truth"] = bumps.label(*grid)
     save_npz(ctx.outdir / "tasks.npz", **tasks)
     ctx.metrics.scalar("land_fraction_local", tasks["test_local_y"].mean())
     ctx.metrics.scalar("land_fraction_global", tasks["test_global_y"].mean())
     ctx.metrics.scalar("coast_target_var", np.var(tasks["coast_test_y"]))
     ctx.metrics.scalar("land_knn_k", tasks["land_knn_k"])
     ctx.metrics.scalar("coast_knn_k", tasks["coast_knn_k"])
+    ctx.metrics.scalar("field_knn_k", tasks["field_knn_k"])
+    ctx.metrics.scalar("field_positive_fraction", tasks["field_test_y"].mean())
     ctx.progress(f"tasks drawn in {time.perf_counter() - t0:.1f} s")
 
 
-def make_tasks(p: dict, rng_land: np.random.Generator, rng_coast: np.random.Generator) -> dict:
-    """Both tasks' points, targets and proximity references (``_field``: the coast-distance field)."""
+def make_tasks(p: dict, rng_land: np.random.Generator, rng_coast: np.random.Generator,
+               rng_field: np.random.Generator) -> dict:
+    """The three tasks' points, targets and proximity references (``_field``: the coast-distance
+    field; ``_bumps``: the planted regional field)."""
     field = CoastDistance(p["region"], p["coast"])
     land = land_sea_points(p, rng_land)
-    return {**land, **land_sea_knn(land, p["region"]), **coast_task(p, rng_coast, field), "_field": field}
+    regional, bumps = field_task(p, rng_field)
+    return {**land, **land_sea_knn(land, p["region"]), **coast_task(p, rng_coast, field), **regional,
+            "_field": field, "_bumps": bumps}
 
 
 def _encoder_metrics(ctx, enc) -> None:
@@ -118,13 +131,13 @@ def train(ctx) -> None:
     X = {s: enc(t[f"{s}_lat"], t[f"{s}_lon"]) for s in ("train", "val")}
     clf, rec = fit_classifier(X["train"], t["train_y"], X["val"], t["val_y"], 2, p["head"], ctx.seed,
                               label=f"{ctx.variant} land", progress=ctx.progress)
-    for split, name in (("test_local", "local_acc"), ("test_global", "global_acc")):
+    for split, name in (("test_local", "land_local_acc"), ("test_global", "global_acc")):
         pred = clf.proba(enc(t[f"{split}_lat"], t[f"{split}_lon"])).argmax(1)
         ctx.metrics.units(name, pred == t[f"{split}_y"])  # per test point: paired across variants
     y_loc = t["test_local_y"]
-    ctx.metrics.units("local_knn_acc", t["test_local_knn_y"] == y_loc)
-    ctx.metrics.units("local_nn_acc", t["test_local_nn_y"] == y_loc)
-    ctx.metrics.scalar("local_majority_acc", max(y_loc.mean(), 1 - y_loc.mean()))
+    ctx.metrics.units("land_local_knn_acc", t["test_local_knn_y"] == y_loc)
+    ctx.metrics.units("land_local_nn_acc", t["test_local_nn_y"] == y_loc)
+    ctx.metrics.scalar("land_local_majority_acc", max(y_loc.mean(), 1 - y_loc.mean()))
     ctx.metrics.scalar("global_majority_acc", max(t["test_global_y"].mean(), 1 - t["test_global_y"].mean()))
     _log_fit(ctx, "land", rec)
     lon = np.linspace(-180.0, 180.0, 36, endpoint=False)
@@ -133,7 +146,7 @@ def train(ctx) -> None:
     ctx.metrics.curve("map_land_prob", range(len(grid_lat)), clf.proba(E_grid)[:, 1])
     if ctx.seed == min(p.get("seeds", [ctx.seed])):  # the mask on the map grid, once, for the plot
         ctx.metrics.curve("map_land_truth", range(len(grid_lat)), t["map_land_truth"])
-    ctx.progress(f"land/sea: local {ctx.metrics.scalars['local_acc']:.3f} "
+    ctx.progress(f"land/sea: local {ctx.metrics.scalars['land_local_acc']:.3f} "
                  f"global {ctx.metrics.scalars['global_acc']:.3f}")
 
     # coastal index in the cap (regression), against 1-NN from the same training points
@@ -150,10 +163,26 @@ def train(ctx) -> None:
     ctx.metrics.curve("map_coast_pred", range(len(grid_lat)), reg.predict(E_grid))
     if ctx.seed == min(p.get("seeds", [ctx.seed])):
         ctx.metrics.curve("map_coast_truth", range(len(grid_lat)), t["map_coast_truth"])
-    ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
-    ctx.metrics.scalar("train_cpu_seconds", time.process_time() - c0)
     ctx.progress(f"coast: mse {ctx.metrics.scalars['coast_mse']:.4f} (k-NN {ctx.metrics.scalars['coast_knn_mse']:.4f}, "
                  f"1-NN {ctx.metrics.scalars['coast_nn_mse']:.4f})")
+
+    # regional field in the cap (classification; the task of the three local claims)
+    Xf = {sp: enc(t[f"field_{sp}_lat"], t[f"field_{sp}_lon"]) for sp in ("train", "val", "test")}
+    clf_f, rec = fit_classifier(Xf["train"], t["field_train_y"], Xf["val"], t["field_val_y"], 2, p["field_head"],
+                                ctx.seed, label=f"{ctx.variant} field", progress=ctx.progress)
+    yf = t["field_test_y"]
+    ctx.metrics.units("local_acc", clf_f.proba(Xf["test"]).argmax(1) == yf)
+    ctx.metrics.units("local_knn_acc", t["field_test_knn_y"] == yf)
+    ctx.metrics.units("local_nn_acc", t["field_test_nn_y"] == yf)
+    ctx.metrics.scalar("local_majority_acc", max(yf.mean(), 1 - yf.mean()))
+    _log_fit(ctx, "field", rec)
+    ctx.metrics.curve("map_field_prob", range(len(grid_lat)), clf_f.proba(E_grid)[:, 1])
+    if ctx.seed == min(p.get("seeds", [ctx.seed])):
+        ctx.metrics.curve("map_field_truth", range(len(grid_lat)), t["map_field_truth"])
+    ctx.metrics.scalar("train_seconds", time.perf_counter() - t0)
+    ctx.metrics.scalar("train_cpu_seconds", time.process_time() - c0)
+    ctx.progress(f"field: acc {ctx.metrics.scalars['local_acc']:.4f} (k-NN {ctx.metrics.scalars['local_knn_acc']:.4f}, "
+                 f"1-NN {ctx.metrics.scalars['local_nn_acc']:.4f})")
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -192,6 +221,8 @@ MAPS = {  # task -> (prediction curve, truth curve, truth title, value range, co
              "Which encoder resolves the coastline inside the {r}° cap (dashed) at equal dimension {D}?"),
     "coast": ("map_coast_pred", "map_coast_truth", "coastal index (truth)", (-1.0, 1.0), 0.0,
               "tanh(signed coast distance / {km} km)", "Which encoder reproduces the coastal index inside the cap (dashed)?"),
+    "field": ("map_field_prob", "map_field_truth", "planted field > 0 (truth)", (0.0, 1.0), 0.5, "P(field > 0)",
+              "Which encoder resolves the planted regional field inside the cap (dashed)?"),
 }
 
 
@@ -235,10 +266,11 @@ def plot_accuracy(table, plots_dir: Path) -> None:
 
     pyplot = plt()
     variants = _variants(table)
-    metrics = [("local_acc", "land/sea in the cap (accuracy)", "local_knn_acc", "local_nn_acc"),
+    metrics = [("local_acc", "regional field in the cap (accuracy)", "local_knn_acc", "local_nn_acc"),
+               ("land_local_acc", "land/sea in the cap (accuracy)", "land_local_knn_acc", "land_local_nn_acc"),
                ("global_acc", "land/sea outside the cap (accuracy)", None, None),
                ("coast_mse", "coastal index in the cap (test MSE)", "coast_knn_mse", "coast_nn_mse")]
-    fig, axes = pyplot.subplots(1, 3, figsize=(12, 3.6))
+    fig, axes = pyplot.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
     for ax, (m, label, knn, nn) in zip(axes, metrics):
         for i, v in enumerate(variants):
             vals = table[(table.metric == m) & (table.variant == v)].value.to_numpy()
@@ -295,7 +327,7 @@ def plot_spectrum(table, plots_dir: Path) -> None:
 def plot_losses(table, plots_dir: Path) -> None:
     from ...plotting import curve_plot
 
-    for task in ("land", "coast"):
+    for task in ("land", "coast", "field"):
         for kind in ("val", "train"):
             m = f"{kind}_loss_{task}"
             curve_plot(table, m, plots_dir / f"curve_{m}.png", xlabel="optimiser step",
