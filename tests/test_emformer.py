@@ -435,6 +435,70 @@ def test_ar2_positive_control_field_is_not_markov_and_forecastable():
     assert ac[0] > 0.8 and ac[3:].min() < 0.5
 
 
+def test_linear_window_acc_sees_the_planted_history_and_the_placebo_removes_it():
+    """The positive control's description of its data (``linear_window_acc``): on the planted AR(2)
+    field (the smoke config's parameters) a 2-frame linear forecaster of the whole field keeps skill in
+    the window (leads 4-8) that the Markov 1-frame one lacks, and feeding it another trajectory's frame
+    before the start (the placebo) takes that skill away again; on a Markov AR(1) field the second frame
+    adds nothing (to fitting noise)."""
+    from reprozoo.methods.emformer.method import linear_window_acc
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/smoke.yaml").read_text())
+    c = {**p["planted"], "n_traj": 16, "n_val": 2, "n_test": 6, "n_frames": 52}
+    data = make_ar2_data(c, np.random.default_rng(0))
+    starts = start_states(6, 52, 8, 8, 2)
+    shift = placebo_shift(52, 8, 8, 2)
+    one, two = linear_window_acc(data, 1, starts, 8, (4, 8)), linear_window_acc(data, 2, starts, 8, (4, 8))
+    plac = linear_window_acc(data, 2, starts, 8, (4, 8), shift)
+    assert one.shape == two.shape == plac.shape == (len(starts),)
+    assert two.mean() > 0.5 and one.mean() < 0.1 and plac.mean() < two.mean() - 0.4
+    # a Markov field: x(t+1) = 0.9 x(t) + noise per grid value; the second frame cannot help
+    rng = np.random.default_rng(1)
+    x = np.zeros((30, 52 + 20, 2, 4, 8))
+    for t in range(1, x.shape[1]):
+        x[:, t] = 0.9 * x[:, t - 1] + rng.standard_normal(x[:, t].shape)
+    from reprozoo.methods.emformer.method import split_standardise
+
+    m = split_standardise(x[:, 20:], 2, 6)
+    d1, d2 = linear_window_acc(m, 1, starts, 8, (4, 8)), linear_window_acc(m, 2, starts, 8, (4, 8))
+    assert d2.mean() < d1.mean() + 0.02  # no gain from the second frame (ridge noise can only cost)
+
+
+def test_context_pretraining_reads_the_history_and_plain_pretraining_leaves_the_gate_closed(monkeypatch):
+    """``pretrain(..., context=True)`` (the positive control's context-from-scratch reference) trains on
+    windows whose observed frames before the input open the context: its gate opens and its forecast
+    depends on the history; the plain pretraining never reads a context, so its gate stays exactly 0."""
+    from reprozoo.methods.emformer import method as M
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
+    c = p["planted"]
+    p["sim"] = {**p["sim"], "ny": c["ny"], "nx": c["nx"]}
+    p["pretrain"]["fit"] = {**p["pretrain"]["fit"], "lr_grid": [1e-2], "min_steps": 6, "max_steps": 8}
+    data = make_ar2_data(c, np.random.default_rng(0))
+    seen = []
+    real = rollout
+
+    def spy(net, x0, steps, window=0, **kw):
+        seen.append((window, None if kw.get("history") is None else tuple(kw["history"].shape)))
+        return real(net, x0, steps, window, **kw)
+
+    monkeypatch.setattr("reprozoo.methods.emformer.model.rollout", spy)
+    net_c, _, _ = M.pretrain(p, data, "sin", 0, lambda s: None, context=True)
+    H, w = p["finetune"]["history"], p["finetune"]["window"]
+    assert seen and all(win == w and h is not None and h[1] == H for win, h in seen)
+    seen.clear()
+    net_m, _, _ = M.pretrain(p, data, "sin", 0, lambda s: None)
+    assert seen and all(win == 0 and h is None for win, h in seen)
+    assert float(net_m.blocks[0].ctx_proj.abs().max()) == 0.0
+    assert float(net_c.blocks[0].ctx_proj.abs().max()) > 0.0
+    x0 = torch.from_numpy(data["test"][:, H])
+    hist = torch.from_numpy(data["test"][:, :H])
+    with torch.no_grad():
+        a = real(net_c, x0, 1, w, history=hist)
+        b = real(net_c, x0, 1, w, history=torch.flip(hist, dims=[1]) + 1.0)
+    assert (a - b).abs().max() > 1e-6
+
+
 def test_finetune_table_rate_trains_without_pilots_and_the_grid_still_pilots(monkeypatch):
     """A variant named in ``finetune.lr`` trains at the table's rate with one PlateauRun (no pilots),
     the same run the grid path continues when the grid holds that rate alone (same batches, stop and

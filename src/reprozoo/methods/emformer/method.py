@@ -44,7 +44,10 @@ its learning-rate grid, caps and batches, and the rollout length):
                   like-for-like model without the mechanism, the control of the paper's comparison;
 * ``context_ar2`` the context claims' positive control: the whole pipeline on a planted AR(2) field
                   (``make_ar2_data``) where the observed history certainly carries information,
-                  scored with its own and a placebo context;
+                  scored with its own and a placebo context; also records (read by no claim) the
+                  window ACC of linear 1- and 2-frame forecasters of the field (``linear_window_acc``,
+                  the 2-frame one also with the placebo's frames) and of a context-from-scratch
+                  reference (``pretrain(..., context=True)``, on ``planted.scratch_seeds``);
 * ``pretrained``  the pretrained model, no fine-tuning (the short-lead reference); also records the
                   planted control (its lead-1 forecast made ``PLANT_FACTOR`` times worse);
 * ``persistence`` the forecast x(t + k) = x(t), no model (the anomaly autocorrelation); also
@@ -202,6 +205,46 @@ def lookback_gain(data: dict, obs_k, ridges=(1e-3, 1e-2, 1e-1, 1.0)) -> np.ndarr
     return 1.0 - err[2] / err[1]
 
 
+def linear_window_acc(data: dict, lag: int, starts: list[tuple[int, int]], leads: int, window,
+                      placebo_shift: int = 0, ridges=(1e-3, 1e-2, 1e-1)) -> np.ndarray:
+    """Window ACC per start of a LINEAR forecaster of the whole field (every grid value of every
+    variable), ``lag`` frames in -> the next frame (ridge least squares on the training trajectories,
+    the ridge chosen on the validation one-step MSE), rolled out autoregressively from the test starts
+    (later steps read its own forecasts, as the network's context does). ``placebo_shift``: the frames
+    before the start (t-1, ...) are those of the same start time on another trajectory (the starts list
+    rolled by this many, as ``model.rollout`` rolls the context), the current frame is the start's own:
+    the placebo removes exactly what the lookback adds. Describes the data: does the observed history
+    carry skill in the window a Markov (lag 1) forecaster lacks, and does the placebo remove it? For
+    small fields only (the planted control's 8 x 16 x 2 values)."""
+    def feats(traj, t0, t1):  # rows: frames t0..t1-1 as targets' predecessors, lag frames each
+        return np.concatenate([traj[:, t0 - j: t1 - j] for j in range(lag)], axis=-1)
+
+    flat = {k: data[k].reshape(*data[k].shape[:2], -1).astype(np.float64) for k in ("train", "val", "test")}
+    T = flat["train"].shape[1]
+    x = feats(flat["train"], lag - 1, T - 1).reshape(-1, lag * flat["train"].shape[-1])
+    y = flat["train"][:, lag:].reshape(-1, flat["train"].shape[-1])
+    xv = feats(flat["val"], lag - 1, flat["val"].shape[1] - 1).reshape(-1, x.shape[1])
+    yv = flat["val"][:, lag:].reshape(-1, y.shape[1])
+    if len(x) >= x.shape[1]:  # primal ridge
+        xx, xy = x.T @ x, x.T @ y
+        ws = [np.linalg.solve(xx + lam * len(x) * np.eye(len(xx)), xy) for lam in ridges]
+    else:  # fewer rows than features (small configs): the same ridge solution in its dual form
+        kk = x @ x.T
+        ws = [x.T @ np.linalg.solve(kk + lam * len(x) * np.eye(len(kk)), y) for lam in ridges]
+    w = min(ws, key=lambda w: float(((xv @ w - yv) ** 2).mean()))
+    te, n = flat["test"], len(starts)
+    own = [[te[a, b - j] for j in range(lag)] for a, b in starts]
+    hist = [[own[i][0]] + own[(i - placebo_shift) % n][1:] for i in range(n)] if placebo_shift else own
+    f = np.zeros((n, leads, te.shape[-1]))
+    for k in range(leads):
+        f[:, k] = np.stack([np.concatenate(h[:lag]) for h in hist]) @ w
+        hist = [[f[i, k]] + h for i, h in enumerate(hist)]
+    shape = data["test"].shape[2:]
+    truth = np.stack([data["test"][a, b + 1: b + 1 + leads] for a, b in starts])
+    acc = weighted_acc(f.reshape(n, leads, *shape), truth, data["clim"])
+    return acc[:, window[0] - 1: window[1]].mean(axis=(1, 2))
+
+
 def anomaly_autocorrelation(traj: np.ndarray, clim: np.ndarray, leads: int) -> np.ndarray:
     """ACC of persistence, lag 1..leads: (leads, variables), over every pair of frames of ``traj``
     (trajectories, time, C, H, W)."""
@@ -267,13 +310,17 @@ def _draw(traj: np.ndarray, length: int, batch: int, gen) -> np.ndarray:
     return np.stack([traj[a, b: b + length] for a, b in zip(i, j)])
 
 
-def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print):
+def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print, context: bool = False):
     """Single-step training (no context) with the composite loss (``weighting``: 'sin' learned,
     'fixed'), by the shared rule ``blocks.fitting.fit_to_plateau``: the learning-rate grid
     ``pretrain.fit.lr_grid`` piloted on the validation trajectories, the best rate continued at a
     constant rate until the validation curve passes the gate's plateau test, then one drop of the rate
     by ``lr_drop`` (the shared default 0.1) and on to a plateau whose window lies after the drop,
     best-validation weights kept.
+    ``context``: the same one-step training WITH the accumulative context from the first update (the
+    ``finetune.history`` observed frames before each input open the context, window
+    ``finetune.window``): the context-from-scratch reference of the positive control (``train_context_ar2``),
+    which asks whether the network can read the observed history at all when it is trained with it.
     Returns the network, the loss module and the record (``steps``, ``vals``, ``lrs``, ...)."""
     import torch
 
@@ -282,21 +329,27 @@ def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print):
 
     cfg = p["pretrain"]
     lat_w = _lat_w(data)
-    val = torch.from_numpy(_val_windows(data["val"], 2, cfg.get("n_val", 32)))
+    H = int(p["finetune"].get("history", 0)) if context else 0
+    window = int(p["finetune"]["window"]) if context else 0
+    val = torch.from_numpy(_val_windows(data["val"], H + 2, cfg.get("n_val", 32)))
 
     def build(gen):
         torch.manual_seed(seed)  # the same initial weights for every rate
         return _Trainable.make(_net(p), _loss(weighting))
 
+    def step(net, win):
+        return rollout(net, win[:, H], 1, window, history=win[:, :H] if H else None)[0]
+
     def train_loss(m, gen):
-        win = torch.from_numpy(_draw(data["train"], 2, cfg["batch"], gen))
-        return m.loss(rollout(m.net, win[:, 0], 1)[0], win[:, 1], lat_w)
+        win = torch.from_numpy(_draw(data["train"], H + 2, cfg["batch"], gen))
+        return m.loss(step(m.net, win), win[:, H + 1], lat_w)
 
     def val_loss(m):
         with torch.no_grad():
-            return _val_rmse(rollout(m.net, val[:, 0], 1)[0], val[:, 1], lat_w)
+            return _val_rmse(step(m.net, val), val[:, H + 1], lat_w)
 
-    m, rec = fit_to_plateau(build, train_loss, val_loss, cfg["fit"], seed, f"pretrain[{weighting}]", progress)
+    m, rec = fit_to_plateau(build, train_loss, val_loss, cfg["fit"], seed,
+                            f"pretrain[{weighting}{', context' if context else ''}]", progress)
     return m.net, m.loss, rec
 
 
@@ -637,6 +690,32 @@ def train_context_ar2(ctx) -> None:
             msg.append(f"{suffix or '_real'} {acc[:, lo - 1: hi].mean():.4f}")
     ctx.progress(f"positive control (AR(2) field), window ACC: pretrained {acc_pre[:, lo - 1: hi].mean():.4f}, "
                  + ", ".join(msg))
+    # Descriptions of the planted field and of the network, read by no claim (issue 26: does the data's
+    # history carry skill in the window, does the placebo remove it, can the network read it at all?):
+    # (1) linear forecasters of the whole field, 1 frame (Markov) and 2 frames in, the latter also with
+    # the placebo's frames before the start (another trajectory's);
+    for suffix, lag, sh in (("_linear1", 1, 0), ("_linear2", 2, 0), ("_linear2_placebo", 2, shift)):
+        ctx.metrics.units("acc_win" + suffix, linear_window_acc(data, lag, starts, e["leads"], e["window"], sh))
+    # (2) the context-from-scratch reference: the same network trained one-step by the pretraining rule
+    # WITH the observed history in its context from the first update (no Markov pretraining before),
+    # scored with its own and with the placebo context over the same window; on the seeds of
+    # ``planted.scratch_seeds`` only (budget: about 20-30 CPU-s a seed; default: every seed)
+    if ctx.seed not in c.get("scratch_seeds", p["seeds"]):
+        return
+    t0 = time.process_time()
+    net_s, _, rec_s = pretrain(p, data, "sin", ctx.seed, ctx.progress, context=True)
+    ctx.metrics.scalar("scratch_seconds", time.process_time() - t0)
+    ctx.metrics.curve("scratch_val_rmse", rec_s["steps"], rec_s["vals"])
+    ctx.metrics.curve("scratch_lr", rec_s["steps"], rec_s["lrs"])
+    ctx.metrics.scalar("scratch_updates", rec_s["stop"])
+    net_s.eval()
+    msg = []
+    with torch.no_grad():
+        for suffix, sh in (("_ctxscratch", 0), ("_ctxscratch_placebo", shift)):
+            _, acc, _, _ = forecast_skill(net_s, data, e["leads"], window, starts, placebo_shift=sh, history=H)
+            ctx.metrics.units("acc_win" + suffix, acc[:, lo - 1: hi].mean(axis=(1, 2)))
+            msg.append(f"{suffix} {acc[:, lo - 1: hi].mean():.4f}")
+    ctx.progress("positive control, descriptions (window ACC): " + ", ".join(msg))
 
 
 def train(ctx) -> None:
