@@ -150,6 +150,47 @@ def test_insitu_callback_sees_every_frame_of_the_solver():
     assert 0 <= in_cb <= wall
 
 
+def _frames(p, seed=0):
+    solver, w_hat0, t_save = make_flow(p, seed)
+    out = np.empty((len(t_save), p["n"], p["n"]))
+
+    def rec(i, w):
+        out[i] = w
+
+    run_insitu(solver, w_hat0, t_save, rec)
+    return solver, t_save, out
+
+
+def test_events_off_is_the_plain_solver_and_on_plants_a_vortex_at_each_scheduled_time():
+    p = dict(n=32, nu=0.02, drag=0.1, k_f=4, forcing_amplitude=1.0, t_start=0.0, dt_save=0.025, n_frames=80)
+    _, _, plain = _frames(p)
+    _, _, off = _frames({**p, "events": {"n": 0}})
+    assert np.array_equal(plain, off)  # no events: bit-identical trajectory
+    ev = {"n": 3, "sigma_t": 0.05, "radius": 0.6, "strength": 3.0, "skip": 0.2}
+    solver, t, on = _frames({**p, "events": ev})
+    centres = [e[0] for e in solver.events]
+    assert len(centres) == 3 and all(t[0] + 0.2 * (t[-1] - t[0]) < c < t[-1] for c in centres)
+    assert centres == sorted(centres)  # one per stretch of the run
+    # before the first pulse the trajectory is the plain one
+    before = t < centres[0] - 6 * 0.05  # the pulse's Gaussian tail is below 1.5e-8 of its peak there
+    assert before.sum() >= 5 and np.allclose(on[before], plain[before], atol=1e-6)
+    # each pulse changes the field fast: the frame-to-frame drift peaks within a frame or two of every centre
+    def drift(x):
+        return np.linalg.norm(np.diff(x, axis=0), axis=(1, 2)) / np.linalg.norm(x[:-1], axis=(1, 2))
+
+    d, d0 = drift(on), drift(plain)
+    for c in centres:  # within a frame or two of the centre, against the same frames without the events
+        near = np.abs(0.5 * (t[1:] + t[:-1]) - c) <= 2 * 0.025
+        assert d[near].max() > 1.5 * d0[near].max()
+    # the schedule is the seed's, fixed before anything is measured; a second run restarts the clock
+    solver2, _, again = _frames({**p, "events": ev})
+    assert [e[0] for e in solver2.events] == centres and np.array_equal(again, on)
+    out2 = np.empty_like(on)
+    run_insitu(solver, *make_flow({**p, "events": ev}, 0)[1:], lambda i, w: out2.__setitem__(i, w))
+    assert np.array_equal(out2, on)
+    assert [e[0] for e in make_flow({**p, "events": ev}, 1)[0].events] != centres
+
+
 def test_zfp_fixed_accuracy_bound():
     zfpy = pytest.importorskip("zfpy")
     w = np.random.default_rng(0).normal(size=(32, 32)).astype(np.float32)

@@ -1,6 +1,6 @@
 """The one-seed validation pilot that chose the rates of ``configs/smoke.yaml`` (``lr_fixed``).
 
-    nice -n 15 .venv/bin/python -m reprozoo.methods.ttfs.pilot [variant ...]
+    nice -n 15 .venv/bin/python -m reprozoo.methods.ttfs.pilot [--rates=1e-3,...] [variant ...]
 
 Seed ``pilot_seed`` (100: no claim reads it; the claim seeds are 0, 1, 2). For every data set a
 variant trains on and every rate of ``pilot_grid`` (the rates of ``fit.lr_grid`` piloted: 3e-3, 1e-2,
@@ -8,7 +8,9 @@ variant trains on and every rate of ``pilot_grid`` (the rates of ``fit.lr_grid``
 (``blocks.fitting.fit_to_plateau`` with the whole grid and ``max_steps = pilot_steps``: every rate
 trains ``pilot_steps`` from the same initial weights) is run and each rate scored as the rule scores
 it (the mean of the second half of its validation losses, ``pilot_score: tail``); the lowest score
-wins. Validation data only decide. Prints one JSON line per fit and appends them to
+wins. Validation data only decide. ``--rates`` pilots other rates of ``fit.lr_grid`` than ``pilot_grid``
+(the grid's edge next to a choice that lands on ``pilot_grid``'s edge); each rate's pilot trains from
+the same initial weights on its own, so its score does not depend on which other rates are piloted. Prints one JSON line per fit and appends them to
 ``results/smoke/ttfs/partial/pilot/runs.jsonl``."""
 from __future__ import annotations
 
@@ -44,12 +46,18 @@ def main(argv: list[str]) -> None:
     from . import method as M
 
     torch.set_num_threads(1)
+    rates = [a for a in argv if a.startswith("--rates=")]
+    argv = [a for a in argv if not a.startswith("--rates=")]
     params = yaml.safe_load((Path(__file__).parent / "configs" / "smoke.yaml").read_text())
     seed = int(params.get("pilot_seed", 100))
     params = copy.deepcopy(params)
     params.pop("lr_fixed", None)
     fit = params["fit"]
     grid = params.get("pilot_grid") or fit["lr_grid"]  # the rates piloted (a subset of fit.lr_grid)
+    if rates:
+        grid = [float(r) for r in rates[-1].split("=", 1)[1].split(",")]
+        if not set(grid) <= set(float(r) for r in fit["lr_grid"]):
+            raise SystemExit(f"--rates {grid}: not all in fit.lr_grid {fit['lr_grid']}")
     params["fit"] = {**fit, "lr_grid": grid, "max_steps": fit["pilot_steps"], "min_steps": fit["pilot_steps"], "lr_drop": 0}
     root = Path("results/smoke/ttfs/partial/pilot")
     root.mkdir(parents=True, exist_ok=True)
