@@ -303,5 +303,6 @@ def test_rates_are_piloted_on_a_seed_no_claim_reads():
     p = yaml.safe_load((Path(M.__file__).parent / "configs" / "smoke.yaml").read_text())
     assert p["pilot_seed"] not in p["seeds"]
     assert set(p["pilot_grid"]) <= set(p["fit"]["lr_grid"])
-    for rates in p["lr_fixed"].values():
-        assert set(rates.values()) <= set(p["pilot_grid"])
+    for rates in p["lr_fixed"].values():  # pilot_grid, extended at an edge by pilot.py --rates: the grid's rates
+        assert set(rates.values()) <= set(p["fit"]["lr_grid"])
+        assert min(rates.values()) > min(p["fit"]["lr_grid"]) and max(rates.values()) < max(p["fit"]["lr_grid"])
