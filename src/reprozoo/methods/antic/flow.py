@@ -52,9 +52,9 @@ class PulsedVorticity2D(Vorticity2D):
 
 def event_schedule(p: dict, seed: int, t_save: np.ndarray, w_rms: float, n: int, length: float):
     """The events of one seed's run, drawn before anything is measured: ``n`` pulses, the j-th
-    centred in the j-th of ``n`` equal stretches of the run's last ``1 - skip`` (uniform within the middle
-    60 % of its stretch), each a Gaussian vortex forcing at a uniform random place with a random sign,
-    scaled so that the vorticity it injects peaks at ``strength`` x the initial field's rms."""
+    centred in the j-th of ``n`` equal stretches of the run between the fractions ``skip`` and ``end``
+    (default 1) of its length (uniform within the middle 60 % of its stretch), each a Gaussian vortex
+    forcing at a uniform random place with a random sign, scaled so that the vorticity it injects peaks at ``strength`` x the initial field's rms."""
     ev = p.get("events") or {}
     k = int(ev.get("n", 0))
     if k <= 0:
@@ -63,7 +63,8 @@ def event_schedule(p: dict, seed: int, t_save: np.ndarray, w_rms: float, n: int,
     sig, rad, strength = float(ev["sigma_t"]), float(ev["radius"]), float(ev["strength"])
     t0, t1 = float(t_save[0]), float(t_save[-1])
     a = t0 + float(ev.get("skip", 0.2)) * (t1 - t0)
-    edges = np.linspace(a, t1, k + 1)
+    b = t0 + float(ev.get("end", 1.0)) * (t1 - t0)
+    edges = np.linspace(a, b, k + 1)
     x = np.arange(n) * length / n
     out = []
     for j in range(k):
