@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprozoo.blocks.spiking import first_spike_time
 from reprozoo.methods.ttfs import data as D
 from reprozoo.methods.ttfs import method as M
 from reprozoo.methods.ttfs.ttfs_net import (TTFSNet, WNConv2d, encode, pooled_moments, spike_statistics,
@@ -246,31 +245,23 @@ def test_every_readout_starts_at_the_same_logit_scale():
 
 
 def test_pool_placement_and_init_keep_a_deep_stack_firing():
-    """The smoke network (six layers, pooled after the second and the sixth: 8x8 -> 8x8 -> 4x4 x 4 -> 2x2):
-    the TTFS init keeps every layer firing, the default init leaves layers 2-6 silent: the deep miniature
-    has the signal-diminishing problem the paper addresses (read from configs/smoke.yaml, so the test
-    follows the network the claims read)."""
-    import yaml
-    from pathlib import Path
-
-    p = yaml.safe_load((Path(M.__file__).parent / "configs" / "smoke.yaml").read_text())
-    channels, pool_after = tuple(p["channels"]), p["pool_after"]
-    assert len(channels) == 6 and pool_after == [1, 5]
+    """Pooling after chosen layers only (8x8 -> 8x8 -> 4x4 -> 4x4 -> 2x2); the TTFS init keeps the
+    fourth layer firing, the default init leaves layers 2-4 (nearly) silent: the deep miniature has the
+    signal-diminishing problem the paper addresses."""
     x, _ = D.digits()
     x = torch.from_numpy(x[:256])
     p_in = float((x > 0).float().mean())
-    layer = {}
+    frac = {}
     for init in ("default", "ttfs"):
         torch.manual_seed(0)
-        net = TTFSNet((1, 8, 8), channels, T=6, init=init, p_in=p_in, pool_after=pool_after)
+        net = TTFSNet((1, 8, 8), (8, 8, 16, 16), T=6, init=init, p_in=p_in, pool_after=[1, 3])
         with torch.no_grad():
             out = net(x)
-        assert [tuple(s.shape[-2:]) for s in out["spikes"]] == [(8, 8), (8, 8)] + [(4, 4)] * 4
-        assert [tuple(a.shape[-2:]) for a in out["sent"]] == [(8, 8)] + [(4, 4)] * 4 + [(2, 2)]
-        assert net.fc.in_features == channels[-1] * 2 * 2
-        layer[init] = [float((first_spike_time(s.flatten(2)) < 6).float().mean()) for s in out["spikes"]]
-    assert min(layer["ttfs"]) > 0.15, layer
-    assert max(layer["default"][1:]) < 0.02 and layer["default"][0] > 0.15, layer
+        assert [tuple(s.shape[-2:]) for s in out["spikes"]] == [(8, 8), (8, 8), (4, 4), (4, 4)]
+        assert [tuple(a.shape[-2:]) for a in out["sent"]] == [(8, 8), (4, 4), (4, 4), (2, 2)]
+        assert net.fc.in_features == 16 * 2 * 2
+        frac[init] = spike_statistics(out, 6)["fire_frac_last"]
+    assert frac["ttfs"] > 0.15 and frac["default"] < 0.02, frac
 
 
 def test_single_spike_neuron_gets_surrogate_gradient_before_firing():
@@ -303,6 +294,5 @@ def test_rates_are_piloted_on_a_seed_no_claim_reads():
     p = yaml.safe_load((Path(M.__file__).parent / "configs" / "smoke.yaml").read_text())
     assert p["pilot_seed"] not in p["seeds"]
     assert set(p["pilot_grid"]) <= set(p["fit"]["lr_grid"])
-    for rates in p["lr_fixed"].values():  # pilot_grid, extended at an edge by pilot.py --rates: the grid's rates
-        assert set(rates.values()) <= set(p["fit"]["lr_grid"])
-        assert min(rates.values()) > min(p["fit"]["lr_grid"]) and max(rates.values()) < max(p["fit"]["lr_grid"])
+    for rates in p["lr_fixed"].values():
+        assert set(rates.values()) <= set(p["pilot_grid"])

@@ -1,4 +1,4 @@
-"""TTFS framework in miniature: the ablation plain -> +init -> +norm -> +decoder, in a 6-layer network.
+"""TTFS framework in miniature: the ablation plain -> +init -> +norm -> +decoder, in a 4-layer network.
 
 Variants (one cell = one variant x seed, trained on its data sets with the same rule):
 
@@ -6,8 +6,8 @@ Variants (one cell = one variant x seed, trained on its data sets with the same 
     init           + the closed-form TTFS init (ttfs_net.ttfs_init_moments)
     init_norm      + weight normalisation with learnable affine (ttfs_net.WNConv2d)
     full           + the temporal-weighting output decoder: the paper's framework (avg pooling)
-    plain_shallow  plain at 2 layers, digits only  } the depth references: plain_shallow of the depth
-    init_shallow   init at 2 layers, digits only   } precondition, both of init_benefit_grows_with_depth
+    plain_shallow  plain at 2 layers, digits only  } the depth x init difference-in-differences of the
+    init_shallow   init at 2 layers, digits only   } precondition of init_prevents_signal_diminishing
 
 Every readout has one learnable output gain, and the temporal decoder is rescaled at construction
 so that its initial logit scale equals the final-potential readout's (scale-neutral readouts).

@@ -1,19 +1,14 @@
 """The one-seed validation pilot that chose the rates of ``configs/smoke.yaml`` (``lr_fixed``).
 
-    nice -n 15 .venv/bin/python -m reprozoo.methods.ttfs.pilot [--rates=1e-3,...] [variant ...]
+    nice -n 15 .venv/bin/python -m reprozoo.methods.ttfs.pilot [variant ...]
 
 Seed ``pilot_seed`` (100: no claim reads it; the claim seeds are 0, 1, 2). For every data set a
 variant trains on and every rate of ``pilot_grid`` (the rates of ``fit.lr_grid`` piloted: 3e-3, 1e-2,
-3e-2; at four layers 1e-3 and 1e-1 lost every fit's pilot on seed 0 by 0.4-1.7 nats, README), the
-shared rule's pilot
+3e-2; 1e-3 and 1e-1 lost every fit's pilot on seed 0 by 0.4-1.7 nats, README), the shared rule's pilot
 (``blocks.fitting.fit_to_plateau`` with the whole grid and ``max_steps = pilot_steps``: every rate
 trains ``pilot_steps`` from the same initial weights) is run and each rate scored as the rule scores
 it (the mean of the second half of its validation losses, ``pilot_score: tail``); the lowest score
-wins. Validation data only decide. ``--rates=a,b`` pilots other rates of ``fit.lr_grid`` (at least
-two: the rule records pilot scores only for a grid): the next rate beyond a choice that lands on the
-edge of what was piloted, until every choice is bracketed (the six-layer network's rates, README).
-Each rate's pilot trains from the same initial weights and batches on its own, so its score does not
-depend on which other rates are piloted. Prints one JSON line per fit and appends them to
+wins. Validation data only decide. Prints one JSON line per fit and appends them to
 ``results/smoke/ttfs/partial/pilot/runs.jsonl``."""
 from __future__ import annotations
 
@@ -49,18 +44,12 @@ def main(argv: list[str]) -> None:
     from . import method as M
 
     torch.set_num_threads(1)
-    rates = [a for a in argv if a.startswith("--rates=")]
-    argv = [a for a in argv if not a.startswith("--rates=")]
     params = yaml.safe_load((Path(__file__).parent / "configs" / "smoke.yaml").read_text())
     seed = int(params.get("pilot_seed", 100))
     params = copy.deepcopy(params)
     params.pop("lr_fixed", None)
     fit = params["fit"]
     grid = params.get("pilot_grid") or fit["lr_grid"]  # the rates piloted (a subset of fit.lr_grid)
-    if rates:
-        grid = [float(r) for r in rates[-1].split("=", 1)[1].split(",")]
-        if len(grid) < 2 or not set(grid) <= set(float(r) for r in fit["lr_grid"]):
-            raise SystemExit(f"--rates {grid}: expected two or more rates of fit.lr_grid {fit['lr_grid']}")
     params["fit"] = {**fit, "lr_grid": grid, "max_steps": fit["pilot_steps"], "min_steps": fit["pilot_steps"], "lr_drop": 0}
     root = Path("results/smoke/ttfs/partial/pilot")
     root.mkdir(parents=True, exist_ok=True)
