@@ -678,3 +678,42 @@ def test_network_within_1e5_of_reference_math_and_nchw_path(depth, monkeypatch):
         assert len(new) == len(ref) == len(net.state_dict()) - depth + 1 - (window == 0) * depth
         assert max(float(a.abs().max()) for a in new0 + ref0) < 1e-7
         assert max(_rel(u, v) for u, v in zip(new, ref)) < 1e-5
+
+
+def test_pretrain_table_rate_trains_without_pilots_and_matches_the_grids_continued_run(monkeypatch):
+    """``pretrain.lr`` (the smoke's per-field table): the named field trains at the table's rate in one
+    PlateauRun, the very run the grid path continues when it chooses that rate (same initial weights,
+    batches, stop and validation curve: the pilots of the other rates only cost); no ``field`` or no
+    entry pilots every rate of the grid, and a table rate records its place on the grid."""
+    import reprozoo.blocks.fitting as fitting
+    from reprozoo.methods.emformer.method import pretrain
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
+    p["pretrain"]["fit"].update(min_steps=4, max_steps=6, pilot_steps=2, eval_every=1, lr_grid=[3e-3, 1e-2])
+    p["pretrain"]["lr"] = {"qg": 1e-2}
+    data = make_data(p, np.random.default_rng(0))
+    made = []
+    real = fitting.PlateauRun
+
+    class Spy(real):
+        def __init__(self, model, lr, *a, **k):
+            made.append(float(lr))
+            super().__init__(model, lr, *a, **k)
+
+    monkeypatch.setattr(fitting, "PlateauRun", Spy)
+    quiet = lambda *_: None  # noqa: E731
+    _, _, rec = pretrain(p, data, "sin", 0, quiet, field="qg")
+    # one run (its "pilot" is its own first steps) at the table's rate, the grid's top
+    assert made == [1e-2] and rec["lr_source"] == "table" and set(rec["pilot_best"]) == {1e-2} and rec["lr_edge"] == "top"
+    made.clear()
+    _, _, grid = pretrain(p, data, "sin", 0, quiet)  # no field: the grid's pilots
+    assert made == [3e-3, 1e-2] and grid["lr_source"] == "grid" and set(grid["pilot_best"]) == {3e-3, 1e-2}
+    made.clear()
+    _, _, other = pretrain(p, data, "sin", 0, quiet, field="ar2")  # a field the table does not name
+    assert made == [3e-3, 1e-2] and other["lr_source"] == "grid"
+    if grid["lr"] == 1e-2:  # the grid chose the table's rate: the continued run is the table's run
+        assert grid["vals"] == rec["vals"] and grid["stop"] == rec["stop"]
+    one = {**p, "pretrain": {**p["pretrain"], "lr": {}, "fit": {**p["pretrain"]["fit"], "lr_grid": [1e-2]}}}
+    made.clear()
+    _, _, same = pretrain(one, data, "sin", 0, quiet)
+    assert made == [1e-2] and same["vals"] == rec["vals"] and same["stop"] == rec["stop"]

@@ -80,7 +80,7 @@ import time
 
 import numpy as np
 
-from ...blocks.rate_table import grid_edge, table_rate
+from ...blocks.rate_table import fit_with_table_rate, grid_edge, table_rate
 from .qg import QG2D, simulate
 from .skill import latitude_weights, weighted_acc, weighted_rmse
 
@@ -310,7 +310,8 @@ def _draw(traj: np.ndarray, length: int, batch: int, gen) -> np.ndarray:
     return np.stack([traj[a, b: b + length] for a, b in zip(i, j)])
 
 
-def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print, context: bool = False):
+def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print, context: bool = False,
+             field: str | None = None):
     """Single-step training (no context) with the composite loss (``weighting``: 'sin' learned,
     'fixed'), by the shared rule ``blocks.fitting.fit_to_plateau``: the learning-rate grid
     ``pretrain.fit.lr_grid`` piloted on the validation trajectories, the best rate continued at a
@@ -321,7 +322,11 @@ def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print, con
     ``finetune.history`` observed frames before each input open the context, window
     ``finetune.window``): the context-from-scratch reference of the positive control (``train_context_ar2``),
     which asks whether the network can read the observed history at all when it is trained with it.
-    Returns the network, the loss module and the record (``steps``, ``vals``, ``lrs``, ...)."""
+    ``field`` (``qg`` or ``ar2``): the entry of the config's ``pretrain.lr`` table (the rate chosen once
+    on validation by the grid's pilots and fixed, ``blocks.rate_table``), trained under the same rule with
+    no pilots; without a table entry (or ``field``) the grid is piloted.
+    Returns the network, the loss module and the record (``steps``, ``vals``, ``lrs``, ...,
+    ``lr_source``)."""
     import torch
 
     from ...blocks.fitting import fit_to_plateau
@@ -348,8 +353,13 @@ def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print, con
         with torch.no_grad():
             return _val_rmse(step(m.net, val), val[:, H + 1], lat_w)
 
-    m, rec = fit_to_plateau(build, train_loss, val_loss, cfg["fit"], seed,
+    fit, source = fit_with_table_rate(cfg["fit"], cfg.get("lr"), *([field] if field else []), required=False,
+                                      where="pretrain.lr") if field else (cfg["fit"], {"lr_source": "grid"})
+    m, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed,
                             f"pretrain[{weighting}{', context' if context else ''}]", progress)
+    rec.update(source)
+    if rec.get("lr_edge") is None and source.get("lr_edge"):
+        rec["lr_edge"] = source["lr_edge"]
     return m.net, m.loss, rec
 
 
@@ -588,10 +598,10 @@ def train_shared(ctx) -> None:
     ctx.progress("anomaly autocorrelation (psi) by lead: " + " ".join(f"{a:.2f}" for a in auto[:, 0]))
     np.savez(ctx.outdir / "data.npz", **data)
     t0 = time.process_time()
-    net, loss_fn, rec = pretrain(p, data, "sin", ctx.seed, ctx.progress)
+    net, loss_fn, rec = pretrain(p, data, "sin", ctx.seed, ctx.progress, field="qg")
     ctx.metrics.scalar("pretrain_seconds", time.process_time() - t0)
     torch.save({"net": net.state_dict(), "loss": loss_fn.state_dict()}, ctx.outdir / "pretrained.pt")
-    keep = ("steps", "vals", "lrs", "lr", "stop", "plateau", "drop_step", "pilot_best")
+    keep = ("steps", "vals", "lrs", "lr", "stop", "plateau", "drop_step", "pilot_best", "lr_source")
     (ctx.outdir / "pretrain.json").write_text(json.dumps({k: rec[k] for k in keep}))
 
 
@@ -666,12 +676,13 @@ def train_context_ar2(ctx) -> None:
     p["sim"] = {**p["sim"], "ny": c["ny"], "nx": c["nx"]}
     t0 = time.process_time()
     data = make_ar2_data(c, ctx.rng(7))
-    net, loss_fn, rec = pretrain(p, data, "sin", ctx.seed, ctx.progress)
+    net, loss_fn, rec = pretrain(p, data, "sin", ctx.seed, ctx.progress, field="ar2")
     ctx.metrics.scalar("pretrain_seconds", time.process_time() - t0)
     ctx.metrics.curve("pre_val_rmse", rec["steps"], rec["vals"])
     ctx.metrics.curve("pre_lr", rec["steps"], rec["lrs"])
     ctx.metrics.scalar("pretrain_updates", rec["stop"])
     ctx.metrics.scalar("pretrain_lr", rec["lr"])
+    ctx.metrics.scalar("pretrain_lr_source", 1.0 if rec["lr_source"] == "table" else 0.0)
     e, H, window = p["eval"], int(p["finetune"].get("history", 0)), p["finetune"]["window"]
     starts = start_states(data["test"].shape[0], data["test"].shape[1], e["leads"], e["stride"], H)
     ctx.metrics.scalar("n_test_starts", len(starts))
@@ -741,6 +752,7 @@ def train(ctx) -> None:
         ctx.metrics.curve("pre_lr", c["steps"], c["lrs"])
         ctx.metrics.scalar("pretrain_updates", c["stop"])
         ctx.metrics.scalar("pretrain_lr", c["lr"])
+        ctx.metrics.scalar("pretrain_lr_source", 1.0 if c.get("lr_source") == "table" else 0.0)
         if ft is not None:
             net = _fit_and_record(ctx, p, data, net, loss_fn, accumulative, placebo)
         else:
