@@ -499,19 +499,10 @@ def test_context_pretraining_reads_the_history_and_plain_pretraining_leaves_the_
     assert (a - b).abs().max() > 1e-6
 
 
-def test_finetune_table_rate_trains_without_pilots_and_the_grid_still_pilots(monkeypatch):
-    """A variant named in ``finetune.lr`` trains at the table's rate with one PlateauRun (no pilots),
-    the same run the grid path continues when the grid holds that rate alone (same batches, stop and
-    best weights); a variant the table does not name, or no table, pilots every rate of the grid; a
-    table giving the trained placebo another rate than emformer's is refused."""
+def _record_plateau_runs(monkeypatch) -> list:
+    """The learning rate of every ``blocks.fitting.PlateauRun`` built from now on (pilots included)."""
     import reprozoo.blocks.fitting as fitting
-    from reprozoo.methods.emformer.loss import CompositeLoss as CL
-    from reprozoo.methods.emformer.method import finetune_table_rate
 
-    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
-    p["finetune"]["fit"].update(min_steps=4, max_steps=6, pilot_steps=2, eval_every=1, lr_grid=[3e-4, 1e-3])
-    p["finetune"]["lr"] = {"emformer": 3e-4, "placebo_ft": 3e-4}  # 3e-4: not the grid's last rate
-    data = make_data(p, np.random.default_rng(0))
     made = []
     real = fitting.PlateauRun
 
@@ -521,6 +512,22 @@ def test_finetune_table_rate_trains_without_pilots_and_the_grid_still_pilots(mon
             super().__init__(model, lr, *a, **k)
 
     monkeypatch.setattr(fitting, "PlateauRun", Spy)
+    return made
+
+
+def test_finetune_table_rate_trains_without_pilots_and_the_grid_still_pilots(monkeypatch):
+    """A variant named in ``finetune.lr`` trains at the table's rate with one PlateauRun (no pilots),
+    the same run the grid path continues when the grid holds that rate alone (same batches, stop and
+    best weights); a variant the table does not name, or no table, pilots every rate of the grid; a
+    table giving the trained placebo another rate than emformer's is refused."""
+    from reprozoo.methods.emformer.loss import CompositeLoss as CL
+    from reprozoo.methods.emformer.method import finetune_table_rate
+
+    p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
+    p["finetune"]["fit"].update(min_steps=4, max_steps=6, pilot_steps=2, eval_every=1, lr_grid=[3e-4, 1e-3])
+    p["finetune"]["lr"] = {"emformer": 3e-4, "placebo_ft": 3e-4}  # 3e-4: not the grid's last rate
+    data = make_data(p, np.random.default_rng(0))
+    made = _record_plateau_runs(monkeypatch)
     torch.manual_seed(0)
     net = EMFormerNet(dim=8, depth=1, heads=2, patch=4)
     quiet = lambda *_: None  # noqa: E731
@@ -685,22 +692,13 @@ def test_pretrain_table_rate_trains_without_pilots_and_matches_the_grids_continu
     PlateauRun, the very run the grid path continues when it chooses that rate (same initial weights,
     batches, stop and validation curve: the pilots of the other rates only cost); no ``field`` or no
     entry pilots every rate of the grid, and a table rate records its place on the grid."""
-    import reprozoo.blocks.fitting as fitting
     from reprozoo.methods.emformer.method import pretrain
 
     p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/emformer/configs/ci.yaml").read_text())
     p["pretrain"]["fit"].update(min_steps=4, max_steps=6, pilot_steps=2, eval_every=1, lr_grid=[3e-3, 1e-2])
     p["pretrain"]["lr"] = {"qg": 1e-2}
     data = make_data(p, np.random.default_rng(0))
-    made = []
-    real = fitting.PlateauRun
-
-    class Spy(real):
-        def __init__(self, model, lr, *a, **k):
-            made.append(float(lr))
-            super().__init__(model, lr, *a, **k)
-
-    monkeypatch.setattr(fitting, "PlateauRun", Spy)
+    made = _record_plateau_runs(monkeypatch)
     quiet = lambda *_: None  # noqa: E731
     _, _, rec = pretrain(p, data, "sin", 0, quiet, field="qg")
     # one run (its "pilot" is its own first steps) at the table's rate, the grid's top
