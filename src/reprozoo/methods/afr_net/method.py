@@ -1,7 +1,8 @@
 """AFR-Net in miniature: patients vs controls from SC + FC, and which SC edges the model points at.
 
 Variants (same cohort, same split, same training rule: ``blocks.fitting.fit_to_plateau`` with one
-learning-rate grid piloted on validation cross-entropy, a constant rate to the plateau test, the same
+learning-rate grid piloted on validation cross-entropy (at smoke once, on seed 0, the chosen rates kept in the
+config's ``lr`` table: ``blocks.rate_table``), a constant rate to the plateau test, the same
 batch size, dropout and best-validation weights; only the model differs):
 - ``afr_net``: adaptive flow routing as published (models.AFRNet, routing.py; reference code
   v1.0.1): learned conductances g_e = exp(a_e), closed-form routing energy, log-min-max mask,
@@ -12,7 +13,7 @@ batch size, dropout and best-validation weights; only the model differs):
 - ``mlp``: MLP on the concatenated upper triangles of SC and FC.
 - ``gcn``: GCN on each subject's SC with the FC rows as node features.
 - ``linear``: L2 logistic regression on the Fisher-z FC upper triangle, C on validation (a reference
-  row; FC alone is at chance by construction in this cohort).
+  row; FC alone, above chance since the planted gates also close: data.py).
 
 Stages. train_shared (per seed): draw the cohort (data.py) and the stratified 60/20/20 split.
 train (per variant x seed), recorded metrics:
@@ -240,13 +241,19 @@ def _predict(model, T: dict, idx, seed: int, batch: int = 64):
 def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=print):
     """The shared training rule (``blocks.fitting.fit_to_plateau``): the same learning-rate grid for
     every variant, piloted on validation cross-entropy, the best rate continued at a constant rate
-    until the validation curve passes the platform's plateau test; best-validation weights kept.
+    until the validation curve passes the platform's plateau test; best-validation weights kept. Where
+    the config has an ``lr`` table (smoke), the grid was piloted once (seed 0, validation only) and every
+    seed trains at the variant's tabled rate under the same rule, without pilots
+    (``blocks.rate_table``); the record's ``lr_source`` says which, ``lr_edge`` the rate's edge on the grid.
     One step = one minibatch of ``fit.batch`` training subjects; cross-entropy for every model (the
     published AFR-Net code, v1.0.1, trains on the task loss alone)."""
     import torch
 
     from ...blocks.fitting import fit_to_plateau
-    f = p["fit"]
+    from ...blocks.rate_table import fit_with_table_rate
+    # the rate: the config's ``lr`` table where it has this variant's entry (chosen once on validation, one
+    # seed: configs/smoke.yaml), else the grid piloted in this fit (ci, paper)
+    f, source = fit_with_table_rate(p["fit"], p.get("lr"), variant, required=False)
     ce = torch.nn.functional.cross_entropy
     train_idx, val_idx = T["train"], T["val"]
 
@@ -264,7 +271,11 @@ def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=prin
         zv, _ = _predict(model, T, val_idx, seed)
         return ce(zv, T["y"][val_idx]).item()
 
-    return fit_to_plateau(build, train_loss, val_loss, f, seed, label=variant, progress=progress)
+    model, rec = fit_to_plateau(build, train_loss, val_loss, f, seed, label=variant, progress=progress)
+    rec["lr_source"] = source["lr_source"]
+    if source["lr_source"] == "table":                            # its edge on the config's grid, not the 1-rate one
+        rec["lr_edge"] = source["lr_edge"]
+    return model, rec
 
 
 def saliency_edge_scores(model, T: dict, idx, edges: np.ndarray, seed: int) -> np.ndarray:
@@ -366,6 +377,8 @@ def train(ctx) -> None:
     ctx.metrics.curve("val_loss", rec["steps"], rec["vals"])
     ctx.metrics.curve("train_loss", np.arange(1, len(rec["losses"]) + 1), rec["losses"])
     ctx.metrics.scalar("plateau", float(rec["plateau"]))
+    ctx.metrics.scalar("lr_from_table", float(rec["lr_source"] == "table"))
+    ctx.metrics.scalar("lr_edge", {"top": 1.0, "bottom": -1.0}.get(rec["lr_edge"], 0.0))
     for lr, best in rec["pilot_best"].items():
         ctx.progress(f"pilot lr {lr:g}: best validation cross-entropy {best:.4f}")
 
