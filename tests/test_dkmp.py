@@ -583,6 +583,77 @@ def test_slope_standard_error_from_repeats():
     assert M.slope_se(n, exact[:, :1]) == float("inf")  # one repeat: no precision to claim
 
 
+def test_round_slope_is_the_within_round_fit():
+    """The global time slopes at smoke (cost.slope: rounds, issue 24's last item): every round's sweep of
+    the cells fitted on its own, averaged over rounds. A load level that scales a whole round's sweep
+    drops out exactly; it is the least-squares slope with one intercept per round; its standard error
+    is slope_se; and a difference of two architectures' round slopes is the mean of their paired
+    within-round differences."""
+    import reprozoo.methods.dkmp.method as M
+
+    n = np.array([864, 1372, 2916, 5324])
+    rng = np.random.default_rng(0)
+    load = np.exp(rng.normal(0, 0.3, 16))  # one factor per round (a sweep lasts about a second)
+    exact = (2e-3 * n**1.05)[:, None] * load[None, :]
+    assert M.round_slope(n, exact) == pytest.approx(1.05, abs=1e-9)
+    noisy = exact * np.exp(rng.normal(0, 0.03, exact.shape))
+    # least squares of log t on log n with one intercept per round
+    X = np.concatenate([np.repeat(np.log(n), 16)[:, None], np.kron(np.ones((4, 1)), np.eye(16))], axis=1)
+    b = np.linalg.lstsq(X, np.log(noisy).ravel(), rcond=None)[0][0]
+    assert M.round_slope(n, noisy) == pytest.approx(b, abs=1e-9)
+    per = [loglog_slope(n, noisy[:, k]) for k in range(16)]
+    assert M.slope_se(n, noisy) == pytest.approx(np.std(per, ddof=1) / 4.0)
+    other = (1e-3 * n**0.95)[:, None] * load[None, :] * np.exp(rng.normal(0, 0.03, exact.shape))
+    assert M.round_slope(n, noisy) - M.round_slope(n, other) == pytest.approx(
+        np.mean([loglog_slope(n, noisy[:, k]) - loglog_slope(n, other[:, k]) for k in range(16)]))
+    cost = {"time_md_step_ms": list(noisy.min(1)), "time_md_step_reps_ms": noisy.tolist()}
+    assert M.time_slope(n, cost, "time_md_step", "rounds") == M.round_slope(n, noisy)
+    assert M.time_slope(n, cost, "time_md_step", "cells") == loglog_slope(n, noisy.min(1))
+    with pytest.raises(ValueError):
+        M.time_slope(n, cost, "time_md_step", "median")
+
+
+def test_record_costs_reads_the_configured_slope(tmp_path):
+    """record_costs: slope_time_md_step (the claim's and its preconditions' token) and the signed
+    difference to the reference follow cost.slope; the per-cell slope is kept as slope_cells_*; the
+    local slope reads the per-cell times (the fastest round at smoke)."""
+    import json
+    import types
+
+    import reprozoo.methods.dkmp.method as M
+
+    n = [864, 1372, 2916, 5324]
+    rng = np.random.default_rng(1)
+
+    def arch(p):
+        reps = (1e-2 * np.asarray(n, float) ** p)[:, None] * np.exp(rng.normal(0, 0.05, (4, 16)))
+        return {"n_atoms": n, "edges_layer": [[10 * k] * 3 for k in n], "time_step_ms": list(reps.min(1)),
+                "time_step_reps_ms": reps.tolist(), "time_md_step_ms": list(reps.min(1)),
+                "time_md_step_reps_ms": reps.tolist(), "graph_ms": [1.0] * 4, "mem_step_mb": [1.0 * k for k in n],
+                "graph_mb": [0.1] * 4, "build_mb": [0.1] * 4, "mem_md_step_mb": [1.2 * k for k in n],
+                "time_train_ms": 1.0, "mem_train_mb": 1.0}
+
+    allcost = {"a": arch(1.0), "ref": arch(1.1)}
+    (tmp_path / "cost.json").write_text(json.dumps(allcost))
+    for how in ("rounds", "cells"):
+        rec = {}
+        metrics = types.SimpleNamespace(scalar=lambda k, v: rec.__setitem__(k, v), curve=lambda *a, **k: None)
+        ctx = types.SimpleNamespace(shared_dir=tmp_path, metrics=metrics, progress=lambda *_: None,
+                                    params={"cost": {"slope": how}, "scaling_reference": "ref"})
+        M.record_costs(ctx, "a")
+        a, r = (M.time_slope(n, allcost[k], "time_md_step", how) for k in ("a", "ref"))
+        assert rec["slope_time_md_step"] == pytest.approx(a)
+        assert rec["slope_time_md_step_minus_reference"] == pytest.approx(a - r)
+        assert rec["slope_cells_time_md_step"] == pytest.approx(loglog_slope(n, allcost["a"]["time_md_step_ms"]))
+        assert rec["local_slope_time_md_step"] == pytest.approx(M.local_slope(n, allcost["a"]["time_md_step_ms"]))
+    assert rec.get("cost_loadavg") is None  # no _machine entry in this cost.json
+    allcost["_machine"] = {"loadavg_1min": [1.0, 3.0], "cpu_count": 2}  # train_shared's diagnostic
+    (tmp_path / "cost.json").write_text(json.dumps(allcost))
+    M.record_costs(ctx, "a")
+    assert rec["cost_loadavg"] == 2.0
+    assert _smoke()["cost"]["slope"] == "rounds"
+
+
 def test_cost_variants_name_training_variants_and_eval_frames_are_held_out():
     import reprozoo.methods.dkmp.method as M
 

@@ -41,8 +41,9 @@ thread: CPU time is compute time, whatever else runs on the cores); peak torch t
 replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors plus the graph build's own
 peak (numpy allocations, ``tracemalloc``: for DKMP the full candidate list before thinning); edges
 per layer; and one training step on a Cu309 frame -> ``cost.json``. The cost variants record the
-curves, global slopes, the local slope over the two largest cells and the signed slope difference
-to ``scaling_reference``.
+curves, global slopes (time slopes fitted within each timing round and averaged over rounds,
+``cost.slope: rounds``, :func:`round_slope`; or of the per-cell statistic, ``cells``), the local slope
+over the two largest cells (per-cell statistic) and the signed slope difference to ``scaling_reference``.
 train (per training variant x seed): fit on the Cu309 training frames with the platform's one
 training rule (:func:`fit_model`: ``blocks.fitting.fit_to_plateau``, the same lr grid, pilots, step
 cap and plateau stop for both models; constant rate, best-validation weights), curves
@@ -56,6 +57,7 @@ Units: energy MAE meV/atom, force MAE meV/A, time ms, memory MiB.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -505,8 +507,9 @@ def cost_architectures(variants: dict) -> dict:
 def slope_se(n, reps) -> float:
     """Standard error of a log-log slope from the timing repeats: the slope of each repeat (repeat r
     of every cell size: one round's sweep), their standard deviation over the repeats /
-    sqrt(repeats). The claim reads the slope of the per-cell statistic of the repeats (``cost.stat``:
-    the minimum at smoke); this spread is a proxy for that slope's precision (inf with fewer than 2 repeats)."""
+    sqrt(repeats): exactly the standard error of :func:`round_slope` (``cost.slope: rounds``, the smoke
+    design), a proxy for the precision of the per-cell statistic's slope (``cells``) (inf with fewer
+    than 2 repeats)."""
     from ...blocks.atomistic.cost import loglog_slope
 
     t = np.asarray(reps, float)  # [cell][repeat]
@@ -516,18 +519,58 @@ def slope_se(n, reps) -> float:
     return float(np.std(slopes, ddof=1) / np.sqrt(t.shape[1]))
 
 
+def round_slope(n, reps) -> float:
+    """Log-log slope of the timing rounds, fitted within each round: the slope of every round's sweep of
+    the cells (repeat r of every cell), averaged over the rounds. It is the least-squares slope of
+    ``log t[cell, r] = a_r + b log n[cell]`` with one intercept per round (every round times every
+    cell), so a load level that scales a whole round's sweep (a multiplicative factor per round) drops
+    out, and its standard error is exactly :func:`slope_se`. The rounds of the architectures alternate
+    (``measure_costs``), so round r of two architectures lies within a few seconds and the difference of
+    their slopes is an average of paired within-round differences. ``reps``: [cell][repeat]."""
+    from ...blocks.atomistic.cost import loglog_slope
+
+    t = np.asarray(reps, float)
+    if t.ndim != 2 or t.shape[1] < 1:
+        raise ValueError(f"round_slope needs [cell][repeat] timings, got shape {t.shape}")
+    return float(np.mean([loglog_slope(n, t[:, k]) for k in range(t.shape[1])]))
+
+
+def time_slope(n, cost: dict, name: str, how: str = "cells") -> float:
+    """Global log-log slope of timing ``name`` (``time_md_step``, ``time_step``, ``time_md_step_naive``)
+    of one architecture's ``cost.json`` entry: ``how`` = ``"rounds"``, the within-round slope of the
+    repeats (:func:`round_slope`); ``"cells"``, the slope of the per-cell statistic (``cost.stat``)."""
+    from ...blocks.atomistic.cost import loglog_slope
+
+    if how == "rounds":
+        return round_slope(n, cost[f"{name}_reps_ms"])
+    if how == "cells":
+        return loglog_slope(n, cost[f"{name}_ms"])
+    raise ValueError(f"cost.slope must be 'rounds' or 'cells', got {how!r}")
+
+
 def train_shared(ctx) -> None:
     p = ctx.params
     md = _load(ctx)
     cells = bulk_cells(p["scaling_cells"], ctx.seed, p.get("cell_rattle", 0.08))
     train_frame = frames_of(md, _system_ids(md, p["train_systems"])[:1], split="train", first_only=True)
     t0 = time.perf_counter()
+    load0 = _loadavg()
     cost = measure_costs(cost_architectures(p["variants"]), p["model"], cells, train_frame, ctx.seed,
                          p.get("cost", {}).get("repeats", 5), p.get("device", "cpu"), ctx.progress,
                          p.get("cost", {}).get("min_loop_s", 0.2), p.get("cost", {}).get("md_repeats"),
                          p.get("cost", {}).get("stat", "median"))
     ctx.metrics.scalar("cost_seconds", time.perf_counter() - t0)
+    # the machine's state during the timing (a diagnostic, read by no claim): the 1-minute load average
+    # at the start and end of the cost study (2 shared cores; this process counts as 1)
+    cost["_machine"] = {"loadavg_1min": [load0, _loadavg()], "cpu_count": os.cpu_count()}
     (ctx.outdir / "cost.json").write_text(json.dumps(cost, indent=1))
+
+
+def _loadavg() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return float("nan")
 
 
 # --- per variant -------------------------------------------------------------------------------
@@ -621,26 +664,41 @@ def record_costs(ctx, arch: str) -> None:
     # gone, so an O(N) step should read 1 there unless caches decide), and the signed difference to
     # the reference architecture's slope (the claim reads its absolute value)
     ctx.metrics.scalar("local_slope_time_md_step", local_slope(n, cost["time_md_step_ms"]))
+    # global time slopes (compared between architectures: the scaling claim and its reference pair):
+    # cost.slope "rounds" (smoke, issue 24's last item) fits them within each timing round (one sweep of
+    # the cells, adjacent to the other architectures' sweeps of the same round) and averages over the
+    # rounds (:func:`round_slope`); "cells" fits the per-cell statistic (cost.stat), as before
+    how = ctx.params.get("cost", {}).get("slope", "cells")
+
+    def tslope(c, name):
+        return time_slope(n, c, name, how)
+
     ref = ctx.params.get("scaling_reference", "dense_same_field")
     if ref in allcost and ref != arch:
         ctx.metrics.scalar("slope_time_md_step_minus_reference",
-                           loglog_slope(n, cost["time_md_step_ms"]) - loglog_slope(n, allcost[ref]["time_md_step_ms"]))
+                           tslope(cost, "time_md_step") - tslope(allcost[ref], "time_md_step"))
     ctx.metrics.curve("edges_total", n, edges)
     if "faults_md_step" in cost:  # allocator diagnostic (steady_allocator): minor page faults per whole step
         ctx.metrics.curve("faults_md_step", n, cost["faults_md_step"])
     ctx.metrics.scalar("bulk_edges_per_atom", float(np.mean(np.divide(edges, n))))
+    if "_machine" in allcost:  # diagnostic: the load average during the timing (start, end)
+        ctx.metrics.scalar("cost_loadavg", float(np.mean(allcost["_machine"]["loadavg_1min"])))
     ctx.metrics.scalar("time_train_step_ms", cost["time_train_ms"])
     ctx.metrics.scalar("mem_train_step_mb", cost["mem_train_mb"])
-    for name in ("time_step", "time_md_step", "mem_step", "mem_md_step"):
-        ctx.metrics.scalar(f"slope_{name}", loglog_slope(n, cost[f"{name}_{'ms' if name.startswith('time') else 'mb'}"]))
+    for name in ("time_step", "time_md_step"):
+        ctx.metrics.scalar(f"slope_{name}", tslope(cost, name))
+        # the slope of the per-cell statistic (the design before this round), kept for comparison
+        ctx.metrics.scalar(f"slope_cells_{name}", loglog_slope(n, cost[f"{name}_ms"]))
+    for name in ("mem_step", "mem_md_step"):
+        ctx.metrics.scalar(f"slope_{name}", loglog_slope(n, cost[f"{name}_mb"]))
     for name in ("time_step", "time_md_step"):
         ctx.metrics.scalar(f"slope_se_{name}", slope_se(n, cost[f"{name}_reps_ms"]))
     ctx.metrics.scalar("slope_edges", loglog_slope(n, edges))
     if "time_md_step_naive_ms" in cost:  # star variants: the step with an O(N^2) neighbour search
         ctx.metrics.curve("time_md_step_naive_ms", n, cost["time_md_step_naive_ms"])
-        ctx.metrics.scalar("slope_time_md_step_naive", loglog_slope(n, cost["time_md_step_naive_ms"]))
+        ctx.metrics.scalar("slope_time_md_step_naive", tslope(cost, "time_md_step_naive"))
     ctx.progress(f"{arch} (untrained) bulk cells {n}: whole MD step ms {np.round(cost['time_md_step_ms'], 1).tolist()}, "
-                 f"slope {loglog_slope(n, cost['time_md_step_ms']):.3f} "
+                 f"slope ({how}) {tslope(cost, 'time_md_step'):.3f} "
                  f"(se {slope_se(n, cost['time_md_step_reps_ms']):.3f})")
 
 
