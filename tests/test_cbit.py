@@ -20,6 +20,8 @@ Structural facts of the algorithm that a wrong implementation breaks:
   briefly trained CBiT comes within 10 % of the optimal MAE (linear interpolation is 4x worse).
 * The test windows' masks: every window has hidden entries, random holes hide an exact fraction,
   masks are a function of the generator only; per-window MAE / RMSE.
+* The per-series gap length: the quarter-cycle rule finds a planted 52-step cycle (gap 13) and declines
+  on series without a cycle; each series' block holes (test, validation, training) have its own length.
 * The cheaper paths are the same maths: fused attention and CBiT's written-out memory update equal
   the explicit attention and nn.MultiheadAttention; ``fit`` trains at the config's ``lr`` table (and
   lr_grid.py pilots the grid).
@@ -491,3 +493,82 @@ def test_rate_pilot_reads_no_test_data_of_any_seed(monkeypatch):
     t1 = _rows(d1["test"], d1)
     assert not _rows(d0["test"], d0) & t1
     assert t1 & set().union(*(_rows(a, d0) for a in d0["train"]))
+
+
+# --- the per-series gap length (block holes) ------------------------------------------------------
+
+def test_quarter_cycle_rule_finds_a_planted_cycle_and_declines_without_one():
+    """The gap rule reads training data only: a planted 52-step cycle plus noise (split into runs with
+    a real gap, as CO2's training runs) gives a 13-step gap; white noise and a fast-decorrelating
+    AR(1) series have no clear cycle, so the rule does not apply (None)."""
+    from reprozoo.methods.cbit.method import quarter_cycle_gap
+
+    rng = np.random.default_rng(0)
+    t = np.arange(1400)
+    x = np.sin(2 * np.pi * t / 52 + 0.7) + 0.2 * rng.standard_normal(len(t))
+    runs = [x[a:b, None] for a, b in ((0, 96), (144, 288), (336, 480), (528, 1400))]
+    obs = [np.ones_like(r, dtype=bool) for r in runs]
+    obs[3][50:60] = False  # a real gap inside a run is skipped, not read as zeros
+    runs[3][50:60] = 0.0
+    gap, period, acf = quarter_cycle_gap(runs, obs)
+    assert period in (51, 52, 53) and gap == 13 and acf > 0.8
+    y = rng.standard_normal((1400, 1))
+    assert quarter_cycle_gap([y], [np.ones_like(y, dtype=bool)])[0] is None
+    z = np.zeros((1400, 1))
+    for i in range(1, 1400):
+        z[i] = 0.6 * z[i - 1] + rng.standard_normal()
+    assert quarter_cycle_gap([z], [np.ones_like(z, dtype=bool)])[0] is None
+
+
+def test_each_series_gets_its_own_gap_length_in_test_validation_and_training_holes():
+    """`block: {series: length}`: CO2's block holes are 13 steps, Lorenz-96's 8, in the test masks, the
+    validation masks and the training batches alike; a bare number is one length for every series;
+    a series missing from the table is an error, not a silent default."""
+    from reprozoo.methods.cbit.method import gap_length, test_masks, val_masks
+    from reprozoo.runtime import RunContext
+
+    def runs_of_hidden(seen):  # lengths of the maximal runs of hidden steps per window and channel
+        out = []
+        for w in range(seen.shape[0]):
+            for c in range(seen.shape[2]):
+                h = np.r_[False, ~seen[w, :, c], False].astype(int)
+                d = np.diff(h)
+                out += list(np.flatnonzero(d == -1) - np.flatnonzero(d == 1))
+        return np.array(out)
+
+    params = dict(block={"co2": 13, "lorenz96": 8}, rates=[0.1, 0.3, 0.5])
+    assert gap_length(params, "co2") == 13 and gap_length(params, "lorenz96") == 8
+    assert gap_length(dict(block=8), "co2") == 8
+    with pytest.raises(KeyError):
+        gap_length(params, "sunspots")
+    ctx = RunContext(method="cbit", variant="linear", seed=0, scale="ci", params=params, data={}, outdir=None)
+    shape = (12, 48, 2)
+    known = np.ones(shape, bool)
+    for name, g in (("co2", 13), ("lorenz96", 8)):
+        masks = test_masks(ctx, name, shape, known)
+        lens = runs_of_hidden(masks[("block", 0.1)][0])
+        assert lens.min() >= g and (lens == g).mean() > 0.5  # one gap of g steps per window and channel
+        assert runs_of_hidden(val_masks(ctx, name, shape, known)[1][0]).min() >= g
+    # training batches: `fit` draws its artificial block holes with the series' own length
+    import reprozoo.methods.cbit.method as M
+
+    seen_blocks = []
+    real = M.train_windows
+
+    def spy(rng, trains, otrains, n, W, block):
+        seen_blocks.append(block)
+        return real(rng, trains, otrains, n, W, block)
+
+    rng = np.random.default_rng(0)
+    fparams = dict(params, window=16, batch=4, d_model=8, heads=2, layers=1, chunk=8, slots=2,
+                   block={"planted": 5}, fit=dict(lr_grid=[1e-2], pilot_steps=2, eval_every=2, min_steps=4,
+                                                  max_steps=4, flat_tol=0.02, lr_drop=0))
+    fctx = RunContext(method="cbit", variant="saits", seed=0, scale="ci", params=fparams, data={}, outdir=None)
+    ds = {"train": [_planted(200, rng)], "obs_train": [np.ones((200, 2), bool)],
+          "val": _planted(32, rng), "obs_val": np.ones((32, 2), bool)}
+    try:
+        M.train_windows = spy
+        M.fit(fctx, "saits", "planted", ds)
+    finally:
+        M.train_windows = real
+    assert seen_blocks and set(seen_blocks) == {5}
