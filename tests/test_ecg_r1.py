@@ -195,6 +195,46 @@ def test_stage1_fit_reads_the_rate_table_and_the_reward():
         stage1_fit({"fit1": fit1, "lr": {"ecg_r1": 4e-3}}, "image_only")
 
 
+def test_later_stages_read_their_own_rate_tables_and_keep_from_eval_every():
+    """Stage 2 (SFT on the pool) reads ``lr2`` and ``fit2``, stage 3 (RL) ``lr3`` and ``fit3``; both stop on
+    and keep set B's reward and never keep the unchanged start (keep_from = eval_every); without a
+    table the stage's grid is piloted."""
+    from reprozoo.methods.ecg_r1.method import later_fit
+
+    fit2 = {"lr_grid": [3e-4, 1e-3, 3e-3], "pilot_steps": 40, "eval_every": 10, "min_steps": 100,
+            "max_steps": 800, "flat_tol": 0.015}
+    fit3 = {**fit2, "min_steps": 300}
+    p = {"fit2": fit2, "fit3": fit3, "lr2": {"ecg_r1": 1e-3}, "lr3": {"ecg_r1": 3e-3}}
+    f2, s2 = later_fit(p, "ecg_r1", 2)
+    f3, s3 = later_fit(p, "ecg_r1", 3)
+    assert f2["lr_grid"] == [1e-3] and s2 == {"lr_source": "table", "lr_edge": None}
+    assert f3["lr_grid"] == [3e-3] and f3["min_steps"] == 300 and s3["lr_edge"] == "top"
+    for f in (f2, f3):
+        assert f["select"] == "neg_reward" and f["stop_on"] == ["neg_reward"] and f["keep_from"] == 10
+    f, s = later_fit({"fit2": fit2, "fit3": fit3}, "ecg_r1", 3)
+    assert f["lr_grid"] == fit3["lr_grid"] and s["lr_source"] == "grid"
+    with pytest.raises(KeyError):
+        later_fit(p, "image_only", 2)
+
+
+def test_sft_only_is_a_prefix_of_ecg_r1():
+    """The RL claim's arms share stages 1 and 2 (the same setup, dropout and rates, so the same
+    shared_stage keys); ecg_r1 adds stage 3 (RL), sft_only stops after stage 2; every RL variant
+    has the three stages."""
+    import yaml
+    from pathlib import Path
+
+    from reprozoo.methods.ecg_r1 import method as M
+
+    assert M.SETUP["ecg_r1"][:2] == M.SETUP["sft_only"][:2]
+    assert M.SETUP["sft_only"][2] == "sft" and all(M.SETUP[v][2] == "rl" for v in M.VARIANTS if v != "sft_only")
+    for scale in ("ci", "smoke"):
+        p = yaml.safe_load((Path(M.__file__).parent / "configs" / f"{scale}.yaml").read_text())
+        for t in ("lr", "lr2"):
+            assert p[t]["ecg_r1"] == p[t]["sft_only"], (scale, t)
+        assert "sft_only" not in p["lr3"] and set(p["lr3"]) == set(M.VARIANTS) - {"sft_only"}
+
+
 def test_eval_records_are_simulated_once_and_keyed_by_their_config(tmp_path, monkeypatch):
     from reprozoo.methods.ecg_r1 import method as M
 

@@ -9,25 +9,26 @@ Stages
   every seed, simulated once per run: validation set A and the test records (EVAL_SEED), and
   stage 2's own records (STAGE2_SEED): validation set B and the stage-2 pool, which stage 1 never
   sees (the paper's separate RL set).
-* train (per variant x seed): stage 1, teacher-forced SFT by blocks.fitting.fit_to_plateau
-  (``fit1``: the variant's rate from the ``lr`` table, chosen once on validation from
-  ``fit1.lr_grid``; to a plateau of the validation evidence reward, the best-validation EMA
-  weights kept; the smoke config turns the rate drop off and says why), ecg_r1 and sft_only sharing it exactly (``shared_stage``
-  trains it once per seed), validated on set A; stage 2 from the SFT model, on the stage-2 pool and
-  validated on set B, by the same rule with one piloted grid for every variant (``fit2``): GRPO
-  with the evidence reward (RL variants: ``rl_batch`` ECGs x ``group`` samples, no KL, as the
-  paper's run) or more SFT on the pool's protocol reports, as many ECGs per update (sft_only),
-  until B's evidence reward (of the EMA weights) is flat, best-validation average from step
-  ``eval_every`` on kept. Evaluation decodes
+* train (per variant x seed): stage 1, teacher-forced SFT on the seed's training records by
+  blocks.fitting.fit_to_plateau (``fit1``: the variant's rate from the ``lr`` table, chosen once on
+  validation from ``fit1.lr_grid``; to a plateau of the validation evidence reward, the
+  best-validation EMA weights kept; no rate drop), validated on set A. Stage 2, SFT continued on the
+  stage-2 pool's protocol reports (``rl_batch`` ECGs per update; ``fit2``, table ``lr2``), validated on
+  set B: every variant; it ends sft_only. Stage 3, the RL variants only: GRPO with the evidence
+  reward on the same pool from stage 2's model (``rl_batch`` ECGs x ``group`` samples, no KL, as the
+  paper's run; ``fit3``, table ``lr3``, at least 300 steps), validated on set B. ecg_r1 and sft_only
+  share stages 1 and 2 exactly (``shared_stage``), so the RL claim's arms differ by stage 3 alone.
+  Each stage runs to B's (A's) plateau and keeps its best-validation weights (stages 2-3 from step
+  ``eval_every`` on: never the unchanged start). Evaluation decodes
   greedily on the held-out records with both modalities, the signal only and the image only.
   The validation and test records (EVAL_SEED) are simulated once per run (cached_eval_arrays).
 
-Variants (same data, SFT steps, stage-2 rule, batch, width and optimiser for all)
-    ecg_r1         both modalities, interleaved modality dropout, SFT -> evidence-reward RL
-    sft_only       both modalities, the same dropout and SFT stage, stage 2 = more SFT
-    rl_no_dropout  both modalities always present, SFT -> RL
-    signal_only    signal encoder only, SFT -> RL
-    image_only     image encoder only, SFT -> RL
+Variants (same data, stage rules, batch, width and optimiser for all)
+    ecg_r1         both modalities, interleaved modality dropout, SFT -> SFT on the pool -> RL
+    sft_only       ecg_r1 without its RL stage (stages 1 and 2 shared)
+    rl_no_dropout  both modalities always present, SFT -> SFT on the pool -> RL
+    signal_only    signal encoder only, SFT -> SFT on the pool -> RL
+    image_only     image encoder only, SFT -> SFT on the pool -> RL
 
 Metrics (test records, one unit per record via ctx.metrics.units; fractions in [0, 1])
     dx_acc              diagnosis equals the protocol's diagnosis
@@ -48,7 +49,7 @@ from . import data as D
 from . import protocol as P
 
 VARIANTS = ("ecg_r1", "sft_only", "rl_no_dropout", "signal_only", "image_only")
-SETUP = {  # variant -> (modalities given in training, modality dropout, second stage)
+SETUP = {  # variant -> (modalities given in training, modality dropout, last stage: "rl" = stage 3)
     "ecg_r1": ("both", True, "rl"),
     "sft_only": ("both", True, "sft"),
     "rl_no_dropout": ("both", False, "rl"),
@@ -324,9 +325,9 @@ def stage_losses(tr: dict, va: dict, setup: str, use_dropout: bool, objective: s
     return (rl_loss if objective == "rl" else sft_loss), val_loss
 
 
-def shared_stage(shared_dir, key: dict, run):
+def shared_stage(shared_dir, key: dict, run, stem: str = "stage1"):
     """run() -> a dict of tensors and lists, computed once per ``key`` in ``shared_dir`` (the seed's
-    folder) and loaded by any later cell with the same key (under a lock; written atomically). The
+    folder, file ``<stem>_<tag>.pt``) and loaded by any later cell with the same key (under a lock; written atomically). The
     key adds the data file's identity and the source of model.py and method.py, so changed code or
     data trains afresh."""
     import fcntl
@@ -340,8 +341,8 @@ def shared_stage(shared_dir, key: dict, run):
     st = (Path(shared_dir) / "data.npz").stat()
     tag = hashlib.sha256(json.dumps([key, st.st_size, st.st_mtime_ns, _STAGE_SRC],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = Path(shared_dir) / f"stage1_{tag}.pt"
-    with open(Path(shared_dir) / f".stage1_{tag}.lock", "w") as lock:
+    path = Path(shared_dir) / f"{stem}_{tag}.pt"
+    with open(Path(shared_dir) / f".{stem}_{tag}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
             try:
@@ -349,7 +350,7 @@ def shared_stage(shared_dir, key: dict, run):
             except Exception:                            # a damaged file: train again
                 pass
         out = run()
-        tmp = Path(shared_dir) / f".stage1_{tag}.{os.getpid()}.pt"
+        tmp = Path(shared_dir) / f".{stem}_{tag}.{os.getpid()}.pt"
         torch.save(out, tmp)
         os.replace(tmp, path)
         return out
@@ -366,19 +367,99 @@ def stage1_fit(p: dict, variant: str) -> tuple[dict, dict]:
     return {"select": "neg_reward", "stop_on": ["neg_reward"], **fit}, src
 
 
-def train(ctx) -> None:
-    import copy
+def later_fit(p: dict, variant: str, stage: int) -> tuple[dict, dict]:
+    """Stage 2's (``fit2``, table ``lr2``: SFT continued on the stage-2 pool) or stage 3's (``fit3``,
+    table ``lr3``: GRPO on the pool) fit config for blocks.fitting.fit_to_plateau: the variant's rate
+    from the table (chosen once on seed 0's validation set B, each rate of the grid run in full:
+    ``pilot_stage2``), without a table the grid piloted in the fit; stopping on and keeping set B's
+    evidence reward, weights kept from step ``eval_every`` on (never the unchanged start)."""
+    from ...blocks.rate_table import fit_with_table_rate
 
-    import torch
+    name, table = {2: ("fit2", "lr2"), 3: ("fit3", "lr3")}[stage]
+    fit, src = fit_with_table_rate(p[name], p.get(table), variant, where=table)
+    return {"select": "neg_reward", "stop_on": ["neg_reward"], "keep_from": int(p[name]["eval_every"]), **fit}, src
+
+
+def load_splits(shared_dir) -> dict:
+    z = np.load(shared_dir / "data.npz")
+    keys = ("sig", "img", "report", "feat", "ref")
+    return {s: {k: z[f"{s}_{k}"] for k in keys} for s in ("train", "val", "valb", "pool", "test")}
+
+
+def run_stage1(p: dict, variant: str, seed: int, shared_dir, split: dict, progress=print):
+    """Stage 1, SFT on the seed's training records (every variant): blocks.fitting.fit_to_plateau at
+    the variant's table rate, validated on set A's evidence reward of the EMA weights' greedy reports;
+    the best-validation average is handed on. ecg_r1 and sft_only share it exactly (shared_stage:
+    the first cell trains it, the other loads it). Returns (model, record, rate record, cache key)."""
+    from ...blocks.fitting import fit_to_plateau
+    from .model import ReportModel
+
+    setup, use_dropout, _ = SETUP[variant]
+    fit1, src1 = stage1_fit(p, variant)
+    train1, val_loss1 = stage_losses(split["train"], split["val"], setup, use_dropout, "sft", p, p["batch"])
+
+    def sft_stage():
+        def build(gen):
+            import torch
+            torch.manual_seed(seed)                    # the same initial weights for every rate
+            return ReportModel(p["width"])
+        m, r = fit_to_plateau(build, train1, val_loss1, fit1, seed, label=f"{variant} stage 1 (sft)",
+                              progress=progress)
+        return {"state": m.state_dict(), "rec": r}
+
+    key = {"setup": setup, "dropout": use_dropout, "seed": seed, "fit1": fit1,
+           **{k: p[k] for k in ("batch", "width", "p_drop")}}
+    done = shared_stage(shared_dir, key, sft_stage)
+    model = ReportModel(p["width"])
+    model.load_state_dict(done["state"])
+    return model, done["rec"], src1, key
+
+
+def run_stage2(p: dict, variant: str, seed: int, shared_dir, split: dict, start, key1: dict, fit2: dict,
+               progress=print):
+    """Stage 2, SFT continued on the stage-2 pool's protocol reports (every variant), ``rl_batch`` ECGs
+    per update, from stage 1's model, validated on set B: the supervised use of the pool's labels, to
+    a plateau of B's reward, the best-validation average kept. It ends sft_only; the RL variants start
+    stage 3 from it. ecg_r1 and sft_only share it exactly (shared_stage, stem ``stage2``), so the RL
+    claim's two arms differ by the RL stage alone. Returns (model, record)."""
+    import copy
 
     from ...blocks.fitting import fit_to_plateau
     from .model import ReportModel
 
+    setup, use_dropout, _ = SETUP[variant]
+    train2, val2 = stage_losses(split["pool"], split["valb"], setup, use_dropout, "sft", p, p["rl_batch"])
+
+    def sft2_stage():
+        m, r = fit_to_plateau(lambda gen: copy.deepcopy(start), train2, val2, fit2, seed,
+                              label=f"{variant} stage 2 (sft on the pool)", progress=progress)
+        return {"state": m.state_dict(), "rec": r}
+
+    done = shared_stage(shared_dir, {**key1, "fit2": fit2, "rl_batch": p["rl_batch"]}, sft2_stage, stem="stage2")
+    model = ReportModel(p["width"])
+    model.load_state_dict(done["state"])
+    return model, done["rec"]
+
+
+def run_stage3(p: dict, variant: str, seed: int, split: dict, start, fit3: dict, progress=print):
+    """Stage 3 (RL variants), GRPO with the evidence reward on the stage-2 pool from stage 2's model,
+    validated on set B, as the paper's run (``rl_batch`` ECGs x ``group`` samples, no KL, dynamic
+    sampling). Returns (model, record, the RL log of stage_losses)."""
+    import copy
+
+    from ...blocks.fitting import fit_to_plateau
+
+    setup, use_dropout, _ = SETUP[variant]
+    train3, val3 = stage_losses(split["pool"], split["valb"], setup, use_dropout, "rl", p, p["rl_batch"])
+    model, rec = fit_to_plateau(lambda gen: copy.deepcopy(start), train3, val3, fit3, seed,
+                                label=f"{variant} stage 3 (rl)", progress=progress)
+    return model, rec, train3.log
+
+
+def train(ctx) -> None:
     p = ctx.params
-    setup, use_dropout, stage2 = SETUP[ctx.variant]
-    z = np.load(ctx.shared_dir / "data.npz")
-    keys = ("sig", "img", "report", "feat", "ref")
-    split = {s: {k: z[f"{s}_{k}"] for k in keys} for s in ("train", "val", "valb", "pool", "test")}
+    setup, use_dropout, last = SETUP[ctx.variant]
+    split = load_splits(ctx.shared_dir)
     tr = split["train"]
     curves = {k: ([], []) for k in ("val_loss", "val_reward")}
 
@@ -386,73 +467,61 @@ def train(ctx) -> None:
         curves[name][0].append(step)
         curves[name][1].append(float(value))
 
-    # stage 1, SFT (every variant): blocks.fitting.fit_to_plateau at the variant's table rate, validated
-    # on the evidence reward of the EMA weights' greedy reports, to a plateau (the rate drop as fit1
-    # says); the best-validation average is what stage 2 starts from (so training longer cannot hand
-    # stage 2 an over-fitted SFT model). ecg_r1 and sft_only share it exactly (same seed, setup, dropout
-    # and rate): the first of them to run trains it, the other loads it (shared_stage).
-    fit1, src1 = stage1_fit(p, ctx.variant)
-    train1, val_loss1 = stage_losses(tr, split["val"], setup, use_dropout, "sft", p, p["batch"])
+    def log_curves(tag, rec, offset, skip_first):
+        xs = [offset + s for s in rec["steps"]]
+        reward = [-v for v in rec["vals"]]
+        ctx.metrics.curve(f"{tag}_val_reward", xs, reward)
+        ctx.metrics.curve(f"lr_{tag}", xs, rec["lrs"])
+        ctx.metrics.curve(f"{tag}_val_ce", xs, rec["curves"]["ce"])
+        k = 1 if skip_first else 0                      # a stage's step 0 is the previous stage's end
+        for x, r, c in zip(xs[k:], reward[k:], rec["curves"]["ce"][k:]):
+            add("val_loss", x, c)
+            add("val_reward", x, r)
 
-    def sft_stage():
-        def build(gen):
-            torch.manual_seed(ctx.seed)                # the same initial weights for every rate
-            return ReportModel(p["width"])
-        m, r = fit_to_plateau(build, train1, val_loss1, fit1, ctx.seed, label=f"{ctx.variant} stage 1 (sft)",
-                              progress=ctx.progress)
-        return {"state": m.state_dict(), "rec": r}
-
-    done = shared_stage(ctx.shared_dir, {"setup": setup, "dropout": use_dropout, "seed": ctx.seed, "fit1": fit1,
-                                         **{k: p[k] for k in ("batch", "width", "p_drop")}}, sft_stage)
-    model = ReportModel(p["width"])
-    model.load_state_dict(done["state"])
-    rec1 = done["rec"]
-    reward1 = [-v for v in rec1["vals"]]
-    ctx.metrics.curve("s1_val_reward", rec1["steps"], reward1)
-    ctx.metrics.curve("lr_s1", rec1["steps"], rec1["lrs"])
-    ctx.metrics.curve("s1_val_ce", rec1["steps"], rec1["curves"]["ce"])
-    for x, r, c in zip(rec1["steps"], reward1, rec1["curves"]["ce"]):
-        add("val_loss", x, c)
-        add("val_reward", x, r)
+    # stage 1, SFT on the seed's training records (every variant; validation set A)
+    model, rec1, src1, key1 = run_stage1(p, ctx.variant, ctx.seed, ctx.shared_dir, split, ctx.progress)
+    log_curves("s1", rec1, 0, False)
     _log_stage(ctx, "s1", rec1, src1["lr_edge"] if src1["lr_source"] == "table" else rec1["lr_edge"])
     ctx.metrics.scalar("lr_from_table_s1", float(src1["lr_source"] == "table"))
 
     # What stage 1 memorised: the SFT model's greedy reward on its own training observations against
-    # the stage-2 pool it never saw (the gap says how much RL on stage 1's records could still learn).
+    # the stage-2 pool it never saw (the gap says how much the pool can still teach).
     for name, arr in (("s1_train", tr), ("s2_pool", split["pool"])):
         res = evaluate(model, arr, *_masks(setup, len(arr["report"])))
         ctx.metrics.scalar(f"sft_greedy_reward_{name}", float(res["reward"].mean()))
 
-    # stage 2, from the SFT model, on records stage 1 never saw (the paper's separate RL set): the
-    # stage-2 pool (RL: its rewards; sft_only: its protocol reports) and validation set B (pilots,
-    # stop, kept weights; stage 1 stopped and chose its weights on set A, so B's first point is not
-    # the maximum stage 1 selected). Evidence-reward RL (RL variants) or more SFT (sft_only), each by
-    # blocks.fitting's rule: the same rate grid piloted on B's reward (pilots ranked on the second
-    # half of their points, never step 0), then to a plateau (flat_tol below the gate's), one rate
-    # drop, a second plateau; the best-validation weights from step eval_every on are kept (never the
-    # unchanged SFT model). The gate reads exactly the curve the stop tested.
-    train_loss, val_loss = stage_losses(split["pool"], split["valb"], setup, use_dropout, stage2, p, p["rl_batch"])
-    sft_model = model
-    fit = {"select": "neg_reward", "stop_on": ["neg_reward"], "keep_from": int(p["fit2"]["eval_every"]),
-           **p["fit2"]}
-    model, rec = fit_to_plateau(lambda gen: copy.deepcopy(sft_model), train_loss, val_loss, fit,
-                                ctx.seed, label=f"{ctx.variant} stage 2 ({stage2})", progress=ctx.progress)
-    if stage2 == "rl":
-        _log_rl_training(ctx, train_loss.log, rec, p["fit2"], rec1["stop"])
-    x2 = [rec1["stop"] + s for s in rec["steps"]]
-    reward2 = [-v for v in rec["vals"]]
-    ctx.metrics.curve("s2_val_reward", x2, reward2)
-    ctx.metrics.curve("lr_s2", x2, rec["lrs"])
-    ctx.metrics.curve("s2_val_ce", x2, rec["curves"]["ce"])
-    for x, r, c in zip(x2[1:], reward2[1:], rec["curves"]["ce"][1:]):   # whole-run curves for the plot
-        add("val_loss", x, c)
-        add("val_reward", x, r)
-    _log_stage(ctx, "s2", rec, rec["lr_edge"], fit["keep_from"])
-    ctx.metrics.scalar("updates", rec1["stop"] + rec["stop"])
-    for lr, score in rec["pilot_best"].items():
-        ctx.metrics.scalar(f"pilot_reward_s2_lr{lr:g}", -score)
-    ctx.progress(f"stage 1 lr {rec1['lr']:g}, {rec1['stop']} steps, best val reward {-min(rec1['vals']):.3f}; "
-                 f"stage 2 lr {rec['lr']:g}, {rec['stop']} steps, best val reward {-min(rec['vals']):.3f}")
+    # stage 2, SFT continued on the stage-2 pool (records stage 1 never saw; every variant; validation
+    # set B): the pool's labels used by supervision, to B's plateau. sft_only ends here; ecg_r1 shares
+    # it exactly, so the RL claim's two arms differ by stage 3 alone.
+    fit2, src2 = later_fit(p, ctx.variant, 2)
+    model, rec2 = run_stage2(p, ctx.variant, ctx.seed, ctx.shared_dir, split, model, key1, fit2, ctx.progress)
+    off2 = rec1["stop"]
+    log_curves("s2", rec2, off2, True)
+    _log_stage(ctx, "s2", rec2, src2["lr_edge"] if src2["lr_source"] == "table" else rec2["lr_edge"],
+               fit2["keep_from"])
+    ctx.metrics.scalar("sft2_greedy_reward_s2_pool",
+                       float(evaluate(model, split["pool"], *_masks(setup, len(split["pool"]["report"])))
+                             ["reward"].mean()))
+    stops = [rec1["stop"], rec2["stop"]]
+    msg = (f"stage 1 lr {rec1['lr']:g}, {rec1['stop']} steps, best val reward {-min(rec1['vals']):.3f}; "
+           f"stage 2 (sft) lr {rec2['lr']:g}, {rec2['stop']} steps, best val reward {-min(rec2['vals']):.3f}")
+
+    # stage 3 (RL variants), GRPO with the evidence reward on the same pool from stage 2's model,
+    # validated on set B; the gate reads exactly the curve its stop tested.
+    if last == "rl":
+        fit3, src3 = later_fit(p, ctx.variant, 3)
+        model, rec3, log = run_stage3(p, ctx.variant, ctx.seed, split, model, fit3, ctx.progress)
+        off3 = off2 + rec2["stop"]
+        _log_rl_training(ctx, log, rec3, fit3, off3)
+        log_curves("s3", rec3, off3, True)
+        _log_stage(ctx, "s3", rec3, src3["lr_edge"] if src3["lr_source"] == "table" else rec3["lr_edge"],
+                   fit3["keep_from"])
+        for lr, score in rec3["pilot_best"].items():
+            ctx.metrics.scalar(f"pilot_reward_s3_lr{lr:g}", -score)
+        stops.append(rec3["stop"])
+        msg += f"; stage 3 (rl) lr {rec3['lr']:g}, {rec3['stop']} steps, best val reward {-min(rec3['vals']):.3f}"
+    ctx.metrics.scalar("updates", sum(stops))
+    ctx.progress(msg)
     for name, (xs, ys) in curves.items():
         if xs:
             ctx.metrics.curve(name, xs, ys)
@@ -499,12 +568,12 @@ def _log_rl_training(ctx, log: list, rec: dict, fit2: dict, offset: int) -> None
     run = np.asarray(rl_run_log(log, rec, fit2), float)
     w = int(fit2["eval_every"])
     ends = np.arange(w, len(run) + 1, w)
-    ctx.metrics.curve("s2_train_reward", [offset + e for e in ends], [run[e - w:e, 0].mean() for e in ends])
-    ctx.metrics.curve("s2_zero_spread", [offset + e for e in ends], [run[e - w:e, 1].mean() for e in ends])
-    ctx.metrics.scalar("train_reward_s2_start", float(run[:w, 0].mean()))
-    ctx.metrics.scalar("train_reward_s2_end", float(run[-w:, 0].mean()))
-    ctx.metrics.scalar("zero_spread_s2_start", float(run[:w, 1].mean()))
-    ctx.metrics.scalar("zero_spread_s2", float(run[:, 1].mean()))
+    ctx.metrics.curve("s3_train_reward", [offset + e for e in ends], [run[e - w:e, 0].mean() for e in ends])
+    ctx.metrics.curve("s3_zero_spread", [offset + e for e in ends], [run[e - w:e, 1].mean() for e in ends])
+    ctx.metrics.scalar("train_reward_s3_start", float(run[:w, 0].mean()))
+    ctx.metrics.scalar("train_reward_s3_end", float(run[-w:, 0].mean()))
+    ctx.metrics.scalar("zero_spread_s3_start", float(run[:w, 1].mean()))
+    ctx.metrics.scalar("zero_spread_s3", float(run[:, 1].mean()))
 
 
 def _log_stage(ctx, tag: str, rec: dict, edge, keep_from: int = 0) -> None:

@@ -112,7 +112,7 @@ def plot_all(table, plots_dir, variants) -> None:
     # 4. training curves with seed bands
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for ax, m, lab in ((axes[0], "val_loss", "validation CE (nats / report)"),
-                       (axes[1], "val_reward", "validation evidence reward (stage 1: set A, stage 2: set B)")):
+                       (axes[1], "val_reward", "validation evidence reward (stage 1: set A, stages 2-3: set B)")):
         for v in present:
             c = t[(t["variant"] == v) & (t["metric"] == m)]
             if c.empty:
