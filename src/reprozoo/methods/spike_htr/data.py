@@ -10,8 +10,10 @@ where g_k is the k-th glyph (an 8 x 8 sklearn digit, values 0..16, scaled to [0,
 upsampled, and cropped to its inked columns so that widths vary like handwriting), x_k its
 left edge (previous right edge + a random gap, so glyphs may touch but never overlap), dy_k a
 vertical jitter of ±1 px. The line starts at a random left margin and is padded with blank
-columns to a fixed width W. Train / validation / test lines draw glyphs from DISJOINT halves of
-the 1797 sklearn samples (writer-independent in spirit: test glyphs were never seen).
+columns to a fixed width W. Train / validation / test lines draw glyphs from DISJOINT parts of
+the 1797 sklearn samples (half / a quarter / a quarter: ~450 test glyphs, each reused ~60 times
+over 3000 test lines): test glyphs were never seen in training, but the 1797 samples are the test
+part of UCI optdigits and come from only 13 writers, so the splits are NOT writer-independent.
 
 The paper's data (IAM, READ2016, LAM) cannot be downloaded here; ``load_iam_lines`` reads the
 IAM line images from a user-supplied folder for the ``paper`` scale.
