@@ -214,13 +214,50 @@ class BumpField:
         return (self.value(lat, lon) > 0).astype(np.int64)
 
 
+def near_zero_set(field: BumpField, lat, lon, within_deg: float, n_dir: int = 12, n_rad: int = 3) -> np.ndarray:
+    """True where the field changes sign within ``within_deg`` of the point (great-circle): the label
+    is probed at ``n_rad`` radii up to ``within_deg`` along ``n_dir`` directions, so a point is in the
+    boundary band if the zero level set passes within ``within_deg`` (to the probe's resolution)."""
+    x = unit_vectors(lat, lon)
+    e1 = np.cross(np.array([0.0, 0.0, 1.0]), x)
+    n = np.linalg.norm(e1, axis=1, keepdims=True)
+    e1 = np.where(n > 1e-9, e1 / np.maximum(n, 1e-12), np.array([1.0, 0.0, 0.0]))
+    e2 = np.cross(x, e1)
+    s0 = field.value(lat, lon) > 0
+    near = np.zeros(len(x), bool)
+    for a in np.radians(within_deg) * np.arange(1, n_rad + 1) / n_rad:
+        for ph in 2 * np.pi * np.arange(n_dir) / n_dir:
+            y = np.cos(a) * x + np.sin(a) * (np.cos(ph) * e1 + np.sin(ph) * e2)
+            near |= (field.value(*lat_lon(y)) > 0) != s0
+    return near
+
+
 def field_task(p: dict, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], BumpField]:
     """The regional field classification: keys ``field_<split>_lat``/``_lon``/``_y`` for train, val,
     test, the k-NN reference ``field_test_knn_y`` (k = ``field_knn_k``, chosen on the validation
-    accuracy) and 1-NN ``field_test_nn_y``; returns the field too (for the truth map)."""
+    accuracy) and 1-NN ``field_test_nn_y``; returns the field too (for the truth map).
+    Also (cold review): ``field_test_v``, the field's value at the test points, and ``field_span_lat``/
+    ``_lon``/``_v``, ``n_span`` further points in the cap with the field's value (the least-squares span
+    check of each encoder, ``field_span_r2``); ``field_test_boundary``, the test points within
+    ``boundary_deg`` of the field's zero level set (the boundary-band accuracy)."""
     r, f = p["region"], p["field"]
     field = BumpField(r, f, rng)
-    return cap_task("field", r, f, rng, field.label, classify=True), field
+    out = cap_task("field", r, f, rng, field.label, classify=True)
+    out["field_test_v"] = field.value(out["field_test_lat"], out["field_test_lon"])
+    lat, lon = lat_lon(sample_cap(int(f.get("n_span", 5000)), r["lat"], r["lon"], r["radius_deg"], rng))
+    out["field_span_lat"], out["field_span_lon"], out["field_span_v"] = lat, lon, field.value(lat, lon)
+    out["field_test_boundary"] = near_zero_set(field, out["field_test_lat"], out["field_test_lon"],
+                                               float(f.get("boundary_deg", 1.0)))
+    return out, field
+
+
+def span_r2(E_fit: np.ndarray, v_fit: np.ndarray, E_eval: np.ndarray, v_eval: np.ndarray) -> float:
+    """R² on (E_eval, v_eval) of the least-squares linear readout (with intercept) fitted on
+    (E_fit, v_fit): how much of the field the encoder's features span in the cap."""
+    A = np.concatenate([E_fit, np.ones((len(E_fit), 1))], 1)
+    coef, *_ = np.linalg.lstsq(A, v_fit, rcond=None)
+    pred = np.concatenate([E_eval, np.ones((len(E_eval), 1))], 1) @ coef
+    return float(1.0 - np.mean((pred - v_eval) ** 2) / np.var(v_eval))
 
 
 def box_grid(lat_range, lon_range, n: int) -> tuple[np.ndarray, np.ndarray]:

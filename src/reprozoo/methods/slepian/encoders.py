@@ -10,6 +10,10 @@ position (lat, lon in degrees) -> unit vector x -> embedding e(x) in R^D -> same
   limit again set by the Shannon number of that count).
 - ``sh`` (baseline, Rußwurm et al. 2024): all real orthonormal spherical harmonics up to L with
   (L+1)² = D, uniform resolution 180°/L over the globe.
+- ``hybrid_sh1`` (control of ``hybrid_global_close_to_sh``, cold review): the hybrid's construction with
+  SH to degree 1 only (4 + D - 4 Slepian functions): too little global context, so it must fail.
+- ``hybrid_paper`` (the published rule, cold review): SH degrees 0..9 (100) + every Slepian function of
+  the cap at the ``slepian`` band limit with λ > 0.05; larger than D, recorded, not claimed.
 - ``sinusoidal`` (baseline): raw (lat/90°, lon/180°) plus multi-scale sin/cos of latitude and
   longitude (radians) at K frequencies geometric from 1 to L_S (the Slepian band limit, so the
   finest wavelength matches), 2 + 4K dimensions: the "wrap"/Space2Vec-grid family.
@@ -51,6 +55,19 @@ class HybridEncoder:
         return np.concatenate([self.sh(lat, lon), self.slep(lat, lon)], axis=1)
 
 
+class PaperHybridEncoder(HybridEncoder):
+    """The published encoder rule (the paper's released code, its "slepian" method): global real SH of
+    degrees 0..L_g - 1 concatenated with every Slepian function of the cap at band limit L whose
+    concentration λ exceeds ``lambda_min`` (0.05 there). Its dimension is not D."""
+
+    def __init__(self, n_sh_degrees: int, center_lat: float, center_lon: float, radius_deg: float, L: int,
+                 lambda_min: float):
+        probe = SlepianCap(center_lat, center_lon, radius_deg, L, 1)
+        n = int(np.sum(probe.all_eigenvalues > lambda_min))
+        super().__init__(n_sh_degrees - 1, SlepianCap(center_lat, center_lon, radius_deg, L, n))
+        self.lambda_min = lambda_min
+
+
 class SinusoidalEncoder:
     def __init__(self, n_freq: int, k_max: float):
         self.freqs = np.geomspace(1.0, k_max, n_freq)
@@ -75,14 +92,21 @@ def make_encoder(variant: str, p: dict):
         return SHEncoder(L_sh)
     if variant == "slepian":
         return SlepianEncoder(SlepianCap(r["lat"], r["lon"], r["radius_deg"], L_s, D))
-    if variant == "hybrid":
-        Lg = int(e["hybrid_sh_degree"])
+    if variant in ("hybrid", "hybrid_sh1"):
+        # hybrid_sh1 (cold review): the control of hybrid_global_close_to_sh, the same construction
+        # with SH to degree 1 only (4 functions + D - 4 Slepian), too little global context
+        Lg = int(e["hybrid_sh_degree"]) if variant == "hybrid" else int(e.get("control_sh_degree", 1))
         n = D - (Lg + 1) ** 2
         cap = SlepianCap(r["lat"], r["lon"], r["radius_deg"], band_limit_for(n, r["radius_deg"]), n)
         return HybridEncoder(Lg, cap)
     if variant == "sinusoidal":
         return SinusoidalEncoder((D - 2) // 4, float(L_s))
-    raise KeyError(f"unknown variant '{variant}': expected slepian, hybrid, sh or sinusoidal")
+    if variant == "hybrid_paper":
+        # the published rule at the Slepian variant's band limit: SH degrees 0..9 + Slepian λ > 0.05
+        return PaperHybridEncoder(int(e.get("paper_sh_degrees", 10)), r["lat"], r["lon"], r["radius_deg"], L_s,
+                                  float(e.get("paper_lambda_min", 0.05)))
+    raise KeyError(f"unknown variant '{variant}': expected slepian, hybrid, sh, sinusoidal, hybrid_sh1 or "
+                   "hybrid_paper")
 
 
 def pole_gap(encoder, n_lon: int = 36) -> float:
