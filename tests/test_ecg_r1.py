@@ -168,6 +168,28 @@ def test_grounded_regularity_follows_the_generating_class():
     assert not g[1] and not g[-1] and g[0]
 
 
+def test_grounded_flags_a_statement_across_the_clinical_threshold():
+    """The half-bin tolerance may not carry a QRS / PR / QTc statement across its threshold: a measured
+    QRS of 128 ms stated as "100-120 ms (normal)" is a hallucination (the bin's edge is within half a
+    bin of the value, the category is not); an in-bin statement, and a neighbouring bin on the same side
+    of the threshold within the tolerance, stay grounded."""
+    for field, value in (("qrs_ms", 128.0), ("pr_ms", 210.0), ("qtc_ms", 460.0)):
+        j = [f.feature for f in P.FIELDS].index(field)
+        f = P.FIELDS[j]
+        feat = _feat(**{field: value})
+        rep = P.protocol_report(feat)
+        assert P.grounded(rep, _ref(feat))[0, j]                    # the in-bin statement
+        below = rep.copy(); below[j] = f.threshold_bin() - 1         # the bin just under the threshold
+        assert value - (f.lo + (below[j] + 1) * f.width) <= f.width / 2  # inside the value tolerance ...
+        assert not f.category(below[j]) and value >= f.threshold
+        assert not P.grounded(below, _ref(feat))[0, j]              # ... but the wrong category
+    # the same field below the threshold: a neighbouring bin on the same side stays within tolerance
+    feat = _feat(qrs_ms=105.0)
+    j = [f.feature for f in P.FIELDS].index("qrs_ms")
+    rep = P.protocol_report(feat); rep[j] = P.FIELDS[j].bin(85.0)   # 80-100 ms for 105 ms: same side
+    assert P.grounded(rep, _ref(feat))[0, j]
+
+
 def test_units_per_record():
     from reprozoo.methods.ecg_r1.method import per_record
 

@@ -74,6 +74,7 @@ FIELDS = (
 N_STATEMENTS = len(FIELDS) + 1
 VOCAB_SIZES = tuple(f.n for f in FIELDS) + (len(DX),)
 BRADY_BIN = FIELDS[0].bin(RATE_LOW - 1e-9) + 1   # rate bins below this one are < 60 bpm
+THRESHOLD_FEATURES = ("qrs_ms", "pr_ms", "qtc_ms")  # statements whose clinical category is read from the value
 
 
 def measure(clean: np.ndarray, fs: int) -> dict | None:
@@ -167,6 +168,9 @@ def grounded(reports: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """Boolean (n, 6): does each statement agree with the ground-truth reference (``ground_truth``)?
 
     Value statements: reference inside [lo - tol, hi + tol] of the stated bin (tol = half a bin).
+    QRS, PR, QTc: also the stated clinical category (normal / wide / prolonged, the field's threshold)
+    must be the reference value's: the half-bin tolerance must not let a statement cross the threshold
+    ("QRS 100-120 ms (normal)" for a measured 128 ms is a hallucination; cold review of stop 50).
     Rate: also the stated category (bradycardic / normal / tachycardic) must be the generating
     class's for the three regular classes. Regularity: the stated category must be "irregular"
     exactly when the class is. Diagnosis: equal to the generating class."""
@@ -175,6 +179,8 @@ def grounded(reports: np.ndarray, ref: np.ndarray) -> np.ndarray:
     for j, (f, tol) in enumerate(zip(FIELDS, GROUND_TOL)):
         lo = f.lo + reports[:, j] * f.width
         ok[:, j] = (ref[:, j] >= lo - tol) & (ref[:, j] <= lo + f.width + tol)
+        if f.feature in THRESHOLD_FEATURES:
+            ok[:, j] &= f.category(reports[:, j]) == (ref[:, j] >= f.threshold)
     dx = ref[:, -1].astype(int)
     stated_rate = np.where(reports[:, 0] < BRADY_BIN, 1, np.where(FIELDS[0].category(reports[:, 0]), 2, 0))
     ok[:, 0] &= (dx == 3) | (stated_rate == dx)
