@@ -103,3 +103,18 @@ def test_named_methods_only_leave_every_other_page_and_index_row_alone(project):
     assert page in changed and page.read_text() != before and other in top.read_text()
     with pytest.raises(ValueError, match="unknown method.*nosuch"):
         docs.write_all(project, "smoke", methods=["nosuch"])
+
+
+@pytest.mark.parametrize("op,verdict,shown", [
+    ("<", "holds", "upper bound 0.9"), ("<", "fails", "lower bound 1.2"), ("<", "inconclusive", "upper bound 0.9"),
+    (">", "holds", "lower bound 1.2"), (">", "fails", "upper bound 0.9"), (">=", "inconclusive", "lower bound 1.2"),
+])
+def test_the_table_shows_the_bound_that_decides_the_verdict(op, verdict, shown):
+    """A claim holds by its bound on the claim's side and fails by the bound on the other side: a failed
+    "x < 1" is shown by its lower bound (above 1), not by an upper bound that says nothing about it."""
+    from reprozoo.report import measured
+
+    c = {"n_seeds": 3, "op": op, "verdict": verdict, "value_mean": 1.05, "value_std": 0.1,
+         "ci_low": 1.2 if shown.startswith("lower") else 0.5, "ci_high": 0.9 if shown.startswith("upper") else 1.5,
+         "per_seed": {"0": 1.0, "1": 1.05, "2": 1.1}}
+    assert f"95 % {shown};" in measured(c)

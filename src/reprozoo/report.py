@@ -67,8 +67,10 @@ def measured(c) -> str:
     per = ", ".join(fmt(v) for v in per.values()) if isinstance(per, dict) else per
     if n == 1:
         return f"{fmt(get('value_mean'))} (single seed)"
-    op = get("op")
-    bound = f"lower bound {fmt(get('ci_low'))}" if op in (">=", ">") else f"upper bound {fmt(get('ci_high'))}"
+    # the bound that decides: a claim holds when its bound on the claim's side clears the threshold and
+    # fails when the bound on the other side misses it (a failed "< 1" is shown by its lower bound)
+    low_side = (get("op") in (">=", ">")) != (get("verdict") == "fails")
+    bound = f"lower bound {fmt(get('ci_low'))}" if low_side else f"upper bound {fmt(get('ci_high'))}"
     units = get("n_units")
     how = f"; {int(units)} units per seed, {get('interval')}" if units and units == units and "bootstrap" in str(get("interval")) else ""
     return f"{fmt(get('value_mean'))} ± {fmt(get('value_std'))} (95 % {bound}; seeds: {per}{how})"
