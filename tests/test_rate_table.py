@@ -1,7 +1,7 @@
 """The shared table of rates chosen once on validation (blocks.rate_table)."""
 import pytest
 
-from reprozoo.blocks.rate_table import fit_with_table_rate, grid_edge, table_rate
+from reprozoo.blocks.rate_table import fit_with_table_rate, grid_edge, stamp_source, table_rate
 
 FIT = {"lr_grid": [1e-3, 3e-3, 1e-2], "pilot_steps": 100}
 
@@ -57,3 +57,12 @@ def test_a_one_rate_grid_runs_the_shared_rule_without_discarded_pilots():
                                 lambda m: float(((m(x) - y) ** 2).mean().detach()), fit, seed=0, progress=lambda s: None)
     assert len(built) == 1 and rec["lr"] == pytest.approx(3e-2) and rec["lr_edge"] is None
     assert rec["vals"][-1] < rec["vals"][0]
+
+
+def test_stamp_source_gives_a_table_rate_its_edge_on_the_configured_grid_and_keeps_a_piloted_edge():
+    _, src = fit_with_table_rate(FIT, {"ann": 1e-2}, "ann")
+    rec = {"lr": 1e-2, "lr_edge": None}          # what the rule reports after its one-rate grid
+    assert stamp_source(rec, src) is rec and rec == {"lr": 1e-2, "lr_edge": "top", "lr_source": "table"}
+    _, src = fit_with_table_rate(FIT, None, "ann")
+    rec = {"lr": 1e-3, "lr_edge": "bottom"}      # the rule piloted the whole grid: its own edge stands
+    assert stamp_source(rec, src)["lr_edge"] == "bottom" and rec["lr_source"] == "grid"

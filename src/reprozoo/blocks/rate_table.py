@@ -10,7 +10,9 @@ the grid's edge means the grid did not bracket it, whether it was piloted now or
 
 ``fit_with_table_rate`` turns a ``fit`` config into the one-rate config the shared rule
 (``blocks.fitting.fit_to_plateau``) then runs without pilots (a one-rate grid has no pilot to
-discard: its pilot steps are the first steps of the run itself).
+discard: its pilot steps are the first steps of the run itself). The rule's own record then says
+nothing about the grid (one rate brackets nothing), so ``stamp_source`` writes the rate's source and
+its edge on the configured grid into that record: one place, not one patch per method.
 """
 from __future__ import annotations
 
@@ -55,3 +57,14 @@ def fit_with_table_rate(fit: dict, table: dict | None, *keys: str, required: boo
     out = dict(fit)
     out["lr_grid"] = [rate]
     return out, {"lr_source": "table", "lr_edge": grid_edge(rate, fit.get("lr_grid", [rate]))}
+
+
+def stamp_source(rec: dict, source: dict) -> dict:
+    """Write ``source`` (the record of ``fit_with_table_rate``) into ``rec`` (the shared rule's record of
+    the fit that used it): ``lr_source`` always, and for a table rate its ``lr_edge`` on the configured
+    grid, which the rule could not see (it ran a one-rate grid); a piloted grid keeps the rule's own
+    edge. Returns ``rec``."""
+    rec["lr_source"] = source["lr_source"]
+    if source["lr_source"] == "table":
+        rec["lr_edge"] = source["lr_edge"]
+    return rec

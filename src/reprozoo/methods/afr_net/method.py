@@ -250,7 +250,7 @@ def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=prin
     import torch
 
     from ...blocks.fitting import fit_to_plateau
-    from ...blocks.rate_table import fit_with_table_rate
+    from ...blocks.rate_table import fit_with_table_rate, stamp_source
     # the rate: the config's ``lr`` table where it has this variant's entry (chosen once on validation, one
     # seed: configs/smoke.yaml), else the grid piloted in this fit (ci, paper)
     f, source = fit_with_table_rate(p["fit"], p.get("lr"), variant, required=False)
@@ -272,10 +272,7 @@ def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=prin
         return ce(zv, T["y"][val_idx]).item()
 
     model, rec = fit_to_plateau(build, train_loss, val_loss, f, seed, label=variant, progress=progress)
-    rec["lr_source"] = source["lr_source"]
-    if source["lr_source"] == "table":                            # its edge on the config's grid, not the 1-rate one
-        rec["lr_edge"] = source["lr_edge"]
-    return model, rec
+    return model, stamp_source(rec, source)
 
 
 def saliency_edge_scores(model, T: dict, idx, edges: np.ndarray, seed: int) -> np.ndarray:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...blocks.rate_table import stamp_source
 from . import data as D
 from . import protocol as P
 
@@ -481,7 +482,7 @@ def train(ctx) -> None:
     # stage 1, SFT on the seed's training records (every variant; validation set A)
     model, rec1, src1, key1 = run_stage1(p, ctx.variant, ctx.seed, ctx.shared_dir, split, ctx.progress)
     log_curves("s1", rec1, 0, False)
-    _log_stage(ctx, "s1", rec1, src1["lr_edge"] if src1["lr_source"] == "table" else rec1["lr_edge"])
+    _log_stage(ctx, "s1", rec1, stamp_source(rec1, src1)["lr_edge"])
     ctx.metrics.scalar("lr_from_table_s1", float(src1["lr_source"] == "table"))
 
     # What stage 1 memorised: the SFT model's greedy reward on its own training observations against
@@ -497,7 +498,7 @@ def train(ctx) -> None:
     model, rec2 = run_stage2(p, ctx.variant, ctx.seed, ctx.shared_dir, split, model, key1, fit2, ctx.progress)
     off2 = rec1["stop"]
     log_curves("s2", rec2, off2, True)
-    _log_stage(ctx, "s2", rec2, src2["lr_edge"] if src2["lr_source"] == "table" else rec2["lr_edge"],
+    _log_stage(ctx, "s2", rec2, stamp_source(rec2, src2)["lr_edge"],
                fit2["keep_from"])
     ctx.metrics.scalar("sft2_greedy_reward_s2_pool",
                        float(evaluate(model, split["pool"], *_masks(setup, len(split["pool"]["report"])))
@@ -514,7 +515,7 @@ def train(ctx) -> None:
         off3 = off2 + rec2["stop"]
         _log_rl_training(ctx, log, rec3, fit3, off3)
         log_curves("s3", rec3, off3, True)
-        _log_stage(ctx, "s3", rec3, src3["lr_edge"] if src3["lr_source"] == "table" else rec3["lr_edge"],
+        _log_stage(ctx, "s3", rec3, stamp_source(rec3, src3)["lr_edge"],
                    fit3["keep_from"])
         for lr, score in rec3["pilot_best"].items():
             ctx.metrics.scalar(f"pilot_reward_s3_lr{lr:g}", -score)

@@ -80,7 +80,7 @@ import time
 
 import numpy as np
 
-from ...blocks.rate_table import fit_with_table_rate, grid_edge, table_rate
+from ...blocks.rate_table import fit_with_table_rate, grid_edge, stamp_source, table_rate
 from .qg import QG2D, simulate
 from .skill import latitude_weights, weighted_acc, weighted_rmse
 
@@ -357,9 +357,7 @@ def pretrain(p: dict, data: dict, weighting: str, seed: int, progress=print, con
                                       where="pretrain.lr") if field else (cfg["fit"], {"lr_source": "grid"})
     m, rec = fit_to_plateau(build, train_loss, val_loss, fit, seed,
                             f"pretrain[{weighting}{', context' if context else ''}]", progress)
-    rec.update(source)
-    if rec.get("lr_edge") is None and source.get("lr_edge"):
-        rec["lr_edge"] = source["lr_edge"]
+    stamp_source(rec, source)
     return m.net, m.loss, rec
 
 

@@ -49,6 +49,7 @@ import time
 
 import numpy as np
 
+from ...blocks.rate_table import stamp_source
 from . import data as D
 from reprozoo.figures import save_figure
 
@@ -283,8 +284,7 @@ def train(ctx):
             # one learning-rate grid, piloted on validation, for every model (blocks.fitting)
             run = fit_and_score(task, ctx.variant, mp, fp, ctx.seed * 7919 + L * 31 + H, tag, ctx.progress,
                                 norm=window_norm(mp, ds))
-            if how["lr_source"] == "table":  # a one-rate grid brackets nothing: the edge on the recorded grid
-                run["lr_edge"] = how["lr_edge"]
+            stamp_source(run, how)  # a one-rate grid brackets nothing: a table rate's edge on the recorded grid
             ctx.metrics.scalar(f"lr_edge_{tag}", {"top": 1.0, "bottom": -1.0}.get(run["lr_edge"], 0.0))
             units[(L, H)] = run["units"]
             ctx.metrics.scalar(f"mse_{tag}", float(run["units"].mean()))

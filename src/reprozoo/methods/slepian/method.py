@@ -197,15 +197,14 @@ def _field(ctx, p, t, enc, E_grid, n_grid) -> None:
     # the rate (cold review, for the budget): the field head's ``lr`` table where it has this variant's
     # entry (piloted once on the grid, seed 0, validation data only: configs/smoke.yaml), else the grid
     # piloted in this fit (ci, paper); the plateau rule is the same either way
-    from ...blocks.rate_table import fit_with_table_rate
+    from ...blocks.rate_table import fit_with_table_rate, stamp_source
 
     fit_cfg, source = fit_with_table_rate(p["field_head"]["fit"], p["field_head"].get("lr"), ctx.variant,
                                           required=False, where="field_head.lr")
     clf_f, rec = fit_classifier(Xf["train"], t["field_train_y"], Xf["val"], t["field_val_y"], 2,
                                 {**p["field_head"], "fit": fit_cfg}, ctx.seed, label=f"{ctx.variant} field",
                                 progress=ctx.progress)
-    if source["lr_source"] == "table":
-        rec["lr_edge"] = source["lr_edge"]
+    stamp_source(rec, source)
     ctx.metrics.scalar("lr_from_table_field", float(source["lr_source"] == "table"))
     yf = t["field_test_y"]
     ctx.metrics.units("local_acc", clf_f.proba(Xf["test"]).argmax(1) == yf)
