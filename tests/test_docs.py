@@ -118,3 +118,20 @@ def test_the_table_shows_the_bound_that_decides_the_verdict(op, verdict, shown):
          "ci_low": 1.2 if shown.startswith("lower") else 0.5, "ci_high": 0.9 if shown.startswith("upper") else 1.5,
          "per_seed": {"0": 1.0, "1": 1.05, "2": 1.1}}
     assert f"95 % {shown};" in measured(c)
+
+
+def test_stale_lists_pages_measured_on_other_code_without_reading_results(project):
+    """`reprozoo docs --stale`: a checkout without results/ can still tell which tables were measured
+    on code other than the tree's (a block they import changed since), from the hash the page names."""
+    page = project / "src" / "reprozoo" / "methods" / METHOD / "README.md"
+    _claims(project)
+    docs.write_all(project, "smoke", methods=[METHOD])
+    shutil.rmtree(project / "results")
+    assert docs.stale_pages(project, [METHOD]) == []
+    now = provenance(METHOD)["code_hash"]
+    page.write_text(page.read_text().replace(f"code hash `{now}`", "code hash `0000000000000000`"))
+    assert docs.stale_pages(project, [METHOD]) == [(METHOD, "0000000000000000", now)]
+    page.write_text(docs.replace_between(page.read_text(), docs.BEGIN, docs.END, "Not measured yet."))
+    assert docs.stale_pages(project, [METHOD]) == [(METHOD, None, now)]
+    with pytest.raises(ValueError, match="unknown method.*nosuch"):
+        docs.stale_pages(project, ["nosuch"])

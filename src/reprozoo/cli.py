@@ -8,6 +8,7 @@
     reprozoo sync                       replay tracking payloads that could not be logged
     reprozoo budget [--scale S]         wall, CPU and memory per method and stage; what is over budget
     reprozoo docs [--scale S]           rewrite the method pages' result tables and the README index
+    reprozoo docs --stale [M ...]       pages whose table was measured on other code than the tree's
 
 Every command works on the project in the current directory (or ``-C/--directory DIR``), never on
 the checkout the package was installed from.
@@ -412,8 +413,20 @@ def cmd_converge(args) -> int:
 
 
 def cmd_docs(args) -> int:
-    from .docs import write_all
+    from .docs import stale_pages, write_all
 
+    if args.stale:
+        try:
+            stale = stale_pages(ROOT, args.methods or None)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for method, then, now in stale:
+            print(f"stale: {method}: page measured on code {then or '(none)'}, tree is {now}: rerun it, then "
+                  f"`reprozoo docs {method}`")
+        if not stale:
+            print("every page's table was measured on the code in the tree")
+        return 1 if stale else 0
     refused: list[str] = []
     try:
         changed = write_all(ROOT, args.scale, check=args.check, refused=refused, methods=args.methods or None)
@@ -504,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     docs.add_argument("--scale", default="smoke", choices=["ci", "smoke", "paper"], help="results/<scale>/ to read")
     docs.add_argument("--check", action="store_true",
                       help="write nothing; list pages that differ from results/ and results refused (exit 1 if any)")
+    docs.add_argument("--stale", action="store_true",
+                      help="write nothing, read no results: list pages whose table was measured on other code "
+                           "than the tree's (exit 1 if any)")
     docs.set_defaults(fn=cmd_docs)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["server"]:  # REMAINDER would reject leading options (--detach): hand them over as is

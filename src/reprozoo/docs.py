@@ -10,7 +10,9 @@ A table is written only from results that a rerun of a named commit reproduces: 
 code (the method's closure, spec, configs and the verdict code; ``codehash.provenance``) had
 uncommitted changes, or whose code hash differs from the code in the tree now, are refused with the
 reason, and the page keeps its previous table. ``reprozoo docs --check`` lists every page whose
-table differs from what ``results/`` would write, and every refusal.
+table differs from what ``results/`` would write, and every refusal. ``reprozoo docs --stale`` needs no
+results: it lists every page whose table names a code hash other than the tree's now (a block or
+config changed since the table was measured), which is what a checkout without ``results/`` can say.
 """
 from __future__ import annotations
 
@@ -47,6 +49,33 @@ def refusal(data: dict) -> str | None:
         return (f"the code changed since it was measured (hash {data['code_hash']} then, {now['code_hash']} now): "
                 "rerun the method")
     return None
+
+
+PAGE_HASH = re.compile(r"code hash `([0-9a-f]{16})`")
+
+
+def stale_pages(root: Path, methods: list[str] | None = None) -> list[tuple[str, str | None, str]]:
+    """``(method, hash on the page or None, hash of the tree now)`` for every page (of ``methods``) whose
+    results table was not measured on the code in the tree: its recorded code hash differs, or it
+    records none (not measured yet). Reads pages only, so it works without ``results/``."""
+    from .codehash import provenance
+
+    known = [spec.id for spec in registry.all_specs()]
+    unknown = sorted(set(methods or []) - set(known))
+    if unknown:
+        raise ValueError(f"docs: unknown method(s) {unknown}; expected some of {known}")
+    out = []
+    for spec in registry.all_specs():
+        if methods and spec.id not in methods:
+            continue
+        page = page_path(root, spec.id)
+        if not page.exists():
+            continue
+        m = PAGE_HASH.search(page.read_text().partition(BEGIN)[2].partition(END)[0])
+        now = provenance(spec.id)["code_hash"]
+        if m is None or m.group(1) != now:
+            out.append((spec.id, m.group(1) if m else None, now))
+    return out
 
 
 def claims_table(data: dict) -> str:
