@@ -249,3 +249,33 @@ def test_fine_tuning_a_fitted_backbone_trains_the_backbone_not_only_the_head():
     ft, _ = fit(pre, data, np.arange(4), "y", cfg, 1, split)
     moved = [k for k, v in ft.state_dict().items() if not k.startswith("head") and not torch.equal(v, start[k])]
     assert len(moved) >= len([k for k in start if not k.startswith("head")]) // 2
+
+
+def test_cosine_schedule_anneals_to_the_gate_floor_over_the_fixed_budget():
+    """``schedule: cosine``: every fit runs its whole budget ``max_steps`` (no early stop, no drop), the
+    rate follows lr · schedule_factor(step) from the pilot's first step on, falls monotonically from the
+    chosen rate to a tenth of it, and the gate's floor check (tail rate >= LR_FLOOR of the peak) holds."""
+    pytest.importorskip("torch")
+    from reprozoo.claims import LR_FLOOR
+    from reprozoo.methods.geopt.method import _tensors, fit, make_flow_set, schedule_factor
+    from reprozoo.methods.geopt.model import GeometrySimulator
+    assert schedule_factor(0, 100, 0.1) == pytest.approx(1.0)
+    assert schedule_factor(50, 100, 0.1) == pytest.approx(0.55)
+    assert schedule_factor(100, 100, 0.1) == pytest.approx(0.1)
+    assert schedule_factor(99, 100, 0.1) > 0.1
+    data = make_flow_set(np.random.default_rng(0), 6, 16, 24, 0.2)
+    cfg = dict(lrs=[1e-3, 3e-3], batch=4, points=16, pilot_steps=20, max_steps=120, eval_every=10,
+               ema_decay=0.95, flat_tol=0.01, schedule="cosine", lr_final=0.1)
+    split = _tensors(data, np.arange(4), "y")
+    _, hist = fit(GeometrySimulator(dim=16, pair=8, layers=1, heads=2, slices=4), data, np.arange(4), "y", cfg,
+                  0, split)
+    steps, lrs = np.array(hist["step"]), np.array(hist["lr"])
+    assert hist["stop_step"] == cfg["max_steps"] and steps[-1] == cfg["max_steps"] and hist["drop_step"] is None
+    # the rate recorded at an evaluation is the one the step before it used
+    expect = [hist["lr_chosen"] * schedule_factor(s - 1, cfg["max_steps"], 0.1) for s in steps]
+    assert np.allclose(lrs, expect)
+    assert np.all(np.diff(lrs) < 0) and lrs.min() >= LR_FLOOR * lrs.max()
+    assert lrs[-1] == pytest.approx(0.1 * hist["lr_chosen"], rel=1e-2)
+    with pytest.raises(ValueError, match="lr_final"):
+        fit(GeometrySimulator(dim=8, pair=4, layers=1, heads=2, slices=2), data, np.arange(4), "y",
+            dict(cfg, lr_final=0.0), 0, split)

@@ -13,12 +13,18 @@ Variants (same network, initial weights, fine-tune data, learning-rate grid, sto
   scratch     random initial weights (the same ones every pre-training starts from).
 All pre-trainings see the same unlabelled shapes and query points with the same rule.
 
-One training rule for every fit (``fit``), that of the shared ``reprozoo.blocks.fitting.fit_to_plateau``:
+One training rule for every fit (``fit``). At smoke and paper scale (``schedule: cosine``, since issue 26's
+third round): Adam at a rate taken from one grid (``lrs``) after ``pilot_steps`` from the same start (ranked
+by the mean of the second half of each pilot's validation curve; the pilots are the schedule's first
+steps), annealed along half a cosine to ``lr_final`` (0.1: the convergence gate's floor) of that rate over
+a fixed budget of ``max_steps``, with no early stop; validation reads the weight average (EMA) and keeps
+its best state. The shared rule (``schedule: constant``, the default, kept for the tests and probes), that
+of ``reprozoo.blocks.fitting.fit_to_plateau``:
 Adam at a constant learning rate taken from one grid (``lrs``) after ``pilot_steps`` from the same
 start (ranked by the mean of the second half of each pilot's validation curve), then training until
 the validation curve of the weight average (EMA) is flat by the convergence gate's own test (a
 Theil-Sen line through the last 30 % improving by at most ``flat_tol``), at or after ``min_steps``,
-or to ``max_steps``; with ``lr_drop`` (0.1 at smoke, the shared rule's default) the rate then drops
+or to ``max_steps``; with ``lr_drop`` (0.1, the shared rule's default) the rate then drops
 once to a tenth after that first plateau and the plateau is judged again on a window wholly after
 the drop (a drop whose window would not fit below ``max_steps`` is not taken; ``drop_at``, for
 probes only, forces the drop at a step). The rate never falls below a tenth of its value (the
@@ -158,9 +164,21 @@ def _flat(steps, vals, min_points: int, flat_tol: float, tail: float = 0.3) -> b
     return plateau(np.asarray(steps, float), np.asarray(vals, float), flat_tol, tail=tail, min_points=min_points)
 
 
+def schedule_factor(step: int, total: int, final: float) -> float:
+    """The cosine schedule's rate at optimiser step ``step`` (0-based) of ``total``, as a fraction of
+    the peak: 1 at the first step, falling along half a cosine to ``final`` at step ``total`` (the
+    last step, ``total - 1``, runs a hair above it). With ``final`` = 0.1, the convergence gate's floor
+    (``claims.LR_FLOOR``), the gate's learning-rate check still reads the tail's rate as up."""
+    import math
+
+    t = min(max(step, 0), total) / max(total, 1)
+    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
 class _Run:
-    """One Adam run at a learning rate that stays constant (until the rule's single drop), with a
-    weight average (EMA) that validation reads and whose best-validation state is kept."""
+    """One Adam run at a learning rate that stays constant (until the rule's single drop) or follows
+    the cosine schedule (``schedule: cosine``), with a weight average (EMA) that validation reads and
+    whose best-validation state is kept."""
 
     def __init__(self, model, data, lr: float, cfg: dict, generator):
         import torch
@@ -183,14 +201,18 @@ class _Run:
             group["lr"] = lr
 
     def advance(self, until: int, val, stop_from: int | None = None) -> bool:
-        """Train to step ``until``; from ``stop_from`` on, stop (True) once the curve is flat."""
+        """Train to step ``until``; from ``stop_from`` on, stop (True) once the curve is flat. With
+        ``schedule: cosine`` every step's rate is ``lr · schedule_factor(step, max_steps, lr_final)``."""
         import torch
 
         bnd, q, cond, y = self.data
         cfg = self.cfg
         n, m_all = q.shape[0], q.shape[1]
         nb, npts = min(cfg["batch"], n), min(cfg["points"], m_all)
+        cosine = cfg.get("schedule", "constant") == "cosine"
         while self.step < until:
+            if cosine:
+                self.set_lr(self.lr * schedule_factor(self.step, int(cfg["max_steps"]), float(cfg["lr_final"])))
             self.step += 1
             b = torch.randint(n, (nb,), generator=self.g).to(q.device)
             pts = torch.rand(nb, m_all, generator=self.g).argsort(1)[:, :npts].to(q.device)
@@ -236,7 +258,13 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
     to ``max_steps`` (a drop whose judging window would not fit below ``max_steps`` is not taken: the
     constant-rate plateau stands). One addition (``drop_at``): the drop also comes at step ``drop_at`` when the
     constant-rate curve has not flattened by then (the constant rate's slow drift towards its noise
-    floor, README); without the key the drop waits for the first plateau, as in the shared rule."""
+    floor, README); without the key the drop waits for the first plateau, as in the shared rule.
+
+    ``schedule: cosine`` (smoke and paper; a prototype of the option the shared rule lacks): the same
+    pilots, run along the schedule's first steps, then the chosen run continues along the schedule
+    (``schedule_factor``: the chosen rate annealed to ``lr_final`` of it at ``max_steps``) to
+    ``max_steps``, with no early stop and no drop; ``plateau`` records the gate's test at the end. The
+    budget ``max_steps`` is fixed by the config's written rule, and ``reprozoo converge`` doubles it."""
     import math
 
     import torch
@@ -244,6 +272,12 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
     train = _tensors(data, idx, ykey, device=cfg.get("device", "cpu"))
     y_scale = float(train[3].pow(2).mean().sqrt())
     train[3] = train[3] / y_scale
+    schedule = cfg.get("schedule", "constant")
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"fit.schedule '{schedule}': expected constant or cosine")
+    if schedule == "cosine" and not 0.1 <= float(cfg.get("lr_final", -1)) < 1:
+        raise ValueError(f"fit.lr_final {cfg.get('lr_final')}: the cosine schedule needs a final fraction in "
+                         f"[0.1, 1) (0.1: the convergence gate's floor)")
     runs = []
     for lr in cfg["lrs"]:
         m = copy.deepcopy(model).requires_grad_(True)   # every parameter trains (a start that a
@@ -254,6 +288,17 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
     pilot = {r.lr: r.pilot_score() for r in runs}
     run = min(runs, key=lambda r: pilot[r.lr])
     top = int(cfg["max_steps"])
+    if schedule == "cosine":
+        # a fixed budget: the chosen pilot runs on along the same schedule to max_steps, no early stop
+        # and no drop (the schedule is the anneal); ``plateau`` records the gate's test at the end
+        run.advance(top, val)
+        plateau = _flat(run.hist["step"], run.hist["val"], 5, cfg["flat_tol"])
+        run.ema.load_state_dict(run.best_state)
+        run.ema.requires_grad_(True)
+        run.ema.y_scale = y_scale
+        hist = dict(run.hist, lr_chosen=run.lr, lr_pilot=pilot, stop_step=run.step, plateau=bool(plateau),
+                    best_val=run.best, drop_step=None, drop_gain=None)
+        return run.ema, hist
     factor = float(cfg.get("lr_drop") or 0.0)
     first = min(top, int(cfg.get("drop_at") or top))
     plateau = run.advance(first, val, stop_from=cfg["min_steps"])
@@ -408,7 +453,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
             ax.set_xlabel("fine-tune step")
         axes[0][0].set_ylabel("validation relative L2 (–)")
         axes[0][0].legend()
-        fig.suptitle("Does pre-training speed up fine-tuning convergence? (EMA weights, constant lr)")
+        fig.suptitle("Does pre-training speed up fine-tuning convergence? (EMA weights, cosine-annealed lr)")
         save_figure(fig, plots_dir / "validation_curves.png", dpi=120)
 
     # pre-training curves: does each pre-training reach a plateau on its own target?

@@ -4,13 +4,16 @@ reach the convergence gate's plateau, at what error, and at what cost?
     nice -n 19 .venv/bin/python -m reprozoo.methods.geopt.probe [N] [MAX_STEPS] [key=value ...]
     nice -n 19 .venv/bin/python -m reprozoo.methods.geopt.probe pretrain [VARIANT] [MAX_STEPS] [key=value ...]
 
-The first form draws the smoke config's flows for seed-0-like data (128 + 32 validation + 64 test
+The first form draws the smoke config's flows for seed-0-like data (128 + 32 validation + n_test test
 shapes, 96 points) and fits one scratch model on the first N with ``method.fit`` exactly as
 ``train`` does; the ``pretrain`` form fits one pre-training (``lifted`` or ``static_vec``) on the
 smoke config's unlabelled shapes (seed-0-like) the same way. ``MAX_STEPS`` replaces the config's
-step limit; ``key=value`` replaces a key of the fit's config (``min_steps=2000`` keeps a fit from
-stopping, ``lr_drop=0.1 drop_at=400`` forces the rate drop), ``net.KEY=value`` a key of the
-network, ``fit_seed=S`` the fit's seed (default 2 for fine-tuning, 7 for pre-training) and, for
+step limit (with the smoke config's ``schedule: cosine``, the schedule's length); ``key=value`` replaces a
+key of the fit's config (``schedule=constant min_steps=400 lr_drop=0.1`` is the rule before issue 26's third
+round, as the earlier probes on the page ran it: there ``min_steps=2000`` keeps a fit from stopping and
+``drop_at=400`` forces the rate drop), ``net.KEY=value`` a key of the
+network, ``seed=S`` the pipeline seed whose data, initial weights and fit seed it reproduces (default
+0), ``fit_seed=S`` the fit's seed (default seed + 2 for fine-tuning, seed + 7 for pre-training) and, for
 pre-training, ``shapes=`` / ``queries=`` the unlabelled set. It prints the CPU seconds, steps,
 plateau flag, the learning-rate pilot scores, best validation (and, fine-tuning, test) relative L2,
 the convergence gate's tail improvement (``claims.tail_fit``) at the end, the first evaluation from
@@ -37,7 +40,7 @@ def _overrides(args: list[str]) -> tuple[dict, dict, dict]:
         v = yaml.safe_load(v)
         if k.startswith("net."):
             net[k[4:]] = v
-        elif k in ("fit_seed", "shapes", "queries"):
+        elif k in ("fit_seed", "shapes", "queries", "seed"):
             other[k] = v
         else:
             fit[k] = v
@@ -64,15 +67,16 @@ def main(n: int = 128, max_steps: int | None = None, *args: str) -> None:
     fit_over, net_over, other = _overrides(list(args))
     p = yaml.safe_load((Path(__file__).parent / "configs" / "smoke.yaml").read_text())
     n_max = max(p["n_labels"])
-    flows = method.make_flow_set(np.random.default_rng(1), n_max + p["n_val"] + p["n_test"], p["panels"],
+    seed = int(other.get("seed", 0))
+    flows = method.make_flow_set(np.random.default_rng(seed * 1_000_003 + 1), n_max + p["n_val"] + p["n_test"], p["panels"],
                                  p["queries"], p["cond_step"])
     val = method._tensors(flows, np.arange(n_max, n_max + p["n_val"]), "y", p["val_points"])
     test = method._tensors(flows, np.arange(n_max + p["n_val"], n_max + p["n_val"] + p["n_test"]), "y")
     cfg = dict(p["finetune"], **({} if max_steps is None else {"max_steps": max_steps}))
     cfg.update(fit_over)
-    model = GeometrySimulator(**{**p["network"], **net_over}, out_dim=2, seed=0)
+    model = GeometrySimulator(**{**p["network"], **net_over}, out_dim=2, seed=seed)
     t0 = time.process_time()
-    m, h = method.fit(model, flows, np.arange(n), "y", cfg, other.get("fit_seed", 2), val)
+    m, h = method.fit(model, flows, np.arange(n), "y", cfg, other.get("fit_seed", seed + 2), val)
     cpu = time.process_time() - t0
     test_err = float(np.sqrt(method.per_shape_sq_error(m, test).mean()))
     _report(f"scratch N {n} {' '.join(args)}", cpu, h, f", test {test_err:.4f}")
@@ -87,13 +91,14 @@ def pretrain(variant: str = "lifted", max_steps: int | None = None, *args: str) 
     pt = dict(p["pretrain"], **({} if max_steps is None else {"max_steps": max_steps}))
     pt.update({k: other[k] for k in ("shapes", "queries") if k in other}, **fit_over)
     key = method.PRETRAIN_KEY[variant]
-    pre = method.make_pretrain_set(np.random.default_rng(2), pt["shapes"] + pt["val_shapes"], p["panels"],
+    seed = int(other.get("seed", 0))
+    pre = method.make_pretrain_set(np.random.default_rng(seed * 1_000_003 + 2), pt["shapes"] + pt["val_shapes"], p["panels"],
                                    pt["queries"], p["walk_steps"], p["step_range"])
     held = np.arange(pt["shapes"], pt["shapes"] + pt["val_shapes"])
-    m = GeometrySimulator(**{**p["network"], **net_over}, out_dim=2, seed=0)
-    m.new_head(pre[key].shape[-1], 0)
+    m = GeometrySimulator(**{**p["network"], **net_over}, out_dim=2, seed=seed)
+    m.new_head(pre[key].shape[-1], seed)
     t0 = time.process_time()
-    m, h = method.fit(m, pre, np.arange(pt["shapes"]), key, pt, other.get("fit_seed", 7),
+    m, h = method.fit(m, pre, np.arange(pt["shapes"]), key, pt, other.get("fit_seed", seed + 7),
                       method._tensors(pre, held, key, p["val_points"]))
     _report(f"pretrain {variant} {' '.join(args)}", time.process_time() - t0, h)
 
