@@ -5,21 +5,27 @@ dict with ``impute`` (the final estimate) and ``aux`` (extra estimates its own l
 
 CBiT (conditional temporal inference with history compression; our reading of the paper)
     The sequence is cut into partitions of ``chunk`` steps and processed forward in time. A
-    memory of S latent slots, ``M_k``, summarises everything before partition k:
+    memory of S latent slots, ``M_k``, compresses the long history (everything before partition k-1);
+    the partitioned modelling keeps apart the *historical context* (the compressed memory and the
+    observed entries of the previous partition) and the *imputation target* (partition k):
 
-        tokens_k  = E [x_k * m_k, m_k] + pos + role_target            (chunk, d)
-        context_k = E [x_{k+1} * m_{k+1}, m_{k+1}] + pos + role_future  (the next partition, observed only)
-        H         = Encoder([M_k + role_history ; tokens_k ; context_k])   (bidirectional inside the window)
-        x_hat_k   = W_out H[target]                                     (imputation of partition k)
+        e_t       = E [x_t * m_t, m_t] + pos(t)        (one positional code across all partitions)
+        context_k = e_{k-1} + role_context              (the previous partition, observed entries only)
+        tokens_k  = e_k + role_target
+        ahead_k   = e_{k+1} + role_ahead                (the next partition, observed entries only)
+        H         = Encoder([M_k + role_history ; context_k ; tokens_k ; ahead_k])
+        x_hat_k   = W_out H[target]                     (imputation of partition k)
         U         = CrossAttn(queries M_k, keys/values H[target])       (history compression)
         g         = sigmoid(W_g [M_k, U]);  M_{k+1} = LN(g * U + (1 - g) * M_k)
 
-    Each partition costs O((S + 2 chunk)^2 d), there are T / chunk of them, so inference is linear
+    Each partition costs O((S + 3 chunk)^2 d), there are T / chunk of them, so inference is linear
     in T. ``memory=False`` (variant ``cbit_nomem``, the ablation) never updates the slots: M_k = M_0, a
-    learned constant, so partition k sees only itself and its look-ahead; everything else is the same.
-    "Partitioned modelling" = role embeddings that separate the compressed history, the
-    target partition and the observed look-ahead partition. The look-ahead partition is our
-    assumption (the abstract does not say how right context enters); it is observed data only.
+    learned constant, so partition k sees its raw left context, itself and its look-ahead, and nothing
+    older; everything else is the same (and its partitions, independent, run as one batch).
+    The look-ahead partition is our assumption (the abstract does not say how right context enters); it
+    is observed data only. ``lookback=False`` is the reading of the rounds before the cold review of stop
+    50 (no raw left context, the positional code restarted in every partition); the tests keep it to show
+    that the boundary-hole test tells the two readings apart; no variant uses it.
 
 BRITS (Cao et al., NeurIPS 2018): two recurrent imputers (forward, backward), each with temporal
     decay gamma = exp(-relu(W delta + b)) of the hidden state and of the input, history regression
@@ -77,12 +83,14 @@ class AttnLayer(nn.Module):
 
 class CBiT(nn.Module):
     def __init__(self, C: int, d: int = 32, heads: int = 2, chunk: int = 16, slots: int = 4, layers: int = 1,
-                 memory: bool = True):
+                 memory: bool = True, lookback: bool = True):
         super().__init__()
-        self.C, self.chunk, self.slots, self.memory = C, chunk, slots, memory
+        self.C, self.chunk, self.slots, self.memory, self.lookback = C, chunk, slots, memory, lookback
+        self.d = d
         self.embed = nn.Linear(2 * C, d)
-        self.register_buffer("pos", sinusoid(chunk, d))
-        self.role = nn.Parameter(0.02 * torch.randn(3, d))  # 0 history memory, 1 target, 2 look-ahead
+        self._pe: dict[int, torch.Tensor] = {}
+        # roles: 0 history memory, 1 target, 2 look-ahead, 3 previous partition (left context)
+        self.role = nn.Parameter(0.02 * torch.randn(4, d))
         self.mem0 = nn.Parameter(0.02 * torch.randn(slots, d))
         self.enc = nn.ModuleList(AttnLayer(d, heads) for _ in range(layers))
         self.compress = nn.MultiheadAttention(d, heads, batch_first=True)
@@ -102,28 +110,59 @@ class CBiT(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, -1, d)
         return mha.out_proj(o)
 
+    def _pos(self, n: int) -> torch.Tensor:
+        if n not in self._pe:  # one sinusoidal code over the padded sequence, cached per length
+            self._pe[n] = sinusoid(n, self.d)
+        return self._pe[n]
+
+    def tokens(self, x, m):
+        """(B, K + 2, L, d): the embedded partitions with one empty partition in front (partition 0's left
+        context: nothing observed) and one after the end (the last look-ahead). With ``lookback`` the
+        positional code runs across the partitions (step t of the padded sequence gets pos(t)); without
+        it (the earlier reading) it restarts in every partition."""
+        B, T, C = x.shape
+        L = self.chunk
+        K = -(-T // L)
+        xm = F.pad(torch.cat([x * m, m], -1), (0, 0, L, K * L - T + L))
+        e = self.embed(xm)
+        if self.lookback:
+            return (e + self._pos((K + 2) * L)).view(B, K + 2, L, -1)
+        return e.view(B, K + 2, L, -1) + self._pos(L)
+
+    def _window(self, mem, tok, k):
+        """The encoder's input for target partition k (tok: (B, K + 2, L, d), index k + 1 is partition k)."""
+        parts = [mem + self.role[0]]
+        if self.lookback:
+            parts.append(tok[:, k] + self.role[3])
+        parts += [tok[:, k + 1] + self.role[1], tok[:, k + 2] + self.role[2]]
+        return torch.cat(parts, 1)
+
     def forward(self, x, m):
         B, T, C = x.shape
         L, S = self.chunk, self.slots
         K = -(-T // L)
-        pad = K * L - T
-        xm = torch.cat([x * m, m], -1)
-        xm = F.pad(xm, (0, 0, 0, pad + L))  # one extra empty partition as the last look-ahead
-        tok = self.embed(xm).view(B, K + 1, L, -1) + self.pos
+        tok = self.tokens(x, m)
+        off = S + (L if self.lookback else 0)  # where the target's tokens sit in the encoder's input
         mem = self.mem0.expand(B, S, -1)
-        outs = []
-        for k in range(K):
-            z = torch.cat([mem + self.role[0], tok[:, k] + self.role[1], tok[:, k + 1] + self.role[2]], 1)
+        if not self.memory:  # ablation cbit_nomem: the slots stay at their learned initial value, so the
+            # partitions are independent: all K encoder calls as one batch (the same maths as the loop)
+            z = torch.stack([self._window(mem, tok, k) for k in range(K)], 1).flatten(0, 1)
             for layer in self.enc:
                 z, _ = layer(z, need_weights=False)
-            h = z[:, S:S + L]
-            outs.append(h)
-            if not self.memory:  # ablation cbit_nomem: the slots stay at their learned initial value
-                continue
-            upd = self._compress(mem, h)
-            g = torch.sigmoid(self.gate(torch.cat([mem, upd], -1)))
-            mem = self.mem_norm(g * upd + (1 - g) * mem)
-        y = self.out(torch.cat(outs, 1)[:, :T])  # the output head per step, applied once to all partitions
+            h = z[:, off:off + L].reshape(B, K * L, -1)
+        else:
+            outs = []
+            for k in range(K):
+                z = self._window(mem, tok, k)
+                for layer in self.enc:
+                    z, _ = layer(z, need_weights=False)
+                h = z[:, off:off + L]
+                outs.append(h)
+                upd = self._compress(mem, h)
+                g = torch.sigmoid(self.gate(torch.cat([mem, upd], -1)))
+                mem = self.mem_norm(g * upd + (1 - g) * mem)
+            h = torch.cat(outs, 1)
+        y = self.out(h[:, :T])  # the output head per step, applied once to all partitions
         return {"impute": y, "aux": []}
 
 
