@@ -364,3 +364,146 @@ def test_window_nll_units_average_to_the_held_out_loss(model, batches):
         first = pruning.token_nll(model(input_ids=batches[0]).logits, batches[0])[0, :-1].mean()
     np.testing.assert_allclose(units.mean(), float(allnll.mean()), rtol=1e-12)
     np.testing.assert_allclose(units[0], float(first), rtol=1e-12)
+
+
+# --- stop-51 cold review: selection, ranking against brute-force removal, the new controls ---------
+
+PLANT = {"vocab": 8, "hidden": 16, "layers": 1, "heads": 2, "kv_heads": 1, "experts": 4, "top_k": 2,
+         "moe_intermediate": 8, "seq_len": 32}
+
+
+def planted_selection_model():
+    """A one-layer Qwen3-MoE built by hand (no attention output, float64). Token 0 is "hard": its
+    next byte is uniform over 1..7 (high loss); tokens 1..7 are "easy": their next byte is always 0
+    (low loss). The router sends token 0 to expert A = 0 (expert 2 second, with a negligible gate) and
+    tokens 1..7 to expert B = 1 (expert 3 second). A writes a direction that lowers the logit of
+    token 0 after token 0 (it matters only on the high-loss positions, and a little); B writes one that
+    makes the easy prediction more confident (it matters on the low-loss positions, and more in
+    total). Experts 2 and 3 output nothing."""
+    m = moe.build_model(PLANT, 0).double().eval()
+    m.config._experts_implementation = "eager"
+    A, B, I = 0, 1, PLANT["moe_intermediate"]
+    with torch.no_grad():
+        for q in m.parameters():
+            q.zero_()
+        layer = m.model.layers[0]
+        for n in (m.model.norm, layer.input_layernorm, layer.post_attention_layernorm,
+                  layer.self_attn.q_norm, layer.self_attn.k_norm):
+            n.weight.fill_(1.0)
+        for v in range(8):
+            m.model.embed_tokens.weight[v, v] = 1.0
+            m.model.embed_tokens.weight[v, 15] = 1.0
+        b = moe.moe_blocks(m)[0]
+        b.gate.weight[A, 0], b.gate.weight[2, 0] = 6.0, 2.0
+        b.gate.weight[B, 1:8], b.gate.weight[3, 1:8] = 6.0, 2.0
+        for e in (A, B):
+            b.experts.gate_up_proj[e, 0, :8] = 1.0
+            b.experts.gate_up_proj[e, I, :8] = 1.0
+        b.experts.down_proj[A, 8, 0] = 1.0
+        b.experts.down_proj[B, 9, 0] = 1.0
+        H = m.lm_head.weight
+        H[0, 1:8] = 0.3    # after an easy token, predict 0
+        H[0, 8] = -0.5     # A: less mass on 0 after the hard token
+        H[0, 9] = 0.5      # B: more confidence on 0 after an easy token
+    return m
+
+
+def test_selection_keeps_the_expert_that_matters_on_high_loss_tokens():
+    """Planted selective guidance: expert A changes the loss only at the high-loss positions, expert B
+    (more, in total) only at the low-loss ones. Scoring from every token's loss keeps B and drops A at
+    75 % sparsity (one expert kept); scoring from the selected highest-loss half keeps A. Brute-force
+    removal confirms what each choice costs: the selective choice leaves the high-loss tokens' loss
+    unchanged, the all-token choice the mean loss over every token. (Top-2 routing keeps at least two
+    experts, so the brute-force check removes A or B alone.)"""
+    m = planted_selection_model()
+    ids = torch.zeros(8, PLANT["seq_len"], dtype=torch.long)
+    ids[:, 1::2] = torch.randint(1, 8, (8, PLANT["seq_len"] // 2), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        nll = pruning.token_nll(m(input_ids=ids).logits, ids)
+    hard, easy = nll[:, 0:-1:2], nll[:, 1:-1:2]
+    assert float(hard.min()) > float(easy.max())  # the selected half is exactly the hard positions
+    sel, _ = pruning.expert_scores(m, [ids], "step", 0.5)
+    every, _ = pruning.expert_scores(m, [ids], "step", 1.0)
+    assert pruning.keep_sets(sel, 0.75) == [[0]]
+    assert pruning.keep_sets(every, 0.75) == [[1]]
+    assert float(sel[0][1]) == 0.0  # the easy positions carry no gradient when unselected
+    with torch.no_grad():
+        def loss_without(j):  # (high-loss positions, every position) with expert j alone removed
+            out = pruning.token_nll(pruning.prune(m, [[e for e in range(4) if e != j]])(input_ids=ids).logits, ids)
+            return float(out[:, 0:-1:2].mean()), float(out[:, :-1].mean())
+        hard_no_a, all_no_a = loss_without(0)
+        hard_no_b, all_no_b = loss_without(1)
+    # removing B (the selective choice) leaves the high-loss tokens' loss as it was; removing A (the
+    # all-token choice) raises it, and costs less over every token
+    assert hard_no_b == pytest.approx(float(hard.mean()), abs=1e-9) and hard_no_a > hard_no_b + 0.05
+    assert all_no_a < all_no_b
+
+
+def test_step_scores_rank_experts_like_brute_force_removal_on_a_trained_toy():
+    """Loss-aware evaluation on a tiny trained MoE (a random bigram language, 2 layers x 8 experts,
+    300 Adam steps): Step's scores correlate with the true held-out loss of removing each expert alone
+    (``method.single_removal_losses``), far better than random scores."""
+    from reprozoo.methods.step import method
+
+    cfg = {"vocab": 32, "hidden": 4, "layers": 2, "heads": 2, "kv_heads": 1, "experts": 8, "top_k": 2,
+           "moe_intermediate": 16, "seq_len": 16, "aux_loss": 0.05}
+    cum = np.cumsum(np.random.default_rng(0).dirichlet(np.full(32, 0.05), size=32), 1)
+
+    def sample(n, rng):
+        x = np.zeros((n, cfg["seq_len"]), np.int64)
+        x[:, 0] = rng.integers(0, 32, n)
+        for t in range(1, cfg["seq_len"]):
+            x[:, t] = np.minimum((rng.random(n)[:, None] > cum[x[:, t - 1]]).sum(1), 31)
+        return torch.as_tensor(x)
+
+    m = moe.build_model(cfg, 0)
+    with torch.no_grad():  # experts that matter from the start (the library's 0.02 init leaves them idle at this size)
+        for b in moe.moe_blocks(m):
+            b.experts.gate_up_proj.normal_(0, 0.5)
+            b.experts.down_proj.normal_(0, 0.5)
+            b.gate.weight.normal_(0, 0.5)
+    opt = torch.optim.Adam(m.parameters(), lr=2e-2)
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        loss = moe.training_loss(m, sample(32, rng), cfg)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m.eval()
+    calib = [sample(32, np.random.default_rng(2)) for _ in range(2)]
+    truth = method.single_removal_losses(m, [sample(64, np.random.default_rng(3))])
+    assert max(max(r) for r in truth) > 0.05  # the experts matter
+    rho = {}
+    for rule in ("step", "random"):
+        s, _ = pruning.expert_scores(m, calib, rule, 0.5)
+        rho[rule] = np.mean([pruning.rank_corr(a, torch.tensor(t)) for a, t in zip(s, truth)])
+    assert rho["step"] > 0.5 and rho["step"] > rho["random"] + 0.3
+
+
+def test_single_removal_losses_match_pruning_one_expert(model, batches):
+    from reprozoo.methods.step import method
+
+    truth = method.single_removal_losses(model, batches)
+    assert [len(r) for r in truth] == [CFG["experts"]] * CFG["layers"]
+    keep = [list(range(CFG["experts"])), [0, 1, 2, 4, 5]]
+    ref = method.mean_nll(pruning.prune(model, keep), batches) - method.mean_nll(model, batches)
+    assert truth[1][3] == pytest.approx(ref, rel=1e-12, abs=1e-15)
+
+
+def test_random_token_selection_control_keeps_the_count_not_the_loss():
+    """The step_randtok control: as many positions as the loss selection, drawn at random (seeded),
+    never a position without a target."""
+    nll = torch.cat([torch.linspace(0, 5, 99), torch.tensor([-torch.inf])])
+    by_loss = pruning.selected_tokens(nll, 0.5)
+    a = pruning.selected_tokens(nll, 0.5, torch.Generator().manual_seed(0))
+    b = pruning.selected_tokens(nll, 0.5, torch.Generator().manual_seed(0))
+    assert int(a.sum()) == int(by_loss.sum()) == 50 and not bool(a[-1])
+    assert torch.equal(a, b) and not torch.equal(a, by_loss)
+
+
+def test_rank_corr_and_keep_difference():
+    assert pruning.rank_corr(torch.tensor([1.0, 2, 3, 4]), torch.tensor([10.0, 20, 30, 40])) == pytest.approx(1.0)
+    assert pruning.rank_corr(torch.tensor([1.0, 2, 3, 4]), torch.tensor([4.0, 3, 2, 1])) == pytest.approx(-1.0)
+    assert pruning.rank_corr(torch.tensor([1.0, 1, 1]), torch.tensor([1.0, 2, 3])) == 0.0
+    assert pruning.keep_difference([[0, 1], [2, 3]], [[0, 1], [2, 3]]) == 0.0
+    assert pruning.keep_difference([[0, 1], [2, 3]], [[0, 2], [2, 3]]) == 0.5   # one swap in one of two layers

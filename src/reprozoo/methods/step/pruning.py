@@ -7,12 +7,15 @@ set K_t, gate values w_{t,j}, expert outputs f_j(x_t), block output y_t.
 
 * ``frequency`` (baseline): S_j = #{t : j in K_t}, how often the router picks expert j.
 * ``random`` (control): S_j uniform at random (a seeded generator): the same number of experts
-  removed per layer, with no information; the rule every informed rule must beat.
+  removed per layer, with no information; the rule every informed rule must beat (``random_refit``:
+  the same removals followed by the re-fit below).
 * ``reap`` (baseline, REAP of Lasby et al. 2025): S_j = mean over {t : j in K_t} of
   w_{t,j} ||f_j(x_t)||_2, router weight x activation norm, averaged over the tokens routed to j.
 * ``step`` (the paper's method, our reading of it; see README):
   1. **selective tokens**: only the fraction ``token_frac`` of target positions with the highest
-     next-token loss l_t in each calibration batch count (the informative tokens, whose
+     next-token loss l_t in each calibration batch count (0.5, highest loss first: our guess at the
+     paper's selection; ``token_frac`` 1.0 is the token-agnostic ablation, ``select="random"`` the
+     placebo with as many random positions) (the informative tokens, whose
      contribution a token-uniform average dilutes). The objective that is differentiated is their
      loss alone, L_sel = mean_{s in Sel} l_s: the gradient is backpropagated from the selected
      tokens only, never from the others;
@@ -70,11 +73,17 @@ def token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([nll, torch.full_like(nll[:, :1], -float("inf"))], dim=1)
 
 
-def selected_tokens(nll_flat: torch.Tensor, frac: float) -> torch.Tensor:
-    """Boolean mask of the ``frac`` highest-loss positions (positions without a target excluded)."""
+def selected_tokens(nll_flat: torch.Tensor, frac: float, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Boolean mask of the ``frac`` highest-loss positions (positions without a target excluded).
+    With ``gen``: the same number of positions drawn uniformly at random instead (the placebo
+    selection of the ``step_randtok`` control: as many tokens, none chosen by their loss)."""
     valid = torch.isfinite(nll_flat)
     n = max(1, int(round(frac * int(valid.sum()))))
     mask = torch.zeros_like(valid)
+    if gen is not None:
+        key = torch.rand(nll_flat.shape, generator=gen, dtype=torch.float64).to(nll_flat.device)
+        mask[torch.topk(torch.where(valid, key, -torch.ones_like(key)), n).indices] = True
+        return mask
     mask[torch.topk(torch.where(valid, nll_flat, -torch.inf), n).indices] = True
     return mask
 
@@ -98,10 +107,16 @@ def removal_deltas(block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def expert_scores(model: nn.Module, batches: list[torch.Tensor], rule: str, token_frac: float = 0.5,
-                  seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                  seed: int = 0, select: str = "loss") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Importance of every expert per layer under ``rule`` (higher = keep), and the router's usage
     counts per layer (the histogram every rule sees), from calibration batches of token ids.
-    ``seed``: the generator of the ``random`` rule only."""
+    ``seed``: the generator of the ``random`` rule and of ``select="random"``. ``step`` only:
+    ``token_frac`` is the share of positions whose loss is differentiated (1.0: every token, the
+    token-agnostic ablation ``step_alltok``), ``select`` how they are chosen: ``loss`` (highest
+    loss first, the paper's selection as we read it) or ``random`` (the placebo control)."""
+    if select not in ("loss", "random"):
+        raise ValueError(f"select {select!r}: expected loss or random")
+    sel_gen = torch.Generator().manual_seed(int(seed) + 7919) if select == "random" else None
     blocks = moe.moe_blocks(model)
     E = [b.gate.num_experts for b in blocks]
     score = [torch.zeros(e, dtype=torch.float64) for e in E]
@@ -124,7 +139,7 @@ def expert_scores(model: nn.Module, batches: list[torch.Tensor], rule: str, toke
                 nll = token_nll(logits, ids)
                 if need_grad:
                     # selective: only the selected tokens' loss is differentiated (step 1)
-                    sel = selected_tokens(nll.detach().reshape(-1), token_frac)
+                    sel = selected_tokens(nll.detach().reshape(-1), token_frac, sel_gen)
                     nll.reshape(-1)[sel].mean().backward()
             with torch.no_grad():
                 for i, b in enumerate(blocks):
@@ -168,6 +183,24 @@ def keep_sets(scores: list[torch.Tensor], sparsity: float) -> list[list[int]]:
         order = sorted(range(len(s)), key=lambda j: (-float(s[j]), j))
         out.append(sorted(order[:n_keep]))
     return out
+
+
+def rank_corr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation of two score vectors (average ranks for ties; 0 when either is
+    constant): how well one rule's expert ranking matches another ranking, e.g. the true loss of
+    removing each expert alone."""
+    from scipy.stats import rankdata
+
+    ra, rb = rankdata(a.double().cpu().numpy()), rankdata(b.double().cpu().numpy())
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float((ra ** 2).sum() * (rb ** 2).sum()) ** 0.5
+    return float((ra * rb).sum() / den) if den > 0 else 0.0
+
+
+def keep_difference(a: list[list[int]], b: list[list[int]]) -> float:
+    """Experts per layer kept by one rule and removed by the other (half the symmetric difference of
+    the keep sets), mean over layers: 0 when two rules prune the same experts."""
+    return sum(len(set(x) ^ set(y)) / 2 for x, y in zip(a, b)) / len(a)
 
 
 def low_usage_share(usage: list[torch.Tensor], frac: float) -> float:
