@@ -31,14 +31,21 @@ train (per variant x seed), recorded metrics:
   not in its law; FC finds the planted edges that ``closing`` weakens most), ``coupling_ttest_prec`` the same on each edge's SC-FC coupling (how
   hard localisation is in this cohort); ``coupling_ttest_margin`` (weakest planted |t| minus strongest
   unplanted |t|: > 0 exactly at the t-test's ceiling); ``oracle_auc`` (test AUC of a logistic
-  regression told the planted edges: the cohort's reachable AUC);
+  regression told the planted edges: the cohort's reachable AUC); ``fusion_headroom`` (per test subject:
+  a linear model on every SC edge's FC, log SC and coupling minus the better single-modality linear model,
+  with ``linear_fc_auc``, ``linear_sc_auc``, ``linear_fused_auc``: does the cohort reward fusion at all?);
+  these cohort references are computed once per seed in ``train_shared`` (``refs.npz``);
 - AFR-Net only: ``gate_sd`` (spread over edges of a_e - log S_e, the precondition that learned
   gates differ from fixed ones; 0 for ``afr_net_fixed``), ``gate_effect`` (mean |change of the
   logit difference| when the trained network's gates are replaced by g_e = S_e, over its spread: do the gates
   change the output?), ``mask_effect`` (the same with the whole mask replaced by m_e = 1: does the
   output read the mask at all?; recorded for both AFR-Net variants), ``mask_shift`` (mean |m_learned - m_structural|: do the gates move the
   mask?), ``prec_at_k_gate`` (the same readout
-  on the gates instead of the mask), ``mask_mean``, ``gate_mean``;
+  on the gates instead of the mask), ``mask_mean``, ``gate_mean``; ``gate_learned`` and ``mask_learned``
+  (``afr_net`` only: the same network at initialisation against the trained one, :func:`learned_gate_change`:
+  what training taught the gates); ``topk_diff_prec``, ``topk_diff_recall``, ``topk_diff_size`` (the reference
+  code's own readout, :func:`topk_set_difference`, K = number of planted edges);
+- every fitted variant: ``reg_weight_decay``, ``reg_dropout`` (the ``reg`` table's setting), ``best_val``;
 - curves ``val_fit`` / ``lr_fit`` (validation cross-entropy and learning rate per evaluation: the
   convergence gate's), ``val_loss`` (the same curve, for the generic plot), ``train_loss`` (per step),
   ``edge_score`` (the readout per SC edge, x = i * N + j), and, in the ``afr_net`` cell only,
@@ -127,6 +134,40 @@ def oracle_auc(fz: np.ndarray, log_sc: np.ndarray, y: np.ndarray, planted: np.nd
     return roc_auc(y[test], clf.decision_function((X[test] - mu) / sd))
 
 
+def fusion_headroom_units(fz: np.ndarray, log_sc: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray,
+                          test: np.ndarray, c_grid) -> tuple[np.ndarray, dict]:
+    """Does the cohort reward fusing SC with FC? (cold review of stop 50, a data-side precondition of the AUC
+    claims.) Three L2 logistic regressions over every SC edge (C on validation cross-entropy,
+    :func:`fit_linear`): on Fisher-z FC alone, on log SC alone, and on FC, log SC and their per-edge coupling
+    (:func:`coupling_features`) together. Returns the per-test-subject AUC units (DeLong placements,
+    :func:`auc_units`) of the fused model minus those of the better single-modality model (the one with the
+    higher TEST AUC: the conservative choice, it makes the headroom smaller), whose mean is the fused test AUC
+    minus the best single-modality test AUC, and the three AUCs. Where this is near 0 the cohort is linear in
+    one modality and an AUC comparison between fusion models tests sample efficiency, not fusion."""
+    single = {"fc": fz, "sc": log_sc}
+    fused = np.concatenate([fz, log_sc, coupling_features(fz, log_sc, train)], 1)
+    units, aucs = {}, {}
+    for name, X in {**single, "fused": fused}.items():
+        clf, mu, sd, _, _ = fit_linear(X, y, train, val, c_grid)
+        s = clf.decision_function((X[test] - mu) / sd)
+        units[name], aucs[name] = auc_units(y[test], s), roc_auc(y[test], s)
+    best = max(single, key=lambda k: aucs[k])
+    return units["fused"] - units[best], aucs
+
+
+def topk_set_difference(m: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
+    """The reference code's pathway readout (``plot/analyze_group_diff.py``, v1.0.1): the group-mean mask of
+    controls and of patients, the top-``k`` edges of each (the reference takes 200 edges of Glasser's 360-region
+    matrix), and their symmetric difference (edges "unique to patients" or "unique to controls"). Returns a
+    boolean mask over the edges: a SET, not a ranking (its size, 0 to 2k, depends on k)."""
+    def top(v):
+        out = np.zeros(len(v), bool)
+        out[np.argsort(-v, kind="stable")[:k]] = True
+        return out
+
+    return top(m[y == 1].mean(0)) ^ top(m[y == 0].mean(0))
+
+
 def logit_shift(ref: np.ndarray, alt: np.ndarray) -> float:
     """Mean |alt - ref| of a logit difference over subjects, in units of ref's spread over subjects
     (``gate_effect``, ``mask_effect``): 0 when the change leaves the output alone, scale-free."""
@@ -148,6 +189,40 @@ def open_mask_logit_diff(model, T: dict, idx, batch: int = 64) -> np.ndarray:
             z = model.readout(H, torch.ones_like(m))
             out.append((z[:, 1] - z[:, 0]).cpu().numpy())
     return np.concatenate(out)
+
+
+def learned_gate_change(model, init, T: dict, idx, batch: int = 64) -> tuple[float, float]:
+    """What training taught the gates (cold review of stop 50: ``gate_sd`` and ``mask_shift`` already hold in
+    an untrained network, whose near-constant gate output leaves a_e - log S_e with the spread of log S).
+    Compares the trained AFR-Net with the SAME network at initialisation (``init``: built from the same seed,
+    the weights every fit starts from) on the subjects ``idx``:
+
+    - ``gate_learned``: spread over the edges of a_e(trained) - a_e(init), mean over subjects (a shift
+      constant over the edges is removed, as the mask's min-max removes it);
+    - ``mask_learned``: mean |m_e - m_e'| over edges and subjects, m the trained network's mask and m' the
+      trained network's mask with its log-conductances replaced by the initial network's (the same node
+      embeddings, threshold and structural cost: only the gates differ).
+
+    Both are exactly 0 for an untrained network (``init`` itself), so a precondition on them says that the
+    gates learned something (tests/test_afr_net.py)."""
+    import torch
+
+    from . import routing
+
+    model.eval()
+    init.eval()
+    sds, dm = [], []
+    with torch.no_grad():
+        for s in range(0, len(idx), batch):
+            b = idx[s:s + batch]
+            S, F = T["S"][b], T["F"][b]
+            _, _, m, a, S_e = model.route(S, F)
+            _, _, _, a0, _ = init.route(S, F)
+            sds.append((a - a0).std(-1))
+            E0 = routing.edge_energy(model.B, torch.exp(a0), F, model.energy_scale)
+            m0 = routing.mask_from_energy(E0, S_e, model.tau, model.lambda_cost, model.threshold, model.eps)
+            dm.append((m - m0).abs().mean(-1))
+    return float(torch.cat(sds).mean()), float(torch.cat(dm).mean())
 
 
 def ttest_scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -193,11 +268,23 @@ def train_shared(ctx) -> None:
     split = split_indices(cohort.y, tuple(p["split"]), ctx.rng(1))
     cohort.save(ctx.outdir / "cohort.npz")
     np.savez(ctx.outdir / "split.npz", **split)
+    refs = cohort_reference_values(cohort, split, p.get("linear", {}).get("c_grid", [0.001, 0.01, 0.1, 1.0]))
+    np.savez(ctx.outdir / "refs.npz", **{k: np.asarray(v, float) for k, v in refs.items()})
     ctx.metrics.scalar("n_edges", len(cohort.edges))
     ctx.metrics.scalar("n_planted", int(cohort.planted.sum()))
 
 
 # --- training ------------------------------------------------------------------------------------
+
+def regularisation(p: dict, variant: str) -> dict:
+    """The variant's weight decay and dropout: its entry of the config's ``reg`` table where there is one (smoke:
+    chosen once on seed 0's validation from the same ``reg_grid`` for every network, :mod:`.pilot_reg`), else
+    ``fit.weight_decay`` and ``train.dropout`` (ci, paper)."""
+    row = (p.get("reg") or {}).get(variant)
+    if row is None:
+        return {"weight_decay": float(p["fit"]["weight_decay"]), "dropout": float(p["train"]["dropout"])}
+    return {"weight_decay": float(row["weight_decay"]), "dropout": float(row["dropout"])}
+
 
 def build_model(variant: str, cohort: Cohort, tensors: dict, p: dict):
     import torch
@@ -205,7 +292,7 @@ def build_model(variant: str, cohort: Cohort, tensors: dict, p: dict):
     from .models import AFRNet, GCNBaseline, MLPBaseline
 
     N = cohort.sc.shape[1]
-    drop = p["train"]["dropout"]
+    drop = regularisation(p, variant)["dropout"]
     S, F = tensors["S"][tensors["train"]], tensors["F"][tensors["train"]]
     if variant in ("afr_net", "afr_net_fixed"):
         a = p["afr"]
@@ -254,6 +341,7 @@ def fit(variant: str, cohort: Cohort, T: dict, p: dict, seed: int, progress=prin
     # the rate: the config's ``lr`` table where it has this variant's entry (chosen once on validation, one
     # seed: configs/smoke.yaml), else the grid piloted in this fit (ci, paper)
     f, source = fit_with_table_rate(p["fit"], p.get("lr"), variant, required=False)
+    f = {**f, "weight_decay": regularisation(p, variant)["weight_decay"]}   # the reg table's, where it has one
     ce = torch.nn.functional.cross_entropy
     train_idx, val_idx = T["train"], T["val"]
 
@@ -305,22 +393,43 @@ def load_tensors(shared_dir: Path, p: dict, device: str = "cpu"):
     return cohort, T
 
 
-def cohort_references(ctx, cohort: Cohort, T: dict, record_prec) -> None:
-    """Model-free references of this seed's cohort (the same in every variant's cell): t-tests on log SC,
-    Fisher-z FC and the SC-FC coupling of each edge; the coupling t-test's ceiling margin; oracle_auc."""
-    y, edges, planted = T["y"].cpu().numpy(), cohort.edges, cohort.planted
-    tr, test = T["train"].cpu().numpy(), T["test"].cpu().numpy()
+def cohort_reference_values(cohort: Cohort, split: dict, c_grid) -> dict:
+    """Model-free references of this seed's cohort (computed once per seed in ``train_shared`` and recorded in
+    every variant's cell by :func:`record_cohort_references`): t-tests on log SC, Fisher-z FC and the SC-FC
+    coupling of each edge (per planted edge hits, or NaN on real data); the coupling t-test's ceiling margin;
+    oracle_auc; the fusion headroom (per test subject) and the three linear AUCs behind it. Arrays are
+    recorded as units, numbers as scalars."""
+    y, edges, planted = cohort.y, cohort.edges, cohort.planted
+    tr, va, test = split["train"], split["val"], split["test"]
     sc_all = np.log(cohort.sc[:, edges[:, 0], edges[:, 1]] + 1e-12)
     fz_all = np.arctanh(np.clip(cohort.fc[:, edges[:, 0], edges[:, 1]], -0.999, 0.999))
-    ctx.metrics.scalar("sc_ttest_prec", precision_at_k(ttest_scores(sc_all[tr], y[tr]), planted))
-    record_prec("fc_ttest_prec", ttest_scores(fz_all[tr], y[tr]))
+    hits = (lambda sc: planted_hits(sc, planted)) if planted.any() else (lambda sc: float("nan"))
+    out = {"sc_ttest_prec": precision_at_k(ttest_scores(sc_all[tr], y[tr]), planted),
+           "fc_ttest_prec": hits(ttest_scores(fz_all[tr], y[tr]))}
     t_cp = ttest_scores(coupling_features(fz_all, sc_all, tr)[tr], y[tr])
-    record_prec("coupling_ttest_prec", t_cp)
+    out["coupling_ttest_prec"] = hits(t_cp)
     # the ceiling margin of this seed's cohort: |t| of the weakest planted edge minus the largest |t| of
     # an unplanted one; > 0 exactly when the coupling t-test finds every planted edge (precision 1)
     if planted.any():
-        ctx.metrics.scalar("coupling_ttest_margin", float(t_cp[planted].min() - t_cp[~planted].max()))
-    ctx.metrics.scalar("oracle_auc", oracle_auc(fz_all, sc_all, y, planted, tr, test))
+        out["coupling_ttest_margin"] = float(t_cp[planted].min() - t_cp[~planted].max())
+    out["oracle_auc"] = oracle_auc(fz_all, sc_all, y, planted, tr, test)
+    # fusion headroom (data-side precondition of the AUC claims): fused linear model on FC + SC + coupling of
+    # every SC edge minus the better single-modality linear model, per test subject (mean = AUC difference)
+    hr, aucs = fusion_headroom_units(fz_all, sc_all, y, tr, va, test, c_grid)
+    out["fusion_headroom"] = hr
+    out.update({f"linear_{k}_auc": float(a) for k, a in aucs.items()})
+    return out
+
+
+def record_cohort_references(ctx) -> None:
+    """Record the seed's cohort references (``train_shared``'s ``refs.npz``) in this variant's cell."""
+    z = np.load(ctx.shared_dir / "refs.npz")
+    for k in z.files:
+        v = z[k]
+        if v.ndim:
+            ctx.metrics.units(k, v)
+        else:
+            ctx.metrics.scalar(k, float(v))
 
 
 def train_linear(ctx, cohort: Cohort, T: dict) -> None:
@@ -351,7 +460,7 @@ def train_linear(ctx, cohort: Cohort, T: dict) -> None:
     record_prec("prec_at_k", native)
     ctx.metrics.scalar("prec_at_k_saliency", precision_at_k(native, planted))
     ctx.metrics.scalar("chance_prec", int(planted.sum()) / len(edges))
-    cohort_references(ctx, cohort, T, record_prec)
+    record_cohort_references(ctx)
     ctx.metrics.curve("edge_score", edges[:, 0] * N + edges[:, 1], native)
     ctx.progress(f"auc {ctx.metrics.scalars['auc']:.3f} (C {C:g})")
 
@@ -375,6 +484,10 @@ def train(ctx) -> None:
     ctx.metrics.curve("train_loss", np.arange(1, len(rec["losses"]) + 1), rec["losses"])
     ctx.metrics.scalar("plateau", float(rec["plateau"]))
     ctx.metrics.scalar("lr_from_table", float(rec["lr_source"] == "table"))
+    reg = regularisation(p, v)
+    ctx.metrics.scalar("reg_weight_decay", reg["weight_decay"])
+    ctx.metrics.scalar("reg_dropout", reg["dropout"])
+    ctx.metrics.scalar("best_val", float(min(rec["vals"])))
     ctx.metrics.scalar("lr_edge", {"top": 1.0, "bottom": -1.0}.get(rec["lr_edge"], 0.0))
     for lr, best in rec["pilot_best"].items():
         ctx.progress(f"pilot lr {lr:g}: best validation cross-entropy {best:.4f}")
@@ -421,6 +534,19 @@ def train(ctx) -> None:
         # attention bias 0 on every SC edge): the most any gate could do through the mask, in the same
         # units (a readout that ignores its mask leaves no room for gate_effect)
         ctx.metrics.scalar("mask_effect", logit_shift(dl, open_mask_logit_diff(model, T, held)))
+        if v == "afr_net":
+            # what the gates learned: the same network at initialisation (fit builds it from torch.manual_seed(seed))
+            torch.manual_seed(ctx.seed)
+            init = build_model(v, cohort, T, p).to(T["S"].device)
+            gl, ml = learned_gate_change(model, init, T, held)
+            ctx.metrics.scalar("gate_learned", gl)
+            ctx.metrics.scalar("mask_learned", ml)
+        # the reference code's own readout (top-k set difference of the group-mean masks, k = #planted here):
+        # its precision (planted share of the set, 0 for an empty set), its size and its recall of the planted edges
+        D = topk_set_difference(m, yh, max(k, 1))
+        ctx.metrics.scalar("topk_diff_size", float(D.sum()))
+        ctx.metrics.scalar("topk_diff_prec", float((D & planted).sum() / max(D.sum(), 1)))
+        ctx.metrics.scalar("topk_diff_recall", float((D & planted).sum() / max(k, 1)))
         ctx.metrics.scalar("prec_at_k_gate", precision_at_k(np.abs(gate[yh == 1].mean(0) - gate[yh == 0].mean(0)), planted))
     else:
         native = sal
@@ -431,7 +557,7 @@ def train(ctx) -> None:
     record_prec("prec_at_k", native)
     ctx.metrics.scalar("prec_at_k_saliency", precision_at_k(sal, planted))
     ctx.metrics.scalar("chance_prec", k / len(edges))
-    cohort_references(ctx, cohort, T, record_prec)
+    record_cohort_references(ctx)
     flat = edges[:, 0] * N + edges[:, 1]
     ctx.metrics.curve("edge_score", flat, native)
     if v == "afr_net":

@@ -7,8 +7,10 @@ pipeline; run from the repository root, one core, about a minute each):
     python -m reprozoo.methods.afr_net.probe_gates model "{}" maskpool 150
     python -m reprozoo.methods.afr_net.probe_gates data "dict(sc_noise=0.8)" ...
     python -m reprozoo.methods.afr_net.probe_gates closing 0 0.5 0.75 1.0
+    python -m reprozoo.methods.afr_net.probe_gates fusion 0 0.125 0.25 0.375 0.5 0.75
 
-``closing``: the data-side rule that set ``data.closing`` (:func:`probe_closing`).
+``fusion``: the data-side rule that sets ``data.closing`` since the cold review of stop 50 (:func:`probe_fusion`);
+``closing``: the earlier rule (:func:`probe_closing`, kept for the record).
 
 ``model``: the smoke cohort of seed 0 (with the data overrides given), the smoke AFR-Net built by
 ``method.build_model``, trained with Adam at 3e-3 for the given number of minibatches of 64 (0: at
@@ -118,6 +120,32 @@ def probe_data(overrides: list) -> None:
                   precision_at_k(t_fc, P), t_fc[P].min() - t_fc[~P].max(), time.time() - t), flush=True)
 
 
+def probe_fusion(values: list, seed: int = 7) -> None:
+    """The rule that sets ``closing`` since the cold review of stop 50 (written here before it was run): on the
+    development cohort (seed 7, not a smoke seed; the smoke config otherwise) and its TRAINING and VALIDATION
+    subjects only (fit on training, C and the score on validation), compute the fusion headroom of
+    :func:`method.fusion_headroom_units` (linear model on every SC edge's FC + log SC + coupling, minus the
+    better of FC alone and log SC alone) for closing in {0, 0.125, 0.25, 0.375, 0.5, 0.75}; choose the LARGEST
+    closing whose headroom is >= 0.10, twice the precondition's margin (``fusion_headroom > 0.05``, spec.yaml),
+    so that the precondition is not marginal on the smoke seeds while FC carries as much of the disease as the
+    headroom allows (the baselines read FC). Prints the FC-only, SC-only and fused validation AUCs as well."""
+    from .data import make_cohort, split_indices
+    from .method import fusion_headroom_units
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    for closing in values:
+        t = time.time()
+        d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"]), "closing": closing}
+        c = make_cohort(np.random.default_rng(seed * 1_000_003), **d)
+        sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed * 1_000_003 + 1))
+        e, y, tr, va = c.edges, c.y, sp["train"], sp["val"]
+        fz = np.arctanh(np.clip(c.fc[:, e[:, 0], e[:, 1]], -.999, .999))
+        ls = np.log(c.sc[:, e[:, 0], e[:, 1]])
+        hr, aucs = fusion_headroom_units(fz, ls, y, tr, va, va, cfg["linear"]["c_grid"])
+        print(f"closing {closing} seed {seed} (validation): FC {aucs['fc']:.3f} SC {aucs['sc']:.3f} fused "
+              f"{aucs['fused']:.3f} headroom {hr.mean():+.3f} | {time.time() - t:.0f}s", flush=True)
+
+
 def probe_closing(values: list, seed: int = 7) -> None:
     """The rule that set ``closing`` (data-side only, before any network ran on the cohort): on a development
     cohort (seed 7, not a smoke seed; the smoke config otherwise), for each closing value print the FC and
@@ -152,6 +180,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "model":
         probe_model(eval(sys.argv[2]) if len(sys.argv) > 2 else {}, sys.argv[3] if len(sys.argv) > 3 else "published",
                     int(sys.argv[4]) if len(sys.argv) > 4 else 150)
+    elif sys.argv[1] == "fusion":
+        probe_fusion([float(x) for x in sys.argv[2:]])
     elif sys.argv[1] == "closing":
         probe_closing([float(x) for x in sys.argv[2:]])
     else:
