@@ -43,27 +43,51 @@ def test_bins_carry_the_thresholds():
     assert P.FIELDS[4].threshold_bin() == 5 and P.BRADY_BIN == 2
 
 
-def test_supported_and_hallucination_rate():
-    truth = P.protocol_report(_feat(qrs_ms=105.0))          # QRS bin 3 (100-120), normal
-    assert P.supported(truth, truth).all()
-    near = truth.copy(); near[0] += 1                         # 80-90 bpm instead of 70-80: tolerated
-    assert P.supported(near, truth).all()
-    crossing = truth.copy(); crossing[2] += 1                 # 120-140 ms: crosses the wide cut
-    ok = P.supported(crossing, truth)[0]
-    assert ok.sum() == 5 and not ok[2]
-    wrong_dx = truth.copy(); wrong_dx[-1] = 2
-    assert np.isclose(1 - P.supported(wrong_dx, truth).mean(), 1 / 6)
-    brady_slip = P.protocol_report(_feat(hr=61.0)); brady_slip[0] = 1   # 50-60 bpm: states brady
-    assert not P.supported(brady_slip, P.protocol_report(_feat(hr=61.0)))[0, 0]
-
-
-def test_evidence_reward_values():
-    truth = P.protocol_report(_feat())
+def test_paper_reward_is_exact_anchor_recall_per_step_plus_diagnosis():
+    """The paper's reward (plugin.py: diagnosis Jaccard + key-evidence recall with exact anchors,
+    averaged per protocol step): a one-bin slip earns nothing for that anchor, no consistency term."""
+    truth = P.protocol_report(_feat(qrs_ms=105.0))
     assert P.evidence_reward(truth, truth)[0] == pytest.approx(1.0)
-    bad = truth.copy(); bad[-1] = 1                           # wrong dx, inconsistent with evidence
-    assert P.evidence_reward(bad, truth)[0] == pytest.approx((0 + 1 + 0) / 3)
+    near = truth.copy(); near[0] += 1                         # 80-90 bpm instead of 70-80: a miss now
+    assert P.exact(near, truth)[0].sum() == 5
+    # step 1 (rate, RR CV) recall 1/2, steps 2 and 5 full: recall (0.5 + 1 + 1) / 3, dx right
+    assert P.evidence_reward(near, truth)[0] == pytest.approx((1 + 2.5 / 3) / 2)
+    wrong_dx = truth.copy(); wrong_dx[-1] = 2                 # evidence exact, dx wrong
+    assert P.evidence_reward(wrong_dx, truth)[0] == pytest.approx(0.5)
+    qtc = truth.copy(); qtc[4] += 1                           # QTc is step 5 alone: its whole step lost
+    assert P.evidence_recall(qtc, truth)[0] == pytest.approx(2 / 3)
     lied = truth.copy(); lied[0] = 0; lied[-1] = 1            # invents bradycardia, dx follows it
-    assert P.evidence_reward(lied, truth)[0] == pytest.approx((0 + 0.8 + 1) / 3)
+    assert P.evidence_reward(lied, truth)[0] == pytest.approx((0 + 2.5 / 3) / 2)   # no credit for coherence
+    assert P.consistent(lied)[0] and not P.consistent(wrong_dx)[0]
+
+
+def test_generator_reference_matches_the_delineation_in_median_but_is_its_own():
+    """The grounded check's reference comes from the generator's parameters alone (no delineation): it
+    follows the planted knobs exactly and agrees with neurokit2's measurement to within a bin in median
+    over a few records, without being equal to it."""
+    rng = np.random.default_rng(11)
+    gen, meas = [], []
+    while len(gen) < 8:
+        par = D.sample_params(rng)
+        f = P.measure(D.simulate_clean(par), D.FS_SIM)
+        if f is None:
+            continue
+        g = D.generator_features(par)
+        gen.append([g[k] for k in P.FEATURES]); meas.append([f[k] for k in P.FEATURES])
+        ref = P.ground_truth(par)
+        assert ref[-1] == P.RHYTHM_DX[par["rhythm"]] and np.allclose(ref[:-1], gen[-1])
+    gen, meas = np.array(gen), np.array(meas)
+    widths = np.array([f.width for f in P.FIELDS])
+    assert (np.abs(np.median(meas - gen, axis=0)) < widths)[[0, 2, 3, 4]].all()
+    assert not np.allclose(gen[:, 2:], meas[:, 2:], atol=1.0)
+    base = {"rhythm": "normal", "heart_rate": 70.0, "heart_rate_std": 1.0, "qrs_scale": 1.0, "pr_scale": 1.0,
+            "qt_scale": 1.0, "random_state": 0}
+    g0, gw = D.generator_features(base), D.generator_features({**base, "qrs_scale": 1.3})
+    assert gw["qrs_ms"] == pytest.approx(1.3 * g0["qrs_ms"]) and gw["pr_ms"] < g0["pr_ms"]
+    # at 60 bpm (RR 1 s, no rate scaling): QT from Q onset (-15 deg - 2.25 x 0.1 rad) to T offset
+    # (100 deg + 2.25 x 0.4 rad), one cycle = 2 pi = 1000 ms
+    qt = (np.deg2rad(115.0) + D.WAVE_SD * (0.1 + 0.4)) / (2 * np.pi) * 1000.0
+    assert D.generator_features({**base, "heart_rate": 60.0})["qtc_ms"] == pytest.approx(qt)
 
 
 def test_render_keeps_spike_and_draws_one_row_for_flat_trace():
@@ -134,27 +158,25 @@ def test_missing_modality_is_ignored_and_dropout_rates():
 
 
 def _ref(feat, rhythm="normal"):
-    return P.ground_truth({"rhythm": rhythm}, feat)
+    return P.reference(feat, rhythm)
 
 
 def test_grounded_check_is_not_the_reward_scorer():
-    """The grounded check (the claimed hallucination rate) and the reward's scorer disagree where
-    they must: a one-bin slip the reward credits is a hallucination, and so is a diagnosis that
-    follows the protocol's measurement but not the record's generating rhythm."""
+    """The grounded check (the claimed hallucination rate) and the reward disagree where they must: a
+    diagnosis that follows the protocol's measurement but not the record's generating rhythm is a
+    hallucination the reward credits; a statement within half a bin of the generator's value is
+    grounded though the reward (exact anchors on the measured bin) gives it nothing."""
     feat = _feat(hr=72.0, qrs_ms=105.0)
     truth = P.protocol_report(feat)
     assert P.grounded(truth, _ref(feat))[0].all()             # the protocol's own report is grounded
-    slip = truth.copy(); slip[0] += 1                           # 80-90 bpm for 72 bpm
-    assert P.supported(slip, truth)[0].all()                    # the reward gives full credit ...
-    assert not P.grounded(slip, _ref(feat))[0, 0]               # ... the grounded check does not
-    edge = truth.copy(); edge[0] = P.FIELDS[0].bin(81.0)        # 80-90 bpm for 84 bpm: inside
-    assert P.grounded(edge, _ref(_feat(hr=84.0)))[0, 0]
-    near = P.protocol_report(_feat(hr=79.0)); near[0] = P.FIELDS[0].bin(81.0)  # 79 is within 5 bpm of 80
-    assert P.grounded(near, _ref(_feat(hr=79.0)))[0, 0]
+    edge = truth.copy(); edge[0] = P.FIELDS[0].bin(81.0)        # 80-90 bpm for 78 bpm: inside half a bin
+    assert P.grounded(edge, _ref(_feat(hr=78.0)))[0, 0] and not P.exact(edge, truth)[0, 0]
+    slip = truth.copy(); slip[0] = P.FIELDS[0].bin(91.0)       # 90-100 bpm for 72 bpm
+    assert not P.grounded(slip, _ref(feat))[0, 0]
     # a 'normal' generated record measured at 59 bpm: the protocol says brady, ground truth sinus
     f59 = _feat(hr=59.0)
     rep = P.protocol_report(f59)
-    assert rep[-1] == 1 and P.supported(rep, rep)[0].all()
+    assert rep[-1] == 1 and P.evidence_reward(rep, rep)[0] == pytest.approx(1.0)
     g = P.grounded(rep, _ref(f59, "normal"))[0]
     assert not g[-1] and not g[0]                               # wrong dx, wrong rate category
     assert P.grounded(rep, _ref(f59, "brady"))[0].all()
@@ -166,6 +188,16 @@ def test_grounded_regularity_follows_the_generating_class():
     assert rep[-1] == 3 and P.grounded(rep, _ref(feat, "irregular"))[0].all()
     g = P.grounded(rep, _ref(feat, "normal"))[0]
     assert not g[1] and not g[-1] and g[0]
+    # the irregular class: its 8-s window's variability is not the nominal one, so any irregular bin
+    # holds; its rate is checked to within half a bin plus IRREGULAR_RATE_TOL of the nominal rate
+    other = rep.copy(); other[1] = P.FIELDS[1].bin(0.27)
+    assert P.grounded(other, _ref(feat, "irregular"))[0, 1]
+    fast = rep.copy(); fast[0] = P.FIELDS[0].bin(101.0)        # 100-110 bpm for a nominal 90
+    assert P.grounded(fast, _ref(feat, "irregular"))[0, 0]
+    assert not P.grounded(fast, _ref(_feat(hr=90.0), "normal"))[0, 0]
+    # a regular record stated at 0.05-0.10 for a nominal variability of 0.02 is not grounded
+    reg = P.protocol_report(_feat()); reg[1] = P.FIELDS[1].bin(0.07)
+    assert not P.grounded(reg, _ref(_feat()))[0, 1]
 
 
 def test_grounded_flags_a_statement_across_the_clinical_threshold():
@@ -387,3 +419,15 @@ def test_rl_log_records_reward_and_zero_spread_and_picks_the_chosen_run():
     fit2 = {"lr_grid": [1e-4, 1e-3, 1e-2], "pilot_steps": 2}
     log = [(k, 0.0) for k in range(10)]                     # pilots 0-1, 2-3, 4-5; then the chosen run
     assert [x for x, _ in M.rl_run_log(log, {"lr": 1e-3, "stop": 6}, fit2)] == [2, 3, 6, 7, 8, 9]
+
+
+def test_stage2_tables_rank_by_the_shared_rules_pilot_score():
+    """pilot_stage2 ranks a rate by the shared rule's score (fit.pilot_score, default the mean of the
+    second half of the validation curve), not by its single best point: a noisy rate's lucky maximum
+    does not win."""
+    from reprozoo.methods.ecg_r1.pilot_stage2 import rule_score
+
+    steady = [-0.85, -0.88, -0.89, -0.89, -0.89, -0.89]       # neg rewards: best 0.89, tail 0.89
+    lucky = [-0.85, -0.80, -0.82, -0.93, -0.81, -0.80]        # best 0.93, tail 0.847
+    assert rule_score(steady, {}) > rule_score(lucky, {})
+    assert rule_score(lucky, {"pilot_score": "best"}) == pytest.approx(0.93)

@@ -34,11 +34,14 @@ Metrics (test records, one unit per record via ctx.metrics.units; fractions in [
     dx_acc              diagnosis equals the protocol's diagnosis
     dx_chance           the majority training diagnosis would be right (the chance level)
     halluc_rate         statements (5 evidence + diagnosis) contradicted by the grounded check
-                        (protocol.grounded: simulator ground truth, independent of the reward)
+                        (protocol.grounded: the generator's own values, no delineation; the
+                        reward reads neurokit2's measurement)
     evidence_precision  grounded evidence statements / evidence statements
-    halluc_rate_reward  the same by the reward's own scorer (protocol.supported): what RL optimised
+    halluc_rate_reward  statements not stated exactly as the protocol's (what the reward credits)
     consistency         diagnosis follows from the report's own cited rate and regularity
-    reward              the evidence reward of the greedy report
+    reward              the paper's evidence reward of the greedy report (protocol.evidence_reward)
+    img_extra_info      1 if the record's image is not the rendering of the signal the model is
+                        given (information the signal lacks); fusion_vs_single's precondition
     *_sig, *_img        the same with only the signal / only the image given to the model
 """
 from __future__ import annotations
@@ -88,7 +91,7 @@ def simulate_records(n: int, rng: np.random.Generator, progress=print) -> list[d
         feat = P.measure(clean, D.FS_SIM)
         if feat is not None:
             out.append({"params": p, "clean": clean, "feat": feat, "report": P.protocol_report(feat),
-                        "ref": P.ground_truth(p, feat)})
+                        "ref": P.ground_truth(p)})
     progress(f"{n} records simulated ({tries - n} resampled after failed delineation)")
     return out
 
@@ -248,15 +251,16 @@ def _masks(setup: str, n: int):
 
 
 def evaluate(model, arr: dict, m_sig, m_img) -> dict:
-    """Greedy reports of one split, scored per observation: the grounded check (claims) and the
-    reward's own scorer (``*_reward``: what RL optimised, reported, never claimed)."""
+    """Greedy reports of one split, scored per observation: the grounded check against the generator
+    (claims) and the reward's own scorer (``*_reward``: statements not stated exactly as the protocol
+    report, what RL optimised; reported, never claimed)."""
     import torch
 
     with torch.no_grad():
         z = model.encode(torch.from_numpy(arr["sig"]), torch.from_numpy(arr["img"]),
                          torch.from_numpy(m_sig), torch.from_numpy(m_img))
         rep = model.generate(z, greedy=True)[0].numpy()
-    ok = P.supported(rep, arr["report"])
+    ok = P.exact(rep, arr["report"])
     g = P.grounded(rep, arr["ref"])
     return {"dx_acc": (rep[:, -1] == arr["report"][:, -1]).astype(float),
             "halluc_rate": 1.0 - g.mean(axis=1), "evidence_precision": g[:, :-1].mean(axis=1),
@@ -532,6 +536,10 @@ def train(ctx) -> None:
     # chance: the majority training diagnosis, scored per test record like dx_acc
     majority = np.bincount(tr["report"][:, -1], minlength=len(P.DX)).argmax()
     ctx.metrics.units("dx_chance", per_record(te["report"][:, -1] == majority, views))
+    # does the image carry information the signal lacks? 1 where it is not the rendering of the very
+    # signal the model is given (make_views renders it from that signal: 0 for every record)
+    extra = np.array([not np.array_equal(D.render_image(s), im) for s, im in zip(te["sig"], te["img"])], float)
+    ctx.metrics.units("img_extra_info", per_record(extra, views))
     modes = {"": _masks(setup, nt)}
     if setup == "both":
         modes["_sig"] = _masks("signal", nt)

@@ -2,8 +2,9 @@
 (blocks.rate_table's protocol, as ``pilot_stage1`` does for stage 1): each rate of ``fit2.lr_grid``
 (SFT continued on the stage-2 pool) or ``fit3.lr_grid`` (GRPO on the pool, from stage 2's model at
 its ``lr2`` rate) run in full by the shared rule on one seed, scored on set B only; prints one JSON
-line per (variant, stage, rate) with the best validation evidence reward (what the table ranks by),
-its step, the stop and the CPU seconds. Needs the seed's cached data (a smoke run of that seed
+line per (variant, stage, rate) with the shared rule's pilot score of the whole run (``score``: what the
+table ranks by, ``rule_score``), the best validation evidence reward and its step, the stop and the CPU
+seconds. Needs the seed's cached data (a smoke run of that seed
 first); stage 1 and stage 2 come from the seed's shared cache (trained there if absent)::
 
     python -m reprozoo.methods.ecg_r1.pilot_stage2 2 ecg_r1,rl_no_dropout '[0.001, 0.003]'
@@ -17,6 +18,21 @@ import json
 import sys
 import time
 from pathlib import Path
+
+
+def rule_score(vals: list, fit: dict) -> float:
+    """The shared rule's pilot score of a run (blocks.fitting.PlateauRun.pilot_score, ``fit.pilot_score``,
+    default ``tail``: the mean of the second half of its validation points; ``best``: its best point), as
+    a reward (higher is better). The table takes the rate that scores highest; the single best point
+    (printed as ``best_reward``) is a noisy rate's lucky maximum and does not rank."""
+    import numpy as np
+
+    how = fit.get("pilot_score", "tail")
+    if how == "tail":
+        return -float(np.mean(vals[len(vals) // 2:]))
+    if how == "best":
+        return -float(min(vals[1:] or vals))
+    raise ValueError(f"fit.pilot_score '{how}': expected one of best, tail")
 
 
 def main(stage: int, variants: list[str], rates: list[float], lr2: dict | None = None, seed: int = 0) -> None:
@@ -56,6 +72,7 @@ def main(stage: int, variants: list[str], rates: list[float], lr2: dict | None =
             kept = [i for i, x in enumerate(r["steps"]) if x >= fit["keep_from"]]
             i = max(kept, key=lambda j: vals[j])
             print(json.dumps({"variant": variant, "stage": stage, "lr": lr, "start_reward": round(vals[0], 4),
+                              "score": round(rule_score(r["vals"], fit), 4),
                               "best_reward": round(vals[i], 4), "best_step": r["steps"][i], "stop": r["stop"],
                               "plateau": bool(r["plateau"]), "cpu_s": round(time.process_time() - t, 1),
                               "cpu_s_before": round(base, 1)}), flush=True)
