@@ -560,3 +560,23 @@ def test_the_fusion_precondition_holds_over_the_smoke_seeds():
              "x": np.nan, "value": _smoke_cohort_stats(s)["headroom"]} for s in SMOKE_SEEDS]
     m = measure("fusion_headroom@afr_net", ">", 0.05, pd.DataFrame(rows), list(SMOKE_SEEDS))
     assert m["verdict"] == "holds", m
+
+
+def test_routing_energy_stays_finite_when_gates_underflow():
+    """The 3-seed smoke at 940ef68 stopped on an exactly singular float32 grounded Laplacian once a
+    node's gates underflowed to 0. The model holds log-gates within +-LOG_G_BOUND and the energy is
+    computed in float64 (returned in the gates' dtype): finite energies, no error. Node 3's demand
+    still has to cross its nearly closed gate, so that edge dissipates the most (I^2 / g)."""
+    import torch
+
+    from reprozoo.methods.afr_net import models, routing
+
+    edges = torch.tensor([[0, 1], [1, 2], [2, 3], [0, 2]])
+    B = torch.zeros(len(edges), 4)
+    B[torch.arange(len(edges)), edges[:, 0]] = 1.0
+    B[torch.arange(len(edges)), edges[:, 1]] = -1.0
+    a = torch.tensor([0.0, 0.5, -500.0, 0.2])       # node 3's only gate far below float32's exp range
+    g = torch.exp(a.clamp(-models.LOG_G_BOUND, models.LOG_G_BOUND))
+    F = torch.rand(4, 4)
+    E = routing.edge_energy(B, g, (F + F.T) / 2)
+    assert E.dtype == torch.float32 and torch.isfinite(E).all() and int(E.argmax()) == 2

@@ -28,6 +28,11 @@ from torch import nn
 
 from . import routing
 
+# log-conductances are held within +-20 before exp: beyond that a gate is numerically closed or shorted
+# (e^-20 ~ 2e-9 against O(1) gates) and the grounded Laplacian's inverse stops being meaningful even in
+# float64 (routing.edge_energy); the 3-seed smoke at 940ef68 stopped on gates that underflowed to 0
+LOG_G_BOUND = 20.0
+
 
 @contextmanager
 def slow_attention_path():
@@ -128,7 +133,7 @@ class AFRNet(nn.Module):
         H = self.encode(S, F)
         u, v = self.edges[:, 0], self.edges[:, 1]
         S_e, F_e = S[:, u, v], F[:, u, v]
-        a = self.log_conductance(H, S_e, F_e)
+        a = self.log_conductance(H, S_e, F_e).clamp(-LOG_G_BOUND, LOG_G_BOUND)
         E = routing.edge_energy(self.B, torch.exp(a), F, self.energy_scale)
         m = routing.mask_from_energy(E, S_e, self.tau, self.lambda_cost, self.threshold, self.eps)
         return H, E, m, a, S_e

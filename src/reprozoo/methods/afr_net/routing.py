@@ -84,10 +84,11 @@ def unit_flows(B: torch.Tensor, g: torch.Tensor, pairs: torch.Tensor) -> torch.T
     With R = (L_g + 11^T/N)^{-1}, the potentials of pair (i, j) are R[:, i] - R[:, j], so all
     pairs need one inverse and one product D = B R (E x N); the currents are g_e (D[e, i] - D[e, j]).
     """
-    D = B @ torch.linalg.inv(grounded_laplacian(B, g))                         # (..., E, N)
+    B64, g64 = B.to(torch.float64), g.to(torch.float64)                         # as in edge_energy
+    D = B64 @ torch.linalg.inv(grounded_laplacian(B64, g64))                   # (..., E, N)
     E = D.shape[-2]
     take = lambda k: torch.gather(D, -1, pairs[..., k, :].unsqueeze(-2).expand(*D.shape[:-2], E, -1))
-    return g.unsqueeze(-1) * (take(0) - take(1))
+    return (g64.unsqueeze(-1) * (take(0) - take(1))).to(g.dtype)
 
 
 def demand(S: torch.Tensor, F: torch.Tensor, hops: int = 5, rho: float = 0.6) -> torch.Tensor:
@@ -138,8 +139,12 @@ def task_laplacian(F: torch.Tensor) -> torch.Tensor:
 def edge_energy(B: torch.Tensor, g: torch.Tensor, F: torch.Tensor, scale: float = 100.0) -> torch.Tensor:
     """Closed-form routing energy per edge (..., E): 2 g_e d_e^T R L_T R d_e (times ``scale``, the
     published code's factor 100, which only sets the energies against the log's eps)."""
-    D = B @ torch.linalg.inv(grounded_laplacian(B, g))                          # (..., E, N): rows d_e^T R
-    return 2.0 * scale * g * ((D @ task_laplacian(F)) * D).sum(-1)
+    # in float64 whatever the model's dtype: gates spread over e^+-20 (models.LOG_G_BOUND) leave L_g too
+    # ill-conditioned for a float32 inverse (the 3-seed smoke at 940ef68 stopped on an exactly singular
+    # float32 matrix once gates underflowed); the result returns in g's dtype
+    B64, g64 = B.to(torch.float64), g.to(torch.float64)
+    D = B64 @ torch.linalg.inv(grounded_laplacian(B64, g64))                    # (..., E, N): rows d_e^T R
+    return (2.0 * scale * g64 * ((D @ task_laplacian(F.to(torch.float64))) * D).sum(-1)).to(g.dtype)
 
 
 def minmax(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
