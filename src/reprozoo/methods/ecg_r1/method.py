@@ -41,7 +41,8 @@ Metrics (test records, one unit per record via ctx.metrics.units; fractions in [
     consistency         diagnosis follows from the report's own cited rate and regularity
     reward              the paper's evidence reward of the greedy report (protocol.evidence_reward)
     img_extra_info      1 if the record's image is not the rendering of the signal the model is
-                        given (information the signal lacks); fusion_vs_single's precondition
+                        given (information the signal lacks; 0 by construction here, recorded
+                        so the page can show it, read by no claim)
     *_sig, *_img        the same with only the signal / only the image given to the model
 """
 from __future__ import annotations
