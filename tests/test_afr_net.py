@@ -25,6 +25,14 @@ def _random_graph(n=7, p=0.5, seed=0):
     return e, routing.incidence_matrix(e, n).double(), g
 
 
+
+def _tiny_cohort():
+    """A 10-subject, 20-region cohort with one planted pathway and its SC / FC tensors (model-level tests)."""
+    c = make_cohort(np.random.default_rng(3), n_subjects=10, n_regions=20, n_modules=2, p_in=0.4, p_out=0.05,
+                    weight_sigma=0.5, n_pathways=1, path_edges=3, sc_noise=0.3, global_noise=0.1, gate_noise=0.2,
+                    severity=(0.4, 0.8), coupling=0.9, n_samples=200)
+    return c, {"S": torch.tensor(c.sc, dtype=torch.float32), "F": torch.tensor(c.fc, dtype=torch.float32)}
+
 def test_currents_obey_kirchhoff_and_thomson():
     e, B, g = _random_graph()
     n = B.shape[1]
@@ -225,10 +233,7 @@ def test_open_mask_readout_bypasses_the_routing_and_logit_shift_is_scale_free():
     from reprozoo.methods.afr_net.models import AFRNet
 
     torch.manual_seed(0)
-    c = make_cohort(np.random.default_rng(3), n_subjects=10, n_regions=20, n_modules=2, p_in=0.4, p_out=0.05,
-                    weight_sigma=0.5, n_pathways=1, path_edges=3, sc_noise=0.3, global_noise=0.1, gate_noise=0.2,
-                    severity=(0.4, 0.8), coupling=0.9, n_samples=200)
-    T = {"S": torch.tensor(c.sc, dtype=torch.float32), "F": torch.tensor(c.fc, dtype=torch.float32)}
+    c, T = _tiny_cohort()
     idx = torch.arange(10)
     model = AFRNet(20, torch.as_tensor(c.edges), d=16, heads=2, dropout=0.0).eval()
     with torch.no_grad():
@@ -489,10 +494,7 @@ def test_learned_gate_change_is_zero_at_initialisation_and_moves_with_the_gates(
     from reprozoo.methods.afr_net.models import AFRNet
 
     torch.manual_seed(0)
-    c = make_cohort(np.random.default_rng(3), n_subjects=10, n_regions=20, n_modules=2, p_in=0.4, p_out=0.05,
-                    weight_sigma=0.5, n_pathways=1, path_edges=3, sc_noise=0.3, global_noise=0.1, gate_noise=0.2,
-                    severity=(0.4, 0.8), coupling=0.9, n_samples=200)
-    T = {"S": torch.tensor(c.sc, dtype=torch.float32), "F": torch.tensor(c.fc, dtype=torch.float32)}
+    c, T = _tiny_cohort()
     idx = torch.arange(10)
     init = AFRNet(20, torch.as_tensor(c.edges), d=16, heads=2, dropout=0.0)
     gl, ml = learned_gate_change(copy.deepcopy(init), init, T, idx, batch=4)
