@@ -51,6 +51,14 @@ def refusal(data: dict) -> str | None:
     return None
 
 
+def _check_methods(methods: list[str] | None) -> None:
+    """Refuse method names the registry does not know, naming the known ones."""
+    known = [spec.id for spec in registry.all_specs()]
+    unknown = sorted(set(methods or []) - set(known))
+    if unknown:
+        raise ValueError(f"docs: unknown method(s) {unknown}; expected some of {known}")
+
+
 PAGE_HASH = re.compile(r"code hash `([0-9a-f]{16})`")
 
 
@@ -60,10 +68,7 @@ def stale_pages(root: Path, methods: list[str] | None = None) -> list[tuple[str,
     records none (not measured yet). Reads pages only, so it works without ``results/``."""
     from .codehash import provenance
 
-    known = [spec.id for spec in registry.all_specs()]
-    unknown = sorted(set(methods or []) - set(known))
-    if unknown:
-        raise ValueError(f"docs: unknown method(s) {unknown}; expected some of {known}")
+    _check_methods(methods)
     out = []
     for spec in registry.all_specs():
         if methods and spec.id not in methods:
@@ -196,10 +201,7 @@ def write_all(root: Path, scale: str = "smoke", check: bool = False,
     results = Path(root) / "results"
     changed = []
     refused = refused if refused is not None else []
-    known = [spec.id for spec in registry.all_specs()]
-    unknown = sorted(set(methods or []) - set(known))
-    if unknown:
-        raise ValueError(f"docs: unknown method(s) {unknown}; expected some of {known}")
+    _check_methods(methods)
     only = set(methods) if methods else None
     for spec in registry.all_specs():
         if only is not None and spec.id not in only:

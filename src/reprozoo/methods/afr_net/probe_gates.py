@@ -38,15 +38,12 @@ SMOKE = Path(__file__).parent / "configs" / "smoke.yaml"
 def probe_model(over: dict, mode: str, steps: int) -> None:
     import torch
 
-    from .data import make_cohort, split_indices
     from .method import _predict, build_model, precision_at_k, roc_auc
 
     torch.set_num_threads(1)
     cfg = yaml.safe_load(SMOKE.read_text())
     seed = 0
-    d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"]), **over}
-    c = make_cohort(np.random.default_rng(seed*1_000_003), **d)
-    sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed*1_000_003+1))
+    c, sp, _, _ = _dev_cohort(cfg, seed, **over)
     T = {"S": torch.tensor(c.sc, dtype=torch.float32), "F": torch.tensor(c.fc, dtype=torch.float32),
          "y": torch.tensor(c.y)}
     for k in sp: T[k] = torch.tensor(sp[k])
@@ -92,7 +89,6 @@ def probe_model(over: dict, mode: str, steps: int) -> None:
 def probe_data(overrides: list) -> None:
     from sklearn.linear_model import LogisticRegression
 
-    from .data import make_cohort, split_indices
     from .method import precision_at_k, roc_auc, ttest_scores
 
     cfg = yaml.safe_load(SMOKE.read_text())
@@ -105,12 +101,8 @@ def probe_data(overrides: list) -> None:
     seed = 0
     for over in [dict(), *overrides]:
         t = time.time()
-        d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"]), **over}
-        c = make_cohort(np.random.default_rng(seed * 1_000_003), **d)
-        sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed * 1_000_003 + 1))
+        c, sp, fz, ls = _dev_cohort(cfg, seed, **over)
         e, y, tr, te = c.edges, c.y, sp["train"], sp["test"]
-        fz = np.arctanh(np.clip(c.fc[:, e[:, 0], e[:, 1]], -.999, .999))
-        ls = np.log(c.sc[:, e[:, 0], e[:, 1]])
         P = c.planted
         t_fc = ttest_scores(fz[tr], y[tr])
         print(over, "seed", seed, "E", len(e),
@@ -118,6 +110,18 @@ def probe_data(overrides: list) -> None:
                   lr(np.c_[fz[:, P], ls[:, P]], y, tr, te), lr(fz[:, P], y, tr, te),
                   lr(fz, y, tr, te, 0.05), lr(np.c_[fz, ls], y, tr, te, 0.05),
                   precision_at_k(t_fc, P), t_fc[P].min() - t_fc[~P].max(), time.time() - t), flush=True)
+
+
+def _dev_cohort(cfg: dict, seed: int, **over):
+    """A probe's cohort: the smoke config's data with ``over`` replacing its keys, drawn from ``seed`` (every
+    override draws the same cohort otherwise): (cohort, split, Fisher-z FC and log SC per SC edge)."""
+    from .data import make_cohort, split_indices
+
+    d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"]), **over}
+    c = make_cohort(np.random.default_rng(seed * 1_000_003), **d)
+    sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed * 1_000_003 + 1))
+    e = c.edges
+    return c, sp, np.arctanh(np.clip(c.fc[:, e[:, 0], e[:, 1]], -.999, .999)), np.log(c.sc[:, e[:, 0], e[:, 1]])
 
 
 def probe_fusion(values: list, seed: int = 7) -> None:
@@ -129,18 +133,13 @@ def probe_fusion(values: list, seed: int = 7) -> None:
     closing whose headroom is >= 0.10, twice the precondition's margin (``fusion_headroom > 0.05``, spec.yaml),
     so that the precondition is not marginal on the smoke seeds while FC carries as much of the disease as the
     headroom allows (the baselines read FC). Prints the FC-only, SC-only and fused validation AUCs as well."""
-    from .data import make_cohort, split_indices
     from .method import fusion_headroom_units
 
     cfg = yaml.safe_load(SMOKE.read_text())
     for closing in values:
         t = time.time()
-        d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"]), "closing": closing}
-        c = make_cohort(np.random.default_rng(seed * 1_000_003), **d)
-        sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed * 1_000_003 + 1))
-        e, y, tr, va = c.edges, c.y, sp["train"], sp["val"]
-        fz = np.arctanh(np.clip(c.fc[:, e[:, 0], e[:, 1]], -.999, .999))
-        ls = np.log(c.sc[:, e[:, 0], e[:, 1]])
+        c, sp, fz, ls = _dev_cohort(cfg, seed, closing=closing)
+        y, tr, va = c.y, sp["train"], sp["val"]
         hr, aucs = fusion_headroom_units(fz, ls, y, tr, va, va, cfg["linear"]["c_grid"])
         print(f"closing {closing} seed {seed} (validation): FC {aucs['fc']:.3f} SC {aucs['sc']:.3f} fused "
               f"{aucs['fused']:.3f} headroom {hr.mean():+.3f} | {time.time() - t:.0f}s", flush=True)
@@ -152,18 +151,13 @@ def probe_closing(values: list, seed: int = 7) -> None:
     coupling t-tests' precision@12 and ceiling margins, ``oracle_auc`` and the ``linear`` variant's model
     (L2 logistic regression on the whole Fisher-z FC triangle, C on validation: FC alone, what the
     baselines read). Every value draws the same cohort except for the closing."""
-    from .data import make_cohort, split_indices
     from .method import coupling_features, fit_linear, oracle_auc, precision_at_k, roc_auc, ttest_scores
 
     cfg = yaml.safe_load(SMOKE.read_text())
     for closing in values:
         t = time.time()
-        d = {**cfg["data"], "severity": tuple(cfg["data"]["severity"]), "closing": closing}
-        c = make_cohort(np.random.default_rng(seed * 1_000_003), **d)
-        sp = split_indices(c.y, tuple(cfg["split"]), np.random.default_rng(seed * 1_000_003 + 1))
-        e, y, tr, va, te, P = c.edges, c.y, sp["train"], sp["val"], sp["test"], c.planted
-        fz = np.arctanh(np.clip(c.fc[:, e[:, 0], e[:, 1]], -.999, .999))
-        ls = np.log(c.sc[:, e[:, 0], e[:, 1]])
+        c, sp, fz, ls = _dev_cohort(cfg, seed, closing=closing)
+        y, tr, va, te, P = c.y, sp["train"], sp["val"], sp["test"], c.planted
         t_fc = ttest_scores(fz[tr], y[tr])
         t_cp = ttest_scores(coupling_features(fz, ls, tr)[tr], y[tr])
         iu = np.triu_indices(c.sc.shape[1], 1)

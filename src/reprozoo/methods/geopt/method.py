@@ -292,13 +292,7 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
         # a fixed budget: the chosen pilot runs on along the same schedule to max_steps, no early stop
         # and no drop (the schedule is the anneal); ``plateau`` records the gate's test at the end
         run.advance(top, val)
-        plateau = _flat(run.hist["step"], run.hist["val"], 5, cfg["flat_tol"])
-        run.ema.load_state_dict(run.best_state)
-        run.ema.requires_grad_(True)
-        run.ema.y_scale = y_scale
-        hist = dict(run.hist, lr_chosen=run.lr, lr_pilot=pilot, stop_step=run.step, plateau=bool(plateau),
-                    best_val=run.best, drop_step=None, drop_gain=None)
-        return run.ema, hist
+        return _finish(run, pilot, y_scale, _flat(run.hist["step"], run.hist["val"], 5, cfg["flat_tol"]), None, None)
     factor = float(cfg.get("lr_drop") or 0.0)
     first = min(top, int(cfg.get("drop_at") or top))
     plateau = run.advance(first, val, stop_from=cfg["min_steps"])
@@ -315,6 +309,12 @@ def fit(model, data: dict, idx: np.ndarray, ykey: str, cfg: dict, seed: int, val
     elif not plateau:
         plateau = run.advance(top, val, stop_from=cfg["min_steps"])
     plateau = plateau or _flat(run.hist["step"], run.hist["val"], 5, cfg["flat_tol"])
+    return _finish(run, pilot, y_scale, plateau, drop_step, drop_gain)
+
+
+def _finish(run, pilot: dict, y_scale: float, plateau: bool, drop_step, drop_gain):
+    """The chosen run's best-validation weight average (trainable, with its target scale) and the fit's
+    record, the same for both schedules."""
     run.ema.load_state_dict(run.best_state)
     run.ema.requires_grad_(True)
     run.ema.y_scale = y_scale
