@@ -53,7 +53,6 @@ take unit-level intervals.
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -130,16 +129,7 @@ def load_model(p: dict, shared_dir: Path, device: str):
 def window_nll(model, batches) -> np.ndarray:
     """Held-out loss in nats per token (byte at miniature scale) of every window, averaged over
     its targets: one value per test unit, in window order."""
-    import torch
-
-    from .pruning import token_nll
-
-    model.eval()
-    out = []
-    with torch.no_grad():
-        for ids in batches:
-            out.append(token_nll(model(input_ids=ids).logits, ids)[:, :-1].double().mean(1).cpu().numpy())
-    return np.concatenate(out)
+    return window_scores(model, batches)[0]
 
 
 def window_scores(model, batches) -> tuple[np.ndarray, np.ndarray]:
