@@ -659,8 +659,10 @@ def test_cost_variants_name_training_variants_and_eval_frames_are_held_out():
 
     cfg = _smoke()
     arch = M.cost_architectures(cfg["variants"])
-    assert list(arch) == ["dkmp", "dense_same_field", "dense4_cost"] and all("shells" in c for c in arch.values())
-    assert M.cost_arch_name("dense4_cost", cfg["variants"]["dense4_cost"]) == "dense4_cost"
+    assert list(arch) == ["dkmp", "dense_same_field"] and all("shells" in c for c in arch.values())
+    inline = {"shells": [[0.0, 4.0], [0.0, 4.0], [0.0, 4.0]]}
+    assert M.cost_arch_name("dense4_cost", {"cost_of": inline}) == "dense4_cost"
+    assert list(M.cost_architectures({**cfg["variants"], "dense4_cost": {"cost_of": inline}}))[-1] == "dense4_cost"
     assert M.cost_arch_name("dkmp_cost", cfg["variants"]["dkmp_cost"]) == "dkmp"
     with pytest.raises(KeyError):
         M.cost_architectures({"a": {"cost_of": {"select": "dilated"}}})

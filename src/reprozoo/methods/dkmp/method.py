@@ -23,19 +23,18 @@ boundaries. The variants differ only in their graphs (shells from the config):
 * ``dkmp_cost`` / ``dense_cost`` (``cost_of``): no training; the cost of one MD step of that
   architecture, measured untrained by ``train_shared`` (a step's time and memory do not depend on
   the weights), so the cost claims read variants that the convergence gate does not hold;
-  ``cost_of`` may also be an inline architecture (``{shells: ...}``) that is costed, never trained
-  (``dense4_cost``: the scaling claim's equal-order pair).
+  ``cost_of`` may also be an inline architecture (``{shells: ...}``) that is costed, never trained.
 
 train_shared (per seed; freed heap memory kept for reuse, :func:`steady_allocator`): cost of one MD step of each architecture that a cost variant names, on
 periodic bulk fcc Cu cells (no surface, so edges per atom are the same at every size and a log-log
 slope measures the method, not the cluster geometry), interleaved in one process: energy + forces
 with the graph given, graph construction alone, and the whole step (graph built from the
 positions, then energy + forces) timed as one call, for star variants also that whole step
-with its candidates from a naive O(N^2) all-pairs search (the planted control of the scaling
-claim: the same graph, a cost that grows faster); each quantity timed as the per-call mean of a
+with its candidates from a naive O(N^2) all-pairs search (a diagnostic of the slope
+measurement: the same graph, a cost that grows faster); each quantity timed as the per-call mean of a
 loop of calls lasting >= ``cost.min_loop_s`` CPU seconds after a warm-up call of every cell, the
 ``cost.stat`` (smoke: the minimum, contention only adds CPU time) over ``cost.repeats`` (>= 5)
-such loops reported (``cost.md_repeats`` for the whole step, the scaling claim's quantity; each
+such loops reported (``cost.md_repeats`` for the whole step, the quantity of ``faster_step``; each
 round sweeps one variant's cells back to back) and every loop kept (the slopes' standard error for the timing-precision precondition; one
 thread: CPU time is compute time, whatever else runs on the cores); peak torch tensor memory (allocator events
 replayed, see ``blocks.atomistic.cost``) plus the step's graph tensors plus the graph build's own
@@ -163,8 +162,8 @@ def all_pairs_neighbors(positions, cell, cutoff: float, rows: int = 256):
     """Naive O(N^2) neighbour search of one periodic cell: every pair's distance (chunks of
     ``rows`` centres), minimum image where every cell width is at least 2 ``cutoff``, else every
     lattice image that can reach the cutoff. Returns ``(i, j, shifts)`` sorted by (i, j) (ties by
-    image), the same edges as ``neighbors.neighbor_list``. It is the planted worse-scaling control
-    of the scaling claim: the same graph, found by a search whose cost grows as N^2."""
+    image), the same edges as ``neighbors.neighbor_list``. It is the worse-scaling diagnostic of the
+    slope measurement: the same graph, found by a search whose cost grows as N^2."""
     import itertools
 
     pos = np.asarray(positions, float)
@@ -365,7 +364,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
     jobs on the shared cores (L3 cache, memory bus) only adds CPU time to a one-thread loop, so the
     fastest round estimates the step's own cost and a load spike in one round does not move it;
     the median moves with the share of contended rounds, which differs between cells and seeds;
-    ``time_md_step_ms``, the quantity of the scaling claim, gets ``md_repeats`` (>= ``repeats``)
+    ``time_md_step_ms``, the quantity of ``faster_step``, gets ``md_repeats`` (>= ``repeats``)
     rounds. Order: per round, each variant and quantity sweeps the cells back to back (one slope's
     measurements lie within about a second, so a slow change of the machine's load scales every cell
     of the sweep alike and cancels in that round's slope), the sweep direction and the variant
@@ -431,7 +430,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
              "graph_ms": graph,
              "time_md_step_ms": lambda v, s: ef(v, graph(v, s)),
              "time_md_step_naive_ms": naive_md_step}
-    # the naive search only for the star variants (the control of the scaling claim reads DKMP's)
+    # the naive search only for the star variants (the slope diagnostic reads DKMP's)
     kinds_of = {v: [k for k in kinds if k != "time_md_step_naive_ms" or not is_dense(variants[v])] for v in names}
     for v in names:  # warm-up (allocator, autograd, the graph build's buffers), every cell once
         for s in range(len(sizes)):
@@ -487,8 +486,7 @@ def cost_arch_name(v: str, cfg: dict) -> str:
 def cost_architectures(variants: dict) -> dict:
     """The architectures whose cost the cost variants read, by name (:func:`cost_arch_name`), in the
     order the cost variants name them: ``cost_of: <training variant>`` or an inline ``cost_of:
-    {shells: ...}`` (an architecture that is costed but not trained, e.g. the scaling claim's
-    equal-order pair)."""
+    {shells: ...}`` (an architecture that is costed but not trained)."""
     out = {}
     for v, cfg in variants.items():
         if "cost_of" in cfg:
@@ -660,11 +658,11 @@ def record_costs(ctx, arch: str) -> None:
     edges = [float(np.sum(e)) for e in cost["edges_layer"]]
     for name in ("time_step_ms", "time_md_step_ms", "graph_ms", "mem_step_mb", "graph_mb", "build_mb", "mem_md_step_mb"):
         ctx.metrics.curve(name, n, cost[name])
-    # the scaling claim's preconditions: the local slope over the two largest cells (per-call overhead
-    # gone, so an O(N) step should read 1 there unless caches decide), and the signed difference to
-    # the reference architecture's slope (the claim reads its absolute value)
+    # scaling diagnostics (no claim reads them since issue 24 dropped the scaling claim; spec.yaml):
+    # the local slope over the two largest cells (per-call overhead gone, so an O(N) step should
+    # read 1 there unless caches decide), and the signed difference to the reference architecture's slope
     ctx.metrics.scalar("local_slope_time_md_step", local_slope(n, cost["time_md_step_ms"]))
-    # global time slopes (compared between architectures: the scaling claim and its reference pair):
+    # global time slopes (compared between architectures on the page):
     # cost.slope "rounds" (smoke, issue 24's last item) fits them within each timing round (one sweep of
     # the cells, adjacent to the other architectures' sweeps of the same round) and averages over the
     # rounds (:func:`round_slope`); "cells" fits the per-cell statistic (cost.stat), as before
