@@ -660,3 +660,70 @@ def test_pretraining_validation_is_a_fixed_corruption(data):
     full = {**DEFAULTS, **cfg, "weights": DEFAULTS["weights"]}
     a, b = validate(model, heads, data, full), validate(model, heads, data, full)
     assert a == b and a["loss"] == pytest.approx(min(hist["val_loss"]), rel=1e-5)
+
+
+def test_encoder_rate_scale_is_adam_with_a_per_group_rate(data, tmp_path):
+    """finetune's ``encoder_lr_scale`` s (round 10: discriminative rates inside the shared rule, whose
+    optimiser has one parameter group): every parameter outside the energy head is reparametrised
+    w = s u, so Adam at rate lr on u moves w exactly as Adam at rate s lr (eps / s) would, and the head
+    at lr; the averaged copy (deepcopy) carries it; after the fit the model is plain again (same
+    state-dict keys), and s = 1 leaves finetune unchanged."""
+    from reprozoo.methods.triforces.method import finetune, scale_rates, unscale_rates
+
+    s, lr = 0.1, 1e-2
+    torch.manual_seed(0)
+    a = build(MODEL, streams=True).double()   # float64: Adam divides by sqrt(v), which amplifies rounding
+    b = copy.deepcopy(a)
+    scaled = scale_rates(b, encoder=s)
+    assert scaled and not any(n.startswith("head.") for n in scaled)
+    assert len(list(copy.deepcopy(b).parameters())) == len(list(a.parameters()))
+    enc = [q for n, q in a.named_parameters() if not n.startswith("head.")]
+    head = [q for n, q in a.named_parameters() if n.startswith("head.")]
+    opt_a = torch.optim.Adam([{"params": enc, "lr": s * lr, "eps": 1e-8 / s}, {"params": head, "lr": lr}])
+    opt_b = torch.optim.Adam(b.parameters(), lr=lr)
+    batch = data.collate(list(range(len(data))), dtype=torch.float64)
+    from reprozoo.blocks.atomistic import loss_terms
+    for _ in range(5):
+        for m, o in ((a, opt_a), (b, opt_b)):
+            loss = loss_terms(m, batch, 50.0, 1.0)[0]
+            o.zero_grad()
+            loss.backward()
+            o.step()
+    unscale_rates(b)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert set(sa) == set(sb)
+    assert max(float((sa[k] - sb[k]).abs().max()) for k in sa) < 1e-9
+    p = _fine_tune_params([3e-3], max_steps=12)
+    m1, r1, _ = finetune(p, "triforces_scratch", tmp_path, data, data, seed=0, progress=lambda *_: None)
+    p["finetune"]["encoder_lr_scale"] = 1.0
+    assert finetune(p, "triforces_scratch", tmp_path, data, data, seed=0, progress=lambda *_: None)[1]["vals"] == r1["vals"]
+    p["finetune"]["encoder_lr_scale"] = s
+    m2, r2, _ = finetune(p, "triforces_scratch", tmp_path, data, data, seed=0, progress=lambda *_: None)
+    assert set(m2.state_dict()) == set(m1.state_dict()) and r2["vals"] != r1["vals"]
+
+
+def test_head_warmup_trains_the_head_alone_once_per_fine_tune(data, tmp_path):
+    """finetune's ``head_warmup`` (round 10, a linear probe before fine-tuning, off at smoke): it moves
+    the energy head only, leaves every parameter trainable again, and is computed once, so every rate's
+    pilot starts from the same weights (a repeated call gives the same pilot scores)."""
+    from reprozoo.blocks.atomistic import fit_energy_scale, loss_terms
+    from reprozoo.methods.triforces.method import finetune, head_warmup
+
+    torch.manual_seed(0)
+    m = build(MODEL, streams=True).float()
+    fit_energy_scale(m, data)
+    before = copy.deepcopy(m.state_dict())
+
+    def loss(model, gen):
+        idx = torch.randint(len(data), (3,), generator=gen).tolist()
+        return loss_terms(model, data.collate(idx, dtype=torch.float32), 50.0, 1.0)[0]
+
+    head_warmup(m, loss, 5, 1e-2, seed=0)
+    after = m.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.startswith("head.") for k in moved)
+    assert all(q.requires_grad for q in m.parameters())
+    p = _fine_tune_params([1e-3, 3e-3], max_steps=12, head_warmup={"steps": 4, "lr": 1e-2})
+    r1 = finetune(p, "triforces_scratch", tmp_path, data, data, seed=0, progress=lambda *_: None)[1]
+    r2 = finetune(p, "triforces_scratch", tmp_path, data, data, seed=0, progress=lambda *_: None)[1]
+    assert r1["pilot_best"] == r2["pilot_best"] and r1["vals"][0] == r2["vals"][0]

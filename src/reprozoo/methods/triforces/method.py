@@ -35,6 +35,7 @@ model: its initial projection) and after the largest N.
 """
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -207,7 +208,75 @@ def record_pretraining(ctx, streams: bool) -> None:
 
 # --- per variant ---------------------------------------------------------------------------------------
 
-FIT_KEYS = ("energy_weight", "force_weight", "batch_size", "val_batch", "cache_power_spectrum")
+FIT_KEYS = ("energy_weight", "force_weight", "batch_size", "val_batch", "cache_power_spectrum", "encoder_lr_scale",
+            "head_lr_scale", "head_warmup")
+
+
+def _scaled(s: float):
+    """Parametrisation w = s * u (u trainable, initialised to w / s): Adam's step on u is about its rate
+    whatever the gradient's scale, so w moves at s x the rate (exactly Adam at rate s x lr with eps / s).
+    This gives a group of parameters its own rate inside the shared rule, whose optimiser has one
+    parameter group (``blocks.fitting.PlateauRun``). Linear, so the rule's weight average of u is that of w."""
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, s):
+            super().__init__()
+            self.s = float(s)
+
+        def forward(self, u):
+            return self.s * u
+
+        def right_inverse(self, w):
+            return w / self.s
+
+    return Scaled(s)
+
+
+def scale_rates(model, encoder: float = 1.0, head: float = 1.0) -> list[str]:
+    """Discriminative rates: every parameter outside the energy head (the backbone and the two streams,
+    the part pre-training trains) learns at ``encoder`` x the rate the shared rule sets, the energy head
+    (``head.``, fresh in every variant) at ``head`` x that rate. Returns the names of the scaled
+    parameters. Undo with :func:`unscale_rates` (the weights stay)."""
+    from torch.nn.utils import parametrize
+
+    names = []
+    for n, _ in list(model.named_parameters()):
+        s = head if n.startswith("head.") else encoder
+        if s != 1.0:
+            mod_name, _, pname = n.rpartition(".")
+            parametrize.register_parametrization(model.get_submodule(mod_name), pname, _scaled(s))
+            names.append(n)
+    return names
+
+
+def head_warmup(model, train_loss, steps: int, lr: float, seed: int) -> None:
+    """A linear probe before fine-tuning: ``steps`` Adam steps at rate ``lr`` on the energy head alone
+    (every other parameter frozen), on batches from its own generator."""
+    import torch
+
+    head = [q for n, q in model.named_parameters() if n.startswith("head.")]
+    frozen = [q for n, q in model.named_parameters() if not n.startswith("head.")]
+    for q in frozen:
+        q.requires_grad_(False)
+    opt, gen = torch.optim.Adam(head, lr=lr), torch.Generator().manual_seed(seed + 11)
+    for _ in range(steps):
+        loss = train_loss(model, gen)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for q in frozen:
+        q.requires_grad_(True)
+
+
+def unscale_rates(model) -> None:
+    """Remove :func:`scale_rates`' parametrisations, keeping the current weights (a plain model again)."""
+    from torch.nn.utils import parametrize
+
+    for mod in list(model.modules()):
+        if parametrize.is_parametrized(mod):
+            for pname in list(mod.parametrizations.keys()):
+                parametrize.remove_parametrizations(mod, pname, leave_parametrized=True)
 
 
 def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str = "finetune", progress=print):
@@ -221,7 +290,13 @@ def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str =
     on to a second plateau whose window lies after the drop, or ``max_steps``; best-validation
     weights kept. Loss: ``energy_weight`` x (energy error per atom)^2 + ``force_weight`` x mean
     (force error)^2 on a batch of ``batch_size`` cells drawn (with replacement) from the rule's
-    generator. Returns (model, record, atomref scale)."""
+    generator. Returns (model, record, atomref scale).
+
+    Options, off unless set (round 10 probes, README; none is used at any scale): ``encoder_lr_scale`` /
+    ``head_lr_scale`` (discriminative rates: the encoder, i.e. every parameter outside ``head.``, or the
+    energy head learns at that fraction of the rule's rate; :func:`scale_rates`) and ``head_warmup``
+    (``{steps, lr}``: a linear probe of the head alone before the rule's pilots; :func:`head_warmup`).
+    The rule's own ``optimizer`` / ``weight_decay`` keys pass through to it."""
     import torch
 
     from ...blocks.atomistic import evaluate, fit_energy_scale, loss_terms
@@ -230,8 +305,12 @@ def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str =
     fcfg = p["finetune"]
     ew, fw = float(fcfg.get("energy_weight", 1.0)), float(fcfg.get("force_weight", 10.0))
     bs, vbs = int(fcfg.get("batch_size", 8)), int(fcfg.get("val_batch", 32))
+    rates = {k: float(fcfg.get(f"{k}_lr_scale", 1.0)) for k in ("encoder", "head")}
+    for k, v in rates.items():
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"finetune.{k}_lr_scale {v}: expected a number in (0, 1]")
     rule = {k: v for k, v in fcfg.items() if k not in FIT_KEYS}
-    scale = {}
+    scale, warm = {}, dict(fcfg.get("head_warmup") or {})
 
     def build(gen):
         m = make_model(p, variant, shared_dir, seed)
@@ -243,6 +322,12 @@ def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str =
             cache_power_spectrum(m.structural.ps, tr)
             cache_power_spectrum(m.structural.ps, val)
         scale.update(fit_energy_scale(m, tr))
+        if warm.get("steps"):
+            if "state" not in warm:   # once per fine-tune: every rate's pilot starts from the same weights
+                head_warmup(m, train_loss, int(warm["steps"]), float(warm.get("lr", 1e-2)), seed)
+                warm["state"] = copy.deepcopy(m.state_dict())
+            m.load_state_dict(warm["state"])
+        scale_rates(m, **rates)
         return m
 
     def train_loss(model, gen):
@@ -253,6 +338,7 @@ def finetune(p: dict, variant: str, shared_dir, tr, val, seed: int, label: str =
         return evaluate(model, val, vbs, ew, fw, dtype=torch.float32)["loss"]
 
     model, rec = fit_to_plateau(build, train_loss, val_loss, rule, seed, label=label, progress=progress)
+    unscale_rates(model)
     return model, rec, scale
 
 
