@@ -114,3 +114,14 @@ def train_diffusers(ctx) -> None:
                        else float("nan"))
     _, rt_nfe = roundtrip_at_nfe(v, denoise, x0[:p["n_conv"]], p)
     ctx.metrics.curve("roundtrip_err_nfe", nfes, _finite(rt_nfe))
+    ctx.metrics.curve("roundtrip_err_nfe_paper", [nfes[k] for k in paper], _finite([rt_nfe[k] for k in paper]))
+    ctx.metrics.curve("roundtrip_err_nfe_asym", xa, _finite([rt_nfe[k] for k in asym]))
+    # the float32 reconstruction (recon_float32): float32 states and grid; the network's output
+    # rounded to float32 (it runs in the backend's dtype), per image
+    from .method import recon_float32
+
+    den32 = lambda y, rho: np.asarray(denoise(np.asarray(y, dtype=np.float64), float(rho)), dtype=np.float32)  # noqa: E731
+    ctx.metrics.units("recon32_mse", recon_float32(v, den32, x0, p["recon_steps"], p))
+    if v == "rex_euler":
+        ctx.metrics.units("recon32_mse_zeta_ctrl", recon_float32(v, den32, x0, p["recon_steps"],
+                                                                 {**p, "zeta": p["zeta_control"]}))

@@ -360,6 +360,46 @@ def roundtrip_at_nfe(variant: str, denoise, x0, params) -> tuple[list, list]:
     return list(params["nfe_budgets"]), errs
 
 
+def denoiser_float32(gmm):
+    """The mixture's closed-form denoiser evaluated in float32 (parameters, posterior and output),
+    a stand-in for a float32 network: D(y, rho) = y + rho^2 * score, as ``GaussianMixture.denoise``."""
+    f32 = np.float32
+    means, covs = gmm.means.astype(f32), gmm.covs.astype(f32)
+    logw = np.log(gmm.weights).astype(f32)
+    d = means.shape[1]
+
+    def denoise(y, rho):
+        y, rho = np.asarray(y, dtype=f32), f32(rho)
+        cov = covs + (rho * rho) * np.eye(d, dtype=f32)
+        prec = np.linalg.inv(cov)
+        diff = y[:, None, :] - means[None]
+        maha = np.einsum("nki,kij,nkj->nk", diff, prec, diff)
+        logdet = np.linalg.slogdet(cov)[1].astype(f32)
+        lw = logw[None] - f32(0.5) * (maha + logdet[None])
+        resp = np.exp(lw - lw.max(axis=1, keepdims=True))
+        resp /= resp.sum(axis=1, keepdims=True)
+        score = -np.einsum("nk,kij,nkj->ni", resp, prec, diff)
+        return y + (rho * rho) * score
+
+    return denoise
+
+
+def recon_float32(variant: str, denoise32, x0: np.ndarray, n: int, params: dict) -> np.ndarray:
+    """The paper's reconstruction test in finite precision (its image scripts run float32): the
+    data points x0 (rounded to float32) go data -> noise -> data over n steps with float32 states,
+    a float32 grid and ``denoise32``, a denoiser that returns float32 (:func:`denoiser_float32`:
+    the closed form evaluated in float32). Returns the per-point mean squared reconstruction error
+    over the point's coordinates (reconstruction.py's metric, per unit)."""
+    s = make_sampler(variant, denoise32, params)
+    rhos = rho_grid(params["rho_max"], params["rho_min"], n).astype(np.float32)
+    x = np.asarray(x0, dtype=np.float32)
+    rec = s.output(s.decode(s.encode(x, rhos), rhos))
+    if rec.dtype != np.float32:
+        raise RuntimeError(f"{variant}: the float32 round trip left float32 ({rec.dtype})")
+    err = np.mean((rec.astype(float) - x.astype(float)) ** 2, axis=1)
+    return np.where(np.isfinite(err), err, 1.0e300)
+
+
 def coupling_plateau(ctx, gmm, noise, y_ref, params) -> None:
     """Rex-Euler's coupling bias at N = plateau_steps, for each zeta in plateau_zetas.
 
@@ -622,9 +662,25 @@ def train(ctx) -> None:
         ctx.metrics.scalar("nfe_asym_slope", float(-np.polyfit(np.log(xa), np.log(ea), 1)[0]) if len(xa) > 1
                            else float("nan"))
         ctx.progress(f"asymptotic range (local slopes within {p['asym_slope_tol']}): NFE {xa}, spread {drift:.3f}")
-        # "inverts exactly" read at each budget's own N
+        # "inverts exactly" read at each budget's own N; and on the budgets each claim reads (the
+        # paper's, the scheme's asymptotic range), so that a precondition checks inversion there
         _, rt_nfe = roundtrip_at_nfe(v, gmm.denoise, x_test[:p["n_conv"]], p)
         ctx.metrics.curve("roundtrip_err_nfe", nfes, _finite(rt_nfe))
+        ctx.metrics.curve("roundtrip_err_nfe_paper", [nfes[k] for k in paper], _finite([rt_nfe[k] for k in paper]))
+        ctx.metrics.curve("roundtrip_err_nfe_asym", xa, _finite([rt_nfe[k] for k in asym]))
+        # the paper's reconstruction test in float32 (recon_float32 claim): per test point, at the
+        # paper's recon_steps; information at recon_steps_info (Rex-Euler at half the steps: equal
+        # evaluations with BDIA); Rex-Euler also with its coupling at zeta_control (the control)
+        den32 = denoiser_float32(gmm)
+        for n_rec in [p["recon_steps"]] + list(p.get("recon_steps_info", [])):
+            name = "recon32_mse" if n_rec == p["recon_steps"] else f"recon32_mse_n{n_rec}"
+            mse = recon_float32(v, den32, x_test, n_rec, p)
+            ctx.metrics.units(name, mse)
+            ctx.progress(f"float32 reconstruction, N = {n_rec}: mean MSE {np.mean(mse):.2e}, max {np.max(mse):.2e}")
+        if v == "rex_euler":
+            mse = recon_float32(v, den32, x_test, p["recon_steps"], {**p, "zeta": p["zeta_control"]})
+            ctx.metrics.units("recon32_mse_zeta_ctrl", mse)
+            ctx.progress(f"float32 reconstruction at zeta = {p['zeta_control']}: mean MSE {np.mean(mse):.2e}")
         ctx.progress(f"sampling errors at NFE {nfes}: {['%.2e' % e for e in errs]}; "
                      f"round trips there {['%.1e' % e for e in rt_nfe]}")
     if v == "rex_euler":
@@ -680,14 +736,15 @@ def train(ctx) -> None:
 
 
 def nfe_crossover(table) -> dict:
-    """The crossover, recorded since the review: for Rex-RK4 and Rex-midpoint against each exactly
+    """The crossover, recorded since the review: for Rex-RK4, Rex-midpoint and (since the third
+    review) Rex-Euler against each exactly
     invertible baseline, the smallest budget from which Rex's seed-mean error at equal evaluations
     is below the baseline's at every larger budget (None: never). Information for the page."""
     sub = table[table.metric == "sample_err_nfe"]
     mean = {v: g.groupby("x").value.mean() for v, g in sub.groupby("variant")}
     out = {}
-    for rex in ("rex_rk4", "rex_midpoint"):
-        for base in ("bdia", "bdia_lawson", "bdia_g096", "reversible_heun"):
+    for rex in ("rex_rk4", "rex_midpoint", "rex_euler"):
+        for base in ("bdia", "bdia_lawson", "bdia_g096", "bdia_g096_lawson", "reversible_heun"):
             if rex not in mean or base not in mean:
                 continue
             a, b = mean[rex], mean[base]
@@ -748,7 +805,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     for v in sorted(sub.variant.unique()):
         g = sub[sub.variant == v].groupby("x").value.mean()
         ax.loglog(g.index, g.values, marker="o", ms=3, label=v, ls="--" if v.startswith("bdia_") else "-",
-                  lw=2.0 if v in ("bdia", "bdia_lawson", "bdia_g096", "rex_midpoint", "rex_rk4") else 1.0)
+                  lw=2.0 if v in ("bdia", "bdia_lawson", "bdia_g096", "bdia_g096_lawson", "rex_midpoint", "rex_rk4") else 1.0)
     ax.axvspan(min(params.get("nfe_budgets", [16])), params.get("nfe_paper_max", 128), color="0.9", zorder=0,
                label="the paper's budgets")
     cross = nfe_crossover(table)
@@ -774,6 +831,19 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     curve_plot(table, "plateau_bias", plots_dir / "curve_plateau_bias.png", logx=True, logy=True,
                xlabel="1 - zeta", ylabel="mean |y_zeta - y_(zeta=1)| at N = plateau_steps",
                title="Is Rex-Euler's coupling bias proportional to 1 - zeta?")
+    sub = table[table.metric.isin(["recon32_mse", "recon32_mse_zeta_ctrl"]) & table.x.isna()]
+    if not sub.empty:  # the float32 reconstruction claim: mean per-point MSE, every ODE sampler
+        p = plt()
+        fig, ax = p.subplots(figsize=(6, 4))
+        g = sub.assign(name=np.where(sub.metric == "recon32_mse", sub.variant, sub.variant + ", zeta = "
+                                     + str(params.get("zeta_control")))).groupby("name").value
+        names = sorted(g.groups)
+        ax.bar(names, g.mean()[names], color=["C3" if n.startswith("rex_euler") else "C0" for n in names])
+        ax.set_yscale("log")
+        ax.set_ylabel("mean per-point MSE (float32 round trip)")
+        ax.set_title(f"float32 reconstruction, N = {params.get('recon_steps')} steps", fontsize=10)
+        ax.tick_params(axis="x", rotation=35, labelsize=7)
+        save_figure(fig, plots_dir / "bar_recon_float32.png", dpi=110)
     sub = table[table.metric.isin(["sw", "sw_floor"])]
     if not sub.empty:
         p = plt()

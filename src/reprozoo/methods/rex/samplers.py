@@ -27,8 +27,20 @@ Denoise = Callable[[np.ndarray, float], np.ndarray]  # D(y, rho)
 
 
 def rho_grid(rho_max: float, rho_min: float, n: int) -> np.ndarray:
-    """Uniform steps in log(rho) (uniform in lambda = log(alpha/sigma), as exponential integrators use)."""
+    """Uniform steps in log(rho) (uniform in lambda = log(alpha/sigma), as exponential integrators use).
+
+    Not the reference's grid: its scripts step uniformly in t (torch.linspace(1, 2e-4, N + 1) in
+    sd_sampling.py, the t_span [eps = 2e-4, 1] in inversion.py) and take the last
+    low_order_final_n_steps = 2 steps with Euler (sd_sampling.py); here every step uses the base
+    scheme, on a log-rho grid from rho_max = 80 to rho_min = 0.002."""
     return np.exp(np.linspace(np.log(rho_max), np.log(rho_min), n + 1))
+
+
+def _floats(x) -> np.ndarray:
+    """``x`` as a floating array that keeps its precision (a float32 grid stays float32, so that a
+    float32 state is stepped in float32; NumPy 2 would promote it with float64 step sizes)."""
+    x = np.asarray(x)
+    return x if np.issubdtype(x.dtype, np.floating) else x.astype(float)
 
 
 class Sampler:
@@ -46,7 +58,7 @@ class Sampler:
         return self.denoise(v * rho**self.power, rho)
 
     def times(self, rhos):
-        return np.asarray(rhos, dtype=float) ** -float(self.power)
+        return _floats(rhos) ** -float(self.power)
 
     def _map(self, state, factor):
         return tuple(s * factor for s in state) if isinstance(state, tuple) else state * factor
@@ -344,11 +356,11 @@ class BDIA(Sampler):
         return self._from(z, rhos[-1]), self._from(z_in, rhos[-2])
 
     def decode(self, state, rhos, dws=None):
-        return self._march(state, np.asarray(rhos, dtype=float), inverse=False)
+        return self._march(state, _floats(rhos), inverse=False)
 
     def encode_state(self, state, rhos, dws=None):
         """Exact inverse of :meth:`decode` for a state it produced (state[1] known)."""
-        return self._march(state, np.asarray(rhos, dtype=float)[::-1], inverse=True)
+        return self._march(state, _floats(rhos)[::-1], inverse=True)
 
     def linear_step(self, vec, z):
         """(z_k, z_{k-1}) -> (z_{k+1}, z_k) on y' = lambda*y, lambda*h = z (uniform steps)."""
@@ -370,11 +382,12 @@ def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
         return ReversibleHeun(denoise)
     if variant in ("bdia", "bdia_lawson"):
         return BDIA(denoise, params["bdia_gamma"], lawson=variant == "bdia_lawson")
-    if variant == "bdia_g096":  # the reference code's BDIA setting (gamma = 0.96), in the Lawson variables
-        return BDIA(denoise, params["bdia_gamma_paper"], lawson=True)
+    if variant in ("bdia_g096", "bdia_g096_lawson"):  # the reference code's BDIA setting (gamma = 0.96):
+        # the paper's, in the published variables y, and our ablation in the Lawson variables
+        return BDIA(denoise, params["bdia_gamma_paper"], lawson=variant == "bdia_g096_lawson")
     raise ValueError(f"unknown Rex variant '{variant}'")
 
 
 def ode_order(variant: str) -> int | None:
     return {"rex_euler": 1, "rex_midpoint": 2, "rex_rk4": 4, "ddim": 1, "reversible_heun": 2, "bdia": 2,
-            "bdia_lawson": 2, "bdia_g096": 1}.get(variant)
+            "bdia_lawson": 2, "bdia_g096": 1, "bdia_g096_lawson": 1}.get(variant)
