@@ -353,22 +353,45 @@ def test_validation_cells_fixed_disjoint_and_sized():
     assert np.array_equal(v0, va) and np.array_equal(t0, ev4)
 
 
-def test_smoke_grid_brackets_the_earlier_choice_and_controls_share_the_rule():
-    """The smoke grid holds 3e-2 (CEITNet's choice in every fit it did not go unstable in; 1e-2 below it scored worse
-    than 3e-2 in all 9 pilots of the 3-seed run at 7bdfb51 and was dropped, so 3e-2 is the grid's bottom, on the proposed model's side)
-    and brackets 1e-1 (e3nn's choice in every fit), one fit block for every variant, a validation set of at least
-    60 cells, and the best-validation weights kept over the whole run (no keep_from: the networks overfit before
-    the rate drop)."""
+def test_smoke_rates_come_from_one_grid_and_rule():
+    """Every network's smoke rate comes from the config's ``lr`` table, chosen once by the same full-fit rule on
+    one grid (pilot_rates.py, the cold review's M2): one fit block for every variant (no per-variant values), the
+    grid holds 1e-2 again (dropped in round 3 on 40-step pilots) and spans two decades, each trained variant has a
+    table rate on that grid, and ``method.train``'s reading of the table gives the rule a one-rate grid; a validation
+    set of at least 60 cells, and the best-validation weights kept over the whole run (no keep_from)."""
     from pathlib import Path
 
     import yaml
 
+    from reprozoo.blocks.rate_table import fit_with_table_rate
+    from reprozoo.methods.ceitnet.method import fit_config
+
     p = yaml.safe_load((Path(__file__).parents[1] / "src/reprozoo/methods/ceitnet/configs/smoke.yaml").read_text())
-    grid = sorted(p["fit"]["lr_grid"])
-    assert 3e-2 in grid and grid[0] < 1e-1 < grid[-1]
+    grid = sorted(float(r) for r in p["fit"]["lr_grid"])
+    assert 1e-2 in grid and grid[-1] / grid[0] >= 30
     assert not any(isinstance(v, dict) and ("default" in v or "e3nn_baseline_b" in v) for v in p["fit"].values())
+    for v in ("ceitnet", "e3nn_baseline", "e3nn_baseline_b"):
+        f, src = fit_with_table_rate(fit_config(p["fit"], 4, v), p["lr"], v, "o4")
+        assert src["lr_source"] == "table" and len(f["lr_grid"]) == 1 and float(f["lr_grid"][0]) in grid
+        assert {k: x for k, x in f.items() if k != "lr_grid"} == \
+            {k: x for k, x in fit_config(p["fit"], 4, "ceitnet").items() if k != "lr_grid"}  # one rule
     assert p["n_val"] >= 60
     assert int(p["fit"].get("keep_from", 0)) == 0
+
+
+def test_pilot_rates_choose_the_lowest_and_mark_edges():
+    """The rate table's rule: the lowest best validation Fnorm per variant (a failed fit scores inf), the edge on the
+    grid named, a fit whose tail the gate would reject marked, not excluded."""
+    from reprozoo.methods.ceitnet.pilot_rates import choose
+
+    rows = [{"variant": "ceitnet", "lr": 0.01, "best_val": 25.0, "tail": 0.06},
+            {"variant": "ceitnet", "lr": 0.03, "best_val": 24.0, "tail": 0.0},
+            {"variant": "ceitnet", "lr": 0.1, "best_val": None, "tail": None},
+            {"variant": "e3nn_baseline", "lr": 0.01, "best_val": 30.0, "tail": 0.0},
+            {"variant": "e3nn_baseline", "lr": 0.1, "best_val": 28.0, "tail": 0.0}]
+    table, lines = choose(rows, [0.01, 0.03, 0.1])
+    assert table == {"ceitnet": {"o4": 0.03}, "e3nn_baseline": {"o4": 0.1}}
+    assert "25.00*" in lines[2] and lines[2].endswith("| - |") and lines[3].endswith("| top |")
 
 
 def test_smoke_pilot_tail_starts_after_two_ema_horizons():
@@ -528,8 +551,8 @@ def test_shared_fit_rule():
 
 @pytest.mark.parametrize("order", [2, 3, 4])
 def test_isotropic_part_is_the_rotation_average(order):
-    """The control's planted handicap: the isotropic part of a tensor is its average over O(3) (checked against
-    a Monte-Carlo average over random rotations and reflections), is rotation invariant and idempotent, and
+    """The isotropic part (a recorded diagnostic, ``fnorm_iso_o4``) of a tensor is its average over O(3) (checked
+    against a Monte-Carlo average over random rotations and reflections), is rotation invariant and idempotent, and
     removes every anisotropic component (zero for odd order)."""
     from reprozoo.methods.ceitnet.training import isotropic_part
 
@@ -582,6 +605,74 @@ def test_output_bases_span_the_symmetric_tensors(order):
     assert len(sv) == dim or sv[dim] < 1e-12 * sv[0]   # and no more (the index symmetries are exact)
     irreps, q = cartesian_basis(FORMULAS[order])
     assert q.shape[0] == dim
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_e3nn_outputs_span_the_symmetric_tensors(order):
+    """The baseline reaches the same space as CEITNet: over random generic structures and random initial weights,
+    the e3nn network's Voigt outputs have rank 6 / 18 / 21 (its output irreps, mapped back by the change of basis,
+    cover every component with the target's index symmetries) and no more."""
+    pytest.importorskip("e3nn")
+    from reprozoo.methods.ceitnet.e3nn_net import E3nnTensorNet, default_dtype
+
+    dim = {2: 6, 3: 18, 4: 21}[order]
+    d = AtomsData(atoms_frames(_structures(12, seed=7)), CUTOFF)
+    b = d.collate(range(len(d)), dtype=torch.float64)
+    rows = []
+    for k in range(4):
+        torch.manual_seed(100 + k)
+        with default_dtype(torch.float64):
+            m = E3nnTensorNet(order, n_scalars=8, mul=2, n_layers=2, n_rbf=4, radial_hidden=8, cutoff=CUTOFF,
+                              avg_neighbors=10.0).double().eval()
+        with torch.no_grad():
+            y = m(*model_args(b))
+        rows.append(to_voigt(y).reshape(len(d), -1).numpy())
+    a = np.concatenate(rows)
+    sv = np.linalg.svd(a / np.abs(a).max(), compute_uv=False)
+    assert sv[dim - 1] > 1e-6 * sv[0], sv
+    assert len(sv) == dim or sv[dim] < 1e-12 * sv[0]
+
+
+def _emt_cells():
+    """Six small relaxed EMT cells (pure fcc, an L12, a B2, an L10, a random 3-atom supercell) with their
+    relaxed-ion elastic tensors (GPa), as the dataset generator computes them."""
+    from reprozoo.data.crystals.common import voigt_to_full
+    from reprozoo.data.crystals.emt_elastic import build, build_random, elastic_tensor, relax
+
+    cells = [build("fcc", ("Cu",)), build("fcc", ("Ni",)), build("L12", ("Cu", "Au")), build("B2", ("Cu", "Pd")),
+             build("L10", ("Ni", "Pt")), build_random(np.random.default_rng(3), ("Cu", "Ag", "Al"), [3], [2])[0]]
+    out, cs = [], []
+    for a in cells:
+        relax(a, fmax=1e-3, steps=200)
+        out.append(a)
+        cs.append(voigt_to_full(elastic_tensor(a, fmax=1e-3, steps=100)["C"]))
+    return out, np.stack(cs)
+
+
+def test_both_networks_fit_emt_elastic_tensors():
+    """Neither network is crippled: on six real order-4 EMT cells, each fitted by the method's own ``training.fit``
+    (80 steps at one rate, full batches) ends with a training Fnorm below a fifth of the trivial predictor's (the
+    mean training tensor), and its training loss falls below a fifth of the first evaluations'."""
+    pytest.importorskip("e3nn")
+    from reprozoo.methods.ceitnet.method import build
+    from reprozoo.methods.ceitnet.training import fit, predict, target_scale, voigt
+
+    atoms, y = _emt_cells()
+    d = AtomsData(atoms_frames(atoms), CUTOFF)
+    idx = np.arange(len(atoms))
+    p = {"cutoff": CUTOFF, "models": {
+        "ceitnet": dict(n_features=16, n_channels=4, n_out=4, n_interactions=2, n_rbf=8, radial_hidden=16),
+        "e3nn_baseline": dict(n_scalars=16, mul=4, n_layers=2, n_rbf=8, radial_hidden=16)}}
+    mean_err = fnorm(voigt(np.repeat(y.mean(axis=0)[None], len(y), axis=0)), voigt(y))
+    for variant in ("ceitnet", "e3nn_baseline"):
+        cfg = {"lr_grid": [3e-2], "pilot_steps": 2, "eval_every": 10, "min_steps": 80, "max_steps": 80,
+               "flat_tol": 0.0, "batch_size": len(idx), "lr_drop": 0}
+        m, hist = fit(lambda: build(variant, 4, p, avg_neighbors=10.0, out_scale=target_scale(y)), d, idx, idx, y,
+                      cfg, seed=0)
+        err = fnorm(voigt(predict(m, d, idx)), voigt(y))
+        assert err < 0.2 * mean_err, (variant, err, mean_err)
+        loss = np.asarray(hist["loss"][1:], float)
+        assert loss[-1] < 0.2 * loss[0], (variant, loss)
 
 
 def test_eval_cells_leave_out_the_distorted_pool():

@@ -15,8 +15,10 @@ test split alone, and the per-cell Frobenius errors are the units of ``fnorm_o{k
 * ``fnorm_o{k}`` mean Frobenius error of the Voigt form (3x3, 3x6, 6x6; GPa for k = 4),
   ``ewt25_o{k}``, ``ewt10_o{k}``, ``ewt5_o{k}`` share of test structures with relative Frobenius
   error below 25/10/5 % (over the ``n_nonzero_o{k}`` structures whose target is not zero);
+* ``fnorm_mean_o{k}`` (units too): the Fnorm of the trivial predictor, the mean training tensor for every test
+  cell (the accuracy claim's preconditions require each network's Fnorm below half of it);
 * ``fnorm_iso_o{k}`` (units too): the same predictions reduced to their rotation-invariant part
-  (``training.isotropic_part``; recorded, no claim reads it: it fails by construction as a control);
+  (``training.isotropic_part``; a diagnostic, no claim reads it);
 * ``equiv_err_f64_o{k}`` / ``equiv_err_f32_o{k}``: max |f(Rx) - R.f(x)| / max |f(x)| over rattled
   copies of test structures (generic, no symmetry) and random rotations (half of them improper),
   in float64 (a float64 copy of the trained model) and float32 (the trained model);
@@ -28,9 +30,11 @@ test split alone, and the per-cell Frobenius errors are the units of ``fnorm_o{k
   forward + backward (``time_ratio_train_ceitnet_vs_e3nn_o{k}``) and, with ``timing.paper_width``, untrained
   models at the paper config's widths, forward + backward (``time_ratio_paper_width_train_ceitnet_vs_e3nn_o{k}``,
   ``params_paper_width_ratio_ceitnet_vs_e3nn_o{k}``);
-* the fit's record: ``lr_chosen_o{k}``, ``lr_edge_o{k}``, ``drop_gain_o{k}``, ``drop_epoch_o{k}``,
-  ``best_epoch_o{k}``, ``stopped_epoch_o{k}``, ``plateau_reached_o{k}``, curves ``val_fnorm_o{k}``,
-  ``lr_o{k}``, ``train_loss_o{k}``.
+* the fit's record: ``lr_chosen_o{k}``, ``lr_from_table_o{k}`` (1: the rate came from the config's ``lr`` table,
+  chosen once on seed 0's validation cells by ``pilot_rates.py``; 0: the grid was piloted in this fit, and
+  ``pilot_val_fnorm_o{k}_grid{i}`` are its pilots' scores), ``lr_edge_o{k}`` (the rate's edge on ``fit.lr_grid``
+  either way), ``drop_gain_o{k}``, ``drop_epoch_o{k}``, ``best_epoch_o{k}``, ``stopped_epoch_o{k}``,
+  ``plateau_reached_o{k}``, curves ``val_fnorm_o{k}``, ``lr_o{k}``, ``train_loss_o{k}``.
 """
 from __future__ import annotations
 
@@ -145,6 +149,7 @@ def train(ctx) -> None:
     import torch
 
     from ...blocks.cartesian import frobenius_errors
+    from ...blocks.rate_table import fit_with_table_rate, stamp_source
     from .training import (equivariance_error, fit, inversion_zero, isotropic_part, mean_degree, predict, rattled,
                            target_scale, tensor_metrics, time_forward, voigt)
 
@@ -183,10 +188,17 @@ def train(ctx) -> None:
         if skip.any():
             ctx.progress(f"order {order}: {skip.sum()} of {len(tr)} training cells are centrosymmetric with a zero "
                          f"target (no gradient for an equivariant model): training on {len(tr_used)}")
-        # the shared rule (blocks.fitting.fit_to_plateau): one lr grid piloted on validation Fnorm, the best
-        # rate kept constant until the validation curve is flat, best-validation weights
-        model, hist = fit(make, data, tr_used, va4 if order == 4 else va, targets, fit_config(p["fit"], order, v),
+        # the rate: the config's ``lr`` table where it has one for (variant, order) (chosen once on seed 0's
+        # validation cells by full fits over ``fit.lr_grid``: pilot_rates.py, blocks.rate_table), else the grid's
+        # pilots; then the shared rule (blocks.fitting.fit_to_plateau): the rate kept constant to a first plateau
+        # of the validation Fnorm (of an EMA of the weights, ``ema_decay``), one 10x drop, a second plateau,
+        # the best-validation EMA weights over the whole run kept
+        fcfg, source = fit_with_table_rate(fit_config(p["fit"], order, v), p.get("lr"), v, f"o{order}",
+                                           required=False)
+        model, hist = fit(make, data, tr_used, va4 if order == 4 else va, targets, fcfg,
                           ctx.seed * 100 + order + SEED_OFFSET.get(v, 0), ctx.progress, device)
+        stamp_source(hist, source)
+        ctx.metrics.scalar(f"lr_from_table_o{order}", float(source["lr_source"] == "table"))
         te_k = np.concatenate([te, ev4 if order == 4 else ev])
         # odd orders: centrosymmetric cells (zero target, and zero output of both equivariant models) score
         # nothing but a shared zero; they are left out of the test cells too
@@ -202,8 +214,13 @@ def train(ctx) -> None:
             ctx.metrics.scalar(f"{k}_o{order}", val)
         # per-cell Frobenius errors (same cells, same order for every variant): the Fnorm claims' units
         ctx.metrics.units(f"fnorm_o{order}", frobenius_errors(voigt(pred), voigt(targets[te_k]))[0])
-        # the planted handicap (the claim's control): the same predictions reduced to their rotation-invariant
-        # part, i.e. what a model without any directional tensor path could output at best from them
+        # the trivial predictor (the preconditions' reference): the mean training tensor for every test cell; a
+        # network that does not stay well below it has learned nothing the comparison could rank
+        mean_t = np.repeat(targets[tr_used].mean(axis=0)[None], len(te_k), axis=0)
+        ctx.metrics.units(f"fnorm_mean_o{order}", frobenius_errors(voigt(mean_t), voigt(targets[te_k]))[0])
+        ctx.metrics.scalar(f"fnorm_mean_o{order}", tensor_metrics(mean_t, targets[te_k])["fnorm"])
+        # a diagnostic, no claim reads it: the same predictions reduced to their rotation-invariant part (what a
+        # model without any directional tensor path could output at best from them)
         iso = isotropic_part(pred, order)
         ctx.metrics.units(f"fnorm_iso_o{order}", frobenius_errors(voigt(iso), voigt(targets[te_k]))[0])
         ctx.metrics.scalar(f"fnorm_iso_o{order}", tensor_metrics(iso, targets[te_k])["fnorm"])
@@ -224,8 +241,9 @@ def train(ctx) -> None:
             ctx.metrics.scalar(f"drop_epoch_o{order}", hist["drop_epoch"])
         # +1: the chosen rate is the grid's top, -1: its bottom (the grid does not bracket it), 0: inside
         ctx.metrics.scalar(f"lr_edge_o{order}", {"top": 1.0, "bottom": -1.0}.get(hist["lr_edge"], 0.0))
-        for i, (lr_k, score) in enumerate(hist["pilot_best"].items()):  # grid point i: its pilot's score
-            ctx.metrics.scalar(f"pilot_val_fnorm_o{order}_grid{i}", score)
+        if source["lr_source"] == "grid":  # grid point i: its pilot's score (a table rate has no pilots)
+            for i, (lr_k, score) in enumerate(hist["pilot_best"].items()):
+                ctx.metrics.scalar(f"pilot_val_fnorm_o{order}_grid{i}", score)
         ctx.metrics.scalar(f"params_o{order}", model.param_count())
         ctx.progress(f"order {order}: {model.param_count()} parameters, lr {hist['lr_chosen']:g} "
                      f"({'plateau' if hist['plateau'] else 'max steps'} at epoch {hist['stopped_epoch']:.1f})")
@@ -236,8 +254,8 @@ def train(ctx) -> None:
                                  eq["n_rotations"], seed=ctx.seed, device=device)
         ctx.metrics.scalar(f"equiv_err_f32_o{order}", e32)
         ctx.metrics.scalar(f"equiv_err_f64_o{order}", e64)
-        # the equivariance claims' negative control: the same test with the output left unrotated (a model whose
-        # tensor does not turn with the crystal) must be flagged
+        # a diagnostic beside the equivariance errors (no claim reads them; tests/test_ceitnet.py checks
+        # equivariance): the same test with the output left unrotated, which the same bound must flag
         e_fix = equivariance_error(model, eq_data, None, torch.float32, eq["n_rotations"], seed=ctx.seed,
                                    device=device, rotate_output=False)
         ctx.metrics.scalar(f"unrotated_err_f32_o{order}", e_fix)
@@ -331,30 +349,47 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     axes[0][0].legend(fontsize=7)
     save_figure(fig, plots_dir / "accuracy_vs_time.png", dpi=110)
 
-    # validation curves per order, every variant and seed, with the convergence gate's window (last 30 %)
+    # validation curves per order, every variant and seed, with the convergence gate's window (last 30 %): a log
+    # panel (the whole descent) and a linear panel zoomed on the band the kept weights lie in, the kept (best
+    # validation) epoch marked
     cu = table[table.x.notna()]
-    fig, axes = pl.subplots(1, len(orders), figsize=(4.6 * len(orders), 3.6), squeeze=False)
-    for ax, o in zip(axes[0], orders):
+    fig, axes = pl.subplots(1, 2 * len(orders), figsize=(4.6 * 2 * len(orders), 3.6), squeeze=False)
+    for oi, o in enumerate(orders):
+        ax_log, ax_lin = axes[0][2 * oi], axes[0][2 * oi + 1]
+        bests = []
         for vi, var in enumerate(variants):
             c = cu[(cu.variant == var) & (cu.metric == f"val_fnorm_o{o}")]
             for si, (seed, g) in enumerate(c.groupby("seed")):
                 g = g.sort_values("x")
                 xs, ys = g.x.to_numpy(), g.value.to_numpy()
-                ax.plot(xs, ys, color=f"C{vi}", lw=1, alpha=0.8, label=var if si == 0 else None)
                 start = xs[0] + 0.7 * (xs[-1] - xs[0])
-                ax.plot(xs[xs >= start], ys[xs >= start], color=f"C{vi}", lw=2.5)
-                drop = sc[(sc.variant == var) & (sc.seed == seed) & (sc.metric == f"drop_epoch_o{o}")].value
-                if len(drop):  # the fit's 10x rate drop
-                    ax.axvline(float(drop.iloc[0]), color=f"C{vi}", ls=":", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("validation Fnorm")
-        ax.set_title(f"order {o}: validation (thick: gate window; dotted: rate x0.1)", fontsize=9)
-        ax.grid(alpha=0.3, which="both")
+                mine = sc[(sc.variant == var) & (sc.seed == seed)]
+                drop = mine[mine.metric == f"drop_epoch_o{o}"].value
+                best = mine[mine.metric == f"best_epoch_o{o}"].value
+                for ax in (ax_log, ax_lin):
+                    ax.plot(xs, ys, color=f"C{vi}", lw=1, alpha=0.8, label=var if si == 0 and ax is ax_log else None)
+                    ax.plot(xs[xs >= start], ys[xs >= start], color=f"C{vi}", lw=2.5)
+                    if len(drop):  # the fit's 10x rate drop
+                        ax.axvline(float(drop.iloc[0]), color=f"C{vi}", ls=":", lw=0.8)
+                    if len(best):  # the kept weights' epoch
+                        k = int(np.argmin(np.abs(xs - float(best.iloc[0]))))
+                        ax.plot(xs[k], ys[k], marker="*", ms=9, color=f"C{vi}", mec="k", mew=0.5)
+                if np.isfinite(ys).any():
+                    bests.append(float(np.nanmin(ys)))
+        ax_log.set_yscale("log")
+        ax_log.set_title(f"order {o}: validation (thick: gate window; dotted: rate x0.1; *: kept)", fontsize=9)
+        if bests and max(bests) > 0:  # linear zoom on the kept weights' band
+            lo, hi = min(bests), max(bests)
+            ax_lin.set_ylim(0.9 * lo, max(hi + 0.6 * lo, 1.5 * hi))
+        ax_lin.set_title(f"order {o}: the same, linear, zoomed on the best values", fontsize=9)
+        for ax in (ax_log, ax_lin):
+            ax.set_xlabel("epoch")
+            ax.set_ylabel("validation Fnorm")
+            ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=7)
     save_figure(fig, plots_dir / "val_curves.png", dpi=110)
 
-    fig, ax = pl.subplots(figsize=(6, 3.6))
+    fig, ax = pl.subplots(figsize=(8, 3.6))
     for vi, var in enumerate(variants):
         for j, prec in enumerate(["f64", "f32"]):
             vals = [sc[(sc.variant == var) & (sc.metric == f"equiv_err_{prec}_o{o}")].value.max() for o in orders]
@@ -363,9 +398,10 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.axhline(1e-10, color="k", ls=":", lw=0.8)
     ax.axhline(1e-5, color="k", ls="--", lw=0.8)
     ax.set_xticks(range(len(orders)), [f"order {o}" for o in orders])
+    ax.set_xlim(-0.4, len(orders) - 1 + 0.1 * len(variants) + 0.3)
     ax.set_yscale("log")
     ax.set_ylabel("max |f(Rx) - R f(x)| / max |f(x)|")
     ax.set_title("Equivariance under random rotations and reflections", fontsize=9)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # outside: no marker hidden
     ax.grid(alpha=0.3, which="both")
     save_figure(fig, plots_dir / "equivariance.png", dpi=110)

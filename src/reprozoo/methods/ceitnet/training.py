@@ -153,7 +153,7 @@ def isotropic_part(t: np.ndarray, order: int) -> np.ndarray:
     (the orthogonal projection onto the isotropic tensors of the order, in the full tensor's Frobenius norm).
     Order 2: tr(t)/3 I; order 3: zero (no isotropic ijk=ikj tensor is invariant under reflections); order 4
     with the minor symmetries ij = ji, kl = lk: lam d_ij d_kl + mu (d_ik d_jl + d_il d_jk). What a predictor
-    without any directional (tensor) path can output: the planted handicap of the accuracy claim's control."""
+    without any directional (tensor) path can output (``fnorm_iso_o4``: a recorded diagnostic, no claim reads it)."""
     t = np.asarray(t, dtype=float)
     eye = np.eye(3)
     if order == 2:
