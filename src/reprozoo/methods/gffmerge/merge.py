@@ -28,8 +28,16 @@ Inputs x_r (``inputs``):
   teachers' activations).
 
 Ridge (``ridge_mode``): ``"relative"`` (above; our variant, the ridge chosen on validation) or
-``"absolute"``, the published rule's fixed ``ridge`` x I added to A with no prior
-([W b]^T = (A + ridge I)^{-1} B; the paper's 1e-6).
+``"absolute"``, the code rule's fixed ``ridge`` x I added to A with no prior
+([W b]^T = (A + ridge I)^{-1} B; the 1e-6 is ours, a fixed numerical regulariser: neither the brief
+nor the public code, plain ``torch.linalg.lstsq``, has a ridge).
+
+With ``inputs="teacher"`` the targets are the teachers' own outputs, Y_k = X_k Theta_k, so
+B = sum_k (G_k / n_k) Theta_k and the rule is RegMean (Jin et al. 2023, "Dataless knowledge fusion by
+merging weights of language models") with each system's Gram matrix normalised by its row count:
+Theta = (sum_k G_k / n_k + ridge I)^{-1} sum_k (G_k / n_k) Theta_k (a test checks it). With
+``inputs="sequential"`` (the merged model's own inputs, layers in forward order) it is close to
+RegMean++ (2025), which also feeds each layer the merged model's activations.
 
 Row weights: 1 for atoms; for the edge layers (``filter1``, ``filter2``) the squared cutoff
 envelope fcut(d_ij)^2, since a filter enters the convolution as filter(d_ij) * fcut(d_ij).

@@ -22,7 +22,8 @@ system's head:
   gffmerge         the GNNMerge++ code rule (teacher inputs, layer-wise least squares) transferred
                    to SchNet: each teacher's own layer inputs, a fixed 1e-6 x I added to X^T X (ours:
                    the public code has no ridge), no prior (merge.py, inputs=teacher,
-                   ridge_mode=absolute; configs' merge.published)
+                   ridge_mode=absolute; configs' merge.published). Mathematically RegMean with
+                   per-system weighting (merge.py's docstring; a test checks it)
   gffmerge_ft      gffmerge, then a joint fine-tune until its validation curve is flat
   gffmerge_seq     the same rule with the merged model's own layer inputs (inputs=sequential, layers
                    solved in forward order), the same fixed 1e-6 x I, plain rows, no prior, no grid
@@ -32,12 +33,15 @@ system's head:
   gffmerge_ours    our variant: merged-model inputs (inputs=sequential), a ridge towards the weight
                    average chosen on validation from merge.ridge_grid, edge rows weighted
   weight_avg_ft    weight_avg, then the same fine-tune (is the merge a better starting point?)
+  null_merge       theta_0's backbone under each specialist's head: a merge that does nothing (the
+                   negative control of the "beats the baselines" claims)
   joint            one backbone + two heads trained from theta_0 on both systems until flat
                    (the gold standard; trained in train_shared, whose converged validation error
                    sets the fine-tunes' accuracy target)
 The specialists, joint training and the three fine-tunes train by the platform's one rule
-(``blocks.fitting.fit_to_plateau`` via ``multitask.fit_rule``, configs' ``fit``: a rate grid
-piloted on validation, the chosen rate held to a plateau, one drop, a second plateau), so the
+(``blocks.fitting.fit_to_plateau`` via ``multitask.fit_rule``, configs' ``fit``: the config's ``lr``
+table rate, chosen once on seed 0's validation (``pilot_rates.py``; without a table entry the rate
+grid piloted on validation), held to a plateau, one drop, a second plateau), so the
 method and every baseline that trains share the grid, the rule and the caps; wall times of joint
 training and fine-tunes are the whole fits'. The foundation's pre-training (recorded, not gated)
 keeps this folder's loop (``_train_until_flat``: cosine decay over 70 % of a cap then held, stopped
@@ -45,9 +49,11 @@ at the gate's own plateau test). Metrics: energy MAE (meV/atom) and force MAE (m
 means, the means also per test frame (``ctx.metrics.units``: the claims' intervals resample
 frames); merge, fine-tune and joint-training wall times; per-layer alignment residuals. The
 fine-tunes are also scored after a fixed budget of ``finetune.budget_steps`` steps (``budget_*``,
-per test frame) and record their steps and CPU time to a validation force MAE within
-``finetune.target_factor`` of joint training's converged one (``steps_to_target``, ``time_to_target``;
-joint training's own: ``joint_steps_to_target``, ``joint_time_to_target``).
+per test frame) and record their steps to a validation force MAE within ``finetune.target_factor``
+of joint training's best (both curves smoothed over ``finetune.smooth_points`` validations) and the
+CPU time to it at the seed's one CPU cost per step (``steps_to_target``, ``time_to_target`` = merge
+CPU + steps x joint training's CPU per step; joint training's own: ``joint_steps_to_target``,
+``joint_time_to_target``).
 """
 from __future__ import annotations
 
@@ -241,21 +247,50 @@ def fit_config(p: dict, part: str) -> dict:
     return c
 
 
-def fit_models(ctx, models, systems, part: str, seed: int, label: str, after_step=None) -> tuple[list, dict]:
+def rate_keys(part: str, tag: str | None = None) -> tuple:
+    """The config ``lr`` table's path of a training part's rate: ``specialist.<system tag>``, ``joint``,
+    ``finetune`` (one rate for the three fine-tunes, whatever their start)."""
+    return ("specialist", str(tag)) if part == "train" else (part,)
+
+
+def effective_fit(p: dict, part: str, tag: str | None = None) -> tuple[dict, dict]:
+    """(the shared rule's config of ``part``, the rate's source): with an entry in the config's ``lr``
+    table (``blocks.rate_table``: chosen once on seed 0's validation, ``pilot_rates.py``) a one-rate
+    grid, so the rule runs no pilots; without one the part's grid, piloted in every fit."""
+    from reprozoo.blocks.rate_table import fit_with_table_rate
+
+    return fit_with_table_rate(fit_config(p, part), p.get("lr"), *rate_keys(part, tag), required=False)
+
+
+def pilot_overhead(fit: dict) -> int:
+    """Optimiser steps a fit spends on the rates it does not keep: (rates - 1) x pilot steps (0 for a
+    table rate, whose one-rate grid pilots nothing)."""
+    return (len(fit["lr_grid"]) - 1) * int(fit["pilot_steps"])
+
+
+def fit_models(ctx, models, systems, part: str, seed: int, label: str, after_step=None,
+               tag: str | None = None) -> tuple[list, dict]:
     """Train ``models`` (one specialist, or tied models with a head per system) on ``systems`` by the
-    platform's shared rule (:func:`multitask.fit_rule`, config :func:`fit_config` of ``part``);
-    returns (models, record). The record's ``curve_dict`` holds the chosen run's validation curves
-    (``x``, ``force`` meV/A and ``energy`` meV/atom, means over the systems, ``lr``)."""
+    platform's shared rule (:func:`multitask.fit_rule`, config :func:`effective_fit` of ``part``: the
+    ``lr`` table's rate where the config has one, else the grid piloted); returns (models, record).
+    The record's ``curve_dict`` holds the chosen run's validation curves (``x``, ``force`` meV/A and
+    ``energy`` meV/atom, means over the systems, ``lr``); ``fit`` the config it ran, ``lr_source``
+    and ``lr_edge`` (a table rate's edge on the configured grid)."""
+    from reprozoo.blocks.rate_table import stamp_source
+
     from .multitask import fit_rule
 
     p = ctx.params
-    fit = fit_config(p, part)
-    ctx.progress(f"{label}: rate grid {fit['lr_grid']} piloted {fit['pilot_steps']} steps, then until flat "
-                 f"(at least {fit['min_steps']}, at most {fit['max_steps']} steps)")
+    fit, source = effective_fit(p, part, tag)
+    how = (f"table rate {fit['lr_grid'][0]:g}" if source["lr_source"] == "table"
+           else f"rate grid {fit['lr_grid']} piloted {fit['pilot_steps']} steps")
+    ctx.progress(f"{label}: {how}, then until flat (at least {fit['min_steps']}, at most {fit['max_steps']} steps)")
     models, rec = fit_rule(models, [s["train"] for s in systems], [s["val"] for s in systems], fit, seed,
                            batch_size=int(p["train"]["batch_size"]), energy_weight=p["train"].get("energy_weight", 1.0),
                            force_weight=p["train"].get("force_weight", 10.0), label=label, progress=ctx.progress,
                            after_step=after_step)
+    stamp_source(rec, source)
+    rec["fit"] = fit
     rec["curve_dict"] = {"x": [int(x) for x in rec["steps"]], "force": [float(v) for v in rec["vals"]],
                          "energy": [float(v) for v in rec["curves"]["energy"]], "lr": [float(v) for v in rec["lrs"]]}
     return models, rec
@@ -267,6 +302,7 @@ def _log_rule(ctx, name: str, rec: dict) -> None:
     ctx.metrics.scalar(f"steps_{name}", float(rec["stop"]))
     ctx.metrics.scalar(f"plateau_{name}", float(bool(rec["plateau"])))
     ctx.metrics.scalar(f"lr_edge_{name}", {None: 0.0, "bottom": -1.0, "top": 1.0}[rec["lr_edge"]])
+    ctx.metrics.scalar(f"lr_table_{name}", float(rec.get("lr_source") == "table"))
     if rec.get("drop_gain") is not None:
         ctx.metrics.scalar(f"drop_gain_{name}", float(rec["drop_gain"]))
 
@@ -383,10 +419,10 @@ def _theta0(ctx, setting: str, systems: list[dict], init, foundation=None) -> li
 
 
 def cpu_per_step(rec: dict, fit: dict) -> float:
-    """CPU seconds per optimiser step of a fit by the shared rule: its whole CPU time (the rate
-    grid's pilots and every validation included) over every step it ran (the chosen run's steps
-    and the other rates' pilots)."""
-    n = int(rec["stop"]) + (len(fit["lr_grid"]) - 1) * int(fit["pilot_steps"])
+    """CPU seconds per optimiser step of a fit by the shared rule (``fit``: the config it ran): its
+    whole CPU time (the rate grid's pilots, if any, and every validation included) over every step it
+    ran (the chosen run's steps and the other rates' pilots)."""
+    n = int(rec["stop"]) + pilot_overhead(fit)
     return float(rec["cpu_seconds"]) / max(n, 1)
 
 
@@ -419,7 +455,7 @@ def train_shared(ctx) -> None:
                 "systems": {}}
         for k, (s, m0) in enumerate(zip(systems, theta0)):
             (m,), rec = fit_models(ctx, [copy.deepcopy(m0)], [s], "train", ctx.seed * 100 + 10 + k,
-                                   label=f"[{setting}] specialist {s['tag']}")
+                                   label=f"[{setting}] specialist {s['tag']}", tag=s["tag"])
             torch.save(m.state_dict(), ctx.outdir / f"specialist_{setting}_{s['tag']}.pt")
             ev = evaluate(m, s["val"])
             info["systems"][s["tag"]] = {"val_force_mae": ev["force_mae"], "val_energy_mae_per_atom": ev["energy_mae_per_atom"],
@@ -442,14 +478,24 @@ def train_shared(ctx) -> None:
         for s, m in zip(systems, models):
             torch.save(m.state_dict(), ctx.outdir / f"joint_{setting}_{s['tag']}.pt")
         c = rec["curve_dict"]
-        target = float(p["finetune"].get("target_factor", 1.1)) * float(min(c["force"]))
-        hit = steps_to_target([x for x in c["x"] if x > 0], [f for x, f in zip(c["x"], c["force"]) if x > 0], target)
+        # the accuracy target: target_factor x the best of joint training's SMOOTHED validation curve
+        # (trailing mean over finetune.smooth_points validations: a single noisy minimum no longer sets
+        # it), and joint training's own steps to it on the same smoothed curve
+        k = smooth_points(p)
+        xs, fs = _after_start(c)
+        target = float(p["finetune"].get("target_factor", 1.1)) * float(min(smoothed(fs, k)))
+        hit = steps_to_target(xs, smoothed(fs, k), target)
         hit = int(rec["stop"]) if hit is None else hit  # (only if the best were the start itself)
-        per_step = cpu_per_step(rec, fit_config(p, "joint"))
+        # the seed's ONE CPU cost per optimiser step of this architecture and batch (joint training's
+        # whole fit over its steps): joint training and every fine-tune are timed with it, so the
+        # time-to-target ratios are ratios of step counts (plus the merge in step-equivalents)
+        per_step = cpu_per_step(rec, rec["fit"])
+        over = pilot_overhead(rec["fit"])
         jinfo = {"curve_dict": c, "lr": float(rec["lr"]), "stop": int(rec["stop"]), "plateau": bool(rec["plateau"]),
-                 "lr_edge": rec["lr_edge"], "drop_gain": rec["drop_gain"], "seconds": rec["seconds"],
-                 "cpu_seconds": rec["cpu_seconds"], "cpu_per_step": per_step, "target_force_mae": target,
-                 "steps_to_target": int(hit), "time_to_target": hit * per_step}
+                 "lr_edge": rec["lr_edge"], "lr_source": rec["lr_source"], "drop_gain": rec["drop_gain"],
+                 "seconds": rec["seconds"], "cpu_seconds": rec["cpu_seconds"], "cpu_per_step": per_step,
+                 "target_force_mae": target, "steps_to_target": int(hit), "pilot_steps": over,
+                 "time_to_target": time_to_target(0.0, hit, over, per_step)}
         (ctx.outdir / f"joint_{setting}.json").write_text(json.dumps(jinfo, indent=1))
         ctx.metrics.scalar(f"{pre}joint_train_seconds", rec["seconds"])
 
@@ -594,7 +640,12 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
 
     states = [backbone_state(t) for t in teachers]
     reps = int(p["merge"].get("timing_repeats", 3))
-    if v in ("weight_avg", "weight_avg_ft"):
+    if v == "null_merge":
+        # the negative control of the merge claims: a merge that does nothing, theta_0's backbone
+        # under each specialist's head and energy scale (what the merges improve on)
+        merged = backbone_state(theta0[0])
+        ctx.metrics.scalar(f"{pre}merge_cpu_seconds", 0.0)
+    elif v in ("weight_avg", "weight_avg_ft"):
         merged, secs, cpus = _timed(lambda: weight_average(states), reps)
         ctx.metrics.scalar(f"{pre}merge_seconds", secs)
         ctx.metrics.scalar(f"{pre}merge_cpu_seconds", cpus)
@@ -657,8 +708,15 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         ctx.metrics.curve(f"{pre}layer_residual_merged", range(len(names)), [info.residual_merged[n] for n in names])
         ctx.metrics.curve(f"{pre}layer_residual_average", range(len(names)), [info.residual_average[n] for n in names])
         (ctx.outdir / "layers.json").write_text(json.dumps(names))
-    elif v not in ("weight_avg", "weight_avg_ft", "task_arithmetic"):
+    elif v not in ("weight_avg", "weight_avg_ft", "task_arithmetic", "null_merge"):
         raise ValueError(f"unknown variant '{v}'")
+    if v in VARIANTS_MERGE:
+        # the closed form's cost against joint training (diagnostics, not claims: a millisecond closed
+        # form is faster than an 800-step floor by construction; tests/test_gffmerge.py checks it)
+        jrec = json.loads((sd / f"joint_{setting}.json").read_text())
+        cpu = ctx.metrics.scalars[f"{pre}merge_cpu_seconds"]
+        ctx.metrics.scalar(f"{pre}merge_step_equiv", cpu / float(jrec["cpu_per_step"]))
+        ctx.metrics.scalar(f"{pre}merge_speedup_x", float(jrec["cpu_seconds"]) / max(cpu, 1e-9))
 
     models = [with_backbone(t, merged) for t in teachers]
     emb, dev = _teacher_deviation(teachers, models, [s["val"] for s in systems])
@@ -690,23 +748,29 @@ def _train_setting(ctx, setting: str, systems: list[dict]) -> None:
         _record_errors(ctx, systems, at, prefix=f"{pre}budget_")
         ctx.metrics.scalar(f"{pre}budget_steps", budget)
         # time to a fixed accuracy (the paper's speed-up): the first validation at which the
-        # fine-tune's validation force MAE (mean of systems) is at or below the seed's joint-training
-        # target (``finetune.target_factor`` x joint training's converged, i.e. best, validation
-        # force MAE on the same frames; train_shared); never reached: the steps run (censored,
-        # flagged). Steps of the chosen rate's run (the rate grid's pilots, the same for joint
-        # training, are left out of both); time = the merge's CPU + steps x CPU per step of this fit
-        target = float(json.loads((sd / f"joint_{setting}.json").read_text())["target_force_mae"])
-        # (validations after the first step: a start already at the target counts its first validation)
-        xs, fs = hist["curve_dict"]["x"], hist["curve_dict"]["force"]
-        hit = steps_to_target([x for x in xs if x > 0], [f for x, f in zip(xs, fs) if x > 0], target)
+        # fine-tune's validation force MAE (mean of systems), smoothed over finetune.smooth_points
+        # validations, is at or below the seed's joint-training target (finetune.target_factor x the
+        # best of joint training's smoothed validation curve on the same frames; train_shared); never
+        # reached: the steps run (censored, flagged). Time = the merge's CPU + (steps to the target +
+        # the steps of any discarded rate pilots) x the seed's ONE CPU cost per step (joint training's:
+        # same architecture and batch), so the ratio to joint training (timed alike) is a ratio of step
+        # counts, not of two noisy timings; the merge enters as step-equivalents (merge_step_equiv)
+        jrec = json.loads((sd / f"joint_{setting}.json").read_text())
+        target, step_cpu = float(jrec["target_force_mae"]), float(jrec["cpu_per_step"])
+        xs, fs = _after_start(hist["curve_dict"])
+        hit = steps_to_target(xs, smoothed(fs, smooth_points(p)), target)
         steps = hit if hit is not None else int(hist["stop"])
         sc = ctx.metrics.scalars
-        per_step = cpu_per_step(hist, fit_config(p, "finetune"))
+        over = pilot_overhead(hist["fit"])
         ctx.metrics.scalar(f"{pre}ft_target_force_mae", target)
         ctx.metrics.scalar(f"{pre}steps_to_target", steps)
         ctx.metrics.scalar(f"{pre}target_reached", float(hit is not None))
-        ctx.metrics.scalar(f"{pre}ft_cpu_per_step", per_step)
-        ctx.metrics.scalar(f"{pre}time_to_target", sc[f"{pre}merge_cpu_seconds"] + steps * per_step)
+        ctx.metrics.scalar(f"{pre}ft_pilot_steps", over)
+        ctx.metrics.scalar(f"{pre}ft_cpu_per_step", cpu_per_step(hist, hist["fit"]))  # diagnostic only
+        ctx.metrics.scalar(f"{pre}step_cpu", step_cpu)
+        if f"{pre}merge_step_equiv" not in sc:  # (the closed forms recorded theirs above)
+            ctx.metrics.scalar(f"{pre}merge_step_equiv", sc[f"{pre}merge_cpu_seconds"] / step_cpu)
+        ctx.metrics.scalar(f"{pre}time_to_target", time_to_target(sc[f"{pre}merge_cpu_seconds"], steps, over, step_cpu))
         ctx.metrics.scalar(f"{pre}finetune_seconds", hist["seconds"])
         ctx.metrics.scalar(f"{pre}finetune_cpu_seconds", hist["cpu_seconds"])
         ctx.metrics.scalar(f"{pre}finetune_steps", hist["stop"])
@@ -755,11 +819,39 @@ def steps_to_target(steps, values, target: float):
     return None
 
 
+def smooth_points(p: dict) -> int:
+    """How many validations the accuracy target's crossing averages (``finetune.smooth_points``)."""
+    return max(int(p["finetune"].get("smooth_points", 1)), 1)
+
+
+def smoothed(values, k: int) -> list[float]:
+    """Trailing mean of ``values`` over the last ``k`` points (fewer at the start; ``k`` <= 1: the
+    values). A crossing of the smoothed curve is a level the fit holds for about ``k`` validations,
+    not one lucky point, and it is causal (no later validation enters)."""
+    v = [float(x) for x in values]
+    k = max(int(k), 1)
+    return [sum(v[max(0, i - k + 1):i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(v))]
+
+
+def _after_start(curve: dict) -> tuple[list, list]:
+    """A validation curve's steps and force MAEs after step 0 (a start already at the target counts
+    its first validation after a step)."""
+    xs = [int(x) for x in curve["x"] if x > 0]
+    return xs, [float(f) for x, f in zip(curve["x"], curve["force"]) if x > 0]
+
+
+def time_to_target(merge_cpu: float, steps: int, pilot_steps: int, step_cpu: float) -> float:
+    """CPU seconds to the accuracy target: the merge's CPU (0 for joint training) plus the optimiser
+    steps (the chosen rate's steps to the target and the steps of any rate pilots the fit discarded)
+    at the seed's one CPU cost per step (joint training's, the same architecture and batch)."""
+    return float(merge_cpu) + (int(steps) + int(pilot_steps)) * float(step_cpu)
+
+
 # --- plots -----------------------------------------------------------------------------------------
 
 ORDER = ["individual", "joint", "gffmerge_ft", "gffmerge_seq_ft", "gffmerge", "gffmerge_seq", "gffmerge_ours",
          "gffmerge_ours_force", "weight_avg_ft",
-         "task_arithmetic", "weight_avg"]
+         "task_arithmetic", "weight_avg", "null_merge"]
 
 
 def plot(table, plots_dir: Path, params: dict) -> None:
