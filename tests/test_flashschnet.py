@@ -1,7 +1,10 @@
-"""FlashSchNet: the flash kernel reproduces the baseline SchNet exactly (energies, forces, weight
-gradients) with and without the pair-symmetry trick, so does the pair-symmetric baseline (our
-ablation), the flash kernel never allocates an (E, F) tensor, its CSR chunking is consistent, 16-bit
-weights are accurate, the MD observables are right on a closed-form case and detect a real change
+"""FlashSchNet: both flash kernels (the paper's memory pattern and our recompute kernel) reproduce
+the baseline SchNet exactly (energies, forces, weight gradients, gradcheck), with and without the
+pair-symmetry trick, so does the pair-symmetric baseline (our ablation); the recompute kernel never
+allocates an (E, F) tensor, the paper's pattern keeps the filter but lies between it and the
+baseline in peak memory; its CSR chunking is consistent; W16A16 is the plain fp16 cast and the weight
+formats order by force error; the paired ABBA timing alternates order and reads 1 on an A/A fake
+clock, also with a planted order effect; 16-bit weights are accurate, the MD observables are right on a closed-form case and detect a real change
 of the force field, the chain potential and integrators are physical, and the method runs end to end."""
 from __future__ import annotations
 
@@ -231,6 +234,129 @@ def test_quantised_flash_forces_close_and_weights_smaller():
     assert q.weight_bytes() < 0.6 * FlashSchNet(m).weight_bytes()
 
 
+# --- the paper's memory pattern and its W16A16 scheme -------------------------------------------------------
+
+@pytest.mark.parametrize("chunk", [5, 64, 100000])
+def test_paper_kernel_equals_baseline_float64(chunk):
+    numbers, X, batch, ei, R = _chain_batch()
+    m = _perturbed_schnet(max_z=20)
+    e0, f0 = m.energy_and_forces(numbers, X, batch, ei, None, R, create_graph=False)
+    e1, f1 = FlashSchNet(m, chunk_size=chunk, kernel="paper").energy_and_forces(numbers, X, batch, ei, None, R)
+    np.testing.assert_allclose(e1.numpy(), e0.detach().numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(f1.numpy(), f0.detach().numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_paper_kernel_periodic_weight_gradients_and_gradcheck():
+    """Small Cu/Au cell with periodic self images: forces and weight gradients equal the baseline's,
+    and the hand-written backward passes of the three Functions pass gradcheck in positions."""
+    fr = make_emt_frames("cuau_bulk", n_frames=2, rattle=0.1, seed=3, size=1)
+    b = AtomsData(fr, 4.5).collate([0, 1], dtype=torch.float64)
+    m = _perturbed_schnet(cutoff=4.5)
+    e0, f0 = m.batch_forward(b)
+    fm = FlashSchNet(m, chunk_size=17, kernel="paper")
+    e1, f1 = fm.energy_and_forces(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures)
+    np.testing.assert_allclose(e1.numpy(), e0.detach().numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(f1.numpy(), f0.numpy(), rtol=1e-10, atol=1e-12)
+    g = fm.graph(b.edge_index, b.positions.shape[0], b.shifts)
+    params = [q for q in m.parameters() if q.requires_grad]
+    ga = torch.autograd.grad(fm(b.numbers, b.positions, b.batch, n_structures=b.n_structures, graph=g).sum(),
+                             params, allow_unused=True)
+    gb = torch.autograd.grad(m(b.numbers, b.positions, b.batch, b.edge_index, b.shifts, b.n_structures).sum(),
+                             params, allow_unused=True)
+    for x, y in zip(ga, gb):
+        if y is not None:
+            np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-9, atol=1e-10)
+    pos = b.positions.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda q: fm(b.numbers, q, b.batch, n_structures=b.n_structures, graph=g), (pos,), eps=1e-6, atol=1e-6)
+
+
+def test_paper_kernel_keeps_edge_filter_but_not_messages_and_lies_between():
+    """The paper's pattern materialises the (E, F) filter (so its largest allocation is one (E, F)
+    tensor) but not the baseline's extra (E, F) tensors: its peak lies between the recompute
+    kernel's and the baseline's."""
+    numbers, X, batch, ei, R = _chain_batch(n_beads=120, R=4, cutoff=8.0, dtype=torch.float32)
+    m = _perturbed_schnet(torch.float32, cutoff=8.0, F=64, max_z=20)
+    E, F = ei.shape[1], 64
+    runs = {}
+    for name, fm in (("paper", FlashSchNet(m, chunk_size=512, kernel="paper")), ("recompute", FlashSchNet(m, chunk_size=512))):
+        g = fm.graph(ei, X.shape[0])
+        runs[name] = (lambda fm=fm, g=g: fm.energy_and_forces(numbers, X, batch, n_structures=R, graph=g))
+    runs["base"] = lambda: m.energy_and_forces(numbers, X, batch, ei, None, R, create_graph=False)
+    for r in runs.values():
+        r()
+    assert largest_allocation(runs["paper"]) >= E * F * 4
+    peak = {k: peak_bytes(r)[0] for k, r in runs.items()}
+    assert peak["recompute"] < peak["paper"] < peak["base"] / 1.2, peak
+
+
+def test_w16a16_is_the_public_cast_and_formats_order_by_error():
+    numbers, X, batch, ei, R = _chain_batch(n_beads=60, R=2, cutoff=8.0, dtype=torch.float32)
+    m = _perturbed_schnet(torch.float32, cutoff=8.0, F=32, max_z=20)
+    fm = FlashSchNet(m, kernel="paper", quantize="w16a16")
+    blk = m.interactions[0]
+    assert fm.weight("interactions.0.filter1", blk.filter1).equal(blk.filter1.weight.half().float())  # no scale
+    assert fm.bias("interactions.0.filter2", blk.filter2).equal(blk.filter2.bias.half().float())
+    assert fm.weight("interactions.0.in2f", blk.in2f) is blk.in2f.weight  # only filter and output networks
+    assert fm.weight("head.0", m.head[0]).equal(m.head[0].weight.half().float())
+    _, f32 = FlashSchNet(m, kernel="paper").energy_and_forces(numbers, X, batch, ei, None, R)
+    rms = f32.pow(2).mean().sqrt()
+    err = {}
+    for q in ("w16a16", "float16", "int4", "int2"):
+        _, fq = FlashSchNet(m, kernel="paper", quantize=q).energy_and_forces(numbers, X, batch, ei, None, R)
+        err[q] = float((fq - f32).abs().max() / rms)
+    assert 0 < err["w16a16"] < 1e-2 and 0 < err["float16"] < 1e-2
+    assert max(err["w16a16"], err["float16"]) < err["int4"] < err["int2"], err
+    with pytest.raises(ValueError):
+        FlashSchNet(m, quantize="w16a16")  # fp16 activations: the paper's kernel only
+
+
+# --- the timing procedure ------------------------------------------------------------------------------
+
+class _FakeClockEvaluator:
+    """A force call that advances a shared fake clock by its cost and records the order of calls; a
+    planted order effect: whoever runs first in a timed round is ``bonus`` cheaper (warm-up: 2 calls
+    each, then segments of ``steps`` calls)."""
+
+    def __init__(self, name, cost, st, steps, bonus=0.0):
+        self.name, self.cost, self.st, self.steps, self.bonus, self.device = name, cost, st, steps, bonus, "cpu"
+
+    def forces(self, pos):
+        st = self.st
+        k = len(st["calls"]) - 4
+        first = k >= 0 and (k % (2 * self.steps)) < self.steps
+        st["calls"].append(self.name)
+        st["t"] += self.cost * ((1.0 - self.bonus) if first else 1.0)
+        return torch.zeros_like(pos)
+
+
+def _fake_rounds(cost_a, cost_b, bonus=0.0, repeats=8, steps=3):
+    from reprozoo.methods.flashschnet.md import paired_rounds
+
+    s = make_chain(10, 0)
+    st = {"t": 0.0, "calls": []}
+    a = _FakeClockEvaluator("a", cost_a, st, steps, bonus)
+    b = _FakeClockEvaluator("b", cost_b, st, steps, bonus)
+    cfg = {"md_steps": steps, "repeats": repeats, "warmup": 1, "dt": 0.01, "gamma": 2.0, "T": 300.0}
+    res = paired_rounds(a, b, np.zeros((1, 10, 3)), 2, cfg, s, seed=0, clock=(lambda: st["t"], lambda: st["t"]))
+    return res, st["calls"]
+
+
+def test_paired_rounds_alternate_order_and_aa_is_one():
+    res, calls = _fake_rounds(1.0, 1.0)
+    timed = calls[4:]                       # warm-up: 2 force calls each (initial forces + 1 step)
+    rounds = [timed[6 * r:6 * r + 6] for r in range(8)]
+    assert all(r == ["a"] * 3 + ["b"] * 3 for r in rounds[0::2]) and all(r == ["b"] * 3 + ["a"] * 3 for r in rounds[1::2])
+    assert np.median(res["ratio_cpu"]) == pytest.approx(1.0) and len(res["ratio_cpu"]) == 8
+    res, _ = _fake_rounds(2.0, 1.0)        # a twice as slow: speed-up of a over b is 0.5 in every round
+    assert np.allclose(res["ratio_cpu"], 0.5) and np.allclose(res["ratio_wall"], 0.5)
+    # a planted 10 % bonus for whoever runs first in a round: ABBA keeps the A/A median at about 1
+    res, _ = _fake_rounds(1.0, 1.0, bonus=0.1)
+    r = np.asarray(res["ratio_cpu"])
+    assert r.max() > 1.05 and r.min() < 0.95
+    assert abs(np.median(r) - 1.0) < 0.01
+
+
 # --- the chain system -----------------------------------------------------------------------------------
 
 def test_chain_forces_are_minus_gradient_and_nve_conserves_energy():
@@ -346,36 +472,45 @@ def test_method_runs_end_to_end(tmp_path):
          "train": {"epochs": 1, "batch_size": 2, "max_steps": 2},
          "flash": {"chunk_size": 256, "quantize": "float16"},
          "bench": {"replicas": [1, 2], "speedup_replicas": 2,
-                   "interleaved": {v: {"md_steps": 2, "repeats": 2} for v in ("flashschnet", "flash_pairs", "baseline_pairs")},
+                   "interleaved": {v: {"md_steps": 2, "repeats": 2} for v in
+                                   ("flashschnet", "baseline_schnet", "flash_recompute", "flash_pairs", "baseline_pairs")},
                    "dt": 0.01, "gamma": 2.0, "T": 300.0, "skin": 1.0},
-         "observables": {"variants": ["flashschnet", "flashschnet_fp16w", "flashschnet_int2w"], "n_beads": 10,
-                         "replicas": 3, "equil_steps": 20, "dt": 0.02, "gamma": 2.0, "burn": 2, "steps": 4, "every": 1,
-                         "pairs": True},
-         "controls": ["flashschnet_int2w"],
+         "observables": {"variants": ["flashschnet", "flashschnet_w16a16", "flashschnet_int4w", "flashschnet_int2w"],
+                         "n_beads": 10, "replicas": 3, "equil_steps": 20, "dt": 0.02, "gamma": 2.0, "burn": 2, "steps": 4,
+                         "every": 1, "pairs": False},
+         "controls": ["flashschnet_int4w", "flashschnet_int2w"],
          "nve": {"variants": ["flashschnet", "baseline_schnet"], "replicas": 1, "steps": 4, "dt": 0.005, "every": 1}}
     shared = tmp_path / "shared"
     shared.mkdir()
     ctx = RunContext("flashschnet", "shared", 0, "ci", p, {}, shared, shared)
     method.train_shared(ctx)
     out = {}
-    for v in ("flashschnet", "flashschnet_fp16w", "flash_pairs", "baseline_schnet", "baseline_pairs", "flashschnet_int2w"):
+    variants = ("flashschnet", "flashschnet_w16a16", "flashschnet_fp16w", "flash_recompute", "flash_pairs",
+                "baseline_schnet", "baseline_pairs", "flashschnet_int4w", "flashschnet_int2w")
+    for v in variants:
         (tmp_path / v).mkdir()
         c = RunContext("flashschnet", v, 0, "ci", p, {}, tmp_path / v, shared)
         method.train(c)
         out[v] = c.metrics
-    for v in ("flashschnet", "flash_pairs", "baseline_pairs"):
+    for v in ("flashschnet", "flash_recompute", "flash_pairs", "baseline_pairs"):
         assert out[v].scalars["force_maxdiff_rel"] <= 1e-5, v
         assert out[v].scalars["force_mae"] == pytest.approx(out["baseline_schnet"].scalars["force_mae"], rel=1e-5)
-        assert out[v].scalars["speedup"] > 0
-        assert len(out[v].curves["speedup_rounds"][1]) == 2 and out[v].scalars["speedup_cpu"] > 0
-    assert 0 < out["flashschnet_fp16w"].scalars["quant_force_err"] < 1e-2
+    for v in ("flashschnet", "baseline_schnet", "flash_recompute", "flash_pairs", "baseline_pairs"):
+        assert out[v].scalars["speedup"] > 0 and out[v].scalars["speedup_wall"] > 0, v
+        assert len(out[v].curves["speedup_rounds"][1]) == 2
+    assert out["flashschnet_fp16w"].scalars["force_maxdiff_rel"] > 1e-5   # identical_forces' control
+    for v in ("flashschnet_w16a16", "flashschnet_fp16w"):
+        assert 0 < out[v].scalars["quant_force_err"] < 1e-2
     assert out["flashschnet"].curves["peak_mem_mb"][0] == [1.0, 2.0]
     assert np.isfinite(out["baseline_schnet"].scalars["nve_drift"]) and "nve_drift" not in out["flash_pairs"].scalars
     assert out["baseline_schnet"].scalars["train_steps"] == 2
+    for v in variants:  # the convergence gate reads the shared training curve and its rate in every variant
+        assert "train_val_force_mae" in out[v].curves and "train_lr" in out[v].curves
     for k in ("md_rg", "md_bond_mean", "md_bond_width", "md_contacts"):
-        assert out["flashschnet_fp16w"].scalars[k] == pytest.approx(out["flashschnet"].scalars[k], rel=1e-3)
+        assert out["flashschnet_w16a16"].scalars[k] == pytest.approx(out["flashschnet"].scalars[k], rel=1e-3)
         assert out["flashschnet"].scalars[k + "_sem"] > 0
     assert out["flashschnet"].scalars["md_decorrelation"] > 0
-    ctrl = out["flashschnet_int2w"]  # the control: force error and observables only
-    assert ctrl.scalars["quant_force_err"] > out["flashschnet_fp16w"].scalars["quant_force_err"]
+    ctrl = out["flashschnet_int2w"]  # the controls: force error and observables only
+    assert ctrl.scalars["quant_force_err"] > out["flashschnet_int4w"].scalars["quant_force_err"] \
+        > out["flashschnet_w16a16"].scalars["quant_force_err"]
     assert "md_rg" in ctrl.scalars and "peak_mem_mb" not in ctrl.curves and "nve_drift" not in ctrl.scalars

@@ -1,28 +1,41 @@
-"""FlashSchNet on CPU (PyTorch): an IO-aware continuous-filter convolution with the SchNet weights.
+"""FlashSchNet on CPU (PyTorch): IO-aware continuous-filter convolutions with the SchNet weights.
 
 The baseline (``blocks.atomistic.SchNet``) materialises, per interaction block, the (E, K) radial
 basis and several (E, F) edge tensors (filter pre-activation, hidden, filter, gathered neighbour
 features, messages) and keeps them alive for the backward pass, then reduces with ``index_add_``.
 
-Here the same model runs with:
+Two flash kernels run the same model (``FlashSchNet(kernel=...)``):
 
-1. flash radial basis: one distance per edge, computed once per call and shared by every block
-   (an (E,) vector); Gaussian basis + cosine envelope evaluated per chunk, never as (E, K);
-2. flash message passing: edges are processed in chunks of whole destination atoms; for each
-   chunk the filter MLP, neighbour gather, filter multiplication and reduction run on (C, F)
-   tiles only (C = chunk size; 2048 x 64 fp32 = 512 KiB, about a core's L2), so no (E, F) tensor
-   exists in the forward or the backward pass;
-3. flash aggregation: edges sorted by destination (CSR row pointers); each chunk's messages are
-   reduced into its own rows by a CSR segment sum (a sparse-CSR x dense product with unit values:
-   every output row written once per chunk, no atomics / no scatter of E x F values);
-4. optional per-channel 16-bit weights (fp16/bf16 or int16 storage with one fp32 scale per output
-   channel), dequantised on use (coarser integer grids, e.g. ternary int2, serve as a negative control).
+``kernel="paper"`` (the paper's techniques 1-3 with the memory pattern of its public code,
+UNITES-Lab/flash-molecular-dynamics; ``paper_forward`` at the end of this file):
 
-The backward pass is a custom ``torch.autograd.Function`` that *recomputes* each chunk's filter
+1. fused radial basis: distances, Gaussian basis and cosine envelope in one pass; the (E, K) basis
+   is allocated once per force call and shared by every block;
+2. each block's filter MLP runs on the whole edge list and its (E, F) output is kept for the
+   backward pass (as the public code's ``filter_out = self.filter_network(edge_attr)``);
+3. fused message passing: envelope, neighbour gather, filter multiplication and the reduction run
+   chunk by chunk on (C, F) tiles, and the reduction is a CSR segment sum over destination-sorted
+   edges (no gathered-neighbour or message (E, F) tensor, no scatter of E x F values);
+4. technique 4 as the public code does it (``quantize="w16a16"``): the filter and output networks
+   cast to fp16 (no scale), the filter hidden layer and output stored in fp16 (fp32 accumulation;
+   emulated on CPU by rounding). Per-channel-scaled weight formats (fp16/bf16/int16, and int4/int2
+   as controls) are ours.
+
+``kernel="recompute"`` (ours, an ablation; the default of this class for the tests below): no
+(E, K) or (E, F) tensor at all:
+
+1. one distance per edge, computed once per call and shared by every block (an (E,) vector);
+   Gaussian basis + cosine envelope evaluated per chunk, never as (E, K);
+2. edges processed in chunks of whole destination atoms; for each chunk the filter MLP, neighbour
+   gather, filter multiplication and reduction run on (C, F) tiles only (C = chunk size; 2048 x 64
+   fp32 = 512 KiB, about a core's L2);
+3. CSR segment sums as above.
+
+The recompute kernel's backward pass is a custom ``torch.autograd.Function`` that *recomputes* each chunk's filter
 (as FlashAttention does) instead of storing it. The radius graph is symmetric: edge i<-j has a
 reverse j<-i with the same distance, hence the same filter W. Two modes use that:
 
-* ``pairs=False`` (default; the paper's kernel: every directed edge stored, destination-sorted,
+* ``pairs=False`` (default; every directed edge stored, destination-sorted, as in the paper,
   one filter evaluation per directed edge): the gradients that would need a reduction over
   *source* atoms are rewritten as reductions over destinations,
       dL/dh_i   = sum_{j in N(i)} W_ij * g_j
@@ -325,13 +338,27 @@ class FlashSchNet(nn.Module):
     paper's kernel) every directed edge.
     """
 
-    def __init__(self, model: SchNet, chunk_size: int = 2048, quantize: str | None = None, pairs: bool = False):
+    def __init__(self, model: SchNet, chunk_size: int = 2048, quantize: str | None = None, pairs: bool = False,
+                 kernel: str = "recompute"):
         super().__init__()
         if not isinstance(model.rbf, GaussianRBF) or not isinstance(model.envelope, CosineCutoff):
             raise ValueError("the fused kernel implements the Gaussian basis with the cosine envelope")
+        if kernel not in ("recompute", "paper"):
+            raise ValueError(f"unknown flash kernel '{kernel}'; allowed: recompute, paper")
+        if kernel == "paper" and pairs:
+            raise ValueError("the paper's kernel evaluates every directed edge (pairs=False)")
+        if quantize == "w16a16" and kernel != "paper":
+            raise ValueError("W16A16 (fp16 filter activations) is implemented in the paper's kernel")
         self.model, self.chunk_size, self.quantize, self.pairs = model, int(chunk_size), quantize, bool(pairs)
-        self._q = {}
-        if quantize:
+        self.kernel = kernel
+        self._q, self._b = {}, {}
+        if quantize == "w16a16":  # the public code's .half(): plain cast, no scale, filter + output networks
+            for name, mod in model.named_modules():
+                if isinstance(mod, nn.Linear) and any(name.endswith(k) or name.startswith(k) for k in W16A16_LAYERS):
+                    self._q[name] = (mod.weight.detach().half(), None)
+                    if mod.bias is not None:
+                        self._b[name] = mod.bias.detach().half()
+        elif quantize:
             for name, mod in model.named_modules():
                 if isinstance(mod, nn.Linear):
                     self._q[name] = quantize_per_channel(mod.weight, quantize)
@@ -339,8 +366,11 @@ class FlashSchNet(nn.Module):
     def weight(self, name: str, layer: nn.Linear) -> torch.Tensor:
         if name in self._q:
             q, s = self._q[name]
-            return dequantize(q, s, layer.weight.dtype)
+            return q.to(layer.weight.dtype) if s is None else dequantize(q, s, layer.weight.dtype)
         return layer.weight
+
+    def bias(self, name: str, layer: nn.Linear):
+        return self._b[name].to(layer.bias.dtype) if name in self._b else layer.bias
 
     def weight_bytes(self) -> int:
         """Bytes of the Linear weights as stored (16-bit + scales, or fp32)."""
@@ -349,7 +379,7 @@ class FlashSchNet(nn.Module):
             if isinstance(mod, nn.Linear):
                 if name in self._q:
                     q, s = self._q[name]
-                    total += q.numel() * q.element_size() + s.numel() * s.element_size()
+                    total += q.numel() * q.element_size() + (s.numel() * s.element_size() if s is not None else 0)
                 else:
                     total += mod.weight.numel() * mod.weight.element_size()
         return total
@@ -361,6 +391,8 @@ class FlashSchNet(nn.Module):
                 graph: FlashGraph | None = None):
         m = self.model
         g = graph if graph is not None else self.graph(edge_index, positions.shape[0], shifts)
+        if self.kernel == "paper":
+            return paper_forward(self, numbers, positions, batch, g, n_structures)
         dist = edge_distances(positions, g)
         x = m.embedding(numbers)
         for t, blk in enumerate(m.interactions):
@@ -386,3 +418,134 @@ class FlashSchNet(nn.Module):
             e = self(numbers, pos, batch, edge_index, shifts, n_structures, graph=graph)
             (grad,) = torch.autograd.grad(e.sum(), pos)
         return e.detach(), -grad
+
+
+# --- the paper's memory pattern (UNITES-Lab/flash-molecular-dynamics, techniques 1-3) --------------
+#
+# What the public code keeps and what it avoids (read there, re-implemented here in PyTorch on CPU):
+# the (E, K) Gaussian basis is computed once per force call by a fused distance/basis/envelope
+# kernel and shared by every block; each block's filter MLP runs on the whole edge list and its
+# (E, F) output is materialised and saved for the backward pass; what the kernel fuses is envelope,
+# neighbour gather, filter multiplication and the destination-sorted CSR reduction, so neither the
+# gathered-neighbour (E, F) tensor nor the message (E, F) tensor nor an atomic scatter exists. The
+# feature backward is a reduction over sources (the public code keeps a second, source-sorted CSR;
+# here the symmetric graph gives it from the destination CSR: edge j<-i has the same filter). The
+# public CGSchNet filter uses tanh and autograd saves its output (one (E, F) hidden tensor); our
+# SchNet uses the shifted softplus, so the filter Function below saves the same (basis, hidden)
+# pair and recomputes sigmoid(pre) from the hidden layer.
+
+def _round16(x: torch.Tensor) -> torch.Tensor:
+    """fp16 storage of an fp32 tensor (round to nearest half, computed on in fp32)."""
+    return x.half().to(x.dtype)
+
+
+class FusedDistanceRBF(torch.autograd.Function):
+    """pos (N, 3) -> (rbf (E, K), fcut (E,)): distances, Gaussian basis and cosine envelope in one
+    pass; the (E, K) basis is the output (allocated once per call), the backward reduces dL/dd onto
+    both atoms of every edge."""
+
+    @staticmethod
+    def forward(ctx, pos, graph: FlashGraph, centers, gamma, cutoff: float):
+        vec = _vec(pos, graph, 0, graph.n_edges)
+        d = torch.linalg.vector_norm(vec, dim=-1)
+        rbf = torch.exp((-gamma * (d.unsqueeze(1) - centers) ** 2).clamp_(min=EXP_FLOOR))
+        fc = 0.5 * (torch.cos(d * (math.pi / cutoff)) + 1.0) * (d < cutoff)
+        ctx.save_for_backward(pos, d, rbf, centers, gamma)
+        ctx.graph, ctx.cutoff = graph, cutoff
+        return rbf, fc
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_rbf, g_fc):
+        pos, d, rbf, centers, gamma = ctx.saved_tensors
+        g, k = ctx.graph, math.pi / ctx.cutoff
+        s = torch.zeros_like(d)
+        if g_rbf is not None:
+            s += ((g_rbf * rbf) * (d.unsqueeze(1) - centers) * gamma).sum(1).mul_(-2.0)
+        if g_fc is not None:
+            s += g_fc * (-0.5 * k * torch.sin(d * k) * (d < ctx.cutoff))
+        v = (s / d.clamp_min(1e-12)).unsqueeze(1) * _vec(pos, g, 0, g.n_edges)   # dL/dr_ij, r = pos_j - pos_i
+        grad = torch.zeros_like(pos)
+        for c, (a0, a1, e0, e1) in enumerate(g.chunks):
+            grad[a0:a1] -= g.csr_i(c, pos.dtype) @ v[e0:e1]
+        grad.index_add_(0, g.src, v)
+        return grad, None, None, None, None
+
+
+class FilterMLP(torch.autograd.Function):
+    """filt = W2 ssp(W1 rbf + b1) + b2 on every edge, (E, F); saves (rbf, hidden) only.
+    ``act16``: the hidden layer and the output stored in fp16 (the paper's W16A16 data flow)."""
+
+    @staticmethod
+    def forward(ctx, rbf, W1, b1, W2, b2, act16: bool):
+        hid = F.softplus(torch.addmm(b1, rbf, W1.t())).sub_(LOG2)
+        if act16:
+            hid = _round16(hid)
+        filt = torch.addmm(b2, hid, W2.t())
+        ctx.save_for_backward(rbf, hid, W1, W2)
+        return _round16(filt) if act16 else filt
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_filt):
+        rbf, hid, W1, W2 = ctx.saved_tensors
+        dpre = (g_filt @ W2).mul_(torch.exp(-(hid + LOG2)).neg_().add_(1.0))   # sigmoid(pre) = 1 - exp(-softplus)
+        return dpre @ W1, dpre.t() @ rbf, dpre.sum(0), g_filt.t() @ hid, g_filt.sum(0), None
+
+
+class FusedCutoffGatherMultiplyCSR(torch.autograd.Function):
+    """m_i = sum_{j in N(i)} filt_ij * fcut_ij * h_j: envelope, gather, multiply and the
+    destination-CSR segment sum fused chunk by chunk ((C, F) temporaries only); saves the filter
+    (E, F), as the paper's kernel does. ``act16``: dL/dfilt stored in fp16."""
+
+    @staticmethod
+    def forward(ctx, h, filt, fc, graph: FlashGraph, act16: bool):
+        out = torch.zeros_like(h)
+        for c, (a0, a1, e0, e1) in enumerate(graph.chunks):
+            w = filt[e0:e1] * fc[e0:e1].unsqueeze(1)
+            out[a0:a1] += graph.csr_i(c, h.dtype) @ w.mul_(h.index_select(0, graph.src[e0:e1]))
+        ctx.save_for_backward(h, filt, fc)
+        ctx.graph, ctx.act16 = graph, act16
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_out):
+        h, filt, fc = ctx.saved_tensors
+        g = ctx.graph
+        g_out = g_out.contiguous()
+        grad_h, grad_filt, grad_fc = torch.zeros_like(h), torch.empty_like(filt), torch.empty_like(fc)
+        for c, (a0, a1, e0, e1) in enumerate(g.chunks):
+            i, j = g.dst[e0:e1], g.src[e0:e1]
+            f, e = filt[e0:e1], fc[e0:e1].unsqueeze(1)
+            t = g_out.index_select(0, i) * h.index_select(0, j)          # dL/d(W_e) before the envelope
+            grad_fc[e0:e1] = (t * f).sum(1)
+            grad_filt[e0:e1] = t.mul_(e)
+            grad_h[a0:a1] += g.csr_i(c, h.dtype) @ (f * e).mul_(g_out.index_select(0, j))  # symmetric graph
+        if ctx.act16:
+            grad_filt = _round16(grad_filt)
+        return grad_h, grad_filt, grad_fc, None, None
+
+
+W16A16_LAYERS = ("filter1", "filter2", "head.")  # the filter network and the output network
+
+
+def paper_forward(fs: "FlashSchNet", numbers, positions, batch, g: FlashGraph, n_structures=None):
+    """Energy per structure with the paper's memory pattern (see above)."""
+    m, act16 = fs.model, fs.quantize == "w16a16"
+    rbf, fc = FusedDistanceRBF.apply(positions, g, m.rbf.centers.to(positions.dtype),
+                                     m.rbf.gamma.to(positions.dtype), m.cutoff)
+    x = m.embedding(numbers)
+    for t, blk in enumerate(m.interactions):
+        p = f"interactions.{t}."
+        filt = FilterMLP.apply(rbf, fs.weight(p + "filter1", blk.filter1), fs.bias(p + "filter1", blk.filter1),
+                               fs.weight(p + "filter2", blk.filter2), fs.bias(p + "filter2", blk.filter2), act16)
+        hcur = F.linear(x, fs.weight(p + "in2f", blk.in2f))
+        msg = FusedCutoffGatherMultiplyCSR.apply(hcur, filt, fc, g, act16)
+        y = F.softplus(F.linear(msg, fs.weight(p + "f2out", blk.f2out), blk.f2out.bias)) - LOG2
+        x = x + F.linear(y, fs.weight(p + "dense", blk.dense), blk.dense.bias)
+    hh = F.softplus(F.linear(x, fs.weight("head.0", m.head[0]), fs.bias("head.0", m.head[0]))) - LOG2
+    ea = F.linear(hh, fs.weight("head.2", m.head[2]), fs.bias("head.2", m.head[2])).squeeze(-1) * m.e_std \
+        + m.e_mean + m.atomref[numbers]
+    n = int(n_structures) if n_structures is not None else int(batch.max()) + 1
+    return scatter_sum(ea, batch, n)

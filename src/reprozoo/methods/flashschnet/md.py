@@ -3,8 +3,11 @@
 ``Evaluator(kind, model, types, n_replicas, ...)`` evaluates prior + SchNet energy and forces on
 positions (R, N, 3) with a Verlet neighbour list (cutoff + skin, rebuilt when a bead moved more
 than skin / 2; pairs beyond the cutoff get a zero envelope, so results do not depend on the skin).
-``kind``: 'baseline' (blocks.atomistic.SchNet, (E, F) tensors + index_add_) or 'flash'
-(:class:`FlashSchNet`, optionally with 16-bit weights). Both share one ``SchNet`` instance.
+``kind``: 'baseline' (blocks.atomistic.SchNet, (E, F) tensors + index_add_), 'flash_paper'
+(:class:`FlashSchNet` with the paper's memory pattern: (E, K) basis once, per-block (E, F) filter
+kept, envelope/gather/multiply/CSR reduction fused; optionally W16A16 or other weight formats) or
+'flash' (our recompute kernel: no (E, K) or (E, F) tensor, the filter recomputed per chunk in the
+backward pass; an ablation). All share one ``SchNet`` instance.
 ``pairs``: evaluate each unordered pair's filter once (our ablation, for either kind; the list of
 pairs is built with the neighbour list, so its cost is counted in MD).
 """
@@ -22,18 +25,21 @@ from .baseline_pairs import PairBaselineSchNet, unordered_pairs
 from .flash import FlashSchNet, build_graph
 from .measure import peak_bytes
 
-KINDS = ("baseline", "flash")
+KINDS = ("baseline", "flash", "flash_paper")
 
 
-VARIANTS = {  # variant id -> (kind, 16-bit weight format or None, pair symmetry)
-    "flashschnet": ("flash", None, False),            # the paper's techniques 1-3, per directed edge
-    "flashschnet_fp16w": ("flash", "float16", False),  # + technique 4 (per-channel 16-bit weights)
-    "flashschnet_bf16w": ("flash", "bfloat16", False),
-    "flashschnet_int16w": ("flash", "int16", False),
-    "flashschnet_int2w": ("flash", "int2", False),     # negative control: ternary weights, too coarse
-    "flash_pairs": ("flash", None, True),             # ablation (ours): each pair's filter once
-    "baseline_schnet": ("baseline", None, False),     # CGSchNet-style
-    "baseline_pairs": ("baseline", None, True),       # ablation (ours): the baseline with the same trick
+VARIANTS = {  # variant id -> (kind, weight format or None, pair symmetry)
+    "flashschnet": ("flash_paper", None, False),              # the paper's kernel (techniques 1-3), fp32
+    "flashschnet_w16a16": ("flash_paper", "w16a16", False),   # + technique 4 as the public code does it
+    "flashschnet_fp16w": ("flash_paper", "float16", False),   # ablation (ours): per-channel 16-bit weights only
+    "flashschnet_bf16w": ("flash_paper", "bfloat16", False),
+    "flashschnet_int16w": ("flash_paper", "int16", False),
+    "flashschnet_int4w": ("flash_paper", "int4", False),      # control: per-channel 4-bit weights (intermediate)
+    "flashschnet_int2w": ("flash_paper", "int2", False),      # control: ternary weights, too coarse
+    "flash_recompute": ("flash", None, False),                # ablation (ours): recompute kernel, no (E, F)
+    "flash_pairs": ("flash", None, True),                     # ablation (ours): + each pair's filter once
+    "baseline_schnet": ("baseline", None, False),             # CGSchNet-style
+    "baseline_pairs": ("baseline", None, True),               # ablation (ours): the baseline with the same trick
 }
 
 
@@ -57,10 +63,11 @@ class Evaluator:
         self.cutoff = model.cutoff
         self.numbers = torch.from_numpy(np.tile(types, self.R).astype(np.int64)).to(device)
         self.batch = torch.repeat_interleave(torch.arange(self.R, device=device), self.n)
-        if quantize and kind != "flash":
-            raise ValueError("16-bit weights are implemented in the flash kernel only")
+        if quantize and kind == "baseline":
+            raise ValueError("16-bit weights are implemented in the flash kernels only")
         self.pairs = bool(pairs)
-        self.flash = FlashSchNet(model, chunk_size, quantize, pairs) if kind == "flash" else None
+        self.flash = FlashSchNet(model, chunk_size, quantize, pairs, "paper" if kind == "flash_paper" else "recompute") \
+            if kind != "baseline" else None
         self.pair_model = PairBaselineSchNet(model) if kind == "baseline" and pairs else None
         self.prior = prior
         self._ref = None
@@ -191,6 +198,48 @@ def throughput(evaluators: dict, start: np.ndarray, n_replicas: int, cfg: dict, 
     """{name: steps x replicas / s} of the median round of :func:`interleaved_rounds`."""
     rounds = interleaved_rounds(evaluators, start, n_replicas, cfg, system, seed)
     return {name: cfg["md_steps"] * n_replicas / float(np.median(ts)) for name, ts in rounds.items()}
+
+
+def paired_rounds(ev_a: Evaluator, ev_b: Evaluator, start: np.ndarray, n_replicas: int, cfg: dict,
+                  system: ChainSystem, seed: int, clock=None) -> dict:
+    """Paired timing of two evaluators (each with its own prior and neighbour lists) in one process.
+
+    Both run their own trajectory from the same start and random stream; ``cfg['warmup']`` untimed
+    steps each, then ``repeats`` rounds of ``md_steps`` steps per evaluator in ABBA order (round r
+    runs A then B when r is even, B then A when odd), so neither sits first in every round. Returns
+    per round the wall and process-CPU seconds of each ({'a_wall', 'b_wall', 'a_cpu', 'b_cpu'}, lists)
+    and the per-round ratios b / a ('ratio_cpu', 'ratio_wall'): the speed-up of A over B in that
+    round; the statistic keeps the pairing (median of the per-round ratios). ``clock``: optional
+    (wall, cpu) pair of callables, for tests.
+    """
+    wall_clock, cpu_clock = clock if clock is not None else (time.perf_counter, time.process_time)
+    rng = np.random.default_rng(seed)
+    pos0 = tile_start(start, n_replicas, rng)
+    kT = KB * cfg["T"]
+    state = {}
+    for name, ev in (("a", ev_a), ("b", ev_b)):
+        gen = torch.Generator().manual_seed(seed)
+        vel = maxwell_boltzmann(pos0.shape, system.mass, kT, gen)
+        p, v, f = langevin_baoab(pos0.clone(), vel, ev.forces, system.mass, cfg["dt"], cfg["gamma"], kT,
+                                 max(1, int(cfg.get("warmup", 1))), gen, return_forces=True)
+        state[name] = [p, v, f, gen]
+    out = {k: [] for k in ("a_wall", "b_wall", "a_cpu", "b_cpu")}
+    evs = {"a": ev_a, "b": ev_b}
+    sync = torch.cuda.synchronize if str(ev_a.device).startswith("cuda") else (lambda: None)
+    for r in range(int(cfg["repeats"])):
+        for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
+            p, v, f, gen = state[name]
+            sync()
+            c0, t0 = cpu_clock(), wall_clock()
+            p, v, f = langevin_baoab(p, v, evs[name].forces, system.mass, cfg["dt"], cfg["gamma"], kT,
+                                     int(cfg["md_steps"]), gen, f0=f, return_forces=True)
+            sync()
+            out[name + "_wall"].append(wall_clock() - t0)
+            out[name + "_cpu"].append(cpu_clock() - c0)
+            state[name] = [p, v, f, gen]
+    out["ratio_cpu"] = [b / a for a, b in zip(out["a_cpu"], out["b_cpu"])]
+    out["ratio_wall"] = [b / a for a, b in zip(out["a_wall"], out["b_wall"])]
+    return out
 
 
 def nve_run(ev: Evaluator, start: np.ndarray, cfg: dict, system: ChainSystem, seed: int) -> dict:
