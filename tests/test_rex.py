@@ -26,8 +26,8 @@ def test_exact_score_matches_finite_differences(gmm):
     np.testing.assert_allclose(gmm.denoise(y, rho), y + rho**2 * gmm.score(y, rho))
 
 
-@pytest.mark.parametrize("variant", ["rex_euler", "rex_midpoint", "rex_rk4", "rex_sde", "reversible_heun", "bdia",
-                                     "bdia_lawson", "bdia_g096", "bdia_g096_lawson"])
+@pytest.mark.parametrize("variant", ["rex_euler", "rex_midpoint", "rex_rk4", "rex_sde", "reversible_heun", "bdia_ve",
+                                     "bdia_lawson", "bdia_ve_g096", "bdia_g096_lawson", "bdia_vp", "bdia_vp_g096"])
 @pytest.mark.parametrize("n", [5, 25, 100])
 def test_reversible_round_trip_is_float64_exact(gmm, variant, n):
     x0 = gmm.sample(64, np.random.default_rng(1))
@@ -85,7 +85,8 @@ def test_sde_reversal_needs_the_stored_increments(gmm):
     ("rex_rk4", 4, 0.999, [64, 128, 256, 512]),
     ("ddim", 1, 0.999, [64, 128, 256, 512]),
     ("reversible_heun", 2, 0.999, [64, 128, 256, 512]),
-    ("bdia", 2, 0.999, [64, 128, 256, 512]),  # gamma = 1: leapfrog, second order
+    ("bdia_ve", 2, 0.999, [64, 128, 256, 512]),  # gamma = 1: leapfrog, second order
+    ("bdia_vp", 2, 0.999, [64, 128, 256, 512]),
     ("bdia_lawson", 2, 0.999, [64, 128, 256, 512]),  # ... in either set of variables
 ])
 def test_empirical_order(gmm, variant, order, zeta, steps):
@@ -184,14 +185,14 @@ def test_stability_interval_matches_closed_form(gmm, variant, zeta):
 def test_symmetric_baselines_have_no_stability_interval(gmm):
     from reprozoo.blocks.ode import stability_interval
 
-    for v, params in [("reversible_heun", PARAMS), ("bdia", PARAMS), ("bdia_lawson", PARAMS)]:
+    for v, params in [("reversible_heun", PARAMS), ("bdia_ve", PARAMS), ("bdia_lawson", PARAMS), ("bdia_vp", PARAMS)]:
         s = make_sampler(v, gmm.denoise, params)
         assert stability_interval(s.linear_step, s.state_dim) == 0.0
-    damped = make_sampler("bdia", gmm.denoise, {**PARAMS, "bdia_gamma": 0.9})
+    damped = make_sampler("bdia_ve", gmm.denoise, {**PARAMS, "bdia_gamma": 0.9})
     assert stability_interval(damped.linear_step, damped.state_dim) > 0
 
 
-@pytest.mark.parametrize("variant", ["bdia", "bdia_lawson"])
+@pytest.mark.parametrize("variant", ["bdia_ve", "bdia_lawson", "bdia_vp"])
 def test_bdia_first_step_is_ddim_and_inverse_is_exact(gmm, variant):
     rhos = rho_grid(80.0, 0.002, 12)
     noise = 80.0 * np.random.default_rng(0).standard_normal((8, 2))
@@ -222,7 +223,7 @@ def test_bdia_recursion_in_lawson_variables_by_hand(gmm):
     np.testing.assert_allclose(z2, v2 * rhos[2], rtol=1e-12)
     np.testing.assert_allclose(z1, v1 * rhos[1], rtol=1e-12)
     # the first (DDIM) step is the same exact step in either set of variables
-    np.testing.assert_allclose(z1, make_sampler("bdia", gmm.denoise, PARAMS).decode((noise, None), rhos[:2])[0],
+    np.testing.assert_allclose(z1, make_sampler("bdia_ve", gmm.denoise, PARAMS).decode((noise, None), rhos[:2])[0],
                                rtol=1e-10)
 
 
@@ -232,7 +233,7 @@ def test_bdia_parasitic_growth_depends_on_the_variables(gmm):
     Rex's Lawson variables keeps: the like-for-like row inverts at round-off at N = 1000."""
     x0 = gmm.sample(64, np.random.default_rng(1))
     rhos = rho_grid(80.0, 0.002, 1000)
-    y_space = roundtrip_error("bdia", gmm.denoise, x0, rhos, PARAMS, None)
+    y_space = roundtrip_error("bdia_ve", gmm.denoise, x0, rhos, PARAMS, None)
     lawson = roundtrip_error("bdia_lawson", gmm.denoise, x0, rhos, PARAMS, None)
     assert lawson < 1e-13 < y_space < 1e-10, (lawson, y_space)
 
@@ -270,30 +271,27 @@ def test_spec_loads_through_the_platform_loader_and_duplicate_keys_are_refused(t
     sq = claims["sde_sample_quality"]
     assert sq.op == "<=" and sq.threshold == 1.0 and sq.expr == "mmd_ratio@rex_sde"
     assert sq.control.expr.startswith("mmd_ratio_dw_scaled@rex_sde")
-    assert "bdia" in spec.variant_ids and spec.roles["bdia"] == "baseline"
+    assert spec.roles["bdia_vp"] == "baseline" and "bdia" not in spec.variant_ids  # renamed bdia_ve
     read = " ".join(c.expr + " " + " ".join(r.expr for r in c.requires)
                     + " " + (c.control.expr if hasattr(c.control, "expr") else " ".join(f"@{v}" for v in (c.control or {}).values()))
                     for c in spec.claims)
-    for v in spec.variant_ids:  # a variant that no claim reads is dead weight, except DDIM: the
-        # brief's inexact-inversion baseline, recorded for the page (its inexactness is a test)
-        assert f"@{v}" in read or v == "ddim", v
+    for v in spec.variant_ids:  # a variant that no claim reads is dead weight, except the VE-form
+        # BDIAs: ablations recorded for the page (fourth review, B1: not the paper's BDIA)
+        assert f"@{v}" in read or v in ("bdia_ve", "bdia_ve_g096"), v
     assert {"roundtrip_learned", "vs_ddim_inversion"}.isdisjoint(claims)  # by construction: tests
-    for cid in ("vs_bdia_rk4",):  # the asymptotic range (the rule's), checked by preconditions
-        assert "sample_err_nfe_asym@" in claims[cid].expr and len(claims[cid].requires) == 4
-        assert any("nfe_asym_drift@" in r.expr and r.threshold == 0.2 for r in claims[cid].requires)
+    assert "vs_bdia_midpoint" not in claims  # by its orders when answerable, unanswerable here (spec)
+    assert "vs_bdia_rk4" not in claims  # fourth review (M3): ours, its range picked after a failure
     assert "sample_err_nfe_paper@" in claims["vs_bdia_paper_budgets"].expr  # the paper's 16-128 budgets
-    # third review: every comparison requires that every sampler it compares inverts (<= 1e-10) on
-    # the budgets it reads, and reads only samplers that can (BDIA-0.96 left vs_bdia_rk4)
-    for cid in ("vs_bdia_paper_budgets", "vs_bdia_lawson_paper_budgets", "vs_bdia_rk4"):
+    # every comparison requires that every sampler it compares inverts (<= 1e-10) on the budgets it reads
+    for cid in ("vs_bdia_paper_budgets", "vs_bdia_lawson_paper_budgets"):
         c = claims[cid]
         inv = [r for r in c.requires if r.expr.startswith("max(roundtrip_err_nfe_")]
         assert len(inv) == 1 and inv[0].threshold == 1e-10 and inv[0].op == "<=", cid
         assert {v for _, v in tokens(c.expr)} == {v for _, v in tokens(inv[0].expr)}, cid
-    assert "bdia_g096" not in claims["vs_bdia_rk4"].expr
-    assert "vs_bdia_midpoint" not in claims  # by its orders when answerable, unanswerable here (spec)
     paper = claims["vs_bdia_paper_budgets"]
-    assert {v for _, v in tokens(paper.expr)} == {"rex_euler", "bdia", "bdia_g096"}  # the paper's Rex and BDIA
-    assert paper.control == {"bdia": "bdia_lawson", "bdia_g096": "bdia_g096_lawson"}
+    assert {v for _, v in tokens(paper.expr)} == {"rex_euler", "bdia_vp", "bdia_vp_g096"}  # the paper's Rex and BDIA
+    assert paper.control == {"rex_euler": "ddim"}  # fourth review (M2): no reversible coupling
+    assert {v for _, v in tokens(claims["recon_float32"].expr)} == {"rex_euler", "bdia_vp", "bdia_vp_g096"}
     rec = claims["recon_float32"]
     assert rec.op == ">" and rec.threshold == 0.0 and "recon32_mse_zeta_ctrl@rex_euler" in rec.control.expr
     ctl = claims["order_midpoint"].control
@@ -313,12 +311,12 @@ def test_evaluations_per_step_are_counted():
     from reprozoo.methods.rex.method import nfe_cost
 
     counts = {v: nfe_cost(v, lambda y, rho: 0.5 * y, PARAMS, np.ones((1, 2)))
-              for v in ["rex_euler", "rex_midpoint", "rex_rk4", "bdia", "bdia_lawson", "ddim", "edict", "reversible_heun"]}
+              for v in ["rex_euler", "rex_midpoint", "rex_rk4", "bdia_ve", "bdia_lawson", "ddim", "edict", "reversible_heun"]}
     # McCallum-Foster evaluates the base increment twice per step (stages x 2); BDIA and DDIM once;
     # reversible Heun once per step (f(z_{n+1}) is the next step's f(z_n)) plus one to start
-    assert counts == {"rex_euler": (2, 0), "rex_midpoint": (4, 0), "rex_rk4": (8, 0), "bdia": (1, 0), "bdia_lawson": (1, 0),
+    assert counts == {"rex_euler": (2, 0), "rex_midpoint": (4, 0), "rex_rk4": (8, 0), "bdia_ve": (1, 0), "bdia_lawson": (1, 0),
                       "ddim": (1, 0), "edict": (2, 0), "reversible_heun": (1, 1)}
-    for v in ("bdia_g096", "bdia_g096_lawson"):
+    for v in ("bdia_ve_g096", "bdia_g096_lawson", "bdia_vp", "bdia_vp_g096"):
         assert nfe_cost(v, lambda y, rho: 0.5 * y, PARAMS, np.ones((1, 2))) == (1, 0)
 
 
@@ -378,14 +376,14 @@ def test_equal_cost_comparison_with_bdia_in_both_sets_of_variables(gmm):
     ref = reference_solution(gmm.eps, noise, 80.0, 0.002)
     q = {**PARAMS, "nfe_budgets": [32, 128, 512, 1024]}
     errs = {v: np.array(sampling_errors_at_nfe(v, gmm.denoise, noise, ref, q)[1])
-            for v in ["bdia", "bdia_lawson", "reversible_heun", "rex_midpoint", "rex_rk4", "ddim"]}
-    assert np.all(errs["rex_midpoint"] < errs["bdia"]) and np.all(errs["rex_rk4"] < errs["bdia"]), errs
-    assert np.all(errs["bdia_lawson"] < errs["bdia"] / 5), errs  # the variables matter
+            for v in ["bdia_ve", "bdia_lawson", "reversible_heun", "rex_midpoint", "rex_rk4", "ddim"]}
+    assert np.all(errs["rex_midpoint"] < errs["bdia_ve"]) and np.all(errs["rex_rk4"] < errs["bdia_ve"]), errs
+    assert np.all(errs["bdia_lawson"] < errs["bdia_ve"] / 5), errs  # the variables matter
     np.testing.assert_allclose(errs["bdia_lawson"], errs["reversible_heun"], rtol=0.2)
     assert np.all(errs["bdia_lawson"] < errs["rex_midpoint"]), errs  # same order, 4x cheaper steps
     assert errs["rex_rk4"][0] > errs["bdia_lawson"][0] and errs["rex_rk4"][-1] < errs["bdia_lawson"][-1], errs
     assert np.all(errs["ddim"][1:] > errs["bdia_lawson"][1:]), errs
-    # vs_bdia_rk4's declared control: Rex over Euler in Rex-RK4's place loses to the better BDIA at
+    # Rex over Euler loses to the better BDIA at
     # the high budgets (first order, plus the coupling plateau at zeta = 0.999)
     euler = np.array(sampling_errors_at_nfe("rex_euler", gmm.denoise, noise, ref, q)[1])
     assert np.all(euler[-2:] > errs["bdia_lawson"][-2:]), (euler, errs["bdia_lawson"])
@@ -393,7 +391,7 @@ def test_equal_cost_comparison_with_bdia_in_both_sets_of_variables(gmm):
     slope = lambda e: -np.polyfit(np.log(q["nfe_budgets"][1:]), np.log(e[1:]), 1)[0]  # noqa: E731
     assert abs(slope(errs["bdia_lawson"]) - 2) <= 0.25 and abs(slope(errs["rex_rk4"]) - 4) <= 0.5, errs
     # the preconditions' round trips at each budget's own step count
-    for v in ["bdia", "bdia_lawson", "rex_rk4"]:
+    for v in ["bdia_ve", "bdia_lawson", "rex_rk4", "bdia_vp"]:
         assert max(roundtrip_at_nfe(v, gmm.denoise, noise[:8] / 40.0, q)[1]) <= 1e-10, v
     with pytest.raises(ValueError, match="not a multiple"):
         sampling_errors_at_nfe("rex_rk4", gmm.denoise, noise, ref, {**PARAMS, "nfe_budgets": [100]})
@@ -408,7 +406,7 @@ def test_bdia_below_gamma_one_is_a_convex_mix_of_ddim_and_the_leapfrog(gmm):
     z0 = 80.0 * np.random.default_rng(0).standard_normal((4, 2))
     out = {}
     for g in (1.0, 0.96):
-        s = BDIA(gmm.denoise, g, lawson=True)
+        s = BDIA(gmm.denoise, g, form="lawson")
         out[g] = s.decode((z0, None), rhos[:3])[0]  # DDIM step, then one BDIA step
     ddim = make_sampler("ddim", gmm.denoise, PARAMS)
     first = ddim.decode(z0, rhos[:2])
@@ -529,9 +527,9 @@ def test_contracting_dynamics_amplify_perturbations_of_the_symmetric_baselines_n
     for v in ("rex_euler", "rex_midpoint", "rex_rk4"):
         assert amplification(v, 5e-4, 20_000) <= 100.0, v
         assert amplification(v, 1e-2, 1_000) >= 1e7, v
-    for v in ("reversible_heun", "bdia", "bdia_lawson"):
+    for v in ("reversible_heun", "bdia_ve", "bdia_lawson", "bdia_vp"):
         assert amplification(v, 5e-4, 20_000) >= 1e8, v
-    assert amplification("bdia_g096", 5e-4, 20_000) <= 10.0
+    assert amplification("bdia_ve_g096", 5e-4, 20_000) <= 10.0
 
 
 def test_asymptotic_range_rule_finds_where_local_slopes_settle():
@@ -595,15 +593,90 @@ def test_paper_backend_records_the_claims_metrics(gmm, tmp_path, monkeypatch):
     assert abs(out["bdia_lawson"]["nfe_asym_slope"] - 2) < 0.3
 
 
-def test_bdia_g096_runs_the_published_or_the_lawson_variables():
-    """bdia_g096 is the paper's BDIA (gamma = 0.96 in the published variables y), bdia_g096_lawson
-    the same recursion in Rex's Lawson variables (our ablation)."""
+def test_bdia_variants_run_the_vp_ve_or_lawson_form():
+    """bdia_vp(_g096) is the paper's BDIA (the reference code's VP latent, sigma_data = 1 unless
+    bdia_sigma_data says otherwise); bdia_ve(_g096) the y form, bdia(_g096)_lawson Rex's variables."""
     from reprozoo.methods.rex.samplers import BDIA
 
     den = lambda y, rho: 0.5 * y  # noqa: E731
-    paper, ours = make_sampler("bdia_g096", den, PARAMS), make_sampler("bdia_g096_lawson", den, PARAMS)
-    assert isinstance(paper, BDIA) and isinstance(ours, BDIA)
-    assert (paper.gamma, paper.lawson, ours.gamma, ours.lawson) == (0.96, False, 0.96, True)
+    got = {v: make_sampler(v, den, PARAMS) for v in ("bdia_vp", "bdia_vp_g096", "bdia_ve", "bdia_ve_g096",
+                                                     "bdia_lawson", "bdia_g096_lawson")}
+    assert all(isinstance(s, BDIA) for s in got.values())
+    assert {v: (s.gamma, s.form) for v, s in got.items()} == {
+        "bdia_vp": (1.0, "vp"), "bdia_vp_g096": (0.96, "vp"), "bdia_ve": (1.0, "ve"), "bdia_ve_g096": (0.96, "ve"),
+        "bdia_lawson": (1.0, "lawson"), "bdia_g096_lawson": (0.96, "lawson")}
+    assert got["bdia_vp"].sigma_data == 1.0
+    assert make_sampler("bdia_vp", den, {**PARAMS, "bdia_sigma_data": 2.0}).sigma_data == 2.0
+    with pytest.raises(ValueError):
+        BDIA(den, 1.0, form="x")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_bdia_vp_step_by_hand_against_the_reference_coefficients(gmm, dtype):
+    """bdia_vp is samplers/BDIA.py's recursion: with alpha = 1/sqrt(1 + rho^2) (the reference's
+    alphas_cumprod convention, alpha^2 + sigma^2 = 1), sigma = rho*alpha, x = alpha*y, eps the noise
+    prediction at y = x/alpha, the first step is DDIM,
+        x_1 = (a_1/a_0) x_0 + (s_1 - s_0 a_1/a_0) eps_0,
+    and the next (rev_forward, i > 0: alpha_s, alpha_t, alpha_p = next, current, previous)
+        coef_xt = a_s/a_t - gamma a_p/a_t,
+        coef_eps = (s_s - s_t a_s/a_t) - gamma (s_p - s_t a_p/a_t),
+        x_2 = gamma x_0 + coef_xt x_1 + coef_eps eps_1;
+    the inverse (latent_to_intermediate) the same with 1/gamma, from (x_2, x_1) back to x_0. Public
+    states are y = x/alpha. Two steps by hand, in float64 and in float32 (states and grid)."""
+    g = 0.96
+    rhos = rho_grid(80.0, 0.002, 7)[2:5].astype(dtype)
+    y0 = (rhos[0] * np.random.default_rng(3).standard_normal((5, 2))).astype(dtype)
+    den = gmm.denoise
+    if dtype == np.float32:
+        from reprozoo.methods.rex.method import denoiser_float32
+
+        den = denoiser_float32(gmm)
+    eps = lambda y, r: (y - den(y, r)) / r  # noqa: E731
+    a = 1.0 / np.sqrt(1.0 + rhos.astype(float) ** 2)
+    s = rhos.astype(float) * a
+    x0 = a[0] * y0.astype(float)
+    x1 = (a[1] / a[0]) * x0 + (s[1] - s[0] * a[1] / a[0]) * eps(y0, rhos[0])
+    e1 = eps((x1 / a[1]).astype(dtype), rhos[1]).astype(float)
+    coef_xt = a[2] / a[1] - g * a[0] / a[1]
+    coef_eps = (s[2] - s[1] * a[2] / a[1]) - g * (s[0] - s[1] * a[0] / a[1])
+    x2 = g * x0 + coef_xt * x1 + coef_eps * e1
+    b = make_sampler("bdia_vp_g096", den, PARAMS)
+    y2, y1 = b.decode((y0, None), rhos)
+    assert y2.dtype == dtype and y1.dtype == dtype
+    tol = dict(rtol=1e-11, atol=1e-11) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-4 * rhos[0])
+    np.testing.assert_allclose(y1, x1 / a[1], **tol)
+    np.testing.assert_allclose(y2, x2 / a[2], **tol)
+    # the inverse with latent_to_intermediate's coefficients: x_0 from (x_2, x_1)
+    c_x = a[0] / a[1] - (1 / g) * a[2] / a[1]
+    c_e = (s[0] - s[1] * a[0] / a[1]) - (1 / g) * (s[2] - s[1] * a[2] / a[1])
+    x0_back = (1 / g) * x2 + c_x * x1 + c_e * e1
+    np.testing.assert_allclose(x0_back, x0, rtol=1e-9, atol=1e-9 * rhos[0])  # the algebra inverts
+    back0, back1 = b.encode_state((y2, y1), rhos)
+    assert back0.dtype == dtype
+    np.testing.assert_allclose(back0, y0, **tol)
+    np.testing.assert_allclose(back1, y1, rtol=4 * np.finfo(dtype).eps)  # one rounding through x = alpha*y
+    # the first inversion step from a data point is the correct DDIM inversion step (eps included;
+    # the reference's i == 0 step omits the multiplication by noise_pred)
+    yd = y0 / rhos[0]
+    z_far, z_near = b.encode(yd, rhos[:2])  # data at rhos[1] -> one DDIM inversion step to rhos[0]
+    np.testing.assert_allclose(z_near, yd, rtol=4 * np.finfo(dtype).eps)
+    xd = a[1] * yd.astype(float)
+    xu = (a[0] / a[1]) * xd + (s[0] - s[1] * a[0] / a[1]) * eps(yd, rhos[1]).astype(float)
+    np.testing.assert_allclose(z_far, xu / a[0], **tol)
+
+
+def test_bdia_vp_groupings_agree_in_float64(gmm):
+    """The recorded sensitivity (recon32_mse_diffform): the VP step in the difference form
+    D(k -> k+1) + gamma (x_{k-1} - D(k -> k-1)) is the same map as BDIA.py's coefficient form, so
+    the two agree in float64 up to round-off and both invert; they differ only in float arithmetic."""
+    rhos = rho_grid(80.0, 0.002, 40)
+    noise = 80.0 * np.random.default_rng(2).standard_normal((8, 2))
+    for key in ("bdia_vp", "bdia_vp_g096"):
+        coef = make_sampler(key, gmm.denoise, PARAMS)
+        diff = make_sampler(key, gmm.denoise, {**PARAMS, "bdia_vp_grouping": "difference"})
+        a, b = coef.decode(coef.init(noise), rhos), diff.decode(diff.init(noise), rhos)
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(diff.encode_state(b, rhos)[0], noise, rtol=1e-12, atol=1e-10)
 
 
 @pytest.mark.parametrize("base", ["euler", "midpoint"])
@@ -659,8 +732,9 @@ def test_float32_reconstruction_stays_in_float32_and_separates_the_control(gmm):
         np.testing.assert_allclose(d32, gmm.denoise(y, rho), rtol=1e-5, atol=1e-5 * max(1.0, rho))
     x0 = gmm.sample(32, np.random.default_rng(1))
     den32 = denoiser_float32(gmm)
-    mse = {v: recon_float32(v, den32, x0, 50, PARAMS) for v in ("rex_euler", "bdia", "bdia_g096", "bdia_lawson",
-                                                                "bdia_g096_lawson", "reversible_heun", "ddim")}
+    mse = {v: recon_float32(v, den32, x0, 50, PARAMS) for v in ("rex_euler", "bdia_ve", "bdia_ve_g096", "bdia_lawson",
+                                                                "bdia_g096_lawson", "reversible_heun", "ddim",
+                                                                "bdia_vp", "bdia_vp_g096")}
     assert all(m.shape == (32,) for m in mse.values())
     assert mse["rex_euler"].mean() < 1e-11  # float32 round-off (unit roundoff 6e-8, squared)
     ctl = recon_float32("rex_euler", den32, x0, 50, {**PARAMS, "zeta": 0.9})

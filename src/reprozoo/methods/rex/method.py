@@ -676,7 +676,29 @@ def train(ctx) -> None:
             name = "recon32_mse" if n_rec == p["recon_steps"] else f"recon32_mse_n{n_rec}"
             mse = recon_float32(v, den32, x_test, n_rec, p)
             ctx.metrics.units(name, mse)
+            if n_rec == p["recon_steps"]:  # the mean is set by a few points: its tail and median too
+                ctx.metrics.scalar("recon32_mse_median", float(np.median(mse)))
+                ctx.metrics.scalar("recon32_mse_p99", float(np.quantile(mse, 0.99)))
+                ctx.metrics.scalar("recon32_mse_max", float(np.max(mse)))
             ctx.progress(f"float32 reconstruction, N = {n_rec}: mean MSE {np.mean(mse):.2e}, max {np.max(mse):.2e}")
+        if v in ("bdia_vp", "bdia_vp_g096"):
+            # the alpha convention's sensitivity (information, not a claim): sigma_data = 2 in alpha =
+            # 1/sqrt(1 + (rho/sigma_data)^2), against the reference's sigma_data = 1
+            sd2 = {**p, "bdia_sigma_data": 2.0}
+            mse = recon_float32(v, den32, x_test, p["recon_steps"], sd2)
+            ctx.metrics.units("recon32_mse_sd2", mse)
+            # ... and the float arithmetic of the step (information): the difference form
+            # D(k -> k+1) + gamma (x_{k-1} - D(k -> k-1)) instead of BDIA.py's coefficient form
+            diff = recon_float32(v, den32, x_test, p["recon_steps"], {**p, "bdia_vp_grouping": "difference"})
+            ctx.metrics.units("recon32_mse_diffform", diff)
+            ctx.metrics.scalar("recon32_mse_diffform_median", float(np.median(diff)))
+            ctx.progress(f"difference form: float32 reconstruction mean MSE {np.mean(diff):.2e}, "
+                         f"median {np.median(diff):.2e}")
+            _, e2 = sampling_errors_at_nfe(v, gmm.denoise, noise, y_ref,
+                                           {**sd2, "nfe_budgets": [nfes[k] for k in paper]})
+            ctx.metrics.curve("sample_err_nfe_paper_sd2", [nfes[k] for k in paper], e2)
+            ctx.progress(f"sigma_data = 2: float32 reconstruction mean MSE {np.mean(mse):.2e}; sampling errors "
+                         f"at the paper's budgets {['%.2e' % e for e in e2]}")
         if v == "rex_euler":
             mse = recon_float32(v, den32, x_test, p["recon_steps"], {**p, "zeta": p["zeta_control"]})
             ctx.metrics.units("recon32_mse_zeta_ctrl", mse)
@@ -735,6 +757,10 @@ def train(ctx) -> None:
     ctx.metrics.scalar("nfe_per_step", counted.n / n)
 
 
+CROSSOVER_BASES = ("bdia_vp", "bdia_vp_g096", "bdia_ve", "bdia_ve_g096", "bdia_lawson", "bdia_g096_lawson",
+                   "reversible_heun")
+
+
 def nfe_crossover(table) -> dict:
     """The crossover, recorded since the review: for Rex-RK4, Rex-midpoint and (since the third
     review) Rex-Euler against each exactly
@@ -744,7 +770,7 @@ def nfe_crossover(table) -> dict:
     mean = {v: g.groupby("x").value.mean() for v, g in sub.groupby("variant")}
     out = {}
     for rex in ("rex_rk4", "rex_midpoint", "rex_euler"):
-        for base in ("bdia", "bdia_lawson", "bdia_g096", "bdia_g096_lawson", "reversible_heun"):
+        for base in CROSSOVER_BASES:
             if rex not in mean or base not in mean:
                 continue
             a, b = mean[rex], mean[base]
@@ -800,12 +826,12 @@ def plot(table, plots_dir: Path, params: dict) -> None:
     ax.legend(fontsize=7)
     save_figure(fig, plots_dir / "curve_sample_err.png", dpi=110)
     p = plt()
-    fig, ax = p.subplots(figsize=(5.5, 4))
+    fig, ax = p.subplots(figsize=(8.5, 4.5))
     sub = table[table.metric == "sample_err_nfe"]
     for v in sorted(sub.variant.unique()):
         g = sub[sub.variant == v].groupby("x").value.mean()
         ax.loglog(g.index, g.values, marker="o", ms=3, label=v, ls="--" if v.startswith("bdia_") else "-",
-                  lw=2.0 if v in ("bdia", "bdia_lawson", "bdia_g096", "bdia_g096_lawson", "rex_midpoint", "rex_rk4") else 1.0)
+                  lw=2.0 if v in ("bdia_vp", "bdia_vp_g096", "rex_euler", "rex_rk4") else 1.0)
     ax.axvspan(min(params.get("nfe_budgets", [16])), params.get("nfe_paper_max", 128), color="0.9", zorder=0,
                label="the paper's budgets")
     cross = nfe_crossover(table)
@@ -813,14 +839,17 @@ def plot(table, plots_dir: Path, params: dict) -> None:
         import json
 
         (plots_dir / "crossover.json").write_text(json.dumps(cross, indent=1))
-        for k, (name, b) in enumerate(cross.items()):
-            if b is not None:
-                ax.annotate(f"{name}: {b}", (0.02, 0.02 + 0.05 * k), xycoords="axes fraction", fontsize=6)
+        # beside the axes, below the legend (they overlapped it inside the axes before): the
+        # crossovers against the paper's BDIA and the Lawson-variable ones
+        shown = [f"{name}: {b if b is not None else 'never'}" for name, b in cross.items()
+                 if name.split(" < ")[1] in ("bdia_vp", "bdia_vp_g096", "bdia_lawson", "reversible_heun")]
+        ax.text(1.02, 0.0, "crossover (Rex below from NFE)\n" + "\n".join(shown), fontsize=5.5, va="bottom",
+                ha="left", transform=ax.transAxes)
     ax.set_xlabel("denoiser evaluations per sample (NFE)")
     ax.set_ylabel("mean |y - y_ref|")
-    ax.set_title(f"Equal cost, zeta = {params.get('zeta')}: crossover budgets (Rex below from)", fontsize=9)
+    ax.set_title(f"Equal cost, zeta = {params.get('zeta')}", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     save_figure(fig, plots_dir / "curve_sample_err_nfe.png", dpi=110)
     curve_plot(table, "roundtrip_err_nfe", plots_dir / "curve_roundtrip_err_nfe.png", logx=True, logy=True,
                xlabel="denoiser evaluations per sample (NFE)", ylabel="max |x_rec - x| (float64)",

@@ -288,33 +288,60 @@ class ReversibleHeun(Sampler):
 class BDIA(Sampler):
     """Zhang, Lewis & Kleijn's bi-directional integration approximation (BDIA-DDIM).
 
-    On the grid z_0 (noise, rho_0 = rho_max) ... z_N (data), with the DDIM increment
-    Delta(k -> j | z_k) from z_k to noise level j, one step is
-        z_{k+1} = z_k + gamma * (z_{k-1} - z_k - Delta(k -> k-1 | z_k)) + Delta(k -> k+1 | z_k),
+    On the grid z_0 (noise, rho_0 = rho_max) ... z_N (data), with the DDIM step D(k -> j | z_k)
+    that carries z_k to noise level j with the field evaluated at z_k, one step is
+        z_{k+1} = D(k -> k+1 | z_k) + gamma * (z_{k-1} - D(k -> k-1 | z_k)),
     a forward DDIM step plus gamma times the mismatch of a backward DDIM step against the
     previous state; gamma = 1 is the time-symmetric (leapfrog) form. The first step is plain DDIM.
     Exactly invertible given the last two states:
-        z_{k-1} = (z_{k+1} - z_k - Delta(k -> k+1 | z_k)) / gamma + z_k + Delta(k -> k-1 | z_k).
+        z_{k-1} = (z_{k+1} - D(k -> k+1 | z_k)) / gamma + D(k -> k-1 | z_k).
 
     BDIA mixes states at different noise levels, so the variables it runs in change the scheme
-    (the DDIM increment itself is the same exact step in every variable). ``lawson=False``: in
-    y = x/alpha, Delta = (rho_j - rho_k) eps(y_k, rho_k), the VE form (BDIA-EDM), the published
-    variables; there the parasitic root of the leapfrog grows as the true solution contracts,
-    by up to rho_max/rho_min over the grid. ``lawson=True``: in Rex's Lawson variables v = y/rho
-    (time 1/rho), Delta = (1/rho_j - 1/rho_k) D(y_k, rho_k), the same change of variables as Rex
-    and reversible Heun, so the comparison is like for like. One denoiser evaluation per step
-    either way. Public states are in y units, each at its own noise level: (z at this end of the
-    grid, z one grid point inward, or None when unknown); a single data point starts its inversion
-    with one DDIM inversion step, as in the paper.
+    (the DDIM step itself is the same exact map in every variable). Three forms (``form``):
+
+    ``"vp"``: the reference code's (samplers/BDIA.py, rev_forward / latent_to_intermediate): the
+    variance-preserving latent x = alpha*y, alpha = 1/sqrt(1 + (rho/sigma_data)^2), sigma = rho*alpha,
+    D(k -> j | x) = (alpha_j/alpha_k) x + (sigma_j - sigma_k alpha_j/alpha_k) eps, and the step in
+    BDIA.py's coefficient form
+        x_{k+1} = gamma x_{k-1} + (alpha_{k+1}/alpha_k - gamma alpha_{k-1}/alpha_k) x_k
+                  + [(sigma_{k+1} - sigma_k alpha_{k+1}/alpha_k) - gamma (sigma_{k-1} - sigma_k alpha_{k-1}/alpha_k)] eps_k,
+    its inverse with 1/gamma as latent_to_intermediate. sigma_data = 1 is the reference's
+    convention (alphas_cumprod: alpha^2 + sigma^2 = 1); in y = x/alpha the mismatch term is weighted
+    by gamma alpha_{k-1}/alpha_{k+1}, Lawson-like at high noise and y-like at low noise. The paper's BDIA.
+    ``"ve"``: in y = x/alpha, D = y + (rho_j - rho_k) eps(y_k, rho_k) (BDIA-EDM); there the parasitic
+    root of the leapfrog grows as the true solution contracts, by up to rho_max/rho_min. An ablation.
+    ``"lawson"``: in Rex's Lawson variables v = y/rho (time 1/rho), D = v + (1/rho_j - 1/rho_k) D(y_k,
+    rho_k), the same change of variables as Rex and reversible Heun (like for like). An ablation.
+
+    One denoiser evaluation per step in every form. Public states are in y units, each at its own
+    noise level: (z at this end of the grid, z one grid point inward, or None when unknown); a
+    single data point starts its inversion with one DDIM inversion step (field evaluated at the data
+    point, eps included: the reference's first inversion step, i == 0 in latent_to_intermediate,
+    omits the multiplication by noise_pred; its round trip stays exact because the state is a pair,
+    but its latent is off the trajectory; here the step is the correct DDIM one).
     """
 
     state_dim = 2
+    FORMS = ("ve", "lawson", "vp")
 
-    def __init__(self, denoise: Denoise, gamma: float, lawson: bool = False):
+    def __init__(self, denoise: Denoise, gamma: float, form: str = "ve", sigma_data: float = 1.0,
+                 grouping: str = "coefficients"):
         super().__init__(denoise)
+        if grouping not in ("coefficients", "difference"):
+            raise ValueError(f"BDIA grouping must be 'coefficients' or 'difference', got {grouping!r}")
+        # VP form only, the float arithmetic of a step: "coefficients", BDIA.py's expression (the
+        # claims'); "difference", D(k -> k+1) + gamma (z_{k-1} - D(k -> k-1)) (the second reviewer's
+        # probe, a recorded sensitivity of the float32 reconstruction)
+        self.grouping = grouping
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"BDIA gamma must lie in (0, 1], got {gamma}")
-        self.gamma, self.lawson = gamma, lawson
+        if form not in self.FORMS:
+            raise ValueError(f"BDIA form must be one of {self.FORMS}, got {form!r}")
+        self.gamma, self.form, self.sigma_data = gamma, form, sigma_data
+
+    @property
+    def lawson(self) -> bool:
+        return self.form == "lawson"
 
     def init(self, noise):
         return (noise, None)
@@ -322,38 +349,67 @@ class BDIA(Sampler):
     def _eps(self, z, rho):
         return (z - self.denoise(z, rho)) / rho
 
-    def _s(self, rho):
-        """The time variable in which the DDIM increment is (s_j - s_k) * field."""
-        return 1.0 / rho if self.lawson else rho
+    def alpha(self, rho):
+        """The VP scale alpha(rho) = 1/sqrt(1 + (rho/sigma_data)^2) in the grid's precision."""
+        rho = _floats(rho)
+        one = rho.dtype.type(1.0)
+        return one / np.sqrt(one + (rho / rho.dtype.type(self.sigma_data)) ** 2)
 
-    def _field(self, w, rho):
-        """D (Lawson) or eps (y) at the internal state w: one denoiser evaluation."""
-        return self.denoise(w * rho, rho) if self.lawson else self._eps(w, rho)
+    def _coords(self, rhos):
+        """Per grid point: the scale from y to the internal state, and the DDIM time (additive forms)."""
+        if self.form == "vp":
+            return self.alpha(rhos)
+        return 1.0 / rhos if self.form == "lawson" else np.ones_like(rhos)
 
-    def _to(self, y, rho):
-        return None if y is None else (y / rho if self.lawson else y)
+    def _field(self, w, k, rhos, scale):
+        """Lawson: D; y and VP: eps, at the internal state w at grid point k (one evaluation)."""
+        y = w / scale[k]
+        return self.denoise(y, rhos[k]) if self.form == "lawson" else self._eps(y, rhos[k])
 
-    def _from(self, w, rho):
-        return w * rho if self.lawson else w
+    def _ddim(self, w, e, k, j, rhos, scale):
+        """D(k -> j | w) with the field e evaluated at w, grid point k."""
+        if self.form == "vp":
+            a, sg = scale, rhos * scale
+            return (a[j] / a[k]) * w + (sg[j] - sg[k] * (a[j] / a[k])) * e
+        s = 1.0 / rhos if self.form == "lawson" else rhos
+        return w + (s[j] - s[k]) * e
+
+    def _step_vp(self, w_prev, w, e, k, rhos, a, inverse):
+        """BDIA.py's coefficient form (rev_forward; latent_to_intermediate with 1/gamma)."""
+        g = a.dtype.type(self.gamma)
+        c = (1 / g) if inverse else g
+        sg = rhos * a
+        coef_x = a[k + 1] / a[k] - c * a[k - 1] / a[k]
+        coef_eps = (sg[k + 1] - sg[k] * a[k + 1] / a[k]) - c * (sg[k - 1] - sg[k] * a[k - 1] / a[k])
+        return c * w_prev + coef_x * w + coef_eps * e
 
     def _march(self, state, rhos, inverse: bool):
         """Run the recursion along ``rhos`` (either direction); returns (z_end, z_before_end) in
         y units. ``inverse``: the recursion solved for z_{k-1} (identical for gamma = 1)."""
-        z, z_in = self._to(state[0], rhos[0]), self._to(state[1], rhos[1])
-        s = self._s(rhos)
+        scale = self._coords(rhos)
+        z = state[0] * scale[0]
+        z_in = None if state[1] is None else state[1] * scale[1]
         if z_in is None:  # plain DDIM step (sampling) or DDIM inversion step (data)
-            z, z_in = z + (s[1] - s[0]) * self._field(z, rhos[0]), z
+            z, z_in = self._ddim(z, self._field(z, 0, rhos, scale), 0, 1, rhos, scale), z
         else:
             z, z_in = z_in, z  # (current, previous) along the direction of travel
         g = self.gamma
         for k in range(1, len(rhos) - 1):
-            e = self._field(z, rhos[k])
-            if inverse:
-                z_next = (z_in - z - (s[k - 1] - s[k]) * e) / g + z + (s[k + 1] - s[k]) * e
+            e = self._field(z, k, rhos, scale)
+            if self.form == "vp" and self.grouping == "coefficients":
+                z_next = self._step_vp(z_in, z, e, k, rhos, scale, inverse)
+            elif self.form == "vp":
+                fwd, bwd = self._ddim(z, e, k, k + 1, rhos, scale), self._ddim(z, e, k, k - 1, rhos, scale)
+                gg = scale.dtype.type(g)
+                z_next = (z_in - bwd) / gg + fwd if inverse else fwd + gg * (z_in - bwd)
             else:
-                z_next = z + g * (z_in - z - (s[k - 1] - s[k]) * e) + (s[k + 1] - s[k]) * e
+                s = 1.0 / rhos if self.form == "lawson" else rhos
+                if inverse:
+                    z_next = (z_in - z - (s[k - 1] - s[k]) * e) / g + z + (s[k + 1] - s[k]) * e
+                else:
+                    z_next = z + g * (z_in - z - (s[k - 1] - s[k]) * e) + (s[k + 1] - s[k]) * e
             z, z_in = z_next, z
-        return self._from(z, rhos[-1]), self._from(z_in, rhos[-2])
+        return z / scale[-1], z_in / scale[-2]
 
     def decode(self, state, rhos, dws=None):
         return self._march(state, _floats(rhos), inverse=False)
@@ -368,6 +424,15 @@ class BDIA(Sampler):
         return np.array([(1 - g + (1 + g) * z) * vec[0] + g * vec[1], vec[0]])
 
 
+# BDIA variants: (gamma parameter, form). The paper's BDIA is the reference code's VP form, at its
+# experiments' gamma = 0.96 and at gamma = 1; the VE (y) and Lawson forms are ablations.
+BDIA_VARIANTS = {
+    "bdia_vp": ("bdia_gamma", "vp"), "bdia_vp_g096": ("bdia_gamma_paper", "vp"),
+    "bdia_ve": ("bdia_gamma", "ve"), "bdia_ve_g096": ("bdia_gamma_paper", "ve"),
+    "bdia_lawson": ("bdia_gamma", "lawson"), "bdia_g096_lawson": ("bdia_gamma_paper", "lawson"),
+}
+
+
 def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
     zeta = params["zeta"]
     if variant == "rex_sde":
@@ -380,14 +445,13 @@ def make_sampler(variant: str, denoise: Denoise, params: dict) -> Sampler:
         return EDICT(denoise, params["edict_p"])
     if variant == "reversible_heun":
         return ReversibleHeun(denoise)
-    if variant in ("bdia", "bdia_lawson"):
-        return BDIA(denoise, params["bdia_gamma"], lawson=variant == "bdia_lawson")
-    if variant in ("bdia_g096", "bdia_g096_lawson"):  # the reference code's BDIA setting (gamma = 0.96):
-        # the paper's, in the published variables y, and our ablation in the Lawson variables
-        return BDIA(denoise, params["bdia_gamma_paper"], lawson=variant == "bdia_g096_lawson")
+    if variant in BDIA_VARIANTS:
+        key, form = BDIA_VARIANTS[variant]
+        return BDIA(denoise, params[key], form=form, sigma_data=params.get("bdia_sigma_data", 1.0),
+                    grouping=params.get("bdia_vp_grouping", "coefficients"))
     raise ValueError(f"unknown Rex variant '{variant}'")
 
 
 def ode_order(variant: str) -> int | None:
-    return {"rex_euler": 1, "rex_midpoint": 2, "rex_rk4": 4, "ddim": 1, "reversible_heun": 2, "bdia": 2,
-            "bdia_lawson": 2, "bdia_g096": 1, "bdia_g096_lawson": 1}.get(variant)
+    return {"rex_euler": 1, "rex_midpoint": 2, "rex_rk4": 4, "ddim": 1, "reversible_heun": 2, "bdia_vp": 2,
+            "bdia_ve": 2, "bdia_lawson": 2, "bdia_vp_g096": 1, "bdia_ve_g096": 1, "bdia_g096_lawson": 1}.get(variant)
