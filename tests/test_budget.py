@@ -147,5 +147,14 @@ def test_the_budget_audit_halves_plateau_tolerances_as_it_doubles_steps():
     # a declared cap without its floor gets the floor too, once, and a declared floor is not repeated
     assert converge.budget_keys(cfg, ["fit.max_steps"]) == ["fit.max_steps", "fit.min_steps"]
     assert converge.budget_keys(cfg, ["fit.min_steps", "fit.max_steps"]) == ["fit.min_steps", "fit.max_steps"]
+    # per-part caps (ceitnet's fit.max_steps.o4): the floor is the same part of min_steps when that is
+    # per part, else the one scalar min_steps (the ceitnet audit of ecf5317 doubled its caps alone)
+    per = {"fit": {"min_steps": 150, "max_steps": {"o4": 600, "o2": 1000}}}
+    assert converge.budget_keys(per, ["fit.max_steps.o4", "fit.max_steps.o2"]) == \
+        ["fit.max_steps.o4", "fit.max_steps.o2", "fit.min_steps"]
+    per["fit"]["min_steps"] = {"o4": 150, "o2": 200}
+    assert converge.budget_keys(per, ["fit.max_steps.o4"]) == ["fit.max_steps.o4", "fit.min_steps.o4"]
+    o = converge.scaled_override(per, converge.budget_keys(per, ["fit.max_steps.o4"]), 2.0, [])
+    assert o["fit"] == {"max_steps": {"o4": 1200}, "min_steps": {"o4": 300}}
     # the method's own step count list is unchanged when it has no tolerance
     assert "divided" not in converge.markdown(rows, 2.0, keys, "abc")

@@ -77,16 +77,21 @@ def floor_keys(config: dict, keys: list[str]) -> list[str]:
     listed ``fit.max_steps`` without its ``fit.min_steps``): the floor always moves with its cap."""
     out = []
     for key in keys:
-        head, _, last = key.rpartition(".")
-        if last != "max_steps":
+        parts = key.split(".")
+        if "max_steps" not in parts:
             continue
-        floor = f"{head}.min_steps" if head else "min_steps"
-        try:
-            value = _get(config, floor)
-        except KeyError:
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            out.append(floor)
+        # the cap may be per part (``fit.max_steps.o4``, ceitnet's per-order caps): its floor is the
+        # same part of ``fit.min_steps`` when that is per part too, else the one ``fit.min_steps``
+        at = len(parts) - 1 - parts[::-1].index("max_steps")
+        head, tail = parts[:at], parts[at + 1:]
+        for floor in (".".join(head + ["min_steps"] + tail), ".".join(head + ["min_steps"])):
+            try:
+                value = _get(config, floor)
+            except KeyError:
+                continue
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1 and floor not in out:
+                out.append(floor)
+            break
     return out
 
 
