@@ -659,7 +659,11 @@ def test_cost_variants_name_training_variants_and_eval_frames_are_held_out():
 
     cfg = _smoke()
     arch = M.cost_architectures(cfg["variants"])
-    assert list(arch) == ["dkmp", "dense_same_field"] and all("shells" in c for c in arch.values())
+    assert list(arch) == ["dkmp", "dense_same_field", "dense_twin_cost", "dkmp_full_shells_cost"]
+    assert all("shells" in c for c in arch.values())
+    # the cost claims' control (cold review F4): the twin is the dense architecture, its own instance
+    assert arch["dense_twin_cost"]["shells"] == arch["dense_same_field"]["shells"]
+    assert M.is_dense(arch["dense_twin_cost"]) and not M.is_dense(arch["dkmp_full_shells_cost"])
     inline = {"shells": [[0.0, 4.0], [0.0, 4.0], [0.0, 4.0]]}
     assert M.cost_arch_name("dense4_cost", {"cost_of": inline}) == "dense4_cost"
     assert list(M.cost_architectures({**cfg["variants"], "dense4_cost": {"cost_of": inline}}))[-1] == "dense4_cost"
@@ -979,3 +983,49 @@ def test_nve_soft_dkmp_conserves_energy():
     assert np.ptp(e_soft) < 1e-2 * kin_scale, np.ptp(e_soft)
     assert np.ptp(e_soft) < 5 * max(drift_dense, 1e-6) and np.ptp(e_soft) < 0.2 * np.ptp(e_hard), \
         (np.ptp(e_soft), drift_dense, np.ptp(e_hard))
+
+
+def test_cost_pipeline_reports_a_planted_slowdown(monkeypatch):
+    """Cold review F11: the cost pipeline must see a known slowdown. Two instances of the same dense
+    architecture, one of them made slower by planted extra CPU work in every energy + forces call
+    (a matrix product of about the step's own cost); measure_costs must report it slower in every
+    cell, both for the step with the graph given and the whole step, while two unplanted twins read
+    a ratio near 1 (the cost claims' control, dense / dense twin)."""
+    import torch
+
+    import reprozoo.methods.dkmp.method as M
+
+    real_build = M.build_model
+
+    def build(vcfg, mcfg, seed):
+        m = real_build(vcfg, mcfg, seed)
+        if vcfg.get("planted_slow"):
+            ef = m.energy_and_forces
+            a = torch.randn(160, 160)
+
+            def slow(*args, **kw):
+                for _ in range(60):
+                    a @ a
+                return ef(*args, **kw)
+
+            m.energy_and_forces = slow
+        return m
+
+    monkeypatch.setattr(M, "build_model", build)
+    cells = M.bulk_cells([2, 3], seed=0)
+    pos, num = _cluster(2)
+    train = {**_frames(pos, num), "energy": [-3.5 * len(num)], "forces": [np.zeros_like(pos)]}
+    dense = {"shells": [list(s) for s in DENSE]}
+    arch = {"dense": dense, "twin": dict(dense), "slow": {**dense, "planted_slow": True}}
+    mcfg = {"n_features": 8, "n_rbf": 6, "window_width": 0.3}
+    out = M.measure_costs(arch, mcfg, cells, train, 0, repeats=5, progress=lambda *_: None, min_loop_s=0.03,
+                          stat="min", md_repeats=5, long_kinds=("time_md_step", "time_step"))
+    for k in ("time_step_ms", "time_md_step_ms"):
+        slow = np.divide(out["slow"][k], out["dense"][k])
+        twin = np.divide(out["twin"][k], out["dense"][k])
+        # the fastest of 5 loops per cell; the shared test machine's load moves a twin's ratio by
+        # several per cent, the planted work (several times the step's own cost) by far more
+        assert np.all(slow > 1.5) and np.all(slow > 1.2 * twin), (k, slow, twin)
+        assert np.all(np.abs(np.log(twin)) < np.log(1.5)), (k, twin)
+    # the O(N^2) diagnostic is off unless asked for (cold review F7)
+    assert "time_md_step_naive_ms" not in out["dense"]

@@ -23,15 +23,17 @@ boundaries. The variants differ only in their graphs (shells from the config):
 * ``dkmp_cost`` / ``dense_cost`` (``cost_of``): no training; the cost of one MD step of that
   architecture, measured untrained by ``train_shared`` (a step's time and memory do not depend on
   the weights), so the cost claims read variants that the convergence gate does not hold;
-  ``cost_of`` may also be an inline architecture (``{shells: ...}``) that is costed, never trained.
+  ``cost_of`` may also be an inline architecture (``{shells: ...}``) that is costed, never trained:
+  ``dense_twin_cost`` (a second instance of the dense 5 A architecture, the cost claims' control) and
+  ``dkmp_full_shells_cost`` (DKMP's shells without stars, an ablation) at smoke.
 
 train_shared (per seed; freed heap memory kept for reuse, :func:`steady_allocator`): cost of one MD step of each architecture that a cost variant names, on
 periodic bulk fcc Cu cells (no surface, so edges per atom are the same at every size and a log-log
 slope measures the method, not the cluster geometry), interleaved in one process: energy + forces
 with the graph given, graph construction alone, and the whole step (graph built from the
-positions, then energy + forces) timed as one call, for star variants also that whole step
-with its candidates from a naive O(N^2) all-pairs search (a diagnostic of the slope
-measurement: the same graph, a cost that grows faster); each quantity timed as the per-call mean of a
+positions, then energy + forces) timed as one call (with ``cost.naive``, star variants also that whole step
+with its candidates from a naive O(N^2) all-pairs search: a diagnostic of the dropped scaling claim,
+off since the cold review of c785c3f, F7); each quantity timed as the per-call mean of a
 loop of calls lasting >= ``cost.min_loop_s`` CPU seconds after a warm-up call of every cell, the
 ``cost.stat`` (smoke: the minimum, contention only adds CPU time) over ``cost.repeats`` (>= 5)
 such loops reported (``cost.md_repeats`` for the whole step, the quantity of ``faster_step``; each
@@ -347,7 +349,8 @@ def build_peak_bytes(fn) -> int:
 
 def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: dict, seed: int,
                   repeats: int = 5, device: str = "cpu", progress=print, min_loop_s: float = 0.2,
-                  md_repeats: int | None = None, stat: str = "median") -> dict:
+                  md_repeats: int | None = None, stat: str = "median", naive: bool = False,
+                  long_kinds: tuple = ("time_md_step_ms",)) -> dict:
     """Interleaved per-cell cost of every variant, from one process.
 
     Per cell and variant: ``time_step_ms`` (energy + forces, graph given), ``time_md_step_ms`` (the
@@ -430,8 +433,11 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
              "graph_ms": graph,
              "time_md_step_ms": lambda v, s: ef(v, graph(v, s)),
              "time_md_step_naive_ms": naive_md_step}
-    # the naive search only for the star variants (the slope diagnostic reads DKMP's)
-    kinds_of = {v: [k for k in kinds if k != "time_md_step_naive_ms" or not is_dense(variants[v])] for v in names}
+    # the naive O(N^2) search (a diagnostic of the dropped scaling claim; read by no claim, so off by
+    # default since the cold review of c785c3f, F7): only for the star variants, only with ``naive``
+    kinds_of = {v: [k for k in kinds if k != "time_md_step_naive_ms" or (naive and not is_dense(variants[v]))]
+                for v in names}
+    long_kinds = tuple(k if k.endswith("_ms") else k + "_ms" for k in long_kinds)
     for v in names:  # warm-up (allocator, autograd, the graph build's buffers), every cell once
         for s in range(len(sizes)):
             ef(v, batches[v][s])
@@ -444,7 +450,7 @@ def measure_costs(variants: dict, mcfg: dict, cells: list[dict], train_frames: d
         cell_order = range(len(sizes)) if r % 2 == 0 else range(len(sizes) - 1, -1, -1)
         for v in order:
             for k in kinds_of[v]:
-                if r >= repeats and k != "time_md_step_ms":
+                if r >= repeats and k not in long_kinds:
                     continue
                 for s in cell_order:
                     t[k][v][s].append(seconds(lambda: kinds[k](v, s)))
@@ -556,7 +562,8 @@ def train_shared(ctx) -> None:
     cost = measure_costs(cost_architectures(p["variants"]), p["model"], cells, train_frame, ctx.seed,
                          p.get("cost", {}).get("repeats", 5), p.get("device", "cpu"), ctx.progress,
                          p.get("cost", {}).get("min_loop_s", 0.2), p.get("cost", {}).get("md_repeats"),
-                         p.get("cost", {}).get("stat", "median"))
+                         p.get("cost", {}).get("stat", "median"), bool(p.get("cost", {}).get("naive", False)),
+                         tuple(p.get("cost", {}).get("long", ["time_md_step"])))
     ctx.metrics.scalar("cost_seconds", time.perf_counter() - t0)
     # the machine's state during the timing (a diagnostic, read by no claim): the 1-minute load average
     # at the start and end of the cost study (2 shared cores; this process counts as 1)
@@ -824,7 +831,7 @@ def plot(table, plots_dir: Path, params: dict) -> None:
 
     curve_plot(table, "time_md_step_ms", plots_dir / "curve_time_md_step_ms.png", logx=True, logy=True,
                xlabel="atoms (periodic fcc Cu cell)", ylabel="ms per MD step (graph build + energy + forces)",
-               title="Does DKMP's whole MD step get cheaper, and grow more slowly, than the dense model's?")
+               title="Whole MD step time (graph build + energy + forces) vs cell size")
     curve_plot(table, "time_step_ms", plots_dir / "curve_time_step_ms.png", logx=True, logy=True,
                xlabel="atoms (periodic fcc Cu cell)", ylabel="ms per MD step (energy + forces, graph given)",
                title="Step time with the graph given, vs cell size")
